@@ -1,0 +1,25 @@
+# `make run` and `make test` work on a fresh machine with only Python 3.11 and make:
+# they create .venv if missing and install the project (editable) before running.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+CONFIG ?=
+
+.PHONY: run test install bench clean
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/agent-os serve $(if $(CONFIG),--config $(CONFIG))
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) build *.egg-info

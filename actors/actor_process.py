@@ -1,0 +1,147 @@
+"""The session actor role: the sessions hashed to this shard, and their one active turn each.
+
+A new turn on a session cancels the running one (last-wins). Finished turns stay replayable for
+`kernel.turn_retention_secs`; idle sessions leave memory after `kernel.session_ttl_secs`.
+It never fsyncs and never talks to DuckDB: durable work goes through the log writer.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+
+from agentos import metrics, service
+from agentos.config import Config
+from agentos.rundir import RunDir
+from actors.agent_loop import AgentLoop
+from actors.permit_client import PermitClient
+from actors.provider import Provider, ProviderError
+from actors.session import Session, SessionTable
+from actors.turn import Turn
+from broker.client import Bus
+from broker.protocol import Kind, Message
+
+TURN_RETENTION_SECS = 30.0
+
+
+class Actor:
+    def __init__(self, config: Config, index: int, bus_endpoint: str, log: logging.Logger) -> None:
+        self.config = config
+        self.name = f"actor/{index}"
+        self.log = log
+        self.sessions = SessionTable(config.kernel.session_ttl_secs)
+        self.turns: dict[str, Turn] = {}
+        self.finished: collections.deque[Turn] = collections.deque()
+        self.bus = Bus(self.name, bus_endpoint, {}, heartbeat_secs=config.broker.heartbeat_secs, log=log)
+        self.provider = Provider(config.provider)
+        self.permits = PermitClient(self.bus)
+        self.loop = AgentLoop(self.provider, self.permits, config.provider.max_retries)
+        for kind, handler in {Kind.TURN_START: self.on_turn_start, Kind.TURN_CANCEL: self.on_turn_cancel,
+                              Kind.TURN_RESUME: self.on_turn_resume, Kind.PERMIT_GRANT: self.permits.on_grant,
+                              Kind.STATS: self.on_stats}.items():
+            self.bus.on(kind, handler)
+
+    # -- bus handlers ---------------------------------------------------------------------
+
+    def on_turn_start(self, msg: Message) -> None:
+        b = msg.body
+        turn_id, session_id = b["turn_id"], b["session"]
+        known = self.turns.get(turn_id)
+        if known is not None:  # a re-sent start: answer as the first time
+            self.bus.reply(msg, Kind.TURN_STARTED, known.events[0][1])
+            return
+        session = self.sessions.open(session_id, b["tenant"])
+        if session.active is not None:
+            session.active.cancel("superseded")
+        turn = Turn(self.bus, turn_id, session_id, b["tenant"], b["input"], msg.src)
+        started = turn.record(Kind.TURN_STARTED, {"data": {"turn_id": turn_id, "session_id": session_id}})
+        self.bus.reply(msg, Kind.TURN_STARTED, started)
+        session.active = turn
+        self.turns[turn_id] = turn
+        turn.task = asyncio.get_running_loop().create_task(self.run_turn(turn, session))
+
+    def on_turn_cancel(self, msg: Message) -> None:
+        session = self.sessions.get(msg.body["session"])
+        turn = session.active if session is not None else None
+        wanted = msg.body.get("turn_id") or ""
+        cancelled = False
+        if turn is not None and (not wanted or wanted == turn.turn_id):
+            cancelled = turn.cancel(msg.body.get("reason") or "cancelled")
+        self.bus.reply(msg, Kind.TURN_STATUS, {"turn_id": turn.turn_id if turn else wanted,
+                                               "state": "cancelled" if cancelled else "idle"})
+
+    def on_turn_resume(self, msg: Message) -> None:
+        turn = self.turns.get(msg.body["turn_id"])
+        if turn is None or turn.session_id != msg.body["session"]:
+            self.bus.reply(msg, Kind.TURN_STATUS, {"turn_id": msg.body["turn_id"], "state": "unknown"})
+            return
+        turn.replay(msg.body["after"], msg.src)
+        self.bus.reply(msg, Kind.TURN_STATUS, {"turn_id": turn.turn_id, "state": "ended" if turn.ended else "running"})
+
+    def on_stats(self, msg: Message) -> None:
+        running = sum(1 for t in self.turns.values() if not t.ended)
+        self.bus.reply(msg, Kind.STATS_REPLY, {"role": "actor", "stats": {
+            "sessions": len(self.sessions), "turns_running": running, "turns_retained": len(self.turns),
+            "permits_held": len(self.permits.held), "permits_waiting": len(self.permits.waiting),
+            "bus": self.bus.stats()}})
+
+    # -- turns ----------------------------------------------------------------------------
+
+    async def run_turn(self, turn: Turn, session: Session) -> None:
+        metrics.active_processes.inc()
+        try:
+            data = await self.loop.run(turn, session)
+            turn.emit(Kind.TURN_DONE, {"data": data})
+        except asyncio.CancelledError:
+            turn.emit(Kind.TURN_CANCELLED, {"reason": turn.cancel_reason or "cancelled"})
+        except ProviderError as exc:
+            turn.emit(Kind.TURN_FAILED, {"code": exc.kind, "message": exc.message})
+        except Exception as exc:  # a bug must end the stream clearly, not hang it
+            self.log.exception("turn %s failed", turn.turn_id)
+            turn.emit(Kind.TURN_FAILED, {"code": "internal", "message": f"internal error: {exc!r}"})
+        finally:
+            metrics.active_processes.dec()
+            metrics.turns.labels(turn.outcome or "unknown").inc()
+            metrics.turn_duration.observe((time.monotonic() - turn.started_at) * 1000.0)
+            if session.active is turn:
+                session.active = None
+            session.last_used = time.monotonic()
+            self.finished.append(turn)
+
+    async def housekeeping(self) -> None:
+        period = min(1.0, self.config.kernel.session_ttl_secs / 4)
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            while self.finished and now - self.finished[0].ended_at > TURN_RETENTION_SECS:
+                self.turns.pop(self.finished.popleft().turn_id, None)
+            evicted = self.sessions.evict_idle(now)
+            if evicted:
+                metrics.evicted_sessions.inc(evicted)
+            metrics.active_sessions.set(len(self.sessions))
+
+    async def shutdown(self) -> None:
+        running = [t for t in self.turns.values() if not t.ended and t.task is not None]
+        for turn in running:
+            turn.cancel("shutdown")
+        if running:
+            await asyncio.wait([t.task for t in running], timeout=2.0)
+
+
+def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> int:
+    async def run(stop: asyncio.Event) -> int:
+        actor = Actor(config, index, run_dir.bus_endpoint, log)
+        await actor.provider.start()
+        await actor.bus.start()
+        tasks = [asyncio.create_task(actor.housekeeping()), asyncio.create_task(actor.permits.sync_loop())]
+        log.info("serving shard %d of %d, provider %s", index, config.actor_count, config.provider.base_url)
+        await stop.wait()
+        await actor.shutdown()
+        for task in tasks:
+            task.cancel()
+        await actor.bus.close()
+        await actor.provider.close()
+        return service.EXIT_OK
+
+    return service.run(run)

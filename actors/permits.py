@@ -1,0 +1,139 @@
+"""Provider permits: at most `limit` model calls at once across all actors.
+
+Pure logic, no I/O, so it is unit-tested without processes. Grants go in FIFO order within a
+tenant and round-robin between tenants, so one busy tenant cannot starve the others. Every
+method returns the grants it made as (holder, permit_id) pairs for the caller to send.
+
+Holders (actor processes) report what they hold and wait for in a periodic sync. The pool
+trusts those reports: a permit the holder no longer lists is released (after a short grace, in
+case the grant is still in flight), a permit it lists that the pool does not know is adopted
+(the scheduler restarted), and a new incarnation of a holder drops everything of the old one.
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+Grant = tuple[str, str]  # (holder, permit_id)
+
+
+@dataclass(slots=True)
+class _Waiter:
+    permit_id: str
+    holder: str
+    tenant: str
+    since: float
+
+
+@dataclass
+class PermitPool:
+    limit: int
+    grace_secs: float = 2.0
+    holder_timeout_secs: float = 15.0
+    held: dict[str, tuple[str, float]] = field(default_factory=dict)       # permit -> (holder, granted at)
+    waiting: dict[str, _Waiter] = field(default_factory=dict)
+    queues: dict[str, collections.deque] = field(default_factory=dict)     # tenant -> waiters
+    rotation: collections.deque = field(default_factory=collections.deque)  # tenants with waiters
+    paused_until: float = 0.0
+    incarnations: dict[str, int] = field(default_factory=dict)
+    last_sync: dict[str, float] = field(default_factory=dict)
+    granted_total: int = 0
+
+    def request(self, permit_id: str, holder: str, tenant: str, now: float) -> list[Grant]:
+        held = self.held.get(permit_id)
+        if held is not None:
+            return [(held[0], permit_id)]  # a re-sent request: the grant may have been lost
+        if permit_id in self.waiting:
+            return []
+        waiter = _Waiter(permit_id, holder, tenant, now)
+        self.waiting[permit_id] = waiter
+        queue = self.queues.get(tenant)
+        if queue is None:
+            queue = self.queues[tenant] = collections.deque()
+            self.rotation.append(tenant)
+        queue.append(waiter)
+        self.last_sync[holder] = now
+        return self._grant(now)
+
+    def release(self, permit_id: str, now: float, backoff_secs: float = 0.0) -> list[Grant]:
+        if self.held.pop(permit_id, None) is None:
+            self._unqueue(permit_id)
+        if backoff_secs > 0:
+            self.paused_until = max(self.paused_until, now + backoff_secs)
+        return self._grant(now)
+
+    def sync(self, holder: str, incarnation: int, held: list[str], waiting: list[str], now: float) -> list[Grant]:
+        previous = self.incarnations.get(holder)
+        self.incarnations[holder] = incarnation
+        self.last_sync[holder] = now
+        if previous is not None and previous != incarnation:
+            self._drop(holder, now, grace=0.0)
+        listed = set(held)
+        for permit_id, (owner, granted_at) in list(self.held.items()):
+            if owner == holder and permit_id not in listed and now - granted_at > self.grace_secs:
+                del self.held[permit_id]
+        for permit_id in listed:
+            if permit_id not in self.held:
+                self._unqueue(permit_id)
+                self.held[permit_id] = (holder, now)  # adopted after a scheduler restart
+        still_waiting = set(waiting)
+        for permit_id, waiter in list(self.waiting.items()):
+            if waiter.holder == holder and permit_id not in still_waiting and now - waiter.since > self.grace_secs:
+                self._unqueue(permit_id)
+        return self._grant(now)
+
+    def tick(self, now: float) -> list[Grant]:
+        """Expire silent holders and resume after a back-off."""
+        for holder, seen in list(self.last_sync.items()):
+            if now - seen > self.holder_timeout_secs:
+                del self.last_sync[holder]
+                self._drop(holder, now, grace=0.0)
+        return self._grant(now)
+
+    def _drop(self, holder: str, now: float, grace: float) -> None:
+        for permit_id, (owner, granted_at) in list(self.held.items()):
+            if owner == holder and now - granted_at >= grace:
+                del self.held[permit_id]
+        for permit_id, waiter in list(self.waiting.items()):
+            if waiter.holder == holder:
+                self._unqueue(permit_id)
+
+    def _unqueue(self, permit_id: str) -> None:
+        waiter = self.waiting.pop(permit_id, None)
+        if waiter is None:
+            return
+        queue = self.queues.get(waiter.tenant)
+        if queue is None:
+            return
+        try:
+            queue.remove(waiter)
+        except ValueError:
+            pass
+        if not queue:
+            del self.queues[waiter.tenant]
+            self.rotation.remove(waiter.tenant)
+
+    def _grant(self, now: float) -> list[Grant]:
+        grants: list[Grant] = []
+        if now < self.paused_until:
+            return grants
+        rotation = self.rotation
+        while rotation and len(self.held) < self.limit:
+            tenant = rotation[0]
+            queue = self.queues[tenant]
+            waiter = queue.popleft()
+            if queue:
+                rotation.rotate(-1)
+            else:
+                rotation.popleft()
+                del self.queues[tenant]
+            del self.waiting[waiter.permit_id]
+            self.held[waiter.permit_id] = (waiter.holder, now)
+            grants.append((waiter.holder, waiter.permit_id))
+        self.granted_total += len(grants)
+        return grants
+
+    def stats(self, now: float) -> dict:
+        return {"limit": self.limit, "held": len(self.held), "waiting": len(self.waiting),
+                "tenants_waiting": len(self.rotation), "granted_total": self.granted_total,
+                "paused_secs": round(max(0.0, self.paused_until - now), 3)}

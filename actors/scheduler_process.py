@@ -1,0 +1,89 @@
+"""The scheduler role: provider permits for every actor, with tenant fairness and back-off.
+
+It never calls the provider itself; it only decides who may. State lives in `PermitPool`; this
+module wires it to the bus and keeps the gauges current.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from agentos import metrics, service
+from agentos.config import Config
+from agentos.rundir import RunDir
+from actors.permits import Grant, PermitPool
+from broker.client import Bus
+from broker.protocol import Kind, Message
+
+SCHEDULER = "scheduler"
+
+
+class Scheduler:
+    def __init__(self, config: Config, log: logging.Logger) -> None:
+        self.pool = PermitPool(limit=config.kernel.concurrency_limit)
+        self.log = log
+        self.bus: Bus | None = None
+        self.backoffs = 0
+        self.trace_ids: dict[str, tuple[str, str]] = {}  # permit -> (session, turn), for the trace tap
+
+    def handlers(self) -> dict:
+        return {Kind.PERMIT_REQUEST: self.on_request, Kind.PERMIT_RELEASE: self.on_release,
+                Kind.PERMIT_SYNC: self.on_sync, Kind.STATS: self.on_stats}
+
+    def _send(self, grants: list[Grant]) -> None:
+        for holder, permit_id in grants:
+            session, turn = self.trace_ids.pop(permit_id, ("", ""))
+            self.bus.send(holder, Kind.PERMIT_GRANT, {"permit_id": permit_id}, session=session, turn=turn)
+
+    def on_request(self, msg: Message) -> None:
+        b = msg.body
+        if msg.session and len(self.trace_ids) < 100_000:
+            self.trace_ids[b["permit_id"]] = (msg.session, msg.turn)
+        self._send(self.pool.request(b["permit_id"], msg.src, b["tenant"], time.monotonic()))
+
+    def on_release(self, msg: Message) -> None:
+        self.trace_ids.pop(msg.body["permit_id"], None)
+        backoff = float(msg.body.get("backoff_secs") or 0.0)
+        if backoff > 0:
+            self.backoffs += 1
+            metrics.provider_backoffs.inc()
+            self.log.warning("provider asked to back off for %.1fs; pausing grants", backoff)
+        self._send(self.pool.release(msg.body["permit_id"], time.monotonic(), min(backoff, 300.0)))
+
+    def on_sync(self, msg: Message) -> None:
+        b = msg.body
+        self._send(self.pool.sync(msg.src, b["incarnation"], [str(p) for p in b["held"]],
+                                  [str(p) for p in b["waiting"]], time.monotonic()))
+
+    def on_stats(self, msg: Message) -> None:
+        stats = self.pool.stats(time.monotonic())
+        stats["backoffs"] = self.backoffs
+        stats["bus"] = self.bus.stats()
+        self.bus.reply(msg, Kind.STATS_REPLY, {"role": "scheduler", "stats": stats})
+
+    async def ticker(self) -> None:
+        while True:
+            await asyncio.sleep(0.1)
+            self._send(self.pool.tick(time.monotonic()))
+            if len(self.trace_ids) > len(self.pool.waiting) + 1000:  # waiters dropped by a sync
+                self.trace_ids = {p: ids for p, ids in self.trace_ids.items() if p in self.pool.waiting}
+            metrics.permits_in_use.set(len(self.pool.held))
+            metrics.permit_queue.set(len(self.pool.waiting))
+
+
+def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> int:
+    async def run(stop: asyncio.Event) -> int:
+        scheduler = Scheduler(config, log)
+        bus = Bus(SCHEDULER, run_dir.bus_endpoint, scheduler.handlers(),
+                  heartbeat_secs=config.broker.heartbeat_secs, log=log)
+        scheduler.bus = bus
+        await bus.start()
+        ticker = asyncio.create_task(scheduler.ticker())
+        log.info("granting up to %d provider permits", config.kernel.concurrency_limit)
+        await stop.wait()
+        ticker.cancel()
+        await bus.close()
+        return service.EXIT_OK
+
+    return service.run(run)

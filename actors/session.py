@@ -1,0 +1,47 @@
+"""Sessions resident in an actor: message history, the one active turn, last use.
+
+A session idle for `kernel.session_ttl_secs` leaves memory; its history is kept by the
+durable layer and loaded again on its next turn.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from actors.turn import Turn
+
+
+class Session:
+    __slots__ = ("id", "tenant", "messages", "active", "last_used")
+
+    def __init__(self, session_id: str, tenant: str) -> None:
+        self.id = session_id
+        self.tenant = tenant
+        self.messages: list[dict[str, Any]] = []
+        self.active: Turn | None = None
+        self.last_used = time.monotonic()
+
+
+class SessionTable:
+    def __init__(self, ttl_secs: float) -> None:
+        self.ttl_secs = ttl_secs
+        self.sessions: dict[str, Session] = {}
+
+    def __len__(self) -> int:
+        return len(self.sessions)
+
+    def get(self, session_id: str) -> Session | None:
+        return self.sessions.get(session_id)
+
+    def open(self, session_id: str, tenant: str) -> Session:
+        session = self.sessions.get(session_id)
+        if session is None:
+            session = self.sessions[session_id] = Session(session_id, tenant)
+        session.last_used = time.monotonic()
+        return session
+
+    def evict_idle(self, now: float) -> int:
+        idle = [sid for sid, s in self.sessions.items() if s.active is None and now - s.last_used > self.ttl_secs]
+        for sid in idle:
+            del self.sessions[sid]
+        return len(idle)

@@ -1,0 +1,98 @@
+"""One turn as its actor sees it: its events, numbered and kept for replay.
+
+Every event goes to the gateway that started the turn as a bus message carrying its sequence
+number, and stays in the turn's buffer until the turn has been finished for a retention window.
+A gateway that missed events (a lost message, a broker restart, a gateway restart) asks for a
+replay from the last number it has, so a stream never skips or repeats an event.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from broker.client import Bus
+from broker.protocol import TURN_TERMINAL, Kind
+
+MAX_EVENTS_PER_TURN = 4096
+OUTCOMES = {Kind.TURN_DONE: "completed", Kind.TURN_FAILED: "failed", Kind.TURN_CANCELLED: "cancelled"}
+
+
+class Turn:
+    __slots__ = ("turn_id", "session_id", "tenant", "input", "gateway", "bus", "events", "seq", "task",
+                 "cancel_reason", "started_at", "first_token_at", "ended_at", "_pending_text", "_flush_scheduled",
+                 "outcome")
+
+    def __init__(self, bus: Bus, turn_id: str, session_id: str, tenant: str, text: str, gateway: str) -> None:
+        self.bus = bus
+        self.turn_id = turn_id
+        self.session_id = session_id
+        self.tenant = tenant
+        self.input = text
+        self.gateway = gateway
+        self.events: list[tuple[Kind, dict[str, Any]]] = []
+        self.seq = 0
+        self.task: asyncio.Task | None = None
+        self.cancel_reason = ""
+        self.started_at = time.monotonic()
+        self.first_token_at = 0.0
+        self.ended_at = 0.0
+        self.outcome = ""
+        self._pending_text: list[str] = []
+        self._flush_scheduled = False
+
+    @property
+    def ended(self) -> bool:
+        return self.ended_at > 0.0
+
+    def record(self, kind: Kind, body: dict[str, Any]) -> dict[str, Any]:
+        """Number and keep an event without sending it (the started event goes out as a reply)."""
+        self.seq += 1
+        body["turn_id"] = self.turn_id
+        body["seq"] = self.seq
+        if len(self.events) < MAX_EVENTS_PER_TURN or kind in TURN_TERMINAL:
+            self.events.append((kind, body))
+        return body
+
+    def emit(self, kind: Kind, body: dict[str, Any]) -> None:
+        if self.ended:
+            return
+        if self._pending_text:
+            self._flush_text()
+        body = self.record(kind, body)
+        self.bus.send(self.gateway, kind, body, session=self.session_id, turn=self.turn_id)
+        if kind in TURN_TERMINAL:
+            self.ended_at = time.monotonic()
+            self.outcome = OUTCOMES[kind]
+
+    def delta(self, text: str) -> None:
+        """Queue text; deltas arriving within one loop iteration go out as one message."""
+        if not self.first_token_at:
+            self.first_token_at = time.monotonic()
+        self._pending_text.append(text)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_text)
+
+    def _flush_text(self) -> None:
+        self._flush_scheduled = False
+        if not self._pending_text or self.ended:
+            return
+        text = "".join(self._pending_text)
+        self._pending_text.clear()
+        body = self.record(Kind.TURN_DELTA, {"text": text})
+        self.bus.send(self.gateway, Kind.TURN_DELTA, body, session=self.session_id, turn=self.turn_id)
+
+    def replay(self, after: int, gateway: str) -> None:
+        """Send again every event numbered above `after`, to the gateway that now holds the stream."""
+        self.gateway = gateway
+        for kind, body in self.events:
+            if body["seq"] > after:
+                self.bus.send(gateway, kind, body, session=self.session_id, turn=self.turn_id)
+
+    def cancel(self, reason: str) -> bool:
+        if self.ended or self.task is None or self.task.done():
+            return False
+        self.cancel_reason = reason
+        self.task.cancel()
+        return True

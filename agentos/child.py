@@ -1,0 +1,49 @@
+"""Entry point of every child process: `python -m agentos.child ROLE INDEX RUN_DIR PARENT_PID`.
+
+The table below is the only list of roles; each module is imported only in its own process,
+so an actor never pays for aiohttp's server or DuckDB.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+from agentos import config as config_mod
+from agentos import service
+from agentos.rundir import RunDir
+
+ROLES = {
+    "broker": "broker.process",
+    "gateway": "gateway.process",
+    "scheduler": "actors.scheduler_process",
+    "actor": "actors.actor_process",
+    "mock-llm": "bench.mock_process",
+}
+
+
+def process_name(role: str, index: int, count: int = 1) -> str:
+    """Bus and title name: `actor/3` for sharded roles, the role itself otherwise."""
+    return f"{role}/{index}" if role in ("actor", "gateway") else role
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 4 or args[0] not in ROLES:
+        print("usage: python -m agentos.child ROLE INDEX RUN_DIR PARENT_PID", file=sys.stderr)
+        return service.EXIT_CONFIG
+    role, index, run_dir, parent = args[0], int(args[1]), RunDir(args[2]), int(args[3])
+    name = process_name(role, index)
+    service.set_title(name)
+    service.die_with_parent(parent)
+    log = service.setup_logging(name)
+    try:
+        config = config_mod.from_dict(run_dir.read_json(run_dir.config_path))
+    except (OSError, ValueError) as exc:
+        log.error("cannot read the resolved config in %s: %s", run_dir.path, exc)
+        return service.EXIT_CONFIG
+    module = importlib.import_module(ROLES[role])
+    return module.main(config, index, run_dir, log)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

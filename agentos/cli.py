@@ -1,0 +1,98 @@
+"""The `agent-os` command line. Commands are listed in one table, `COMMANDS`."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from agentos import config as config_mod
+from agentos import service
+from agentos.rundir import RunDir
+
+
+def _load(args: argparse.Namespace) -> config_mod.Config:
+    try:
+        return config_mod.load(args.config)
+    except config_mod.ConfigError as exc:
+        print(f"agent-os: configuration error: {exc}", file=sys.stderr)
+        raise SystemExit(service.EXIT_CONFIG) from None
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from agentos import rundir
+
+    config = _load(args)
+    run_dir = RunDir.for_config(config)
+    try:
+        rundir.claim(run_dir)
+    except (rundir.RunDirBusy, config_mod.ConfigError, OSError) as exc:
+        print(f"agent-os: {exc}", file=sys.stderr)
+        return service.EXIT_CONFIG
+    # prometheus-client picks its multiprocess mode when first imported: set it up before that.
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(run_dir.metrics_dir)
+    import uvloop
+
+    from agentos.supervisor import Supervisor
+
+    service.set_title("supervisor")
+    service.setup_logging("supervisor")
+    try:
+        return uvloop.run(Supervisor(config, run_dir).run())
+    finally:
+        rundir.release(run_dir)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from agentos import status
+
+    return status.main(_load(args), as_json=args.json)
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    from agentos import trace
+
+    return trace.main(_load(args), session=args.session, kind=args.kind, turn=args.turn, count=args.count,
+                      timeout_secs=args.timeout)
+
+
+def cmd_mock_llm(args: argparse.Namespace) -> int:
+    from bench import mock_llm
+
+    return mock_llm.main(args.rest)
+
+
+def _with_config(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", "-c", help="YAML config file (env AGENTOS_<SECTION>_<KEY> overrides)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agent-os", description="Agent OS: durable LLM agent server")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the server (supervisor and its process tree)")
+    _with_config(serve)
+    serve.set_defaults(func=cmd_serve)
+    status = sub.add_parser("status", help="live process table, memory, queues, in-flight turns")
+    _with_config(status)
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.set_defaults(func=cmd_status)
+    trace = sub.add_parser("trace", help="watch messages flow through the broker")
+    _with_config(trace)
+    trace.add_argument("--session", help="only this session")
+    trace.add_argument("--turn", help="only this turn")
+    trace.add_argument("--kind", help="only kinds starting with this (e.g. turn. or permit.grant)")
+    trace.add_argument("--count", type=int, default=0, help="exit after this many lines")
+    trace.add_argument("--timeout", type=float, default=0.0, help="exit after this many seconds")
+    trace.set_defaults(func=cmd_trace)
+    mock = sub.add_parser("mock-llm", help="run the OpenAI-compatible mock model (bench/mock_llm.py)")
+    mock.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the mock (--port, --port-file)")
+    mock.set_defaults(func=cmd_mock_llm)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

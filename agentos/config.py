@@ -1,0 +1,273 @@
+"""Typed configuration: one dataclass per section, each default written once.
+
+Owns loading the YAML file, applying `AGENTOS_<SECTION>_<KEY>` environment overrides and
+validating the result. Unknown keys are errors that name the key; nothing here reads the
+environment at import time.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+ENV_PREFIX = "AGENTOS_"
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or out of range; the message names the key."""
+
+
+@dataclass
+class GatewayConfig:
+    listen: str = "127.0.0.1:8080"
+    max_body_bytes: int = 1 << 20
+    max_input_chars: int = 200_000
+    retry_after_secs: int = 1
+    # A turn whose actor stays silent this long is probed (resume request) so a lost
+    # message or a dead actor never leaves a stream hanging.
+    turn_probe_secs: float = 5.0
+
+
+@dataclass
+class KernelConfig:
+    actors: int = 0
+    max_in_flight_turns: int = 0
+    concurrency_limit: int = 64
+    session_ttl_secs: float = 300.0
+    drain_secs: float = 30.0
+    max_steps_per_turn: int = 8
+    run_dir: str = ""
+
+
+@dataclass
+class ProviderConfig:
+    base_url: str = ""
+    model: str = "mock"
+    api_key_env: str = "OPENAI_API_KEY"
+    timeout_secs: float = 120.0
+    connect_timeout_secs: float = 10.0
+    max_retries: int = 2
+
+
+@dataclass
+class S3Config:
+    bucket: str = ""
+    prefix: str = ""
+    endpoint_url: str = ""
+    region: str = ""
+
+
+@dataclass
+class StorageConfig:
+    dir: str = "./data"
+    durability: str = "local"
+    jsonl_dir: str = ""
+    snapshot_every: int = 16
+    segment_bytes: int = 64 << 20
+    max_checkpoint_bytes: int = 1 << 20
+    s3: S3Config = field(default_factory=S3Config)
+
+
+@dataclass
+class BrokerConfig:
+    transport: str = "ipc"
+    heartbeat_secs: float = 1.0
+    peer_timeout_secs: float = 3.0
+
+
+@dataclass
+class MockConfig:
+    """Profile of the bundled mock model started when `provider.base_url` is empty."""
+    ttft_ms: float = 2000.0
+    tps: float = 200.0
+    tokens: int = 8
+    port: int = 0
+
+
+@dataclass
+class AuthConfig:
+    api_keys: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Config:
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    kernel: KernelConfig = field(default_factory=KernelConfig)
+    provider: ProviderConfig = field(default_factory=ProviderConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    broker: BrokerConfig = field(default_factory=BrokerConfig)
+    mock: MockConfig = field(default_factory=MockConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def actor_count(self) -> int:
+        return self.kernel.actors or (os.cpu_count() or 1)
+
+    @property
+    def listen_host_port(self) -> tuple[str, int]:
+        return parse_listen(self.gateway.listen, "gateway.listen")
+
+
+def parse_listen(value: str, key: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host:
+        raise ConfigError(f"{key}: expected HOST:PORT, got {value!r}")
+    try:
+        number = int(port)
+    except ValueError:
+        raise ConfigError(f"{key}: port must be a number, got {port!r}") from None
+    if not 0 <= number <= 65535:
+        raise ConfigError(f"{key}: port {number} out of range")
+    return host.strip("[]"), number
+
+
+def load(path: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None) -> Config:
+    """The configuration from an optional YAML file plus environment overrides, validated."""
+    raw: dict[str, Any] = {}
+    if path:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        try:
+            raw = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"config file {path}: top level must be a mapping")
+    config = from_dict(raw)
+    apply_env(config, os.environ if environ is None else environ)
+    validate(config)
+    return config
+
+
+def from_dict(raw: Mapping[str, Any]) -> Config:
+    config = Config()
+    _merge(config, raw, "")
+    return config
+
+
+def _merge(target: Any, raw: Mapping[str, Any], path: str) -> None:
+    fields = {f.name: f for f in dataclasses.fields(target)}
+    for key, value in raw.items():
+        dotted = f"{path}{key}"
+        if key not in fields:
+            raise ConfigError(f"unknown config key {dotted!r}")
+        current = getattr(target, key)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{dotted}: expected a mapping")
+            _merge(current, value, dotted + ".")
+        else:
+            setattr(target, key, _coerce(value, type(current), dotted))
+
+
+def _coerce(value: Any, kind: type, key: str) -> Any:
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return value.lower() in ("1", "true", "yes", "on")
+    elif kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value.replace("_", ""))
+            except ValueError:
+                pass
+    elif kind is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif kind is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+    elif kind is dict:
+        if isinstance(value, str):
+            try:
+                value = yaml.safe_load(value) or {}
+            except yaml.YAMLError:
+                raise ConfigError(f"{key}: expected a mapping") from None
+        if isinstance(value, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            return dict(value)
+        raise ConfigError(f"{key}: expected a mapping of strings to strings")
+    raise ConfigError(f"{key}: expected {kind.__name__}, got {value!r}")
+
+
+def _env_keys(target: Any, path: str) -> dict[str, tuple[Any, str, str]]:
+    """Every leaf key as ENV_NAME -> (owner object, attribute, dotted key)."""
+    out: dict[str, tuple[Any, str, str]] = {}
+    for f in dataclasses.fields(target):
+        value = getattr(target, f.name)
+        dotted = f"{path}{f.name}"
+        if dataclasses.is_dataclass(value):
+            out.update(_env_keys(value, dotted + "."))
+        else:
+            out[ENV_PREFIX + dotted.replace(".", "_").upper()] = (target, f.name, dotted)
+    return out
+
+
+def apply_env(config: Config, environ: Mapping[str, str]) -> None:
+    keys = _env_keys(config, "")
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        if name not in keys:
+            raise ConfigError(f"unknown environment override {name} (no such config key)")
+        owner, attr, dotted = keys[name]
+        setattr(owner, attr, _coerce(value, type(getattr(owner, attr)), f"{dotted} (from {name})"))
+
+
+def _positive(value: float, key: str, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{key}: must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+def validate(config: Config) -> None:
+    parse_listen(config.gateway.listen, "gateway.listen")
+    _positive(config.gateway.max_body_bytes, "gateway.max_body_bytes")
+    _positive(config.gateway.max_input_chars, "gateway.max_input_chars")
+    _positive(config.gateway.retry_after_secs, "gateway.retry_after_secs")
+    _positive(config.gateway.turn_probe_secs, "gateway.turn_probe_secs")
+    _positive(config.kernel.actors, "kernel.actors", allow_zero=True)
+    if config.kernel.actors > 256:
+        raise ConfigError(f"kernel.actors: at most 256, got {config.kernel.actors}")
+    _positive(config.kernel.max_in_flight_turns, "kernel.max_in_flight_turns", allow_zero=True)
+    _positive(config.kernel.concurrency_limit, "kernel.concurrency_limit")
+    _positive(config.kernel.session_ttl_secs, "kernel.session_ttl_secs")
+    _positive(config.kernel.drain_secs, "kernel.drain_secs", allow_zero=True)
+    _positive(config.kernel.max_steps_per_turn, "kernel.max_steps_per_turn")
+    if config.provider.base_url and not config.provider.base_url.startswith(("http://", "https://")):
+        raise ConfigError(f"provider.base_url: must start with http:// or https://, got {config.provider.base_url!r}")
+    _positive(config.provider.timeout_secs, "provider.timeout_secs")
+    _positive(config.provider.connect_timeout_secs, "provider.connect_timeout_secs")
+    _positive(config.provider.max_retries, "provider.max_retries", allow_zero=True)
+    if config.storage.durability not in ("none", "local", "s3"):
+        raise ConfigError(f"storage.durability: one of none, local, s3; got {config.storage.durability!r}")
+    if config.storage.durability == "s3" and not config.storage.s3.bucket:
+        raise ConfigError("storage.durability: s3 needs storage.s3.bucket")
+    _positive(config.storage.snapshot_every, "storage.snapshot_every")
+    _positive(config.storage.segment_bytes, "storage.segment_bytes")
+    _positive(config.storage.max_checkpoint_bytes, "storage.max_checkpoint_bytes")
+    if config.broker.transport not in ("ipc",):
+        raise ConfigError(f"broker.transport: only 'ipc' is supported so far, got {config.broker.transport!r}")
+    _positive(config.broker.heartbeat_secs, "broker.heartbeat_secs")
+    if config.broker.peer_timeout_secs <= config.broker.heartbeat_secs:
+        raise ConfigError("broker.peer_timeout_secs: must be longer than broker.heartbeat_secs")
+    _positive(config.mock.ttft_ms, "mock.ttft_ms", allow_zero=True)
+    _positive(config.mock.tps, "mock.tps")
+    _positive(config.mock.tokens, "mock.tokens")
+    if not 0 <= config.mock.port <= 65535:
+        raise ConfigError(f"mock.port: out of range: {config.mock.port}")

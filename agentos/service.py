@@ -1,0 +1,63 @@
+"""What every child process shares: identity, signals, logging, and the asyncio runner.
+
+A child gets its title (`agent-os: actor/3`), dies with its supervisor (PR_SET_PDEATHSIG, so
+no orphan survives a kill -9 of the tree), ignores SIGINT (the supervisor owns Ctrl-C) and
+finishes its current work on SIGTERM: the signal handler only sets an event.
+"""
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import os
+import signal
+import sys
+from typing import Awaitable, Callable
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_CONFIG = 2
+EXIT_PARENT_GONE = 3
+
+_PR_SET_PDEATHSIG = 1
+
+
+def set_title(name: str) -> None:
+    try:
+        import setproctitle
+    except ImportError:  # optional at runtime: a title is a convenience, not a function
+        return
+    setproctitle.setproctitle(f"agent-os: {name}")
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel to SIGTERM us when our parent dies; exit if it is already gone."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:
+        sys.exit(EXIT_PARENT_GONE)
+
+
+def setup_logging(name: str, level: str | None = None) -> logging.Logger:
+    level = level or os.environ.get("AGENT_OS_LOG_LEVEL", "INFO")
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return logging.getLogger(f"agent-os.{name}")
+
+
+def run(main: Callable[[asyncio.Event], Awaitable[int | None]]) -> int:
+    """Run `main(stop_event)` on uvloop; SIGTERM sets the event."""
+    import uvloop
+
+    async def runner() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        code = await main(stop)
+        return EXIT_OK if code is None else code
+
+    return uvloop.run(runner())

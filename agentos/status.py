@@ -1,0 +1,128 @@
+"""`agent-os status`: the live process table with memory and queue depths.
+
+Reads the supervisor's table from the run directory, memory from /proc/PID/smaps_rollup
+(VmRSS counts shared pages such as the interpreter; Private_Dirty is what each process really
+costs), and asks every role for its stats over the bus.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from agentos.config import Config
+from agentos.rundir import RunDir
+from broker.client import Bus, BusError
+from broker.protocol import BROKER, Kind
+
+
+def proc_memory(pid: int) -> dict[str, int]:
+    """Memory of one process in KiB: rss, private_dirty, private (clean + dirty), pss."""
+    out = {"rss_kib": 0, "private_dirty_kib": 0, "private_kib": 0, "pss_kib": 0}
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return out
+    fields = {}
+    for line in text.splitlines()[1:]:
+        name, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            fields[name.strip()] = int(parts[0])
+    out["rss_kib"] = fields.get("Rss", 0)
+    out["pss_kib"] = fields.get("Pss", 0)
+    out["private_dirty_kib"] = fields.get("Private_Dirty", 0)
+    out["private_kib"] = fields.get("Private_Dirty", 0) + fields.get("Private_Clean", 0)
+    return out
+
+
+def tree_memory(pids: list[int]) -> dict[str, int]:
+    total = {"rss_kib": 0, "private_dirty_kib": 0, "private_kib": 0, "pss_kib": 0}
+    for pid in pids:
+        for key, value in proc_memory(pid).items():
+            total[key] += value
+    return total
+
+
+async def query_stats(run_dir: RunDir, names: list[str], timeout: float = 1.5) -> dict[str, Any]:
+    bus = Bus(f"cli/{os.getpid()}", run_dir.bus_endpoint, role="cli")
+    await bus.start()
+    try:
+        async def one(name: str) -> tuple[str, Any]:
+            try:
+                reply = await bus.request(name, Kind.STATS, {}, timeout=timeout, attempt_secs=timeout)
+                return name, reply.body["stats"]
+            except BusError as exc:
+                return name, {"error": str(exc)}
+        return dict(await asyncio.gather(*(one(n) for n in [BROKER, *names])))
+    finally:
+        await bus.close()
+
+
+def collect(config: Config) -> dict[str, Any]:
+    run_dir = RunDir.for_config(config)
+    try:
+        table = run_dir.read_json(run_dir.processes_path)
+    except (OSError, ValueError):
+        return {"running": False, "run_dir": str(run_dir.path), "processes": []}
+    supervisor_pid = table["supervisor"]["pid"]
+    if not Path(f"/proc/{supervisor_pid}").exists():
+        return {"running": False, "run_dir": str(run_dir.path), "processes": []}
+    now = time.time()
+    rows = [{"name": "supervisor", "role": "supervisor", "pid": supervisor_pid,
+             "uptime_secs": round(now - table["supervisor"]["started_at"], 1), "restarts": 0,
+             **proc_memory(supervisor_pid)}]
+    for child in table["children"]:
+        pid = child["pid"]
+        rows.append({"name": child["name"], "role": child["role"], "pid": pid,
+                     "uptime_secs": round(now - child["started_at"], 1) if child["started_at"] else None,
+                     "restarts": child["restarts"], **(proc_memory(pid) if pid else {})})
+    bus_names = [c["name"] for c in table["children"] if c["pid"] and c["role"] in ("gateway", "scheduler", "actor")]
+    stats = asyncio.run(query_stats(run_dir, bus_names))
+    for row in rows:
+        row["stats"] = stats.get(row["name"] if row["role"] != "broker" else BROKER, {})
+    gateway = stats.get("gateway/0", {})
+    actors = [s for n, s in stats.items() if n.startswith("actor/")]
+    return {
+        "running": True, "run_dir": str(run_dir.path), "listen": table.get("listen"),
+        "gateway_port": table.get("gateway_port"), "processes": rows,
+        "in_flight_turns": gateway.get("in_flight"), "admission_limit": gateway.get("admission_limit"),
+        "active_sessions": sum(a.get("sessions", 0) for a in actors),
+        "memory_total": tree_memory([r["pid"] for r in rows if r["pid"]]),
+    }
+
+
+def _queue(stats: dict) -> str:
+    bus = stats.get("bus", {})
+    parts = [f"outbox={bus['outbox']}"] if "outbox" in bus else []
+    for key in ("waiting", "streams", "turns_running", "permits_waiting"):
+        if key in stats:
+            parts.append(f"{key}={stats[key]}")
+    return " ".join(parts) or ("unreachable" if "error" in stats else "-")
+
+
+def main(config: Config, as_json: bool = False, out=None) -> int:
+    out = out or sys.stdout
+    data = collect(config)
+    if as_json:
+        print(json.dumps(data, indent=1), file=out)
+        return 0 if data["running"] else 1
+    if not data["running"]:
+        print(f"agent-os is not running (run dir {data['run_dir']})", file=out)
+        return 1
+    print(f"agent-os on {data['listen']} (port {data['gateway_port']}), run dir {data['run_dir']}", file=out)
+    print(f"in-flight turns: {data['in_flight_turns']}  admission limit: {data['admission_limit']}  "
+          f"active sessions: {data['active_sessions']}", file=out)
+    print(f"{'NAME':<12} {'PID':>7} {'UPTIME':>9} {'RESTARTS':>8} {'RSS MiB':>8} {'PRIV_DIRTY MiB':>14}  QUEUES", file=out)
+    for r in data["processes"]:
+        uptime = f"{r['uptime_secs']:.0f}s" if r.get("uptime_secs") is not None else "-"
+        print(f"{r['name']:<12} {r['pid'] or '-':>7} {uptime:>9} {r['restarts']:>8} "
+              f"{r.get('rss_kib', 0) / 1024:>8.1f} {r.get('private_dirty_kib', 0) / 1024:>14.1f}  "
+              f"{_queue(r.get('stats', {}))}", file=out)
+    mem = data["memory_total"]
+    print(f"tree: RSS {mem['rss_kib'] / 1024:.1f} MiB, Private_Dirty {mem['private_dirty_kib'] / 1024:.1f} MiB", file=out)
+    return 0

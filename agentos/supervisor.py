@@ -1,0 +1,255 @@
+"""The supervisor: starts the process tree, restarts what dies, drains and stops on a signal.
+
+Children start in dependency order (broker, mock model, scheduler, actors, gateway), each a
+separate OS process in its own session, and stop in reverse order: SIGTERM, a grace period,
+then SIGKILL to its process group. On SIGTERM or SIGINT the gateway drains first (no new turns,
+in-flight turns get `kernel.drain_secs`); a second signal skips the wait. The signal handlers
+only set an event. The live process table is written to the run directory for `agent-os status`.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agentos import metrics, service
+from agentos.child import process_name
+from agentos.config import Config
+from agentos.restart_policy import RestartPolicy, is_crash_loop, next_failure_count, restart_delay
+from agentos.rundir import RunDir
+from broker.client import Bus, BusError
+from broker.protocol import Kind
+
+STOP_GRACE_SECS = 5.0
+READY_TIMEOUT_SECS = 20.0
+log = logging.getLogger("agent-os.supervisor")
+
+
+@dataclass
+class Child:
+    role: str
+    index: int = 0
+    name: str = ""
+    proc: subprocess.Popen | None = None
+    started_at: float = 0.0
+    started_wall: float = 0.0
+    restarts: int = 0
+    failures: int = 0
+    restart_at: float = 0.0
+    restart_times: list[float] = field(default_factory=list)
+    in_crash_loop: bool = False
+
+    def __post_init__(self) -> None:
+        self.name = self.name or process_name(self.role, self.index)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class StartupError(RuntimeError):
+    pass
+
+
+class Supervisor:
+    def __init__(self, config: Config, run_dir: RunDir, policy: RestartPolicy | None = None) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.policy = policy or RestartPolicy()
+        self.children = self.plan()
+        self.stop_event = asyncio.Event()
+        self.signals = 0
+        self.stopping = False
+        self.bus: Bus | None = None
+        self.env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(run_dir.metrics_dir))
+
+    def plan(self) -> list[Child]:
+        children = [Child("broker")]
+        if not self.config.provider.base_url:
+            children.append(Child("mock-llm"))
+        children.append(Child("scheduler"))
+        children += [Child("actor", i) for i in range(self.config.actor_count)]
+        children.append(Child("gateway"))
+        return children
+
+    def child(self, name: str) -> Child | None:
+        return next((c for c in self.children if c.name == name), None)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def on_signal(self) -> None:
+        self.signals += 1
+        self.stop_event.set()
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self.on_signal)
+        loop.add_signal_handler(signal.SIGINT, self.on_signal)
+        self.write_config()
+        try:
+            await self.start_all()
+        except StartupError as exc:
+            log.error("%s", exc)
+            await self.stop_all(grace=1.0)
+            return service.EXIT_FAILURE
+        monitor = asyncio.create_task(self.monitor())
+        await self.stop_event.wait()
+        monitor.cancel()
+        await self.shutdown()
+        return service.EXIT_OK
+
+    async def start_all(self) -> None:
+        for child in self.children:
+            if self.stop_event.is_set():
+                return
+            self.start(child)
+            if child.role == "broker":
+                await self.wait_for(child, lambda: Path(self.run_dir.bus_endpoint[6:]).exists(), "its socket")
+                self.bus = Bus("supervisor", self.run_dir.bus_endpoint, heartbeat_secs=self.config.broker.heartbeat_secs)
+                await self.bus.start()
+            elif child.role == "mock-llm":
+                await self.wait_for(child, lambda: self.run_dir.read_port("mock-llm") is not None, "its port")
+                port = self.run_dir.read_port("mock-llm")
+                self.config.provider.base_url = f"http://127.0.0.1:{port}/v1"
+                self.write_config()
+                log.info("no provider.base_url configured: started the bundled mock model at %s "
+                         "(ttft %gms, %g tok/s, %d tokens)", self.config.provider.base_url, self.config.mock.ttft_ms,
+                         self.config.mock.tps, self.config.mock.tokens)
+        gateway = self.child("gateway/0")
+        await self.wait_for(gateway, lambda: self.run_dir.read_port("gateway") is not None, "its port")
+        host, _ = self.config.listen_host_port
+        self.write_table()
+        log.info("serving on http://%s:%d (run dir %s)", host, self.run_dir.read_port("gateway"), self.run_dir.path)
+
+    async def wait_for(self, child: Child, ready, what: str) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_SECS
+        while not ready():
+            if not child.alive:
+                raise StartupError(f"{child.name} exited with code {child.proc.returncode} before {what} was ready")
+            if time.monotonic() > deadline or self.stop_event.is_set():
+                raise StartupError(f"{child.name}: {what} not ready within {READY_TIMEOUT_SECS:.0f}s")
+            await asyncio.sleep(0.02)
+
+    def start(self, child: Child) -> None:
+        cmd = [sys.executable, "-m", "agentos.child", child.role, str(child.index), str(self.run_dir.path),
+               str(os.getpid())]
+        child.proc = subprocess.Popen(cmd, env=self.env, stdin=subprocess.DEVNULL, start_new_session=True)
+        child.started_at = time.monotonic()
+        child.started_wall = time.time()
+        child.restart_at = 0.0
+        metrics.processes_up.inc()
+        self.write_table()
+
+    async def monitor(self) -> None:
+        while True:
+            await asyncio.sleep(0.05)
+            now = time.monotonic()
+            for child in self.children:
+                if child.proc is not None and child.proc.poll() is not None:
+                    self.on_exit(child, now)
+                elif child.proc is None and child.restart_at and now >= child.restart_at:
+                    log.info("restarting %s (restart #%d)", child.name, child.restarts)
+                    self.start(child)
+
+    def on_exit(self, child: Child, now: float) -> None:
+        code = child.proc.returncode
+        how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        log.warning("%s (pid %d) %s after %.1fs", child.name, child.proc.pid, how, now - child.started_at)
+        metrics.mark_dead(child.proc.pid)
+        metrics.processes_up.dec()
+        child.proc = None
+        child.failures = next_failure_count(self.policy, child.failures, now - child.started_at)
+        child.restart_times = [t for t in child.restart_times if now - t <= self.policy.loop_window_secs] + [now]
+        crash_loop = is_crash_loop(self.policy, child.restart_times, now)
+        if crash_loop and not child.in_crash_loop:
+            log.error("%s is in a crash loop (%d restarts in %.0fs); still restarting, at most every %.0fs",
+                      child.name, len(child.restart_times), self.policy.loop_window_secs, self.policy.cap_secs)
+        child.in_crash_loop = crash_loop
+        child.restarts += 1
+        metrics.process_restarts.labels(child.role).inc()
+        child.restart_at = now + restart_delay(self.policy, child.failures)
+        self.write_table()
+
+    async def shutdown(self) -> None:
+        self.stopping = True
+        gateway, broker = self.child("gateway/0"), self.child("broker")
+        if self.signals < 2 and gateway.alive and broker.alive and self.bus is not None:
+            await self.drain(gateway)
+        await self.stop_all(STOP_GRACE_SECS)
+        log.info("stopped")
+
+    async def drain(self, gateway: Child) -> None:
+        """Ask the gateway to drain; stop waiting on a second signal or if the gateway dies."""
+        limit = self.config.kernel.drain_secs
+        log.info("draining (up to %.0fs; signal again to stop at once)", limit)
+        request = asyncio.ensure_future(self.bus.request(gateway.name, Kind.DRAIN, {"deadline_secs": limit},
+                                                         timeout=limit + 5.0, attempt_secs=limit + 5.0))
+        while not request.done() and self.signals < 2 and gateway.alive:
+            await asyncio.wait([request], timeout=0.05)
+        if not request.done():
+            request.cancel()
+            log.warning("stopped waiting for the drain")
+        elif request.exception() is not None:
+            log.warning("gateway did not confirm the drain: %s", request.exception())
+        else:
+            left = request.result().body["in_flight"]
+            if left:
+                log.warning("drain deadline passed with %d turns in flight", left)
+            else:
+                log.info("drained: no turns in flight")
+
+    async def stop_all(self, grace: float) -> None:
+        self.stopping = True
+        for child in reversed(self.children):
+            if child.role == "broker" and self.bus is not None:
+                await self.bus.close()
+                self.bus = None
+            await self.stop_child(child, grace)
+        self.write_table()
+
+    async def stop_child(self, child: Child, grace: float) -> None:
+        proc = child.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            _signal_group(proc.pid, signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            while proc.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            if proc.poll() is None:
+                log.warning("%s did not stop within %.0fs; killing it", child.name, grace)
+        _signal_group(proc.pid, signal.SIGKILL)  # anything it left in its group goes too
+        proc.wait()
+        metrics.mark_dead(proc.pid)
+        child.proc = None
+
+    # -- run directory --------------------------------------------------------------------
+
+    def write_config(self) -> None:
+        self.run_dir.write_json(self.run_dir.config_path, dataclasses.asdict(self.config))
+
+    def write_table(self) -> None:
+        rows = [{"name": c.name, "role": c.role, "pid": c.proc.pid if c.proc else None,
+                 "started_at": c.started_wall if c.proc else None, "restarts": c.restarts,
+                 "crash_loop": c.in_crash_loop} for c in self.children]
+        self.run_dir.write_json(self.run_dir.processes_path, {
+            "supervisor": {"pid": os.getpid(), "started_at": _STARTED_AT},
+            "listen": self.config.gateway.listen, "gateway_port": self.run_dir.read_port("gateway"),
+            "stopping": self.stopping, "children": rows})
+
+
+_STARTED_AT = time.time()
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,325 @@
+"""The bus client: the only way a process talks to the bus.
+
+One DEALER socket to the broker, driven from the asyncio loop. It is a plain (sync) zmq socket
+whose file descriptor the loop watches, drained until empty on every wake-up: zmq.asyncio costs
+about 35 µs per round trip at each end, this costs a few.
+
+What it gives a process:
+- `send()` fire-and-forget, `reply()` to a request, and `request()` that waits with a deadline
+  and re-sends the same message id on timeout or when the broker says the destination is
+  unknown or dead (it may be restarting).
+- Receiver-side de-duplication of requests (protocol.REQUESTS): a re-sent request whose reply
+  went out gets the same reply again; one still being handled is dropped. So a retry never
+  runs a request twice.
+- Heartbeats to the broker, which keep this peer in its table of live peers.
+- Handlers from an explicit table {Kind: callable}; a coroutine handler runs as a task, a plain
+  one inline. Malformed messages are counted and logged once, never raised.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import logging
+import os
+import random
+import time
+from typing import Any, Awaitable, Callable, Mapping
+
+import zmq
+
+from broker import frames, protocol
+from broker.protocol import BROKER, REQUESTS, Kind, Message, ProtocolError
+
+Handler = Callable[[Message], "Awaitable[None] | None"]
+
+_DRAIN_BATCH = 500
+_DEDUPE_SECS = 60.0
+_DEDUPE_MAX = 50_000
+_CACHE_REPLY_MAX_BYTES = 4096
+_PENDING = object()   # request seen, reply not yet sent
+_RERUN = object()     # reply sent but too large to keep: a duplicate simply runs again
+
+
+class BusError(RuntimeError):
+    pass
+
+
+class BusTimeout(BusError):
+    """No reply before the request's deadline."""
+
+
+class Undeliverable(BusError):
+    """The broker could not deliver to the destination (unknown, dead or full)."""
+
+
+class _AttemptTimeout(Exception):
+    pass
+
+
+class Bus:
+    def __init__(self, name: str, endpoint: str, handlers: Mapping[Kind, Handler] | None = None, *,
+                 role: str | None = None, heartbeat_secs: float = 1.0,
+                 log: logging.Logger | None = None) -> None:
+        self.name = name
+        self.role = role or name.split("/")[0]
+        self.endpoint = endpoint
+        self.heartbeat_secs = heartbeat_secs
+        self.incarnation = random.getrandbits(31) | 1
+        self.identity = f"{name}#{self.incarnation:x}".encode()
+        self.log = log or logging.getLogger(f"agent-os.{name}")
+        self._handlers: dict[Kind, Handler] = {}
+        self._async: set[Kind] = set()
+        for kind, handler in (handlers or {}).items():
+            self.on(kind, handler)
+        self._counter = 0
+        self._pending: dict[int, asyncio.Future] = {}
+        self._replied: dict[tuple[str, int], Any] = {}
+        self._replied_order: collections.deque[tuple[float, tuple[str, int]]] = collections.deque()
+        self._outbox: collections.deque[bytes] = collections.deque()
+        self._tasks: set[asyncio.Task] = set()
+        self._sock: zmq.Socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_scheduled = False
+        self._logged_bad: set[str] = set()
+        self.sent = 0
+        self.received = 0
+        self.malformed = 0
+        self.retries = 0
+        self.handler_errors = 0
+
+    def on(self, kind: Kind, handler: Handler) -> None:
+        self._handlers[kind] = handler
+        if inspect.iscoroutinefunction(handler):
+            self._async.add(kind)
+        else:
+            self._async.discard(kind)
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.ROUTING_ID, self.identity)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 100_000)
+        sock.setsockopt(zmq.RCVHWM, 100_000)
+        sock.setsockopt(zmq.RECONNECT_IVL, 20)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
+        sock.connect(self.endpoint)
+        self._sock = sock
+        self._loop.add_reader(sock.getsockopt(zmq.FD), self._drain)
+        self.send(BROKER, Kind.HELLO, {"role": self.role, "pid": os.getpid()})
+        self._spawn(self._heartbeat())
+        self._spawn(self._poke())
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(BusError("bus closed"))
+        if self._sock is not None and self._loop is not None:
+            self._loop.remove_reader(self._sock.getsockopt(zmq.FD))
+            self._sock.close(0)
+            self._sock = None
+
+    def _spawn(self, coro: Awaitable) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.handler_errors += 1
+            self.log.error("handler failed", exc_info=task.exception())
+
+    async def _heartbeat(self) -> None:
+        body = {"role": self.role, "pid": os.getpid()}
+        while True:
+            await asyncio.sleep(self.heartbeat_secs)
+            self.send(BROKER, Kind.HEARTBEAT, body)
+            self._expire_replied(time.monotonic())
+
+    async def _poke(self) -> None:
+        # zmq's descriptor is edge-triggered and a send may consume the edge; a cheap periodic
+        # drain guarantees no message waits for the next unrelated wake-up.
+        while True:
+            await asyncio.sleep(0.05)
+            self._drain()
+
+    # -- sending -------------------------------------------------------------------------
+
+    def new_id(self) -> int:
+        self._counter += 1
+        return (self.incarnation << 32) | (self._counter & 0xFFFFFFFF)
+
+    def send(self, dest: str, kind: Kind, body: dict[str, Any], *, session: str = "", turn: str = "",
+             reply_to: int = 0, id: int | None = None) -> int:
+        msg_id = self.new_id() if id is None else id
+        self._send_envelope(protocol.encode(dest, kind, body, id=msg_id, reply_to=reply_to,
+                                            session=session, turn=turn))
+        return msg_id
+
+    def reply(self, msg: Message, kind: Kind, body: dict[str, Any]) -> None:
+        envelope = protocol.encode(msg.src, kind, body, id=self.new_id(), reply_to=msg.id,
+                                   session=msg.session, turn=msg.turn)
+        key = (msg.src, msg.id)
+        if key in self._replied:
+            self._replied[key] = envelope if len(envelope) <= _CACHE_REPLY_MAX_BYTES else _RERUN
+        self._send_envelope(envelope)
+
+    def _send_envelope(self, envelope: bytes) -> None:
+        sock = self._sock
+        if sock is None:
+            raise BusError("bus not started")
+        if self._outbox:
+            self._outbox.append(envelope)
+        else:
+            try:
+                frames.send(sock, envelope)
+            except zmq.Again:
+                self._outbox.append(envelope)  # high-water mark: keep it, flush on the next wake-up
+        self.sent += 1
+        if not self._drain_scheduled:
+            self._drain_scheduled = True
+            self._loop.call_soon(self._drain)
+
+    def _flush_outbox(self) -> None:
+        sock = self._sock
+        while self._outbox:
+            try:
+                frames.send(sock, self._outbox[0])
+            except zmq.Again:
+                return
+            self._outbox.popleft()
+
+    async def request(self, dest: str, kind: Kind, body: dict[str, Any], *, timeout: float = 5.0,
+                      attempt_secs: float = 1.0, session: str = "", turn: str = "") -> Message:
+        """Send and wait for the reply; re-send the same id until `timeout` runs out."""
+        loop = self._loop
+        msg_id = self.new_id()
+        deadline = loop.time() + timeout
+        backoff = 0.02
+        envelope = protocol.encode(dest, kind, body, id=msg_id, session=session, turn=turn)
+        last_error = "no reply"
+        while True:
+            fut = loop.create_future()
+            self._pending[msg_id] = fut
+            self._send_envelope(envelope)
+            handle = loop.call_later(max(0.0, min(attempt_secs, deadline - loop.time())),
+                                     _expire_attempt, fut)
+            try:
+                return await fut
+            except _AttemptTimeout:
+                last_error = "no reply"
+            except Undeliverable as exc:
+                last_error = str(exc)
+                await asyncio.sleep(max(0.0, min(backoff, deadline - loop.time())))
+                backoff = min(backoff * 2, 0.5)
+            finally:
+                handle.cancel()
+                self._pending.pop(msg_id, None)
+            if loop.time() >= deadline:
+                raise BusTimeout(f"{kind} to {dest}: {last_error} within {timeout:g}s")
+            self.retries += 1
+
+    # -- receiving -----------------------------------------------------------------------
+
+    def _drain(self) -> None:
+        self._drain_scheduled = False
+        sock = self._sock
+        if sock is None:
+            return
+        if self._outbox:
+            self._flush_outbox()
+        recv = frames.recv
+        deliver = self._deliver
+        for _ in range(_DRAIN_BATCH):
+            try:
+                envelope = recv(sock)
+            except zmq.Again:
+                return
+            deliver(envelope)
+        # More may be waiting: let other callbacks run, then continue.
+        self._drain_scheduled = True
+        self._loop.call_soon(self._drain)
+
+    def _deliver(self, envelope: bytes) -> None:
+        self.received += 1
+        try:
+            msg = protocol.decode(envelope)
+        except ProtocolError as exc:
+            self._bad(envelope[6:6 + envelope[5]] if len(envelope) > 6 else b"?", str(exc))
+            return
+        if msg.kind is Kind.UNDELIVERABLE:
+            fut = self._pending.get(msg.id)   # the header is our own request's
+            if fut is not None:
+                if not fut.done():
+                    fut.set_exception(Undeliverable(f"{msg.body['dest']}: {msg.body['reason']}"))
+                return
+        elif msg.reply_to:
+            fut = self._pending.get(msg.reply_to)
+            if fut is not None:
+                if not fut.done():
+                    fut.set_result(msg)
+                return
+        if msg.kind in REQUESTS and not self._first_time(msg):
+            return
+        handler = self._handlers.get(msg.kind)
+        if handler is None:
+            return  # a late reply or a kind this role does not handle
+        if msg.kind in self._async:
+            self._spawn(handler(msg))
+            return
+        try:
+            handler(msg)
+        except ProtocolError as exc:
+            self._bad(msg.src.encode(), str(exc))
+        except Exception:
+            self.handler_errors += 1
+            self.log.exception("handler for %s failed", msg.kind)
+
+    def _first_time(self, msg: Message) -> bool:
+        key = (msg.src, msg.id)
+        cached = self._replied.get(key)
+        if cached is None:
+            self._replied[key] = _PENDING
+            self._replied_order.append((time.monotonic(), key))
+            if len(self._replied_order) > _DEDUPE_MAX:
+                self._expire_replied(float("inf"), keep=_DEDUPE_MAX // 2)
+            return True
+        if cached is _RERUN:
+            return True
+        if cached is not _PENDING:
+            self._send_envelope(cached)
+        return False
+
+    def _expire_replied(self, now: float, keep: int = _DEDUPE_MAX) -> None:
+        order = self._replied_order
+        while order and (now - order[0][0] > _DEDUPE_SECS or len(order) > keep):
+            self._replied.pop(order.popleft()[1], None)
+
+    def _bad(self, src: bytes, why: str) -> None:
+        self.malformed += 1
+        peer = src.decode(errors="replace")
+        if peer not in self._logged_bad and len(self._logged_bad) < 1000:
+            self._logged_bad.add(peer)
+            self.log.warning("dropped malformed message from %s: %s", peer, why)
+
+    def stats(self) -> dict[str, int]:
+        return {"sent": self.sent, "received": self.received, "malformed": self.malformed,
+                "retries": self.retries, "handler_errors": self.handler_errors,
+                "pending_requests": len(self._pending), "outbox": len(self._outbox)}
+
+
+def _expire_attempt(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_exception(_AttemptTimeout())

@@ -1,0 +1,282 @@
+"""The wire protocol: every message kind that crosses the bus, its fields, and the codec.
+
+Nothing else invents kinds. A message is one ZeroMQ frame (an envelope) laid out so that the
+broker can route it without decoding anything but the first name:
+
+    PROTO (5 bytes) | u8 name length | name | u8 kind length | kind | u16 header length | header | body
+
+From a peer to the broker `name` is the destination; the broker swaps it for the sender's name
+and forwards the rest byte for byte. The header is a msgpack array [id, sent_at, reply_to,
+session, turn]; the body a msgpack map whose fields each kind declares below. Decoding rejects
+another major protocol version and missing or mistyped required fields, and ignores unknown
+fields, so adding a field is never a breaking change. No pickle anywhere.
+
+One frame rather than a multipart list: pyzmq's multipart helpers cost ~20 µs per message on
+these machines (enum conversions per part), a single frame under 1 µs.
+"""
+from __future__ import annotations
+
+import enum
+import struct
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+PROTO = b"AOS/1"          # protocol id and major version, the first frame of every message
+PROTO_FAMILY = b"AOS/"
+BROKER = "broker"          # destination name of the broker itself
+MAX_NAME_BYTES = 64        # peer names and kinds are short ASCII
+
+
+class ProtocolError(ValueError):
+    """A frame list or field that does not follow this protocol."""
+
+
+class Kind(enum.StrEnum):
+    # ctl.*: peers and the broker
+    HELLO = "ctl.hello"
+    HEARTBEAT = "ctl.heartbeat"
+    UNDELIVERABLE = "ctl.undeliverable"
+    PEERS = "ctl.peers"
+    PEERS_REPLY = "ctl.peers.reply"
+    DRAIN = "ctl.drain"
+    DRAINED = "ctl.drained"
+    STATS = "ctl.stats"
+    STATS_REPLY = "ctl.stats.reply"
+    ERROR = "ctl.error"
+    # turn.*: gateway <-> session actor
+    TURN_START = "turn.start"
+    TURN_STARTED = "turn.started"
+    TURN_DELTA = "turn.delta"
+    TURN_DONE = "turn.done"
+    TURN_FAILED = "turn.failed"
+    TURN_CANCELLED = "turn.cancelled"
+    TURN_CANCEL = "turn.cancel"
+    TURN_RESUME = "turn.resume"
+    TURN_STATUS = "turn.status"
+    # permit.*: actors <-> scheduler
+    PERMIT_REQUEST = "permit.request"
+    PERMIT_GRANT = "permit.grant"
+    PERMIT_RELEASE = "permit.release"
+    PERMIT_SYNC = "permit.sync"
+
+
+# Required and optional body fields per kind: name -> accepted type(s).
+_NUM = (int, float)
+_Fields = dict[str, type | tuple[type, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    required: _Fields
+    optional: _Fields
+
+
+def _spec(required: _Fields | None = None, **optional: type | tuple[type, ...]) -> Spec:
+    return Spec(required or {}, optional)
+
+
+SPECS: dict[Kind, Spec] = {
+    Kind.HELLO: _spec({"role": str, "pid": int}),
+    Kind.HEARTBEAT: _spec({"role": str, "pid": int}),
+    # Sent by the broker back to a sender; its header is the undelivered message's header.
+    Kind.UNDELIVERABLE: _spec({"dest": str, "kind": str, "reason": str}),
+    Kind.PEERS: _spec(),
+    Kind.PEERS_REPLY: _spec({"peers": dict}),
+    Kind.DRAIN: _spec({"deadline_secs": _NUM}),
+    Kind.DRAINED: _spec({"in_flight": int}),
+    Kind.STATS: _spec(),
+    Kind.STATS_REPLY: _spec({"role": str, "stats": dict}),
+    Kind.ERROR: _spec({"code": str, "message": str}),
+    # turn.* bodies all carry the turn id; events also carry their sequence number, so a
+    # receiver can detect a gap and ask for a replay (turn.resume).
+    Kind.TURN_START: _spec({"turn_id": str, "session": str, "tenant": str, "input": str}),
+    Kind.TURN_STARTED: _spec({"turn_id": str, "seq": int}, data=dict),
+    Kind.TURN_DELTA: _spec({"turn_id": str, "seq": int, "text": str}),
+    Kind.TURN_DONE: _spec({"turn_id": str, "seq": int}, data=dict),
+    Kind.TURN_FAILED: _spec({"turn_id": str, "seq": int, "code": str, "message": str}),
+    Kind.TURN_CANCELLED: _spec({"turn_id": str, "seq": int, "reason": str}),
+    Kind.TURN_CANCEL: _spec({"session": str}, turn_id=str, reason=str),  # turn_id "" = whatever runs
+    Kind.TURN_RESUME: _spec({"turn_id": str, "session": str, "after": int}),
+    # Reply to a resume of a turn the actor does not know (lost in a crash) or that is alive.
+    Kind.TURN_STATUS: _spec({"turn_id": str, "state": str}),
+    Kind.PERMIT_REQUEST: _spec({"permit_id": str, "tenant": str}),
+    Kind.PERMIT_GRANT: _spec({"permit_id": str}),
+    Kind.PERMIT_RELEASE: _spec({"permit_id": str}, backoff_secs=_NUM),
+    Kind.PERMIT_SYNC: _spec({"held": list, "waiting": list, "incarnation": int}),
+}
+
+# Requests and the kind of their reply. Receivers de-duplicate these by (sender, id): a re-sent
+# request whose reply was already sent gets that reply again instead of running twice.
+REQUESTS: dict[Kind, Kind] = {
+    Kind.PEERS: Kind.PEERS_REPLY,
+    Kind.STATS: Kind.STATS_REPLY,
+    Kind.DRAIN: Kind.DRAINED,
+    Kind.TURN_START: Kind.TURN_STARTED,
+    Kind.TURN_RESUME: Kind.TURN_STATUS,
+    Kind.TURN_CANCEL: Kind.TURN_STATUS,
+}
+
+KIND_BYTES: dict[Kind, bytes] = {k: k.value.encode() for k in Kind}
+_KIND_BY_BYTES: dict[bytes, Kind] = {v: k for k, v in KIND_BYTES.items()}
+TURN_EVENTS = frozenset({Kind.TURN_STARTED, Kind.TURN_DELTA, Kind.TURN_DONE, Kind.TURN_FAILED, Kind.TURN_CANCELLED})
+TURN_TERMINAL = frozenset({Kind.TURN_DONE, Kind.TURN_FAILED, Kind.TURN_CANCELLED})
+
+
+class Message:
+    """One delivered message. Actors see these, never raw frames."""
+
+    __slots__ = ("src", "kind", "id", "sent_at", "reply_to", "session", "turn", "body")
+
+    def __init__(self, src: str, kind: Kind, id: int, sent_at: float, reply_to: int,
+                 session: str, turn: str, body: dict[str, Any]) -> None:
+        self.src = src
+        self.kind = kind
+        self.id = id
+        self.sent_at = sent_at
+        self.reply_to = reply_to
+        self.session = session
+        self.turn = turn
+        self.body = body
+
+    def __repr__(self) -> str:
+        return f"<Message {self.kind} {self.src} id={self.id} session={self.session!r}>"
+
+
+_packb = msgpack.Packer(use_bin_type=True).pack
+_U16 = struct.Struct("<H")
+_KIND_PREFIX: dict[Kind, bytes] = {k: bytes([len(v)]) + v for k, v in KIND_BYTES.items()}
+_NAME_PREFIX: dict[str, bytes] = {}
+MAX_HEADER_BYTES = 0xFFFF
+
+
+def name_prefix(name: str | bytes) -> bytes:
+    """PROTO plus the length-prefixed name: the routing part of an envelope."""
+    cached = _NAME_PREFIX.get(name)  # type: ignore[arg-type]
+    if cached is None:
+        raw = name if isinstance(name, bytes) else name.encode()
+        if not 0 < len(raw) <= MAX_NAME_BYTES:
+            raise ProtocolError(f"name must be 1..{MAX_NAME_BYTES} bytes: {raw[:80]!r}")
+        cached = PROTO + bytes([len(raw)]) + raw
+        if len(_NAME_PREFIX) < 10_000:
+            _NAME_PREFIX[name] = cached  # type: ignore[index]
+    return cached
+
+
+def encode(dest: str | bytes, kind: Kind, body: dict[str, Any], *, id: int = 0, reply_to: int = 0,
+           session: str = "", turn: str = "", sent_at: float | None = None) -> bytes:
+    """The envelope a peer sends to the broker."""
+    header = _packb([id, time.time() if sent_at is None else sent_at, reply_to, session, turn])
+    if len(header) > MAX_HEADER_BYTES:
+        raise ProtocolError("header too large (session or turn id too long)")
+    return b"".join((name_prefix(dest), _KIND_PREFIX[kind], _U16.pack(len(header)), header, _packb(body)))
+
+
+def split_name(envelope: bytes) -> tuple[bytes, int]:
+    """(name, offset of the kind) for routing; raises ProtocolError on a malformed prefix."""
+    if envelope[:5] != PROTO:
+        check_proto(envelope[:5])
+    if len(envelope) < 7:
+        raise ProtocolError("envelope too short")
+    end = 6 + envelope[5]
+    if envelope[5] == 0 or len(envelope) < end + 4:
+        raise ProtocolError("envelope truncated in its name")
+    return envelope[6:end], end
+
+
+def split_rest(envelope: bytes, offset: int) -> tuple[bytes, bytes, bytes]:
+    """(kind, header, body) bytes from the kind's offset, without decoding any of them."""
+    kind_end = offset + 1 + envelope[offset]
+    if len(envelope) < kind_end + 2:
+        raise ProtocolError("envelope truncated in its kind")
+    kind = envelope[offset + 1:kind_end]
+    header_end = kind_end + 2 + _U16.unpack_from(envelope, kind_end)[0]
+    if len(envelope) < header_end:
+        raise ProtocolError("envelope truncated in its header")
+    return kind, envelope[kind_end + 2:header_end], envelope[header_end:]
+
+
+def check_proto(prefix: bytes) -> None:
+    if prefix != PROTO:
+        if prefix.startswith(PROTO_FAMILY):
+            raise ProtocolError(f"unsupported protocol version {prefix!r} (this peer speaks {PROTO!r})")
+        raise ProtocolError("not an Agent OS bus message")
+
+
+def decode_header(raw: bytes) -> tuple[int, float, int, str, str]:
+    try:
+        header = msgpack.unpackb(raw, use_list=True)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise ProtocolError(f"header is not msgpack: {exc}") from None
+    if not isinstance(header, list) or len(header) < 5:
+        raise ProtocolError("header must be an array of at least 5 items")
+    id, sent_at, reply_to, session, turn = header[:5]
+    if not (isinstance(id, int) and isinstance(sent_at, _NUM) and isinstance(reply_to, int)
+            and isinstance(session, str) and isinstance(turn, str)):
+        raise ProtocolError("header fields have the wrong types")
+    return id, float(sent_at), reply_to, session, turn
+
+
+def decode_kind(raw: bytes) -> Kind:
+    kind = _KIND_BY_BYTES.get(raw)
+    if kind is None:
+        raise ProtocolError(f"unknown message kind {raw[:MAX_NAME_BYTES]!r}")
+    return kind
+
+
+def decode_body(kind: Kind, raw: bytes) -> dict[str, Any]:
+    try:
+        body = msgpack.unpackb(raw, use_list=True, strict_map_key=True)
+    except Exception as exc:
+        raise ProtocolError(f"{kind}: body is not msgpack: {exc}") from None
+    if not isinstance(body, dict):
+        raise ProtocolError(f"{kind}: body must be a map")
+    spec = SPECS[kind]
+    for name, types in spec.required.items():
+        value = body.get(name)
+        if value is None or not isinstance(value, types) or (isinstance(value, bool) and types is int):
+            raise ProtocolError(f"{kind}: field {name!r} missing or not {_type_name(types)}")
+    for name, types in spec.optional.items():
+        value = body.get(name)
+        if value is not None and not isinstance(value, types):
+            raise ProtocolError(f"{kind}: field {name!r} is not {_type_name(types)}")
+    return body
+
+
+def _type_name(types: type | tuple[type, ...]) -> str:
+    if isinstance(types, tuple):
+        return " or ".join(t.__name__ for t in types)
+    return types.__name__
+
+
+def decode(envelope: bytes) -> Message:
+    """A message as delivered by the broker, whose name field is the sender."""
+    src, offset = split_name(envelope)
+    kind_raw, header, body = split_rest(envelope, offset)
+    kind = decode_kind(kind_raw)
+    id, sent_at, reply_to, session, turn = decode_header(header)
+    try:
+        src_name = src.decode()
+    except UnicodeDecodeError:
+        raise ProtocolError("source name is not UTF-8") from None
+    return Message(src_name, kind, id, sent_at, reply_to, session, turn, decode_body(kind, body))
+
+
+# The trace tap: one frame per routed message, `kind NUL msgpack[src, dest, header, broker_time]`,
+# so a subscriber filters by kind with a plain ZeroMQ prefix subscription.
+def trace_record(kind: bytes, src: bytes, dest: bytes, header: bytes, at: float) -> bytes:
+    return kind + b"\x00" + _packb([src, dest, header, at])
+
+
+def decode_trace_record(record: bytes) -> tuple[str, str, str, tuple[int, float, int, str, str], float]:
+    kind, sep, rest = record.partition(b"\x00")
+    if not sep:
+        raise ProtocolError("trace record without separator")
+    try:
+        src, dest, header, at = msgpack.unpackb(rest)
+    except Exception as exc:
+        raise ProtocolError(f"bad trace record: {exc}") from None
+    return kind.decode(errors="replace"), src.decode(errors="replace"), dest.decode(errors="replace"), \
+        decode_header(header), float(at)

@@ -1,0 +1,18 @@
+"""Stable mapping of session ids to actor shards.
+
+crc32 is stable across processes and Python versions (unlike hash(), which is salted per
+process), so a restarted actor/n gets back exactly the sessions of actor/n.
+"""
+from __future__ import annotations
+
+import zlib
+
+
+def shard_of(session_id: str, shards: int) -> int:
+    if shards < 1:
+        raise ValueError("shard count must be at least 1")
+    return zlib.crc32(session_id.encode()) % shards
+
+
+def actor_name(session_id: str, shards: int) -> str:
+    return f"actor/{shard_of(session_id, shards)}"

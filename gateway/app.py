@@ -1,0 +1,248 @@
+"""The gateway: HTTP API, SSE streams of turns, the admission gate, health and metrics.
+
+It runs no agent logic: a turn is a `turn.start` to the session's actor, whose numbered events
+come back over the bus and are written to the client as Server-Sent Events. The routes are
+listed in one table (`Gateway.routes`).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+
+import orjson
+from aiohttp import web
+
+from agentos import metrics
+from agentos.config import Config
+from broker.client import Bus, BusError
+from broker.protocol import BROKER, TURN_EVENTS, Kind, Message
+from broker.sharding import actor_name
+from gateway.errors import ApiError, error_response, errors_middleware, json_response
+from gateway.streams import TurnStream
+
+SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
+KEEPALIVE_SECS = 15.0
+START_TIMEOUT_SECS = 10.0
+MAX_FAILED_PROBES = 6
+DEFAULT_TENANT = "default"
+
+
+class Gateway:
+    def __init__(self, config: Config, bus_endpoint: str, index: int, log: logging.Logger) -> None:
+        self.config = config
+        self.log = log
+        self.name = f"gateway/{index}"
+        self.shards = config.actor_count
+        self.bus = Bus(self.name, bus_endpoint, {}, heartbeat_secs=config.broker.heartbeat_secs, log=log)
+        for kind in TURN_EVENTS:
+            self.bus.on(kind, self.on_turn_event)
+        self.bus.on(Kind.DRAIN, self.on_drain)
+        self.bus.on(Kind.STATS, self.on_stats)
+        self.streams: dict[str, TurnStream] = {}
+        self.in_flight = 0
+        self.draining = False
+        self.missing_peers: list[str] = ["(not checked yet)"]
+        self.turn_counter = 0
+        self.api_keys = config.auth.api_keys
+        self.limit = config.kernel.max_in_flight_turns
+        self.retry_after = str(config.gateway.retry_after_secs)
+        metrics.admission_limit.set(self.limit)
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.post("/v1/sessions/{sid}/turns", self.post_turn),
+            web.delete("/v1/sessions/{sid}/turns/current", self.cancel_turn),
+            web.get("/healthz", self.healthz),
+            web.get("/readyz", self.readyz),
+            web.get("/metrics", self.metrics),
+        ]
+
+    def make_app(self) -> web.Application:
+        app = web.Application(middlewares=[errors_middleware], client_max_size=self.config.gateway.max_body_bytes)
+        app.add_routes(self.routes())
+        return app
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def tenant_of(self, request: web.Request) -> str:
+        if not self.api_keys:
+            return DEFAULT_TENANT
+        header = request.headers.get("Authorization", "")
+        scheme, _, key = header.partition(" ")
+        tenant = self.api_keys.get(key.strip()) if scheme.lower() == "bearer" else None
+        if tenant is None:
+            raise ApiError(401, "unauthorized", "missing or unknown API key (Authorization: Bearer KEY)")
+        return tenant
+
+    def session_id(self, request: web.Request) -> str:
+        sid = request.match_info["sid"]
+        if not SESSION_ID.match(sid):
+            raise ApiError(400, "invalid_session_id",
+                           "session id must be 1-128 characters of letters, digits and . _ : - (starting alphanumeric)")
+        return sid
+
+    async def json_body(self, request: web.Request) -> dict:
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise ApiError(413, "body_too_large",
+                           f"request body over {self.config.gateway.max_body_bytes} bytes") from None
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise ApiError(400, "invalid_json", "request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "invalid_json", "request body must be a JSON object")
+        return body
+
+    def new_turn_id(self) -> str:
+        self.turn_counter += 1
+        return f"t{self.bus.incarnation:08x}{self.turn_counter:08x}"
+
+    # -- routes ---------------------------------------------------------------------------
+
+    async def post_turn(self, request: web.Request) -> web.StreamResponse:
+        sid = self.session_id(request)
+        tenant = self.tenant_of(request)
+        if self.draining:
+            raise ApiError(503, "draining", "server is shutting down", {"Retry-After": self.retry_after})
+        body = await self.json_body(request)
+        text = body.get("input")
+        if not isinstance(text, str) or not text:
+            raise ApiError(400, "invalid_input", "body must have a non-empty string field 'input'")
+        if len(text) > self.config.gateway.max_input_chars:
+            raise ApiError(413, "input_too_large", f"input over {self.config.gateway.max_input_chars} characters")
+        if self.limit and self.in_flight >= self.limit:
+            metrics.admission_rejected.inc()
+            return error_response(429, "overloaded", f"{self.in_flight} turns in flight (limit {self.limit}); retry later",
+                                  {"Retry-After": self.retry_after})
+        self.in_flight += 1
+        metrics.in_flight_turns.inc()
+        try:
+            return await self._stream_turn(request, sid, tenant, text)
+        finally:
+            self.in_flight -= 1
+            metrics.in_flight_turns.dec()
+
+    async def _stream_turn(self, request: web.Request, sid: str, tenant: str, text: str) -> web.StreamResponse:
+        turn_id = self.new_turn_id()
+        actor = actor_name(sid, self.shards)
+        stream = TurnStream(turn_id, sid, actor, tenant)
+        self.streams[turn_id] = stream
+        response: web.StreamResponse | None = None
+        try:
+            try:
+                started = await self.bus.request(actor, Kind.TURN_START,
+                                                 {"turn_id": turn_id, "session": sid, "tenant": tenant, "input": text},
+                                                 timeout=START_TIMEOUT_SECS, session=sid, turn=turn_id)
+            except BusError as exc:
+                raise ApiError(503, "actor_unavailable", f"the session's actor did not answer: {exc}",
+                               {"Retry-After": self.retry_after}) from None
+            stream.push(Kind.TURN_STARTED, started.body)
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                                   "X-Accel-Buffering": "no"})
+            await response.prepare(request)
+            while True:
+                chunks = await stream.next_chunks(KEEPALIVE_SECS)
+                await response.write(b"".join(chunks) if len(chunks) > 1 else chunks[0])
+                if stream.terminal is not None and not stream.chunks:
+                    break
+            return response
+        except (asyncio.CancelledError, ConnectionError):
+            if stream.terminal is None:  # the client went away: stop the work, not just the stream
+                self.bus.send(actor, Kind.TURN_CANCEL, {"session": sid, "turn_id": turn_id, "reason": "disconnect"})
+            raise
+        finally:
+            self.streams.pop(turn_id, None)
+
+    async def cancel_turn(self, request: web.Request) -> web.Response:
+        sid = self.session_id(request)
+        self.tenant_of(request)
+        try:
+            status = await self.bus.request(actor_name(sid, self.shards), Kind.TURN_CANCEL,
+                                            {"session": sid, "reason": "client_cancel"}, timeout=5.0, session=sid)
+        except BusError as exc:
+            raise ApiError(503, "actor_unavailable", f"the session's actor did not answer: {exc}") from None
+        return json_response({"cancelled": status.body["state"] == "cancelled", "turn_id": status.body["turn_id"]})
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return json_response({"ok": True})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        if self.draining:
+            return error_response(503, "draining", "server is shutting down")
+        if self.missing_peers:
+            return error_response(503, "not_ready", "waiting for: " + ", ".join(self.missing_peers))
+        return json_response({"ready": True, "in_flight": self.in_flight})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        body = await asyncio.get_running_loop().run_in_executor(None, metrics.render)
+        return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    # -- bus ------------------------------------------------------------------------------
+
+    def on_turn_event(self, msg: Message) -> None:
+        stream = self.streams.get(msg.body["turn_id"])
+        if stream is not None:
+            stream.push(msg.kind, msg.body)
+
+    async def on_drain(self, msg: Message) -> None:
+        self.draining = True
+        metrics.draining.set(1)
+        deadline = time.monotonic() + float(msg.body["deadline_secs"])
+        self.log.info("draining: no new turns; waiting up to %.0fs for %d in flight", msg.body["deadline_secs"],
+                      self.in_flight)
+        while self.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        self.bus.reply(msg, Kind.DRAINED, {"in_flight": self.in_flight})
+
+    def on_stats(self, msg: Message) -> None:
+        self.bus.reply(msg, Kind.STATS_REPLY, {"role": "gateway", "stats": {
+            "in_flight": self.in_flight, "admission_limit": self.limit, "streams": len(self.streams),
+            "draining": self.draining, "bus": self.bus.stats()}})
+
+    async def watch(self) -> None:
+        """Readiness from the broker's peer table, and probes of silent or gapped turns."""
+        expected = ["scheduler"] + [f"actor/{i}" for i in range(self.shards)]
+        last_peers = 0.0
+        while True:
+            await asyncio.sleep(0.25)
+            now = time.monotonic()
+            if now - last_peers >= 1.0:
+                last_peers = now
+                asyncio.ensure_future(self._check_peers(expected))
+            probe_after = self.config.gateway.turn_probe_secs
+            for stream in list(self.streams.values()):
+                if stream.probing or stream.terminal is not None:
+                    continue
+                if (stream.gap_since and now - stream.gap_since > 0.5) or now - stream.last_event_at > probe_after:
+                    stream.probing = True
+                    asyncio.ensure_future(self.probe(stream))
+
+    async def _check_peers(self, expected: list[str]) -> None:
+        try:
+            reply = await self.bus.request(BROKER, Kind.PEERS, {}, timeout=1.0, attempt_secs=0.5)
+        except BusError:
+            self.missing_peers = ["broker"]
+            return
+        peers = reply.body["peers"]
+        self.missing_peers = [name for name in expected if not peers.get(name, {}).get("live")]
+
+    async def probe(self, stream: TurnStream) -> None:
+        """Ask the actor to replay what this stream missed; end the stream if the turn is gone."""
+        try:
+            status = await self.bus.request(stream.actor, Kind.TURN_RESUME,
+                                            {"turn_id": stream.turn_id, "session": stream.session,
+                                             "after": stream.last_seq}, timeout=5.0, session=stream.session)
+            stream.failed_probes = 0
+            stream.last_event_at = time.monotonic()
+            if status.body["state"] == "unknown":
+                stream.fail("turn_lost", "the turn was lost: its actor restarted before the turn ended")
+        except BusError:
+            stream.failed_probes += 1
+            if stream.failed_probes >= MAX_FAILED_PROBES:
+                stream.fail("actor_unavailable", "the session's actor stopped answering")
+        finally:
+            stream.probing = False

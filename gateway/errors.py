@@ -1,0 +1,53 @@
+"""The HTTP error shape, `{"error": {"code", "message"}}`, and the middleware that enforces it.
+
+aiohttp's own 404/405/413 answers are plain text; the middleware turns them into the JSON shape,
+and an unexpected exception into a 500 with a log line rather than a dropped connection.
+"""
+from __future__ import annotations
+
+import logging
+
+import orjson
+from aiohttp import web
+
+log = logging.getLogger("agent-os.gateway")
+
+_CODES = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed",
+          413: "body_too_large", 415: "unsupported_media_type", 429: "overloaded", 503: "unavailable"}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = headers or {}
+
+
+def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps({"error": {"code": code, "message": message}}),
+                        content_type="application/json", headers=headers)
+
+
+def json_response(data, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(data), content_type="application/json", headers=headers)
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler):
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return error_response(exc.status, exc.code, exc.message, exc.headers)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = _CODES.get(exc.status, "http_error")
+        return error_response(exc.status, code, exc.reason or code, {k: v for k, v in exc.headers.items()
+                                                                     if k.lower() in ("allow", "retry-after")})
+    except (ConnectionResetError, ConnectionError):
+        raise
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return error_response(500, "internal", "internal error")

@@ -1,0 +1,46 @@
+"""The gateway role: the HTTP server on uvloop, wired to the bus.
+
+With `gateway.listen` on port 0 the first start picks a free port and writes it to the run
+directory; a restarted gateway binds the same port again, so clients keep their address.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiohttp import web
+
+from agentos import service
+from agentos.config import Config
+from agentos.rundir import RunDir, write_port_file
+from gateway.app import Gateway
+
+
+def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> int:
+    async def run(stop: asyncio.Event) -> int:
+        gateway = Gateway(config, run_dir.bus_endpoint, index, log)
+        await gateway.bus.start()
+        runner = web.AppRunner(gateway.make_app(), handler_cancellation=True, access_log=None)
+        await runner.setup()
+        host, port = config.listen_host_port
+        if port == 0:
+            port = run_dir.read_port("gateway") or 0
+        site = web.TCPSite(runner, host, port, backlog=4096)
+        try:
+            await site.start()
+        except OSError as exc:
+            log.error("cannot listen on %s:%d: %s", host, port, exc.strerror)
+            await runner.cleanup()
+            await gateway.bus.close()
+            return service.EXIT_CONFIG
+        bound = site._server.sockets[0].getsockname()[1]  # aiohttp exposes no public accessor
+        write_port_file(run_dir.port_file("gateway"), bound)
+        log.info("listening on http://%s:%d", host, bound)
+        watcher = asyncio.create_task(gateway.watch())
+        await stop.wait()
+        watcher.cancel()
+        await runner.cleanup()
+        await gateway.bus.close()
+        return service.EXIT_OK
+
+    return service.run(run)

@@ -1,0 +1,114 @@
+"""Turn streams held by the gateway: the events of one turn on their way to an SSE response.
+
+Events arrive from the actor numbered; a stream accepts them strictly in order. One that comes
+early waits in a small reorder buffer; if the gap persists, the gateway asks the actor to replay
+from the last number it has (see `Gateway.probe`). Duplicates are dropped. So a stream never
+skips or repeats an event, whatever the bus lost or re-sent.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import orjson
+
+from broker.protocol import TURN_TERMINAL, Kind
+
+SSE_EVENT_NAMES = {
+    Kind.TURN_STARTED: b"turn.started",
+    Kind.TURN_DELTA: b"delta",
+    Kind.TURN_DONE: b"turn.completed",
+    Kind.TURN_FAILED: b"turn.failed",
+    Kind.TURN_CANCELLED: b"turn.cancelled",
+}
+KEEPALIVE = b": keep-alive\n\n"
+_MAX_REORDER = 1024
+
+
+def event_data(kind: Kind, body: dict[str, Any]) -> dict[str, Any]:
+    """The JSON `data:` of an SSE event, from the bus message body."""
+    if kind is Kind.TURN_DELTA:
+        return {"text": body["text"]}
+    if kind is Kind.TURN_FAILED:
+        return {"turn_id": body["turn_id"], "error": {"code": body["code"], "message": body["message"]}}
+    if kind is Kind.TURN_CANCELLED:
+        return {"turn_id": body["turn_id"], "reason": body["reason"]}
+    return body.get("data") or {"turn_id": body["turn_id"]}
+
+
+def render(seq: int, name: bytes, data: dict[str, Any]) -> bytes:
+    return b"id: %d\nevent: %s\ndata: %s\n\n" % (seq, name, orjson.dumps(data))
+
+
+class TurnStream:
+    __slots__ = ("turn_id", "session", "actor", "tenant", "last_seq", "chunks", "waiter", "last_event_at",
+                 "terminal", "reorder", "gap_since", "probing", "failed_probes")
+
+    def __init__(self, turn_id: str, session: str, actor: str, tenant: str) -> None:
+        self.turn_id = turn_id
+        self.session = session
+        self.actor = actor
+        self.tenant = tenant
+        self.last_seq = 0
+        self.chunks: list[bytes] = []
+        self.waiter: asyncio.Future | None = None
+        self.last_event_at = time.monotonic()
+        self.terminal: Kind | None = None
+        self.reorder: dict[int, tuple[Kind, dict]] = {}
+        self.gap_since = 0.0
+        self.probing = False
+        self.failed_probes = 0
+
+    def push(self, kind: Kind, body: dict[str, Any]) -> None:
+        seq = body["seq"]
+        self.last_event_at = time.monotonic()
+        if seq <= self.last_seq or self.terminal is not None:
+            return
+        if seq != self.last_seq + 1:
+            if len(self.reorder) < _MAX_REORDER:
+                self.reorder[seq] = (kind, body)
+            if not self.gap_since:
+                self.gap_since = self.last_event_at
+            return
+        self._accept(kind, body)
+        while self.reorder and self.terminal is None:
+            nxt = self.reorder.pop(self.last_seq + 1, None)
+            if nxt is None:
+                break
+            self._accept(*nxt)
+        if not self.reorder:
+            self.gap_since = 0.0
+        self._wake()
+
+    def _accept(self, kind: Kind, body: dict[str, Any]) -> None:
+        self.last_seq = body["seq"]
+        self.chunks.append(render(body["seq"], SSE_EVENT_NAMES[kind], event_data(kind, body)))
+        if kind in TURN_TERMINAL:
+            self.terminal = kind
+            self.reorder.clear()
+
+    def fail(self, code: str, message: str) -> None:
+        """End the stream from the gateway's side (its actor lost the turn or is gone)."""
+        if self.terminal is not None:
+            return
+        self._accept(Kind.TURN_FAILED, {"turn_id": self.turn_id, "seq": self.last_seq + 1,
+                                        "code": code, "message": message})
+        self._wake()
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def next_chunks(self, keepalive_secs: float) -> list[bytes]:
+        """What is ready to write; a keep-alive comment if nothing came for a while."""
+        if not self.chunks:
+            self.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait_for(self.waiter, keepalive_secs)
+            except asyncio.TimeoutError:
+                return [KEEPALIVE]
+            finally:
+                self.waiter = None
+        chunks, self.chunks = self.chunks, []
+        return chunks

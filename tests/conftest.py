@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import Server  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def shared_server(tmp_path_factory):
+    """One real process tree for the tests that only send it traffic (they must not kill it)."""
+    server = Server(tmp_path_factory.mktemp("shared"), {"kernel": {"concurrency_limit": 5}}).start()
+    yield server
+    server.stop()
+    assert not server.leftovers(), f"processes left behind: {server.leftovers()}"
+
+
+@pytest.fixture
+def make_server(tmp_path):
+    """A factory of private process trees, each stopped (and checked for leftovers) after the test."""
+    servers: list[Server] = []
+
+    def make(config: dict | None = None, env: dict | None = None, start: bool = True) -> Server:
+        server = Server(tmp_path, config, env)
+        servers.append(server)
+        return server.start() if start else server
+
+    yield make
+    for server in servers:
+        server.stop()
+    leftovers = [p for s in servers for p in s.leftovers()]
+    assert not leftovers, f"processes left behind: {leftovers}"

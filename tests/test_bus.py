@@ -1,0 +1,152 @@
+"""The broker and the bus client in one process (the broker on a thread): routing, errors,
+de-duplication and malformed input. The real-process versions are in the end-to-end tests."""
+import asyncio
+import threading
+
+import pytest
+import zmq
+
+from broker import frames, protocol
+from broker.client import Bus, BusTimeout
+from broker.protocol import Kind
+from broker.server import Broker
+
+
+@pytest.fixture
+def broker(tmp_path):
+    ctx = zmq.Context()
+    b = Broker(f"ipc://{tmp_path}/b.sock", f"ipc://{tmp_path}/t.sock", peer_timeout_secs=1.0, context=ctx)
+    stop = threading.Event()
+    thread = threading.Thread(target=b.run, args=(stop.is_set,), daemon=True)
+    thread.start()
+    yield b, f"ipc://{tmp_path}/b.sock"
+    stop.set()
+    thread.join(5)
+    b.close()
+    ctx.term()
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 20))
+
+
+def test_request_reply_and_peer_table(broker):
+    _, endpoint = broker
+
+    async def go():
+        calls = []
+
+        def on_stats(msg):
+            calls.append(msg.id)
+            b.reply(msg, Kind.STATS_REPLY, {"role": "x", "stats": {"n": len(calls)}})
+
+        a = Bus("gateway/0", endpoint)
+        b = Bus("actor/0", endpoint, {Kind.STATS: on_stats})
+        await a.start()
+        await b.start()
+        reply = await a.request("actor/0", Kind.STATS, {}, timeout=5)
+        peers = (await a.request("broker", Kind.PEERS, {}, timeout=5)).body["peers"]
+        await a.close()
+        await b.close()
+        return reply, peers
+
+    reply, peers = run(go())
+    assert reply.src == "actor/0" and reply.body["stats"] == {"n": 1}
+    assert peers["actor/0"]["live"] and peers["actor/0"]["role"] == "actor"
+
+
+def test_unknown_destination_fails_fast_not_silently(broker):
+    _, endpoint = broker
+
+    async def go():
+        a = Bus("gateway/0", endpoint)
+        await a.start()
+        try:
+            with pytest.raises(BusTimeout, match="unknown"):
+                await a.request("actor/9", Kind.STATS, {}, timeout=0.5)
+        finally:
+            await a.close()
+
+    run(go())
+
+
+async def registered(broker_obj, name: bytes) -> None:
+    for _ in range(250):
+        if name in broker_obj.identity_of:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{name!r} never registered with the broker")
+
+
+def test_a_resent_request_runs_once_and_gets_the_same_reply(broker):
+    broker_obj, endpoint = broker
+
+    async def go():
+        calls = []
+
+        def on_stats(msg):
+            calls.append(msg.id)
+            b.reply(msg, Kind.STATS_REPLY, {"role": "x", "stats": {"call": len(calls)}})
+
+        b = Bus("actor/0", endpoint, {Kind.STATS: on_stats})
+        await b.start()
+        await registered(broker_obj, b"actor/0")
+        raw = zmq.Context.instance().socket(zmq.DEALER)
+        raw.setsockopt(zmq.ROUTING_ID, b"cli/1#abc")
+        raw.connect(endpoint)
+        envelope = protocol.encode("actor/0", Kind.STATS, {}, id=42)
+        replies = []
+        for _ in range(3):
+            frames.send(raw, envelope)
+            for _ in range(250):
+                try:
+                    replies.append(protocol.decode(frames.recv(raw)))
+                    break
+                except zmq.Again:
+                    await asyncio.sleep(0.02)
+        raw.close(0)
+        await b.close()
+        return calls, replies
+
+    calls, replies = run(go())
+    assert len(calls) == 1
+    assert len(replies) == 3 and {r.reply_to for r in replies} == {42}
+    assert {r.body["stats"]["call"] for r in replies} == {1}
+
+
+def test_malformed_input_is_counted_and_dropped(broker):
+    b, endpoint = broker
+
+    async def go():
+        got = []
+        peer = Bus("actor/0", endpoint, {Kind.STATS: lambda m: got.append(m)})
+        await peer.start()
+        await registered(b, b"actor/0")
+        ctx = zmq.Context.instance()
+        bad_identity = ctx.socket(zmq.DEALER)
+        bad_identity.connect(endpoint)
+        bad_identity.send(b"no identity, no protocol")
+        raw = ctx.socket(zmq.DEALER)
+        raw.setsockopt(zmq.ROUTING_ID, b"fuzz/0#1")
+        raw.connect(endpoint)
+        raw.send_multipart([b"AOS/1", b"two", b"frames"])
+        raw.send(b"AOS/9\x07actor/0" + b"x" * 20)
+        raw.send(b"AOS/1\x07actor/0\x03???")
+        raw.send(b"AOS/1\x06broker" + b"\x0bctl.unknown\x00\x00")
+        # Well-routed but garbage inside: the broker forwards it, the peer counts and drops it.
+        raw.send(protocol.name_prefix("actor/0") + b"\x09ctl.stats\x02\x00\xc1\xc1\x80")
+        raw.send(protocol.encode("actor/0", Kind.STATS, {}, id=5))
+        for _ in range(200):
+            if got:
+                break
+            await asyncio.sleep(0.02)
+        bad_identity.close(0)
+        raw.close(0)
+        malformed_at_peer = peer.malformed
+        await peer.close()
+        return got, malformed_at_peer
+
+    got, malformed_at_peer = run(go())
+    assert len(got) == 1 and got[0].id == 5
+    assert b.malformed >= 4
+    assert malformed_at_peer >= 1

@@ -1,0 +1,115 @@
+"""End-to-end: the tree survives kill -9 of its parts, malformed frames, and drains on SIGTERM."""
+import asyncio
+import json
+import os
+import signal
+
+import aiohttp
+import pytest
+import zmq
+
+from broker.sharding import shard_of
+from harness import Server, get_json, pid_alive, run_turn, turn, wait_until
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    server = Server(tmp_path_factory.mktemp("faults")).start()
+    yield server
+    server.stop()
+    assert not server.leftovers()
+
+
+def test_kill9_of_an_actor_then_the_next_turn_of_its_session_succeeds(server):
+    sid = "fault-actor"
+    name = f"actor/{shard_of(sid, 2)}"
+    assert turn(server.url, sid, "before").terminal == "turn.completed"
+    restarts = server.restarts(name)
+    server.kill9(name)
+    after = turn(server.url, sid, "after the crash")
+    assert after.status == 200 and after.terminal == "turn.completed"
+    assert server.restarts(name) == restarts + 1
+
+
+def test_kill9_of_the_broker_then_peers_reconnect_and_the_next_turn_succeeds(server):
+    assert turn(server.url, "fault-broker", "before").terminal == "turn.completed"
+    server.kill9("broker")
+    after = turn(server.url, "fault-broker", "after the broker came back")
+    assert after.status == 200 and after.terminal == "turn.completed"
+    # Every role is back in the broker's peer table.
+    wait_until(lambda: get_json(server.url + "/readyz")[0] == 200, 10, "readiness after the broker restart")
+
+
+def test_malformed_frames_leave_the_broker_serving(server):
+    ctx = zmq.Context()
+    endpoint = f"ipc://{server.rundir}/broker.sock"
+    socks = []
+    try:
+        anonymous = ctx.socket(zmq.DEALER)
+        socks.append(anonymous)
+        anonymous.connect(endpoint)
+        named = ctx.socket(zmq.DEALER)
+        socks.append(named)
+        named.setsockopt(zmq.ROUTING_ID, b"fuzz/0#1")
+        named.connect(endpoint)
+        for payload in ([b"garbage"], [b"AOS/1", b"multi", b"part"], [b"AOS/7\x07actor/0xxxxxx"],
+                        [b"AOS/1\x07actor/0\x01"], [b"AOS/1\x06broker\x0bctl.unknown\x00\x00"],
+                        [os.urandom(5000)], [b"AOS/1\x07actor/0\x09ctl.stats\x02\x00\xc1\xc1\x80"]):
+            for sock in socks:
+                sock.send_multipart(payload)
+        def malformed():
+            result = server.cli("status", "--json")
+            rows = json.loads(result.stdout)["processes"]
+            broker = next(r for r in rows if r["role"] == "broker")
+            return broker["stats"].get("malformed", 0) >= 10 and broker["stats"]["malformed"]
+        wait_until(malformed, 15, "the broker to count the malformed frames", interval=0.2)
+    finally:
+        for sock in socks:
+            sock.close(0)
+        ctx.term()
+    assert server.proc.poll() is None and server.restarts("broker") <= 1  # only the kill -9 above
+    assert turn(server.url, "fault-malformed", "still serving").terminal == "turn.completed"
+
+
+def test_status_lists_every_role_with_a_pid(server):
+    result = server.cli("status", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    names = {r["name"]: r for r in data["processes"]}
+    assert set(names) == {"supervisor", "broker", "mock-llm", "scheduler", "actor/0", "actor/1", "gateway/0"}
+    for row in names.values():
+        assert row["pid"] and pid_alive(row["pid"])
+        assert row["rss_kib"] > 0 and row["private_dirty_kib"] > 0
+    assert data["admission_limit"] == 0 and data["in_flight_turns"] == 0
+    text = server.cli("status")
+    assert "actor/1" in text.stdout and "Private_Dirty" in text.stdout
+
+
+def test_sigterm_drains_in_flight_turns_and_exits_0(make_server):
+    server = make_server({"kernel": {"drain_secs": 10}})
+
+    async def go():
+        started = asyncio.Event()
+
+        async def on_event(name, result):
+            if name == "turn.started":
+                started.set()
+
+        async with aiohttp.ClientSession() as s:
+            slow = asyncio.create_task(run_turn(s, server.url, "drain-slow", "slow [[mock ttft_ms=1500]]",
+                                                on_event=on_event))
+            await asyncio.wait_for(started.wait(), 10)
+            server.proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.2)
+            async with s.get(server.url + "/readyz") as resp:
+                ready = resp.status
+            rejected = await run_turn(s, server.url, "drain-new", "too late")
+            return await slow, ready, rejected
+
+    server.remember_pids()
+    slow, ready, rejected = asyncio.run(go())
+    assert slow.terminal == "turn.completed"
+    assert ready == 503
+    assert rejected.status == 503 and rejected.error["code"] == "draining"
+    assert server.proc.wait(20) == 0
+    wait_until(lambda: not server.leftovers(), 10, "every child to exit")

@@ -1,0 +1,170 @@
+"""End-to-end: turns through the real process tree (supervisor, broker, gateway, scheduler,
+two actors, the bundled mock model), asserting on what a client receives."""
+import asyncio
+import subprocess
+import sys
+import time
+
+import aiohttp
+import pytest
+
+from bench.mock_llm import expected_text
+from harness import REPO, get_json, run_turn, scrape, turn, wait_until
+
+
+def test_a_turn_streams_and_the_session_keeps_its_history(shared_server):
+    first = turn(shared_server.url, "e2e-stream", "hello there")
+    assert first.status == 200
+    assert first.headers["Content-Type"].startswith("text/event-stream")
+    names = [e for e, _ in first.events]
+    assert names[0] == "turn.started" and names[-1] == "turn.completed"
+    assert set(names[1:-1]) == {"delta"}
+    assert first.text == expected_text(5)
+    assert first.ids == list(range(1, len(first.events) + 1))
+    assert first.data("turn.started")["session_id"] == "e2e-stream"
+    done = first.data("turn.completed")
+    assert done["usage"]["completion_tokens"] == 5
+    assert 0 < done["durations"]["ttft_ms"] <= done["durations"]["total_ms"]
+    second = turn(shared_server.url, "e2e-stream", "and again")
+    assert second.terminal == "turn.completed"
+    # The model saw the whole conversation the second time: more prompt tokens.
+    assert second.data("turn.completed")["usage"]["prompt_tokens"] > done["usage"]["prompt_tokens"]
+
+
+def test_a_new_turn_cancels_the_running_one(shared_server):
+    async def go():
+        started = asyncio.Event()
+
+        async def on_event(name, result):
+            if name == "turn.started":
+                started.set()
+
+        async with aiohttp.ClientSession() as s:
+            slow = asyncio.create_task(run_turn(s, shared_server.url, "e2e-lastwins", "slow [[mock ttft_ms=5000]]",
+                                                on_event=on_event))
+            await asyncio.wait_for(started.wait(), 10)
+            fast = await run_turn(s, shared_server.url, "e2e-lastwins", "fast")
+            return await slow, fast
+
+    slow, fast = asyncio.run(go())
+    assert slow.terminal == "turn.cancelled"
+    assert slow.data("turn.cancelled")["reason"] == "superseded"
+    assert slow.text == ""
+    assert fast.terminal == "turn.completed" and fast.text == expected_text(5)
+    # The cancelled turn's provider stream was closed, not left running.
+    wait_until(lambda: get_json(shared_server.mock_url + "/stats")[2]["current"] == 0, 10, "mock streams to close")
+
+
+def test_client_disconnect_cancels_the_turn(shared_server):
+    before = scrape(shared_server.url).get('agentos_turns_total{outcome="cancelled"}', 0)
+
+    class Disconnect(Exception):
+        pass
+
+    async def go():
+        async def on_event(name, result):
+            if name == "turn.started":
+                raise Disconnect
+
+        async with aiohttp.ClientSession() as s:
+            with pytest.raises(Disconnect):
+                await run_turn(s, shared_server.url, "e2e-disconnect", "slow [[mock ttft_ms=5000]]", on_event=on_event)
+
+    asyncio.run(go())
+    wait_until(lambda: scrape(shared_server.url).get('agentos_turns_total{outcome="cancelled"}', 0) > before, 10,
+               "the turn to be cancelled")
+    wait_until(lambda: get_json(shared_server.mock_url + "/stats")[2]["current"] == 0, 10, "mock streams to close")
+
+
+def test_provider_concurrency_never_exceeds_the_limit(shared_server):
+    status, _, _ = get_json(shared_server.mock_url + "/stats/reset", method="POST")
+    assert status == 200
+
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            return await asyncio.gather(*(run_turn(s, shared_server.url, f"e2e-limit-{i}", "go [[mock ttft_ms=150]]")
+                                          for i in range(50)))
+
+    results = asyncio.run(go())
+    assert [r.terminal for r in results] == ["turn.completed"] * 50
+    stats = get_json(shared_server.mock_url + "/stats")[2]
+    assert stats["requests"] >= 50
+    assert stats["max_concurrent"] == 5  # concurrency_limit of the shared server: reached, never exceeded
+
+
+@pytest.mark.parametrize("marker,code", [("error=500", "server_error"), ("error=disconnect", "disconnect")])
+def test_provider_failures_end_the_turn_with_their_cause(shared_server, marker, code):
+    result = turn(shared_server.url, f"e2e-fail-{code}", f"fail [[mock {marker}]]")
+    assert result.status == 200
+    assert result.terminal == "turn.failed"
+    error = result.data("turn.failed")["error"]
+    assert error["code"] == code and error["message"]
+
+
+@pytest.mark.parametrize("path,body,headers,status,code", [
+    ("/v1/sessions/s1/turns", b"{not json", {}, 400, "invalid_json"),
+    ("/v1/sessions/s1/turns", b"[1, 2]", {}, 400, "invalid_json"),
+    ("/v1/sessions/s1/turns", b'{"text": "x"}', {}, 400, "invalid_input"),
+    ("/v1/sessions/s1/turns", b'{"input": ""}', {}, 400, "invalid_input"),
+    ("/v1/sessions/s1/turns", b'{"input": 42}', {}, 400, "invalid_input"),
+    ("/v1/sessions/bad%20id!/turns", b'{"input": "x"}', {}, 400, "invalid_session_id"),
+    ("/v1/sessions/" + "a" * 200 + "/turns", b'{"input": "x"}', {}, 400, "invalid_session_id"),
+    ("/v1/sessions/s1/turns", b'{"input": "' + b"x" * (2 << 20) + b'"}', {}, 413, "body_too_large"),
+    ("/v1/sessions/s1/turns", b'{"input": "' + b"x" * 300_000 + b'"}', {}, 413, "input_too_large"),
+    ("/v1/nothing-here", b"", {}, 404, "not_found"),
+])
+def test_bad_http_input_gets_4xx_json(shared_server, path, body, headers, status, code):
+    got, _, payload = get_json(shared_server.url + path, method="POST", body=body, headers=headers)
+    assert got == status
+    assert payload["error"]["code"] == code and payload["error"]["message"]
+
+
+def test_wrong_method_is_405_json(shared_server):
+    got, headers, payload = get_json(shared_server.url + "/v1/sessions/s1/turns", method="GET")
+    assert got == 405 and payload["error"]["code"] == "method_not_allowed"
+
+
+def test_cancel_endpoint(shared_server):
+    async def go():
+        started = asyncio.Event()
+
+        async def on_event(name, result):
+            if name == "turn.started":
+                started.set()
+
+        async with aiohttp.ClientSession() as s:
+            slow = asyncio.create_task(run_turn(s, shared_server.url, "e2e-cancel", "slow [[mock ttft_ms=5000]]",
+                                                on_event=on_event))
+            await asyncio.wait_for(started.wait(), 10)
+            async with s.delete(f"{shared_server.url}/v1/sessions/e2e-cancel/turns/current") as resp:
+                body = await resp.json()
+            async with s.delete(f"{shared_server.url}/v1/sessions/e2e-cancel/turns/current") as resp:
+                again = await resp.json()
+            return await slow, body, again
+
+    slow, body, again = asyncio.run(go())
+    assert body["cancelled"] is True and again["cancelled"] is False
+    assert slow.terminal == "turn.cancelled" and slow.data("turn.cancelled")["reason"] == "client_cancel"
+
+
+def test_trace_shows_the_hops_of_a_turn(shared_server, tmp_path):
+    out = tmp_path / "trace.txt"
+    with open(out, "w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "agentos.cli", "trace", "--config",
+                                 str(shared_server.config_path), "--session", "e2e-trace", "--timeout", "20"],
+                                cwd=REPO, stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            # The subscription reaches the broker asynchronously: turn until one is seen whole.
+            deadline = time.monotonic() + 15
+            while "turn.done" not in out.read_text() and time.monotonic() < deadline:
+                assert turn(shared_server.url, "e2e-trace", "trace me").terminal == "turn.completed"
+                wait_until(lambda: True, 0.1, "")
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    lines = out.read_text().splitlines()
+    kinds = {line.split()[1] for line in lines if "session=e2e-trace" in line}
+    assert {"turn.start", "turn.started", "permit.request", "permit.grant", "turn.delta", "permit.release",
+            "turn.done"} <= kinds
+    start = next(line for line in lines if " turn.start " in line)
+    assert "gateway/0 -> actor/" in start and "hop=" in start and "ms" in start
