@@ -16,11 +16,13 @@ from agentos.config import Config
 from agentos.rundir import RunDir
 from actors.agent_loop import AgentLoop
 from actors.permit_client import PermitClient
+from actors.persistence import Persistence, StorageUnavailable
 from actors.provider import Provider, ProviderError
 from actors.session import Session, SessionTable
 from actors.turn import Turn
 from broker.client import Bus
 from broker.protocol import Kind, Message
+from storage.log_client import LogWriteError
 
 TURN_RETENTION_SECS = 30.0
 
@@ -36,9 +38,11 @@ class Actor:
         self.bus = Bus(self.name, bus_endpoint, {}, heartbeat_secs=config.broker.heartbeat_secs, log=log)
         self.provider = Provider(config.provider)
         self.permits = PermitClient(self.bus)
-        self.loop = AgentLoop(self.provider, self.permits, config.provider.max_retries)
+        self.persistence = Persistence(self.bus, config)
+        self.loop = AgentLoop(self.provider, self.permits, self.persistence, config.provider.max_retries)
         for kind, handler in {Kind.TURN_START: self.on_turn_start, Kind.TURN_CANCEL: self.on_turn_cancel,
                               Kind.TURN_RESUME: self.on_turn_resume, Kind.PERMIT_GRANT: self.permits.on_grant,
+                              Kind.CHECKPOINT_PUT: self.on_checkpoint_put, Kind.CHECKPOINT_GET: self.on_checkpoint_get,
                               Kind.STATS: self.on_stats}.items():
             self.bus.on(kind, handler)
 
@@ -79,6 +83,48 @@ class Actor:
         turn.replay(msg.body["after"], msg.src)
         self.bus.reply(msg, Kind.TURN_STATUS, {"turn_id": turn.turn_id, "state": "ended" if turn.ended else "running"})
 
+    def _session_for(self, msg: Message) -> Session | None:
+        """The session a request names, if the requesting tenant may see it."""
+        session = self.sessions.open(msg.body["session"], msg.body["tenant"])
+        return session if session.tenant == msg.body["tenant"] else None
+
+    async def on_checkpoint_put(self, msg: Message) -> None:
+        durability = self.config.storage.durability
+        session = self._session_for(msg)
+        if session is None:
+            self.bus.reply(msg, Kind.CHECKPOINT_SAVED, {"seq": 0, "durability": durability, "error": "not_found"})
+            return
+        session.busy += 1
+        try:
+            seq = await self.persistence.put_blob(session, msg.body["key"], msg.body["payload"])
+        except LogWriteError as exc:
+            self.bus.reply(msg, Kind.CHECKPOINT_SAVED, {"seq": 0, "durability": durability, "error": exc.code})
+            return
+        finally:
+            session.busy -= 1
+            session.last_used = time.monotonic()
+        self.bus.reply(msg, Kind.CHECKPOINT_SAVED, {"seq": seq, "durability": durability})
+
+    async def on_checkpoint_get(self, msg: Message) -> None:
+        session = self._session_for(msg)
+        if session is None:
+            self.bus.reply(msg, Kind.CHECKPOINT_DATA, {"found": False})
+            return
+        session.busy += 1
+        try:
+            latest = await self.persistence.latest_blob(session)
+        except StorageUnavailable as exc:
+            self.bus.reply(msg, Kind.CHECKPOINT_DATA, {"found": False, "error": str(exc)})
+            return
+        finally:
+            session.busy -= 1
+            session.last_used = time.monotonic()
+        if latest is None:
+            self.bus.reply(msg, Kind.CHECKPOINT_DATA, {"found": False})
+        else:
+            key, seq, payload = latest
+            self.bus.reply(msg, Kind.CHECKPOINT_DATA, {"found": True, "key": key, "seq": seq, "payload": payload})
+
     def on_stats(self, msg: Message) -> None:
         running = sum(1 for t in self.turns.values() if not t.ended)
         self.bus.reply(msg, Kind.STATS_REPLY, {"role": "actor", "stats": {
@@ -91,16 +137,22 @@ class Actor:
     async def run_turn(self, turn: Turn, session: Session) -> None:
         metrics.active_processes.inc()
         try:
+            self.persistence.event_nowait(turn, "turn.started", {"input_chars": len(turn.input)})
             data = await self.loop.run(turn, session)
             turn.emit(Kind.TURN_DONE, {"data": data})
         except asyncio.CancelledError:
             turn.emit(Kind.TURN_CANCELLED, {"reason": turn.cancel_reason or "cancelled"})
         except ProviderError as exc:
             turn.emit(Kind.TURN_FAILED, {"code": exc.kind, "message": exc.message})
+        except StorageUnavailable as exc:
+            turn.emit(Kind.TURN_FAILED, {"code": "storage_unavailable", "message": str(exc)})
+        except LogWriteError as exc:
+            turn.emit(Kind.TURN_FAILED, {"code": exc.code, "message": f"the turn could not be made durable: {exc}"})
         except Exception as exc:  # a bug must end the stream clearly, not hang it
             self.log.exception("turn %s failed", turn.turn_id)
             turn.emit(Kind.TURN_FAILED, {"code": "internal", "message": f"internal error: {exc!r}"})
         finally:
+            self._record_end(turn)
             metrics.active_processes.dec()
             metrics.turns.labels(turn.outcome or "unknown").inc()
             metrics.turn_duration.observe((time.monotonic() - turn.started_at) * 1000.0)
@@ -108,6 +160,17 @@ class Actor:
                 session.active = None
             session.last_used = time.monotonic()
             self.finished.append(turn)
+
+    def _record_end(self, turn: Turn) -> None:
+        """The event of a turn that did not complete (a completed one is recorded with its checkpoint)."""
+        kind, body = turn.events[-1] if turn.events else (None, {})
+        if kind is Kind.TURN_FAILED:
+            data = {"outcome": "failed", "error": {"code": body["code"], "message": body["message"]}}
+        elif kind is Kind.TURN_CANCELLED:
+            data = {"outcome": "cancelled", "reason": body["reason"]}
+        else:
+            return
+        self.persistence.event_nowait(turn, f"turn.{data['outcome']}", data)
 
     async def housekeeping(self) -> None:
         period = min(1.0, self.config.kernel.session_ttl_secs / 4)
@@ -127,6 +190,7 @@ class Actor:
             turn.cancel("shutdown")
         if running:
             await asyncio.wait([t.task for t in running], timeout=2.0)
+        await self.persistence.log.drain(5.0)
 
 
 def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> int:

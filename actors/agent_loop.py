@@ -13,15 +13,17 @@ import time
 
 from agentos import metrics
 from actors.permit_client import PermitClient
+from actors.persistence import Persistence
 from actors.provider import ModelResult, Provider, ProviderError
 from actors.session import Session
 from actors.turn import Turn
 
 
 class AgentLoop:
-    def __init__(self, provider: Provider, permits: PermitClient, max_retries: int) -> None:
+    def __init__(self, provider: Provider, permits: PermitClient, persistence: Persistence, max_retries: int) -> None:
         self.provider = provider
         self.permits = permits
+        self.persistence = persistence
         self.max_retries = max_retries
 
     async def model_call(self, turn: Turn, session: Session) -> ModelResult:
@@ -49,19 +51,29 @@ class AgentLoop:
                 await asyncio.sleep(min(0.1 * 2 ** retries, 2.0))
 
     async def run(self, turn: Turn, session: Session) -> dict:
-        """Run the turn to its answer; returns the data of its `turn.completed` event."""
+        """Run the turn to its answer; returns the data of its `turn.completed` event.
+
+        The step's and the turn's events are appended just before the SYNC checkpoint, so they
+        travel in its batch: once the checkpoint is acknowledged, they are durable too.
+        """
+        await self.persistence.ensure_loaded(session)
         session.messages.append({"role": "user", "content": turn.input})
+        step_started = time.monotonic()
         result = await self.model_call(turn, session)
         session.messages.append({"role": "assistant", "content": result.text})
         now = time.monotonic()
         ttft_ms = (turn.first_token_at - turn.started_at) * 1000.0 if turn.first_token_at else None
-        total_ms = (now - turn.started_at) * 1000.0
+        usage = {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens}
+        durations = {"ttft_ms": None if ttft_ms is None else round(ttft_ms, 3),
+                     "total_ms": round((now - turn.started_at) * 1000.0, 3)}
+        self.persistence.event_nowait(turn, "step.completed", {
+            "step": 1, "kind": "model", **usage, "duration_ms": round((now - step_started) * 1000.0, 3)})
+        self.persistence.event_nowait(turn, "turn.completed", {"outcome": "completed", "usage": usage,
+                                                               "durations": durations})
+        await self.persistence.checkpoint(session, turn)
         metrics.tokens_prompt.inc(result.prompt_tokens)
         metrics.tokens_completion.inc(result.completion_tokens)
         if ttft_ms is not None:
             metrics.turn_ttft.observe(ttft_ms)
-        return {"turn_id": turn.turn_id, "session_id": session.id,
-                "usage": {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens},
-                "durations": {"ttft_ms": None if ttft_ms is None else round(ttft_ms, 3),
-                              "total_ms": round(total_ms, 3)},
+        return {"turn_id": turn.turn_id, "session_id": session.id, "usage": usage, "durations": durations,
                 "finish_reason": result.finish_reason}

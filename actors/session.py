@@ -1,10 +1,12 @@
-"""Sessions resident in an actor: message history, the one active turn, last use.
+"""Sessions resident in an actor: message history, the one active turn, checkpoint state.
 
-A session idle for `kernel.session_ttl_secs` leaves memory; its history is kept by the
-durable layer and loaded again on its next turn.
+A session is loaded once from its latest checkpoint chain (its messages) and then lives in
+memory until it has been idle for `kernel.session_ttl_secs`; its durable history stays in the
+log and DuckDB, so an evicted session comes back whole on its next use.
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -12,7 +14,8 @@ from actors.turn import Turn
 
 
 class Session:
-    __slots__ = ("id", "tenant", "messages", "active", "last_used")
+    __slots__ = ("id", "tenant", "messages", "active", "last_used", "loading", "checkpoint_seq", "checkpointed",
+                 "since_full", "blob", "blob_seq", "busy")
 
     def __init__(self, session_id: str, tenant: str) -> None:
         self.id = session_id
@@ -20,6 +23,13 @@ class Session:
         self.messages: list[dict[str, Any]] = []
         self.active: Turn | None = None
         self.last_used = time.monotonic()
+        self.loading: asyncio.Future | None = None   # done once the history is in memory
+        self.checkpoint_seq = 0      # seq of the last agent checkpoint written
+        self.checkpointed = 0        # messages[:checkpointed] are in a checkpoint
+        self.since_full = 0          # checkpoints since the last full snapshot
+        self.blob: tuple[str, int, bytes] | None = None   # latest external checkpoint, if known
+        self.blob_seq = 0
+        self.busy = 0                # requests in progress (not evictable meanwhile)
 
 
 class SessionTable:
@@ -41,7 +51,8 @@ class SessionTable:
         return session
 
     def evict_idle(self, now: float) -> int:
-        idle = [sid for sid, s in self.sessions.items() if s.active is None and now - s.last_used > self.ttl_secs]
+        idle = [sid for sid, s in self.sessions.items()
+                if s.active is None and not s.busy and now - s.last_used > self.ttl_secs]
         for sid in idle:
             del self.sessions[sid]
         return len(idle)

@@ -14,6 +14,8 @@ from agentos.rundir import RunDir
 
 ROLES = {
     "broker": "broker.process",
+    "writer-log": "storage.log_writer",
+    "writer-store": "storage.store_process",
     "gateway": "gateway.process",
     "scheduler": "actors.scheduler_process",
     "actor": "actors.actor_process",
@@ -21,9 +23,15 @@ ROLES = {
 }
 
 
-def process_name(role: str, index: int, count: int = 1) -> str:
-    """Bus and title name: `actor/3` for sharded roles, the role itself otherwise."""
-    return f"{role}/{index}" if role in ("actor", "gateway") else role
+def process_name(role: str, index: int) -> str:
+    """Bus and title name: `actor/3`, `writer/log/0`, `writer/store`, `scheduler`."""
+    if role in ("actor", "gateway"):
+        return f"{role}/{index}"
+    if role == "writer-log":
+        return f"writer/log/{index}"
+    if role == "writer-store":
+        return "writer/store"
+    return role
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -69,6 +69,11 @@ class StorageConfig:
     snapshot_every: int = 16
     segment_bytes: int = 64 << 20
     max_checkpoint_bytes: int = 1 << 20
+    log_writers: int = 1
+    # Group commit: after a batch that served k senders, wait up to this long for about k
+    # messages before the next fsync (their acks just went out, they are about to send again).
+    commit_window_us: int = 2000
+    duckdb_memory_limit_mb: int = 256
     s3: S3Config = field(default_factory=S3Config)
 
 
@@ -261,6 +266,11 @@ def validate(config: Config) -> None:
     _positive(config.storage.snapshot_every, "storage.snapshot_every")
     _positive(config.storage.segment_bytes, "storage.segment_bytes")
     _positive(config.storage.max_checkpoint_bytes, "storage.max_checkpoint_bytes")
+    _positive(config.storage.commit_window_us, "storage.commit_window_us", allow_zero=True)
+    if not 1 <= config.storage.log_writers <= 64:
+        raise ConfigError(f"storage.log_writers: 1..64, got {config.storage.log_writers}")
+    if config.storage.duckdb_memory_limit_mb < 32:
+        raise ConfigError(f"storage.duckdb_memory_limit_mb: at least 32, got {config.storage.duckdb_memory_limit_mb}")
     if config.broker.transport not in ("ipc",):
         raise ConfigError(f"broker.transport: only 'ipc' is supported so far, got {config.broker.transport!r}")
     _positive(config.broker.heartbeat_secs, "broker.heartbeat_secs")

@@ -51,6 +51,32 @@ bus_malformed = Counter("agentos_bus_malformed_total", "Malformed messages count
 bus_retries = Counter("agentos_bus_retries_total", "Bus requests re-sent after a timeout or an undeliverable reply",
                       ["role"])
 
+log_records = Counter("agentos_log_records_total", "Records appended to the write-ahead log")
+log_duplicates = Counter("agentos_log_duplicates_total", "Re-sent records the log already had (written once)")
+log_bytes = Counter("agentos_log_bytes_total", "Bytes appended to the write-ahead log")
+log_fsyncs = Counter("agentos_log_fsyncs_total", "fdatasync calls of the write-ahead log (one per batch)")
+log_fsync_ms = Histogram("agentos_log_fsync_ms", "Write plus fdatasync of one batch, ms", buckets=MS_BUCKETS)
+log_batch_records = Histogram("agentos_log_batch_records", "Records per group-commit batch",
+                              buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384))
+log_write_errors = Counter("agentos_log_write_errors_total", "Failed log writes (e.g. a full disk)")
+log_append_wait = Histogram("agentos_log_append_wait_ms", "Time a SYNC record waited for its ack, ms",
+                            buckets=MS_BUCKETS)
+
+event_db_write_wait = Histogram("agentos_event_db_write_wait_ms", "Time a record waited in the log before the "
+                                "store loaded it into DuckDB, ms", buckets=MS_BUCKETS)
+message_store_queue = Gauge("agentos_message_store_queue", "Transcript and checkpoint records in the log not yet "
+                            "in messages.db", multiprocess_mode="livesum")
+access_log_queue = Gauge("agentos_access_log_queue", "Access rows in the log not yet in access.db",
+                         multiprocess_mode="livesum")
+event_db_dropped = Counter("agentos_event_db_dropped_total", "Events dropped by the store (stays 0: it lags "
+                           "instead)")
+store_lag_records = Gauge("agentos_store_lag_records", "Records the store is behind the log",
+                          multiprocess_mode="livesum")
+store_lag_seconds = Gauge("agentos_store_lag_seconds", "Age of the oldest record the store has not loaded",
+                          multiprocess_mode="livemax")
+store_rows = Counter("agentos_store_rows_total", "Rows loaded into DuckDB, by table", ["table"])
+store_batch_ms = Histogram("agentos_store_batch_ms", "Time to load one batch into DuckDB, ms", buckets=MS_BUCKETS)
+
 process_restarts = Counter("agentos_process_restarts_total", "Child processes restarted by the supervisor",
                            ["role"])
 processes_up = Gauge("agentos_processes_up", "Child processes running", multiprocess_mode="livesum")

@@ -81,7 +81,7 @@ def collect(config: Config) -> dict[str, Any]:
         rows.append({"name": child["name"], "role": child["role"], "pid": pid,
                      "uptime_secs": round(now - child["started_at"], 1) if child["started_at"] else None,
                      "restarts": child["restarts"], **(proc_memory(pid) if pid else {})})
-    bus_names = [c["name"] for c in table["children"] if c["pid"] and c["role"] in ("gateway", "scheduler", "actor")]
+    bus_names = [c["name"] for c in table["children"] if c["pid"] and c["role"] in ("gateway", "scheduler", "actor", "writer-log", "writer-store")]
     stats = asyncio.run(query_stats(run_dir, bus_names))
     for row in rows:
         row["stats"] = stats.get(row["name"] if row["role"] != "broker" else BROKER, {})
@@ -99,7 +99,8 @@ def collect(config: Config) -> dict[str, Any]:
 def _queue(stats: dict) -> str:
     bus = stats.get("bus", {})
     parts = [f"outbox={bus['outbox']}"] if "outbox" in bus else []
-    for key in ("waiting", "streams", "turns_running", "permits_waiting"):
+    for key in ("waiting", "streams", "turns_running", "permits_waiting", "queued_records", "waiting_messages",
+                "lag_records", "waiting_queries"):
         if key in stats:
             parts.append(f"{key}={stats[key]}")
     return " ".join(parts) or ("unreachable" if "error" in stats else "-")

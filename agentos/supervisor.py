@@ -24,7 +24,7 @@ from agentos.child import process_name
 from agentos.config import Config
 from agentos.restart_policy import RestartPolicy, is_crash_loop, next_failure_count, restart_delay
 from agentos.rundir import RunDir
-from broker.client import Bus, BusError
+from broker.client import Bus
 from broker.protocol import Kind
 
 STOP_GRACE_SECS = 5.0
@@ -74,6 +74,8 @@ class Supervisor:
         children = [Child("broker")]
         if not self.config.provider.base_url:
             children.append(Child("mock-llm"))
+        children += [Child("writer-log", i) for i in range(self.config.storage.log_writers)]
+        children.append(Child("writer-store"))
         children.append(Child("scheduler"))
         children += [Child("actor", i) for i in range(self.config.actor_count)]
         children.append(Child("gateway"))

@@ -61,6 +61,18 @@ class Kind(enum.StrEnum):
     PERMIT_GRANT = "permit.grant"
     PERMIT_RELEASE = "permit.release"
     PERMIT_SYNC = "permit.sync"
+    # log.*: senders <-> writer/log; writer/log -> writer/store
+    LOG_APPEND = "log.append"
+    LOG_ACK = "log.ack"
+    LOG_FLUSHED = "log.flushed"
+    # store.*: readers <-> writer/store
+    STORE_QUERY = "store.query"
+    STORE_ROWS = "store.rows"
+    # checkpoint.*: gateway <-> session actor (external runtimes' checkpoints)
+    CHECKPOINT_PUT = "checkpoint.put"
+    CHECKPOINT_SAVED = "checkpoint.saved"
+    CHECKPOINT_GET = "checkpoint.get"
+    CHECKPOINT_DATA = "checkpoint.data"
 
 
 # Required and optional body fields per kind: name -> accepted type(s).
@@ -106,6 +118,19 @@ SPECS: dict[Kind, Spec] = {
     Kind.PERMIT_GRANT: _spec({"permit_id": str}),
     Kind.PERMIT_RELEASE: _spec({"permit_id": str}, backoff_secs=_NUM),
     Kind.PERMIT_SYNC: _spec({"held": list, "waiting": list, "incarnation": int}),
+    # Each record is [kind, id, body]: framed and written by the writer without decoding the body.
+    Kind.LOG_APPEND: _spec({"records": list}, sync=bool),  # sync: someone waits for this ack
+    Kind.LOG_ACK: _spec({"position": int, "count": int}),
+    Kind.LOG_FLUSHED: _spec({"writer": int, "position": int}, count=int),
+    # query: "messages", "events", "checkpoint_chain", "blob_latest" (see storage/queries.py);
+    # sync: answer only after loading everything the log had acknowledged when the query arrived.
+    Kind.STORE_QUERY: _spec({"query": str, "session": str}, tenant=str, turn=str, after=int, limit=int,
+                            sync=bool),
+    Kind.STORE_ROWS: _spec({"rows": list}, next_after=int, error=str),
+    Kind.CHECKPOINT_PUT: _spec({"session": str, "tenant": str, "key": str, "payload": bytes}),
+    Kind.CHECKPOINT_SAVED: _spec({"seq": int, "durability": str}, error=str),
+    Kind.CHECKPOINT_GET: _spec({"session": str, "tenant": str}),
+    Kind.CHECKPOINT_DATA: _spec({"found": bool}, key=str, seq=int, payload=bytes, error=str),
 }
 
 # Requests and the kind of their reply. Receivers de-duplicate these by (sender, id): a re-sent
@@ -117,6 +142,10 @@ REQUESTS: dict[Kind, Kind] = {
     Kind.TURN_START: Kind.TURN_STARTED,
     Kind.TURN_RESUME: Kind.TURN_STATUS,
     Kind.TURN_CANCEL: Kind.TURN_STATUS,
+    Kind.LOG_APPEND: Kind.LOG_ACK,
+    Kind.STORE_QUERY: Kind.STORE_ROWS,
+    Kind.CHECKPOINT_PUT: Kind.CHECKPOINT_SAVED,
+    Kind.CHECKPOINT_GET: Kind.CHECKPOINT_DATA,
 }
 
 KIND_BYTES: dict[Kind, bytes] = {k: k.value.encode() for k in Kind}

@@ -16,3 +16,11 @@ def shard_of(session_id: str, shards: int) -> int:
 
 def actor_name(session_id: str, shards: int) -> str:
     return f"actor/{shard_of(session_id, shards)}"
+
+
+STORE = "writer/store"
+
+
+def writer_name(session_id: str, writers: int) -> str:
+    """The writer/log owning a session's records: one writer keeps a session's order."""
+    return f"writer/log/{shard_of(session_id, writers)}"

@@ -18,9 +18,12 @@ from agentos import metrics
 from agentos.config import Config
 from broker.client import Bus, BusError
 from broker.protocol import BROKER, TURN_EVENTS, Kind, Message
-from broker.sharding import actor_name
+from broker.sharding import STORE, actor_name
+from gateway.access import access_middleware
 from gateway.errors import ApiError, error_response, errors_middleware, json_response
+from gateway.history import HistoryRoutes
 from gateway.streams import TurnStream
+from storage.log_client import LogClient
 
 SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
 KEEPALIVE_SECS = 15.0
@@ -48,19 +51,27 @@ class Gateway:
         self.api_keys = config.auth.api_keys
         self.limit = config.kernel.max_in_flight_turns
         self.retry_after = str(config.gateway.retry_after_secs)
+        self.log_client = LogClient(self.bus, config.storage.log_writers)
+        self.history = HistoryRoutes(self)
         metrics.admission_limit.set(self.limit)
 
     def routes(self) -> list[web.RouteDef]:
         return [
             web.post("/v1/sessions/{sid}/turns", self.post_turn),
             web.delete("/v1/sessions/{sid}/turns/current", self.cancel_turn),
+            web.get("/v1/sessions/{sid}/messages", self.history.get_messages),
+            web.get("/v1/sessions/{sid}/events", self.history.get_events),
+            web.put("/v1/sessions/{sid}/checkpoints/{key}", self.history.put_checkpoint),
+            web.get("/v1/sessions/{sid}/checkpoints/latest", self.history.get_latest_checkpoint),
             web.get("/healthz", self.healthz),
             web.get("/readyz", self.readyz),
             web.get("/metrics", self.metrics),
         ]
 
     def make_app(self) -> web.Application:
-        app = web.Application(middlewares=[errors_middleware], client_max_size=self.config.gateway.max_body_bytes)
+        limit = max(self.config.gateway.max_body_bytes, self.config.storage.max_checkpoint_bytes)
+        app = web.Application(middlewares=[access_middleware(self.log_client), errors_middleware],
+                              client_max_size=limit + 1)
         app.add_routes(self.routes())
         return app
 
@@ -68,12 +79,14 @@ class Gateway:
 
     def tenant_of(self, request: web.Request) -> str:
         if not self.api_keys:
+            request["tenant"] = DEFAULT_TENANT
             return DEFAULT_TENANT
         header = request.headers.get("Authorization", "")
         scheme, _, key = header.partition(" ")
         tenant = self.api_keys.get(key.strip()) if scheme.lower() == "bearer" else None
         if tenant is None:
             raise ApiError(401, "unauthorized", "missing or unknown API key (Authorization: Bearer KEY)")
+        request["tenant"] = tenant
         return tenant
 
     def session_id(self, request: web.Request) -> str:
@@ -83,12 +96,17 @@ class Gateway:
                            "session id must be 1-128 characters of letters, digits and . _ : - (starting alphanumeric)")
         return sid
 
-    async def json_body(self, request: web.Request) -> dict:
+    async def read_body(self, request: web.Request, limit: int, code: str = "body_too_large") -> bytes:
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            raise ApiError(413, "body_too_large",
-                           f"request body over {self.config.gateway.max_body_bytes} bytes") from None
+            raw = None
+        if raw is None or len(raw) > limit:
+            raise ApiError(413, code, f"request body over {limit} bytes")
+        return raw
+
+    async def json_body(self, request: web.Request) -> dict:
+        raw = await self.read_body(request, self.config.gateway.max_body_bytes)
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -205,7 +223,8 @@ class Gateway:
 
     async def watch(self) -> None:
         """Readiness from the broker's peer table, and probes of silent or gapped turns."""
-        expected = ["scheduler"] + [f"actor/{i}" for i in range(self.shards)]
+        expected = (["scheduler", STORE] + [f"writer/log/{i}" for i in range(self.config.storage.log_writers)]
+                    + [f"actor/{i}" for i in range(self.shards)])
         last_peers = 0.0
         while True:
             await asyncio.sleep(0.25)

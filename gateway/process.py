@@ -40,6 +40,7 @@ def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> in
         await stop.wait()
         watcher.cancel()
         await runner.cleanup()
+        await gateway.log_client.drain(5.0)
         await gateway.bus.close()
         return service.EXIT_OK
 

@@ -121,8 +121,6 @@ class Server:
         else:
             code = self.proc.returncode
         self.kill_all()
-        self._log.close()
-        shutil.rmtree(self.run_dir, ignore_errors=True)
         return code
 
     def kill_all(self) -> None:
@@ -135,6 +133,8 @@ class Server:
             self.proc.kill()
         self.proc.wait(10)
         wait_until(lambda: not [p for p in self.seen_pids if pid_alive(p)], 10, "all server processes to exit")
+        self._log.close()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def leftovers(self) -> list[int]:
         return [p for p in self.seen_pids | {self.proc.pid} if pid_alive(p)]

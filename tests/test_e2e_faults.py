@@ -76,7 +76,8 @@ def test_status_lists_every_role_with_a_pid(server):
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     names = {r["name"]: r for r in data["processes"]}
-    assert set(names) == {"supervisor", "broker", "mock-llm", "scheduler", "actor/0", "actor/1", "gateway/0"}
+    assert set(names) == {"supervisor", "broker", "mock-llm", "writer/log/0", "writer/store", "scheduler", "actor/0",
+                          "actor/1", "gateway/0"}
     for row in names.values():
         assert row["pid"] and pid_alive(row["pid"])
         assert row["rss_kib"] > 0 and row["private_dirty_kib"] > 0
@@ -113,3 +114,25 @@ def test_sigterm_drains_in_flight_turns_and_exits_0(make_server):
     assert rejected.status == 503 and rejected.error["code"] == "draining"
     assert server.proc.wait(20) == 0
     wait_until(lambda: not server.leftovers(), 10, "every child to exit")
+
+
+def test_kill9_of_the_supervisor_leaves_no_orphans(make_server):
+    server = make_server()
+    server.remember_pids()
+    children = set(server.seen_pids)
+    assert len(children) == 8
+    os.kill(server.proc.pid, signal.SIGKILL)
+    server.proc.wait(10)
+    # Children die with their parent (PR_SET_PDEATHSIG), they are not left to init.
+    wait_until(lambda: not [p for p in children if pid_alive(p)], 15, "children of a killed supervisor to exit")
+
+
+def test_idle_sessions_leave_memory_after_their_ttl(make_server):
+    server = make_server({"kernel": {"session_ttl_secs": 1}})
+    from harness import scrape
+    for i in range(3):
+        assert turn(server.url, f"ttl-{i}", "hi").terminal == "turn.completed"
+    assert scrape(server.url)["agentos_active_sessions"] >= 1
+    wait_until(lambda: scrape(server.url).get("agentos_sessions_evicted_total", 0) == 3, 10, "TTL eviction")
+    assert scrape(server.url)["agentos_active_sessions"] == 0
+    assert turn(server.url, "ttl-0", "back again").terminal == "turn.completed"

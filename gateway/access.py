@@ -1,0 +1,45 @@
+"""The access log: one durable row per HTTP request (method, route, status, tenant, duration).
+
+Rows are ASYNC log records, so logging never delays a response; they wait in the gateway's
+outbox if the log writer is slow, and are never dropped.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from aiohttp import web
+
+from agentos import metrics
+from storage.log_client import LogClient
+from storage.records import RecordKind
+
+CLIENT_CLOSED = 499
+
+
+def access_middleware(log: LogClient | None):
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        started = time.monotonic()
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except asyncio.CancelledError:
+            status = CLIENT_CLOSED
+            raise
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            info = request.match_info.route.resource
+            route = info.canonical if info is not None else "unmatched"
+            metrics.http_requests.labels(route, str(status)).inc()
+            if log is not None:
+                session = request.match_info.get("sid", "")
+                body = {"at": time.time(), "method": request.method, "route": route, "status": status,
+                        "tenant": request.get("tenant", ""), "session": session,
+                        "duration_ms": round((time.monotonic() - started) * 1000.0, 3)}
+                log.append_nowait(RecordKind.ACCESS, body, session)
+    return middleware

@@ -1,0 +1,109 @@
+"""Routes over what is durable: transcripts, events, and checkpoints of external runtimes.
+
+Reads of transcripts and events go to writer/store with `sync`, so they include everything
+acknowledged before the request. Checkpoint writes and reads go to the session's actor, which
+answers a PUT only once the checkpoint is durable and keeps the latest one in memory.
+"""
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from broker.client import BusError
+from broker.protocol import Kind
+from broker.sharding import STORE, actor_name
+from gateway.errors import ApiError, json_response
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+CHECKPOINT_KEY = re.compile(r"^[A-Za-z0-9._:\-]{1,200}$")
+WRITE_ERRORS = {"disk_full": (507, "insufficient_storage"), "io_error": (503, "storage_error"),
+                "not_found": (404, "not_found")}
+
+
+def _int_param(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(400, "invalid_parameter", f"{name} must be an integer") from None
+    if not low <= value <= high:
+        raise ApiError(400, "invalid_parameter", f"{name} must be between {low} and {high}")
+    return value
+
+
+class HistoryRoutes:
+    def __init__(self, gateway: "Gateway") -> None:
+        self.gw = gateway
+
+    async def _query(self, body: dict) -> dict:
+        try:
+            reply = await self.gw.bus.request(STORE, Kind.STORE_QUERY, body, timeout=35.0, attempt_secs=12.0,
+                                              session=body["session"])
+        except BusError as exc:
+            raise ApiError(503, "storage_unavailable", f"the store did not answer: {exc}") from None
+        if reply.body.get("error"):
+            raise ApiError(503, "storage_unavailable", reply.body["error"])
+        return reply.body
+
+    async def get_messages(self, request: web.Request) -> web.Response:
+        sid = self.gw.session_id(request)
+        tenant = self.gw.tenant_of(request)
+        body = await self._query({"query": "messages", "session": sid, "tenant": tenant, "sync": True,
+                                  "after": _int_param(request, "after", -1, -1, 2**62),
+                                  "limit": _int_param(request, "limit", 100, 1, 1000)})
+        return json_response({"session_id": sid, "messages": body["rows"], "next_after": body.get("next_after")})
+
+    async def get_events(self, request: web.Request) -> web.Response:
+        sid = self.gw.session_id(request)
+        tenant = self.gw.tenant_of(request)
+        query = {"query": "events", "session": sid, "tenant": tenant, "sync": True,
+                 "after": _int_param(request, "after", -1, -1, 2**62), "limit": _int_param(request, "limit", 100, 1, 1000)}
+        if request.query.get("turn"):
+            query["turn"] = request.query["turn"]
+        body = await self._query(query)
+        return json_response({"session_id": sid, "events": body["rows"], "next_after": body.get("next_after")})
+
+    async def put_checkpoint(self, request: web.Request) -> web.Response:
+        sid = self.gw.session_id(request)
+        tenant = self.gw.tenant_of(request)
+        key = request.match_info["key"]
+        if not CHECKPOINT_KEY.match(key):
+            raise ApiError(400, "invalid_key", "checkpoint key must be 1-200 characters of letters, digits and . _ : -")
+        limit = self.gw.config.storage.max_checkpoint_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise ApiError(413, "checkpoint_too_large", f"checkpoint over {limit} bytes")
+        payload = await self.gw.read_body(request, limit, "checkpoint_too_large")
+        try:
+            reply = await self.gw.bus.request(actor_name(sid, self.gw.shards), Kind.CHECKPOINT_PUT,
+                                              {"session": sid, "tenant": tenant, "key": key, "payload": payload},
+                                              timeout=30.0, attempt_secs=10.0, session=sid)
+        except BusError as exc:
+            raise ApiError(503, "actor_unavailable", f"the session's actor did not answer: {exc}") from None
+        error = reply.body.get("error")
+        if error:
+            status, code = WRITE_ERRORS.get(error, (503, "storage_error"))
+            raise ApiError(status, code, f"checkpoint not saved: {error}")
+        return json_response({"session_id": sid, "key": key, "seq": reply.body["seq"],
+                              "durability": reply.body["durability"]})
+
+    async def get_latest_checkpoint(self, request: web.Request) -> web.Response:
+        sid = self.gw.session_id(request)
+        tenant = self.gw.tenant_of(request)
+        try:
+            reply = await self.gw.bus.request(actor_name(sid, self.gw.shards), Kind.CHECKPOINT_GET,
+                                              {"session": sid, "tenant": tenant}, timeout=35.0, attempt_secs=12.0,
+                                              session=sid)
+        except BusError as exc:
+            raise ApiError(503, "actor_unavailable", f"the session's actor did not answer: {exc}") from None
+        if reply.body.get("error"):
+            raise ApiError(503, "storage_unavailable", reply.body["error"])
+        if not reply.body["found"]:
+            raise ApiError(404, "not_found", "this session has no checkpoint")
+        return web.Response(body=reply.body["payload"], content_type="application/octet-stream",
+                            headers={"X-Checkpoint-Key": reply.body["key"], "X-Checkpoint-Seq": str(reply.body["seq"])})

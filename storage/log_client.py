@@ -1,0 +1,139 @@
+"""The sending side of the write-ahead log, used by every process that writes records.
+
+Records appended within one event-loop iteration to the same writer travel as one
+`log.append` message. A SYNC append returns once its record is durable (the writer's ack);
+an ASYNC one returns at once and the record waits in this process's outbox until acked. The
+outbox is bounded: when it is full, appends wait for room — nothing durable is ever dropped.
+A message is re-sent with the same record ids until a writer acknowledges it (the writer
+writes a re-sent record once), so a writer restart delays appends but loses none.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from agentos import metrics
+from broker.client import Bus, BusTimeout
+from broker.protocol import Kind
+from broker.sharding import writer_name
+from storage import records
+
+MAX_OUTSTANDING = 20_000
+MAX_MESSAGE_BYTES = 4 << 20
+ATTEMPT_SECS = 3.0
+
+
+class LogWriteError(RuntimeError):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class LogClient:
+    def __init__(self, bus: Bus, writers: int, log: logging.Logger | None = None,
+                 max_outstanding: int = MAX_OUTSTANDING) -> None:
+        self.bus = bus
+        self.writers = writers
+        self.log = log or bus.log
+        self.max_outstanding = max_outstanding
+        self.outstanding = 0
+        self.room = asyncio.Event()
+        self.room.set()
+        self._prefix = f"{bus.name}:{bus.incarnation:x}:".encode()
+        self._counter = 0
+        self._batches: dict[str, list[tuple[list, asyncio.Future | None]]] = {}
+        self._flush_scheduled = False
+        self._tasks: set[asyncio.Task] = set()
+
+    def new_id(self) -> bytes:
+        self._counter += 1
+        return self._prefix + str(self._counter).encode()
+
+    async def append(self, kind: records.RecordKind, body: dict, session: str, sync: bool = True) -> int | None:
+        """Append one record; SYNC returns the log position once it is durable."""
+        while self.outstanding >= self.max_outstanding:
+            self.room.clear()
+            await self.room.wait()
+        fut = asyncio.get_running_loop().create_future() if sync else None
+        self._enqueue(writer_name(session, self.writers), [int(kind), self.new_id(), records.encode_body(body)], fut)
+        if fut is None:
+            return None
+        started = time.monotonic()
+        position = await fut
+        metrics.log_append_wait.observe((time.monotonic() - started) * 1000.0)
+        return position
+
+    def append_nowait(self, kind: records.RecordKind, body: dict, session: str) -> None:
+        """An ASYNC append for callers that cannot wait (it may go past the outbox bound)."""
+        self._enqueue(writer_name(session, self.writers), [int(kind), self.new_id(), records.encode_body(body)], None)
+
+    def _enqueue(self, writer: str, record: list, fut: asyncio.Future | None) -> None:
+        self._batches.setdefault(writer, []).append((record, fut))
+        self.outstanding += 1
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        batches, self._batches = self._batches, {}
+        for writer, items in batches.items():
+            chunk: list = []
+            size = 0
+            for item in items:
+                chunk.append(item)
+                size += len(item[0][2]) + 64
+                if size >= MAX_MESSAGE_BYTES:
+                    self._spawn(self._ship(writer, chunk))
+                    chunk, size = [], 0
+            if chunk:
+                self._spawn(self._ship(writer, chunk))
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _ship(self, writer: str, items: list[tuple[list, asyncio.Future | None]]) -> None:
+        """Until acknowledged: SYNC records fail fast on a writer error, ASYNC ones wait and retry."""
+        backoff = 0.5
+        try:
+            while items:
+                reply = await self._request(writer, items)
+                if reply.kind is not Kind.ERROR:
+                    position = reply.body["position"]
+                    for _, fut in items:
+                        if fut is not None and not fut.done():
+                            fut.set_result(position)
+                    return
+                error = LogWriteError(reply.body["code"], reply.body["message"])
+                for _, fut in items:
+                    if fut is not None and not fut.done():
+                        fut.set_exception(error)
+                done = len(items)
+                items = [item for item in items if item[1] is None]
+                self.outstanding -= done - len(items)
+                if items:
+                    self.log.warning("%s refused %d ASYNC records (%s); retrying in %.1fs", writer, len(items),
+                                     error, backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 10.0)
+        finally:
+            self.outstanding -= len(items)
+            self.room.set()
+
+    async def _request(self, writer: str, items: list[tuple[list, asyncio.Future | None]]):
+        body = {"records": [record for record, _ in items], "sync": any(fut is not None for _, fut in items)}
+        while True:
+            try:
+                return await self.bus.request(writer, Kind.LOG_APPEND, body, timeout=30.0, attempt_secs=ATTEMPT_SECS)
+            except BusTimeout as exc:
+                self.log.warning("%s has not acknowledged %d records yet (%s); still trying", writer, len(items), exc)
+
+    async def drain(self, timeout: float) -> bool:
+        """Wait until every record in the outbox is acknowledged (for a clean shutdown)."""
+        deadline = time.monotonic() + timeout
+        while (self.outstanding or self._batches) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return not self.outstanding

@@ -1,0 +1,96 @@
+"""Write-ahead log records: their kinds, their framing on disk, and their bodies.
+
+A frame is
+
+    u32 length | u32 crc32c | u8 kind | u8 id length | id | body
+
+where `length` counts kind..body and the CRC32C covers the same bytes. The id (unique per
+record, chosen by its sender) sits outside the body so the writer can de-duplicate re-sent
+records without decoding them. Bodies are msgpack maps; every body has `session` and `at`.
+
+Record bodies by kind (the store's projection reads exactly these fields):
+- EVENT:       session, tenant, turn, seq, type, data (map), at
+- CHECKPOINT:  session, tenant, turn, seq, full (bool), first (index of the first message in
+               `messages`), messages (list of maps: role, content, ...), at — an agent session's
+               state: the messages since the previous checkpoint, or all of them when `full`
+- BLOB:        session, tenant, key, seq, payload (bytes), at — a checkpoint PUT by an external
+               runtime, opaque to us
+- ACCESS:      at, method, route, status, tenant, session, duration_ms
+"""
+from __future__ import annotations
+
+import enum
+import struct
+from typing import Iterator
+
+import crc32c
+import msgpack
+
+_HEADER = struct.Struct("<IIBB")
+HEADER_BYTES = _HEADER.size
+MAX_RECORD_BYTES = 64 << 20
+
+
+class RecordKind(enum.IntEnum):
+    EVENT = 1
+    CHECKPOINT = 2
+    BLOB = 3
+    ACCESS = 4
+
+
+KNOWN_KINDS = frozenset(int(k) for k in RecordKind)
+
+
+class TornRecord(Exception):
+    """The bytes at an offset are not a whole, valid record (a torn tail or corruption)."""
+
+
+def frame(kind: int, record_id: bytes, body: bytes) -> bytes:
+    if len(record_id) > 255:
+        raise ValueError("record id longer than 255 bytes")
+    payload = bytes((kind, len(record_id))) + record_id + body
+    return struct.pack("<II", len(payload), crc32c.crc32c(payload)) + payload
+
+
+def parse(buf: bytes | memoryview, offset: int) -> tuple[int, bytes, bytes, int]:
+    """(kind, id, body, next offset) of the record at `offset`; TornRecord if it is not whole."""
+    if len(buf) - offset < HEADER_BYTES:
+        raise TornRecord("short header")
+    length, crc = struct.unpack_from("<II", buf, offset)
+    if length < 2 or length > MAX_RECORD_BYTES:
+        raise TornRecord(f"impossible length {length}")
+    end = offset + 8 + length
+    if end > len(buf):
+        raise TornRecord("short body")
+    payload = bytes(buf[offset + 8:end])
+    if crc32c.crc32c(payload) != crc:
+        raise TornRecord("checksum mismatch")
+    kind, id_len = payload[0], payload[1]
+    if kind not in KNOWN_KINDS:
+        raise TornRecord(f"unknown record kind {kind}")
+    return kind, payload[2:2 + id_len], payload[2 + id_len:], end
+
+
+def scan(buf: bytes | memoryview, offset: int = 0) -> Iterator[tuple[int, int, bytes, bytes, int]]:
+    """(offset, kind, id, body, next offset) of every whole record; stops at the first torn one."""
+    while offset < len(buf):
+        try:
+            kind, record_id, body, nxt = parse(buf, offset)
+        except TornRecord:
+            return
+        yield offset, kind, record_id, body, nxt
+        offset = nxt
+
+
+_pack = msgpack.Packer(use_bin_type=True).pack
+
+
+def encode_body(body: dict) -> bytes:
+    return _pack(body)
+
+
+def decode_body(raw: bytes) -> dict:
+    body = msgpack.unpackb(raw, raw=False)
+    if not isinstance(body, dict):
+        raise ValueError("record body is not a map")
+    return body

@@ -1,0 +1,45 @@
+"""The DuckDB files writer/store keeps, their tables, and which records feed which table.
+
+Every table carries `writer` and `lsn` (the record's log and its position there), so rows can be
+traced back to the log and paged in log order. Each file has a `progress` table: the position of
+each log it has loaded, committed in the same transaction as the rows, so a restarted store
+resumes without losing or repeating a row. Times are UNIX seconds (DOUBLE).
+
+events.db
+  events(session, tenant, turn, seq, type, data JSON text, ts, writer, lsn)
+      turn lifecycle (turn.started, step.completed, turn.completed / failed / cancelled)
+messages.db
+  messages(session, tenant, idx, turn, role, content, extra JSON text, ts, writer, lsn)
+      the transcript: message `idx` of a session (tool calls and ids in `extra`)
+  checkpoints(session, tenant, kind, key, seq, is_full, first_idx, payload, ts, writer, lsn)
+      kind 'agent': an agent session's state (payload = msgpack list of messages, starting at
+      message index `first_idx`; `is_full` marks a complete snapshot); kind 'blob': an external
+      runtime's checkpoint under `key` (payload = its bytes)
+access.db
+  access(ts, method, route, status, tenant, session, duration_ms, writer, lsn)
+"""
+from __future__ import annotations
+
+from storage.records import RecordKind
+
+DATABASES: dict[str, list[str]] = {
+    "events": [
+        "CREATE TABLE IF NOT EXISTS events (session VARCHAR, tenant VARCHAR, turn VARCHAR, seq INTEGER, "
+        "type VARCHAR, data VARCHAR, ts DOUBLE, writer SMALLINT, lsn BIGINT)",
+    ],
+    "messages": [
+        "CREATE TABLE IF NOT EXISTS messages (session VARCHAR, tenant VARCHAR, idx INTEGER, turn VARCHAR, "
+        "role VARCHAR, content VARCHAR, extra VARCHAR, ts DOUBLE, writer SMALLINT, lsn BIGINT)",
+        "CREATE TABLE IF NOT EXISTS checkpoints (session VARCHAR, tenant VARCHAR, kind VARCHAR, key VARCHAR, "
+        "seq BIGINT, is_full BOOLEAN, first_idx INTEGER, payload BLOB, ts DOUBLE, writer SMALLINT, lsn BIGINT)",
+    ],
+    "access": [
+        "CREATE TABLE IF NOT EXISTS access (ts DOUBLE, method VARCHAR, route VARCHAR, status INTEGER, "
+        "tenant VARCHAR, session VARCHAR, duration_ms DOUBLE, writer SMALLINT, lsn BIGINT)",
+    ],
+}
+PROGRESS_DDL = "CREATE TABLE IF NOT EXISTS progress (writer INTEGER PRIMARY KEY, position BIGINT)"
+
+TABLE_DB = {"events": "events", "messages": "messages", "checkpoints": "messages", "access": "access"}
+KIND_DB = {RecordKind.EVENT: "events", RecordKind.CHECKPOINT: "messages", RecordKind.BLOB: "messages",
+           RecordKind.ACCESS: "access"}

@@ -1,0 +1,241 @@
+"""The DuckDB projection of the log: a loader that tails the segments, and the read queries.
+
+The loader (its own thread) reads whole records from every log, turns them into rows and loads
+them with DuckDB's appender in one transaction per file, together with that file's progress.
+Under overload it falls behind; it never drops. Queries run on a separate thread with their own
+cursors, so a slow query never stops loading. Only this process imports DuckDB.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import duckdb
+import msgpack
+import orjson
+
+from agentos import metrics
+from storage import records, schema, segments
+from storage.projection import project
+
+READ_BYTES = 8 << 20
+MAX_LIMIT = 1000
+
+
+class Store:
+    def __init__(self, data_dir: Path, writers: int, memory_limit_mb: int, jsonl_dir: str = "",
+                 log: logging.Logger | None = None) -> None:
+        self.db_dir = data_dir / "db"
+        self.wal_root = data_dir / "wal"
+        self.writers = writers
+        self.memory_limit_mb = memory_limit_mb
+        self.jsonl_path = Path(jsonl_dir) / "events.jsonl" if jsonl_dir else None
+        self.log = log or logging.getLogger("agent-os.writer/store")
+        self.conns: dict[str, duckdb.DuckDBPyConnection] = {}
+        self.cursors: dict[str, duckdb.DuckDBPyConnection] = {}
+        self.progress: dict[str, dict[int, int]] = {}
+        self.loaded: dict[int, int] = {}
+        self.readers: dict[int, segments.SegmentReader] = {}
+        self.wake = threading.Event()
+        self.stopping = threading.Event()
+        self.on_loaded: Callable[[dict[int, int], int], None] = lambda positions, rows: None
+        self.stats = {"records": 0, "rows": 0, "batches": 0, "bad_records": 0, "load_errors": 0}
+
+    # -- opening --------------------------------------------------------------------------
+
+    def open(self) -> None:
+        self.db_dir.mkdir(parents=True, exist_ok=True)
+        per_db = max(32, self.memory_limit_mb // len(schema.DATABASES))
+        for db, ddls in schema.DATABASES.items():
+            con = duckdb.connect(str(self.db_dir / f"{db}.db"), config={"memory_limit": f"{per_db}MB"})
+            for ddl in (*ddls, schema.PROGRESS_DDL):
+                con.execute(ddl)
+            self.conns[db] = con
+            self.cursors[db] = con.cursor()
+            self.progress[db] = {int(w): int(p) for w, p in con.execute("SELECT writer, position FROM progress").fetchall()}
+        for writer in range(self.writers):
+            start = min(self.progress[db].get(writer, 0) for db in self.conns)
+            self.readers[writer] = segments.SegmentReader(self.wal_root / str(writer), start)
+            self.loaded[writer] = start
+
+    def log_ends(self) -> dict[int, int]:
+        """Where each log ends on disk right now."""
+        ends = {}
+        for writer in range(self.writers):
+            segs = segments.list_segments(self.wal_root / str(writer))
+            ends[writer] = segs[-1][0] + segs[-1][1].stat().st_size if segs else 0
+        return ends
+
+    def close(self) -> None:
+        for cur in self.cursors.values():
+            cur.close()
+        for con in self.conns.values():
+            con.close()
+
+    # -- loading --------------------------------------------------------------------------
+
+    def run_loader(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                loaded = self.load_once()
+            except Exception:  # DuckDB trouble: keep the position, try again shortly
+                self.stats["load_errors"] += 1
+                self.log.exception("loading a batch into DuckDB failed; retrying")
+                self.stopping.wait(1.0)
+                continue
+            if not loaded:
+                # Writers announce every batch (log.flushed); the timeout only covers a lost notice.
+                self.wake.wait(0.5)
+                self.wake.clear()
+
+    def load_once(self) -> int:
+        rows: dict[str, list[tuple]] = {}
+        positions: dict[str, dict[int, int]] = {db: {} for db in self.conns}
+        scanned: dict[int, int] = {}
+        starts = {w: r.position for w, r in self.readers.items()}
+        events_for_jsonl: list[dict] = []
+        count = 0
+        for writer, reader in self.readers.items():
+            batch = reader.read(READ_BYTES)
+            for position, kind, _, body, nxt in batch:
+                db = schema.KIND_DB.get(kind)
+                count += 1
+                if db is None or position < self.progress[db].get(writer, 0):
+                    continue  # loaded before a restart
+                try:
+                    decoded = records.decode_body(body)
+                    for table, row in project(kind, decoded, writer, position):
+                        rows.setdefault(table, []).append(row)
+                except (ValueError, KeyError, TypeError, msgpack.ExtraData) as exc:
+                    self.stats["bad_records"] += 1
+                    self.log.error("skipping an unreadable record at %d:%d: %s", writer, position, exc)
+                    continue
+                positions[db][writer] = nxt
+                if self.jsonl_path is not None and kind == records.RecordKind.EVENT:
+                    events_for_jsonl.append(decoded)
+            if batch:
+                scanned[writer] = batch[-1][4]
+        if not scanned:
+            return 0
+        started = time.monotonic()
+        try:
+            for db in self.conns:
+                tables = {t: r for t, r in rows.items() if schema.TABLE_DB[t] == db}
+                if tables or positions[db]:
+                    self._commit(db, tables, positions[db])
+        except Exception:
+            for writer, start in starts.items():
+                self.readers[writer].position = start  # re-read; files already committed skip by progress
+            raise
+        self._write_jsonl(events_for_jsonl)
+        total_rows = sum(len(r) for r in rows.values())
+        for table, table_rows in rows.items():
+            metrics.store_rows.labels(table).inc(len(table_rows))
+        metrics.store_batch_ms.observe((time.monotonic() - started) * 1000.0)
+        self.stats["records"] += count
+        self.stats["rows"] += total_rows
+        self.stats["batches"] += 1
+        self.loaded.update(scanned)
+        self.on_loaded(dict(self.loaded), count)
+        return count
+
+    def _commit(self, db: str, tables: dict[str, list[tuple]], positions: dict[int, int]) -> None:
+        con = self.conns[db]
+        con.execute("BEGIN TRANSACTION")
+        try:
+            for table, table_rows in tables.items():
+                appender = con.appender(table)
+                appender.append_rows(table_rows)
+                appender.flush()
+            for writer, position in positions.items():
+                con.execute("INSERT OR REPLACE INTO progress VALUES (?, ?)", [writer, position])
+            con.execute("COMMIT")
+        except Exception:
+            con.execute("ROLLBACK")
+            raise
+        self.progress[db].update(positions)
+
+    def _write_jsonl(self, events: list[dict]) -> None:
+        if not events or self.jsonl_path is None:
+            return
+        self.jsonl_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.jsonl_path, "ab") as f:
+            f.write(b"".join(orjson.dumps(e, default=_jsonable) + b"\n" for e in events))
+
+    # -- queries (the query thread) ---------------------------------------------------------
+
+    def query(self, name: str, session: str, tenant: str | None = None, turn: str | None = None,
+              after: int = -1, limit: int = 100) -> tuple[list[dict[str, Any]], int | None]:
+        """(rows, cursor for the next page or None)."""
+        limit = max(1, min(limit, MAX_LIMIT))
+        handler = QUERIES.get(name)
+        if handler is None:
+            raise ValueError(f"unknown query {name!r}")
+        return handler(self, session, tenant, turn, after, limit)
+
+    def _tenant_clause(self, tenant: str | None) -> tuple[str, list]:
+        return (" AND tenant = ?", [tenant]) if tenant else ("", [])
+
+    def q_messages(self, session, tenant, turn, after, limit):
+        clause, args = self._tenant_clause(tenant)
+        rows = self.cursors["messages"].execute(
+            "SELECT idx, turn, role, content, extra, ts FROM messages WHERE session = ? AND idx > ?" + clause +
+            " ORDER BY idx LIMIT ?", [session, after, *args, limit + 1]).fetchall()
+        out = []
+        for idx, turn_id, role, content, extra, at in rows[:limit]:
+            row = {"index": idx, "turn_id": turn_id, "role": role, "content": content, "at": at}
+            if extra:
+                row.update(orjson.loads(extra))
+            out.append(row)
+        return out, (out[-1]["index"] if len(rows) > limit else None)
+
+    def q_events(self, session, tenant, turn, after, limit):
+        clause, args = self._tenant_clause(tenant)
+        if turn:
+            clause += " AND turn = ?"
+            args.append(turn)
+        rows = self.cursors["events"].execute(
+            "SELECT lsn, turn, seq, type, data, ts FROM events WHERE session = ? AND lsn > ?" + clause +
+            " ORDER BY lsn LIMIT ?", [session, after, *args, limit + 1]).fetchall()
+        out = [{"cursor": lsn, "turn_id": turn_id, "seq": seq, "type": kind,
+                "data": orjson.loads(data) if data else None, "at": at}
+               for lsn, turn_id, seq, kind, data, at in rows[:limit]]
+        return out, (out[-1]["cursor"] if len(rows) > limit else None)
+
+    def q_checkpoint_chain(self, session, tenant, turn, after, limit):
+        cur = self.cursors["messages"]
+        clause, args = self._tenant_clause(tenant)
+        base = cur.execute("SELECT max(seq) FROM checkpoints WHERE session = ? AND kind = 'agent' AND is_full" + clause,
+                           [session, *args]).fetchone()[0]
+        rows = cur.execute("SELECT seq, first_idx, is_full, payload FROM checkpoints WHERE session = ? AND kind = 'agent' "
+                           "AND seq >= ?" + clause + " ORDER BY seq", [session, base or 0, *args]).fetchall()
+        return [{"seq": seq, "first": first, "full": full, "messages": msgpack.unpackb(payload)}
+                for seq, first, full, payload in rows], None
+
+    def q_blob_latest(self, session, tenant, turn, after, limit):
+        clause, args = self._tenant_clause(tenant)
+        row = self.cursors["messages"].execute(
+            "SELECT key, seq, payload FROM checkpoints WHERE session = ? AND kind = 'blob'" + clause +
+            " ORDER BY seq DESC LIMIT 1", [session, *args]).fetchone()
+        return ([{"key": row[0], "seq": row[1], "payload": bytes(row[2])}] if row else []), None
+
+    def q_count(self, session, tenant, turn, after, limit):
+        """Rows per table (for tests and operators; `session` "" counts everything)."""
+        out = {}
+        for table, db in schema.TABLE_DB.items():
+            sql = f"SELECT count(*) FROM {table}" + (" WHERE session = ?" if session else "")
+            out[table] = self.cursors[db].execute(sql, [session] if session else []).fetchone()[0]
+        return [out], None
+
+
+QUERIES = {"messages": Store.q_messages, "events": Store.q_events, "checkpoint_chain": Store.q_checkpoint_chain,
+           "blob_latest": Store.q_blob_latest, "count": Store.q_count}
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (bytes, bytearray)):
+        return value.decode("utf-8", "replace")
+    raise TypeError

@@ -1,0 +1,151 @@
+"""The writer/store role: the DuckDB projection of the log, and read queries over the bus.
+
+Loading runs on its own thread (`Store.run_loader`), queries on another. The event loop only
+routes: it learns where each log ends from `log.flushed` notices, and holds a `sync` query until
+the loader has passed that point, which gives readers read-your-writes.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from agentos import metrics, service
+from agentos.config import Config
+from agentos.rundir import RunDir
+from broker.client import Bus
+from broker.protocol import Kind, Message
+from broker.sharding import STORE
+from storage.store import Store
+
+SYNC_TIMEOUT_SECS = 30.0
+
+
+class StoreService:
+    def __init__(self, config: Config, bus_endpoint: str, log: logging.Logger) -> None:
+        self.log = log
+        self.store = Store(Path(config.storage.dir), config.storage.log_writers, config.storage.duckdb_memory_limit_mb,
+                           config.storage.jsonl_dir, log)
+        self.queries = ThreadPoolExecutor(1, thread_name_prefix="store-query")
+        self.loader: ThreadPoolExecutor | None = None
+        self.flushed: dict[int, int] = {}
+        self.loaded: dict[int, int] = {}
+        self.pending_flushes: collections.deque[tuple[int, int, int, float]] = collections.deque()
+        self.waiters: list[tuple[dict[int, int], asyncio.Future]] = []
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.bus = Bus(STORE, bus_endpoint, {Kind.LOG_FLUSHED: self.on_flushed, Kind.STORE_QUERY: self.on_query,
+                                             Kind.STATS: self.on_stats},
+                       role="store", heartbeat_secs=config.broker.heartbeat_secs, log=log)
+
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        await self.loop.run_in_executor(self.queries, self.store.open)
+        self.flushed = await self.loop.run_in_executor(self.queries, self.store.log_ends)
+        self.loaded = dict(self.store.loaded)
+        self.store.on_loaded = lambda positions, count: self.loop.call_soon_threadsafe(self._on_loaded, positions)
+        self.loader = ThreadPoolExecutor(1, thread_name_prefix="store-loader")
+        self.loader.submit(self.store.run_loader)
+        behind = sum(self.flushed[w] - self.loaded.get(w, 0) for w in self.flushed)
+        self.log.info("DuckDB files in %s; resuming %d bytes behind the log", self.store.db_dir, behind)
+
+    async def stop(self) -> None:
+        self.store.stopping.set()
+        self.store.wake.set()
+        self.loader.shutdown(wait=True)
+        self.queries.submit(self.store.close).result()
+        self.queries.shutdown()
+
+    # -- progress ---------------------------------------------------------------------------
+
+    def on_flushed(self, msg: Message) -> None:
+        writer, position = msg.body["writer"], msg.body["position"]
+        if position > self.flushed.get(writer, 0):
+            self.flushed[writer] = position
+            self.pending_flushes.append((writer, position, int(msg.body.get("count") or 0), time.monotonic()))
+        self.store.wake.set()
+
+    def _on_loaded(self, positions: dict[int, int]) -> None:
+        self.loaded = positions
+        while self.pending_flushes and self.pending_flushes[0][1] <= positions.get(self.pending_flushes[0][0], 0):
+            writer, _, _, since = self.pending_flushes.popleft()
+            metrics.event_db_write_wait.observe((time.monotonic() - since) * 1000.0)
+        still = []
+        for target, fut in self.waiters:
+            if self._caught_up(target):
+                if not fut.done():
+                    fut.set_result(None)
+            else:
+                still.append((target, fut))
+        self.waiters = still
+
+    def _caught_up(self, target: dict[int, int]) -> bool:
+        return all(self.loaded.get(w, 0) >= p for w, p in target.items())
+
+    async def caught_up(self, target: dict[int, int]) -> None:
+        if self._caught_up(target):
+            return
+        fut = self.loop.create_future()
+        self.waiters.append((target, fut))
+        self.store.wake.set()
+        await asyncio.wait_for(fut, SYNC_TIMEOUT_SECS)
+
+    def lag(self) -> tuple[int, float]:
+        records = sum(c for _, _, c, _ in self.pending_flushes)
+        oldest = self.pending_flushes[0][3] if self.pending_flushes else None
+        return records, (time.monotonic() - oldest) if oldest is not None else 0.0
+
+    # -- bus ------------------------------------------------------------------------------
+
+    async def on_query(self, msg: Message) -> None:
+        b = msg.body
+        try:
+            if b.get("sync"):
+                await self.caught_up(dict(self.flushed))
+            rows, next_after = await self.loop.run_in_executor(
+                self.queries, lambda: self.store.query(b["query"], b["session"], b.get("tenant"), b.get("turn"),
+                                                       int(b.get("after", -1) if b.get("after") is not None else -1),
+                                                       int(b.get("limit") or 100)))
+        except asyncio.TimeoutError:
+            self.bus.reply(msg, Kind.STORE_ROWS, {"rows": [], "error": "the store is too far behind the log"})
+            return
+        except ValueError as exc:
+            self.bus.reply(msg, Kind.STORE_ROWS, {"rows": [], "error": str(exc)})
+            return
+        body = {"rows": rows}
+        if next_after is not None:
+            body["next_after"] = next_after
+        self.bus.reply(msg, Kind.STORE_ROWS, body)
+
+    def on_stats(self, msg: Message) -> None:
+        records, seconds = self.lag()
+        self.bus.reply(msg, Kind.STATS_REPLY, {"role": "store", "stats": {
+            **self.store.stats, "lag_records": records, "lag_secs": round(seconds, 3),
+            "loaded": {str(k): v for k, v in self.loaded.items()}, "flushed": {str(k): v for k, v in self.flushed.items()},
+            "waiting_queries": len(self.waiters), "bus": self.bus.stats()}})
+
+    async def report(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            records, seconds = self.lag()
+            metrics.store_lag_records.set(records)
+            metrics.store_lag_seconds.set(seconds)
+            metrics.message_store_queue.set(records)
+            metrics.access_log_queue.set(records)
+
+
+def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> int:
+    async def run(stop: asyncio.Event) -> int:
+        service_ = StoreService(config, run_dir.bus_endpoint, log)
+        await service_.start()
+        await service_.bus.start()
+        reporter = asyncio.create_task(service_.report())
+        await stop.wait()
+        reporter.cancel()
+        await service_.bus.close()
+        await service_.stop()
+        return service.EXIT_OK
+
+    return service.run(run)

@@ -1,0 +1,237 @@
+"""End-to-end: what was acknowledged survives kill -9 of the writers and of the whole tree,
+exactly once; the log recovers from a torn tail; sessions come back whole."""
+import asyncio
+import collections
+import os
+import signal
+from pathlib import Path
+
+import aiohttp
+import duckdb
+
+from broker.sharding import shard_of
+from harness import Server, get_json, run_turn, scrape, turn, wait_until
+from storage import records, segments
+from storage.records import RecordKind
+
+
+def put(base, sid, key, payload: bytes):
+    return get_json(f"{base}/v1/sessions/{sid}/checkpoints/{key}", method="PUT", body=payload,
+                    headers={"Content-Type": "application/octet-stream"})
+
+
+def test_transcript_and_events_endpoints_return_what_the_turns_produced(shared_server):
+    turns = [turn(shared_server.url, "dur-history", text) for text in ("first question", "second question")]
+    assert [t.terminal for t in turns] == ["turn.completed"] * 2
+    status, _, body = get_json(f"{shared_server.url}/v1/sessions/dur-history/messages")
+    assert status == 200
+    assert [(m["role"], m["content"]) for m in body["messages"]] == [
+        ("user", "first question"), ("assistant", turns[0].text), ("user", "second question"),
+        ("assistant", turns[1].text)]
+    assert [m["index"] for m in body["messages"]] == [0, 1, 2, 3]
+    status, _, page = get_json(f"{shared_server.url}/v1/sessions/dur-history/messages?after=1&limit=1")
+    assert [m["index"] for m in page["messages"]] == [2] and page["next_after"] == 2
+    status, _, events = get_json(f"{shared_server.url}/v1/sessions/dur-history/events")
+    kinds = [(e["turn_id"], e["type"]) for e in events["events"]]
+    for t in turns:
+        tid = t.data("turn.started")["turn_id"]
+        assert [k for i, k in kinds if i == tid] == ["turn.started", "step.completed", "turn.completed"]
+    done = next(e for e in events["events"] if e["type"] == "turn.completed")
+    assert done["data"]["usage"]["completion_tokens"] == 5
+    tid = turns[1].data("turn.started")["turn_id"]
+    status, _, one = get_json(f"{shared_server.url}/v1/sessions/dur-history/events?turn={tid}")
+    assert {e["turn_id"] for e in one["events"]} == {tid}
+    status, _, empty = get_json(f"{shared_server.url}/v1/sessions/never-seen/messages")
+    assert status == 200 and empty["messages"] == []
+    assert get_json(f"{shared_server.url}/v1/sessions/dur-history/messages?limit=0")[0] == 400
+
+
+def test_checkpoint_put_then_latest(shared_server):
+    base = shared_server.url
+    assert get_json(f"{base}/v1/sessions/dur-ckpt/checkpoints/latest")[0] == 404
+    status, _, saved = put(base, "dur-ckpt", "step-1", b"one")
+    assert status == 200 and saved["durability"] == "local" and saved["key"] == "step-1"
+    status, _, saved2 = put(base, "dur-ckpt", "step-2", b"\x00two\xff")
+    assert saved2["seq"] > saved["seq"]
+    import urllib.request
+    with urllib.request.urlopen(f"{base}/v1/sessions/dur-ckpt/checkpoints/latest") as resp:
+        assert resp.read() == b"\x00two\xff"
+        assert resp.headers["X-Checkpoint-Key"] == "step-2"
+        assert int(resp.headers["X-Checkpoint-Seq"]) == saved2["seq"]
+    status, _, err = put(base, "dur-ckpt", "big", b"x" * (1 << 20 | 1))
+    assert status == 413 and err["error"]["code"] == "checkpoint_too_large"
+    assert put(base, "dur-ckpt", "bad%20key!", b"x")[0] == 400
+
+
+def test_group_commit_fsyncs_far_fewer_times_than_records(make_server):
+    """Ten SYNC writers, each its own process waiting for every ack: one fsync serves many."""
+    import subprocess
+    import sys
+    server = make_server({"storage": {"commit_window_us": 10000}})
+    before = scrape(server.url)
+    endpoint = f"ipc://{server.rundir}/broker.sock"
+    procs = [subprocess.Popen([sys.executable, str(Path(__file__).parent / "sync_appender.py"), endpoint,
+                               f"appender/{i}", "150"], stdout=subprocess.PIPE, text=True) for i in range(10)]
+    try:
+        outputs = [p.communicate(timeout=60)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert all(o.strip() == "done 150" for o in outputs), outputs
+    after = scrape(server.url)
+    records_written = after["agentos_log_records_total"] - before.get("agentos_log_records_total", 0)
+    fsyncs = after["agentos_log_fsyncs_total"] - before.get("agentos_log_fsyncs_total", 0)
+    assert records_written >= 1500
+    print(f"group commit: {records_written:.0f} records, {fsyncs:.0f} fsyncs")
+    assert fsyncs < records_written / 3, (fsyncs, records_written)
+
+
+def wal_records(data_dir: Path) -> list[tuple[int, bytes, bytes]]:
+    out = []
+    for writer_dir in sorted((data_dir / "wal").iterdir()):
+        for _, path in segments.list_segments(writer_dir):
+            out += [(kind, rid, body) for _, kind, rid, body, _ in records.scan(path.read_bytes())]
+    return out
+
+
+def kill_tree(server: Server) -> None:
+    server.remember_pids()
+    for pid in [server.proc.pid, *server.seen_pids]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    server.proc.wait(10)
+
+
+def test_acknowledged_records_survive_kill9_of_writers_and_tree_exactly_once(tmp_path):
+    config = {"kernel": {"concurrency_limit": 64}}
+    server = Server(tmp_path, config).start()
+    acked_puts: list[tuple[str, str]] = []
+    completed: list[tuple[str, str]] = []
+
+    async def putter(session, stop, i):
+        n = 0
+        while not stop.is_set():
+            key = f"k{n}"
+            n += 1
+            try:
+                async with session.put(f"{server.url}/v1/sessions/kill-{i}/checkpoints/{key}", data=os.urandom(512),
+                                       timeout=aiohttp.ClientTimeout(total=60)) as resp:
+                    if resp.status == 200:
+                        acked_puts.append((f"kill-{i}", key))
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                await asyncio.sleep(0.05)
+
+    async def turner(session, stop, i):
+        while not stop.is_set():
+            try:
+                result = await run_turn(session, server.url, f"kturn-{i}", "go [[mock ttft_ms=20]]", timeout=60)
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                await asyncio.sleep(0.05)
+                continue
+            if result.terminal == "turn.completed":
+                completed.append((f"kturn-{i}", result.data("turn.started")["turn_id"]))
+
+    async def go():
+        stop = asyncio.Event()
+        async with aiohttp.ClientSession() as session:
+            tasks = [asyncio.create_task(putter(session, stop, i)) for i in range(6)]
+            tasks += [asyncio.create_task(turner(session, stop, i)) for i in range(4)]
+            loop = asyncio.get_running_loop()
+            await asyncio.sleep(1.5)
+            await loop.run_in_executor(None, server.kill9, "writer/log/0")
+            await asyncio.sleep(1.5)
+            await loop.run_in_executor(None, server.kill9, "writer/store")
+            await asyncio.sleep(1.5)
+            await loop.run_in_executor(None, kill_tree, server)
+            stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    try:
+        asyncio.run(go())
+    finally:
+        server.stop()
+    assert len(acked_puts) > 50 and len(completed) > 10
+
+    restarted = Server(tmp_path, config).start()
+    try:
+        # A sync read waits for the store to load everything the log holds.
+        assert get_json(f"{restarted.url}/v1/sessions/{completed[0][0]}/messages")[0] == 200
+        stats = restarted.cli("status", "--json")
+        assert '"lag_records": 0' in stats.stdout
+    finally:
+        assert restarted.stop() == 0
+
+    log = wal_records(tmp_path / "data")
+    ids = [rid for _, rid, _ in log]
+    assert len(ids) == len(set(ids)), "a record was written twice"
+    by_kind = collections.Counter(kind for kind, _, _ in log)
+    db = tmp_path / "data" / "db"
+    with duckdb.connect(str(db / "messages.db"), read_only=True) as con:
+        blobs = collections.Counter(con.execute("SELECT session, key FROM checkpoints WHERE kind = 'blob'").fetchall())
+        agent_ckpts = con.execute("SELECT count(*) FROM checkpoints WHERE kind = 'agent'").fetchone()[0]
+        messages = collections.Counter(con.execute("SELECT turn FROM messages").fetchall())
+    with duckdb.connect(str(db / "events.db"), read_only=True) as con:
+        events = collections.Counter(con.execute("SELECT turn, type FROM events").fetchall())
+        event_rows = con.execute("SELECT count(*) FROM events").fetchone()[0]
+    with duckdb.connect(str(db / "access.db"), read_only=True) as con:
+        access_rows = con.execute("SELECT count(*) FROM access").fetchone()[0]
+    # DuckDB caught up with the log: one row per record, none missing, none twice.
+    assert sum(blobs.values()) == by_kind[RecordKind.BLOB]
+    assert agent_ckpts == by_kind[RecordKind.CHECKPOINT]
+    assert event_rows == by_kind[RecordKind.EVENT]
+    assert access_rows == by_kind[RecordKind.ACCESS]
+    # Every acknowledged checkpoint exactly once.
+    assert all(blobs[key] == 1 for key in acked_puts), [k for k in acked_puts if blobs[k] != 1][:5]
+    assert max(blobs.values()) == 1
+    # Every completed turn: its two messages and its three events, exactly once.
+    for _, turn_id in completed:
+        assert messages[(turn_id,)] == 2, turn_id
+        for kind in ("turn.started", "step.completed", "turn.completed"):
+            assert events[(turn_id, kind)] == 1, (turn_id, kind)
+
+
+def test_a_torn_tail_recovers_to_the_last_whole_record(tmp_path):
+    server = Server(tmp_path).start()
+    try:
+        for n in range(5):
+            assert put(server.url, "torn", f"k{n}", f"payload {n}".encode())[0] == 200
+    finally:
+        assert server.stop() == 0
+    wal = tmp_path / "data" / "wal" / "0"
+    last = segments.list_segments(wal)[-1][1]
+    whole = [r for r in records.scan(last.read_bytes())]
+    os.truncate(last, whole[-1][4] - 3)  # the last record torn three bytes short
+    server = Server(tmp_path).start()
+    try:
+        assert "truncated a torn tail of" in server.log()
+        assert put(server.url, "torn", "after", b"after the crash")[0] == 200
+        import urllib.request
+        with urllib.request.urlopen(f"{server.url}/v1/sessions/torn/checkpoints/latest") as resp:
+            assert resp.read() == b"after the crash"
+    finally:
+        assert server.stop() == 0
+    data = last.read_bytes()
+    after = list(records.scan(data))
+    assert after[-1][4] == len(data)                       # every byte is a whole record
+    assert [r[2] for r in after[:len(whole) - 1]] == [r[2] for r in whole[:-1]]
+    assert after[len(whole) - 1][0] == whole[-1][0]         # the log went on where the torn record began
+    assert whole[-1][2] not in {r[2] for r in after}       # and the torn record is gone
+
+
+def test_sessions_continue_with_their_history_after_ttl_eviction_and_actor_kill(make_server):
+    server = make_server({"kernel": {"session_ttl_secs": 1}})
+    sid = "dur-evict"
+    first = turn(server.url, sid, "remember me")
+    wait_until(lambda: scrape(server.url).get("agentos_sessions_evicted_total", 0) >= 1, 10, "TTL eviction")
+    second = turn(server.url, sid, "after eviction")
+    usage = [t.data("turn.completed")["usage"]["prompt_tokens"] for t in (first, second)]
+    assert usage[1] > usage[0] + 5   # the model saw the first exchange again
+    server.kill9(f"actor/{shard_of(sid, 2)}")
+    third = turn(server.url, sid, "after the actor died")
+    assert third.terminal == "turn.completed"
+    assert third.data("turn.completed")["usage"]["prompt_tokens"] > usage[1]
+    status, _, body = get_json(f"{server.url}/v1/sessions/{sid}/messages")
+    assert [m["content"] for m in body["messages"] if m["role"] == "user"] == [
+        "remember me", "after eviction", "after the actor died"]

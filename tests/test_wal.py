@@ -1,0 +1,123 @@
+"""The write-ahead log on disk and its DuckDB projection, in-process (no bus)."""
+import os
+
+import pytest
+
+from storage import records, segments
+from storage.records import RecordKind, TornRecord
+from storage.store import Store
+
+
+def frames(n, start=0, size=100):
+    return [records.frame(RecordKind.EVENT, f"id-{i}".encode(),
+                          records.encode_body({"session": f"s{i % 3}", "tenant": "t", "turn": "u", "seq": i,
+                                               "type": "x", "data": {"pad": "p" * size}, "at": 1.0}))
+            for i in range(start, start + n)]
+
+
+def test_frame_round_trip_and_corruption_is_detected():
+    f = records.frame(RecordKind.BLOB, b"rid", b"body")
+    assert records.parse(f, 0) == (RecordKind.BLOB, b"rid", b"body", len(f))
+    for broken in (f[:-1], f[:5], f[:8] + b"\x09" + f[9:], b"\xff" * 20):
+        with pytest.raises(TornRecord):
+            records.parse(broken, 0)
+    assert [r[2] for r in records.scan(f + f + f[:-3])] == [b"rid", b"rid"]
+
+
+def test_segments_rotate_and_a_torn_tail_is_truncated_on_open(tmp_path):
+    log = segments.SegmentLog(tmp_path, segment_bytes=2000)
+    data = frames(40)
+    for i in range(0, 40, 4):
+        log.write(b"".join(data[i:i + 4]), sync=True)
+    end = log.end
+    log.close()
+    segs = segments.list_segments(tmp_path)
+    assert len(segs) > 3 and segs[0][0] == 0
+    # A write torn half-way through its last record.
+    last = segs[-1][1]
+    os.truncate(last, last.stat().st_size - 7)
+    reopened = segments.SegmentLog(tmp_path, segment_bytes=2000)
+    assert reopened.recovery.truncated_bytes == len(data[-1]) - 7
+    assert reopened.end == end - len(data[-1])
+    reopened.write(data[-1], sync=True)
+    reopened.close()
+    read = segments.SegmentReader(tmp_path, 0).read(1 << 20)
+    ids = []
+    reader = segments.SegmentReader(tmp_path, 0)
+    while True:
+        batch = reader.read(1 << 20)
+        if not batch:
+            break
+        ids += [r[2] for r in batch]
+    assert ids == [f"id-{i}".encode() for i in range(40)]
+    assert read and read[0][0] == 0
+
+
+def test_reader_resumes_mid_log_and_clamps_after_a_truncation(tmp_path):
+    log = segments.SegmentLog(tmp_path, segment_bytes=1 << 20)
+    data = frames(10)
+    log.write(b"".join(data), sync=True)
+    middle = sum(len(f) for f in data[:5])
+    assert [r[2] for r in segments.SegmentReader(tmp_path, middle).read(1 << 20)] == \
+        [f"id-{i}".encode() for i in range(5, 10)]
+    reader = segments.SegmentReader(tmp_path, log.end + 500)   # beyond the end: a truncated tail
+    assert reader.read(1 << 20) == [] and reader.position == log.end
+    log.write(b"".join(frames(2, start=10)), sync=True)
+    assert [r[2] for r in reader.read(1 << 20)] == [b"id-10", b"id-11"]
+    log.close()
+
+
+def test_recent_ids_for_deduplication(tmp_path):
+    log = segments.SegmentLog(tmp_path, segment_bytes=1500)
+    for f in frames(20):
+        log.write(f, sync=False)
+    log.close()
+    assert segments.recent_ids(tmp_path, 1 << 20)[-3:] == [b"id-17", b"id-18", b"id-19"]
+
+
+def agent_checkpoint(session, seq, first, new_from, messages, full):
+    return records.encode_body({"session": session, "tenant": "t", "turn": f"turn{seq}", "seq": seq, "full": full,
+                                "first": first, "new_from": new_from, "messages": messages, "at": 2.0})
+
+
+def test_store_loads_exactly_once_across_a_restart_and_rebuilds_checkpoint_chains(tmp_path):
+    wal = tmp_path / "wal" / "0"
+    log = segments.SegmentLog(wal, segment_bytes=1 << 20)
+    m = [{"role": "user", "content": f"q{i}"} if i % 2 == 0 else {"role": "assistant", "content": f"a{i}"}
+         for i in range(6)]
+    log.write(b"".join(frames(5)), sync=True)
+    log.write(records.frame(RecordKind.CHECKPOINT, b"c1", agent_checkpoint("s", 1, 0, 0, m[:2], True)), sync=True)
+    log.write(records.frame(RecordKind.CHECKPOINT, b"c2", agent_checkpoint("s", 2, 2, 2, m[2:4], False)), sync=True)
+    store = Store(tmp_path, writers=1, memory_limit_mb=64)
+    store.open()
+    assert store.load_once() == 7
+    assert store.load_once() == 0
+    store.close()
+    # More records, one of them a full snapshot, then a new store process: nothing twice.
+    log.write(records.frame(RecordKind.CHECKPOINT, b"c3", agent_checkpoint("s", 3, 0, 4, m[:6], True)), sync=True)
+    log.write(records.frame(RecordKind.BLOB, b"b1", records.encode_body(
+        {"session": "s", "tenant": "t", "key": "k", "seq": 9, "payload": b"\x00\x01", "at": 3.0})), sync=True)
+    log.write(records.frame(RecordKind.ACCESS, b"a1", records.encode_body(
+        {"at": 4.0, "method": "GET", "route": "/x", "status": 200, "tenant": "t", "session": "s",
+         "duration_ms": 1.5})), sync=True)
+    log.close()
+    store = Store(tmp_path, writers=1, memory_limit_mb=64)
+    store.open()
+    while store.load_once():
+        pass
+    counts = store.query("count", "")[0][0]
+    assert counts == {"events": 5, "messages": 6, "checkpoints": 4, "access": 1}
+    messages, _ = store.query("messages", "s")
+    assert [r["content"] for r in messages] == ["q0", "a1", "q2", "a3", "q4", "a5"]
+    chain, _ = store.query("checkpoint_chain", "s")
+    assert [r["seq"] for r in chain] == [3]  # from the latest full snapshot
+    rebuilt = []
+    for row in chain:
+        rebuilt[row["first"]:] = row["messages"]
+    assert rebuilt == m
+    assert store.query("blob_latest", "s")[0] == [{"key": "k", "seq": 9, "payload": b"\x00\x01"}]
+    page, cursor = store.query("events", "s0", limit=1)
+    assert len(page) == 1 and cursor is not None
+    rest, end = store.query("events", "s0", after=cursor)
+    assert len(rest) == 1 and end is None and rest[0]["cursor"] > cursor
+    store.close()
