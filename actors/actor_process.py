@@ -58,7 +58,8 @@ class Actor:
         session = self.sessions.open(session_id, b["tenant"])
         if session.active is not None:
             session.active.cancel("superseded")
-        turn = Turn(self.bus, turn_id, session_id, b["tenant"], b["input"], msg.src)
+        turn = Turn(self.bus, turn_id, session_id, b["tenant"], b["input"], msg.src,
+                    self.config.kernel.delta_window_ms / 1000.0)
         started = turn.record(Kind.TURN_STARTED, {"data": {"turn_id": turn_id, "session_id": session_id}})
         self.bus.reply(msg, Kind.TURN_STARTED, started)
         session.active = turn
@@ -135,7 +136,6 @@ class Actor:
     # -- turns ----------------------------------------------------------------------------
 
     async def run_turn(self, turn: Turn, session: Session) -> None:
-        metrics.active_processes.inc()
         try:
             self.persistence.event_nowait(turn, "turn.started", {"input_chars": len(turn.input)})
             data = await self.loop.run(turn, session)
@@ -153,9 +153,8 @@ class Actor:
             turn.emit(Kind.TURN_FAILED, {"code": "internal", "message": f"internal error: {exc!r}"})
         finally:
             self._record_end(turn)
-            metrics.active_processes.dec()
-            metrics.turns.labels(turn.outcome or "unknown").inc()
-            metrics.turn_duration.observe((time.monotonic() - turn.started_at) * 1000.0)
+            metrics.inc(metrics.turns.labels(turn.outcome or "unknown"))
+            metrics.observe(metrics.turn_duration, (time.monotonic() - turn.started_at) * 1000.0)
             if session.active is turn:
                 session.active = None
             session.last_used = time.monotonic()
@@ -183,6 +182,7 @@ class Actor:
             if evicted:
                 metrics.evicted_sessions.inc(evicted)
             metrics.active_sessions.set(len(self.sessions))
+            metrics.active_processes.set(sum(1 for t in self.turns.values() if not t.ended))
 
     async def shutdown(self) -> None:
         running = [t for t in self.turns.values() if not t.ended and t.task is not None]

@@ -31,15 +31,12 @@ class AgentLoop:
         while True:
             permit = await self.permits.acquire(turn.tenant, turn.session_id, turn.turn_id)
             backoff = 0.0
-            streamed = False
+            first_token = turn.first_token_at
             try:
-                result = ModelResult()
-                async for text in self.provider.stream(session.messages, None, result):
-                    streamed = True
-                    turn.delta(text)
-                return result
+                return await self.provider.call(session.messages, turn.delta)
             except ProviderError as exc:
-                metrics.provider_errors.labels(exc.kind).inc()
+                streamed = turn.first_token_at != first_token
+                metrics.inc(metrics.provider_errors.labels(exc.kind))
                 if exc.kind == "rate_limited":
                     backoff = exc.retry_after
                 if streamed or not exc.retryable or retries >= self.max_retries:
@@ -71,9 +68,9 @@ class AgentLoop:
         self.persistence.event_nowait(turn, "turn.completed", {"outcome": "completed", "usage": usage,
                                                                "durations": durations})
         await self.persistence.checkpoint(session, turn)
-        metrics.tokens_prompt.inc(result.prompt_tokens)
-        metrics.tokens_completion.inc(result.completion_tokens)
+        metrics.inc(metrics.tokens_prompt, result.prompt_tokens)
+        metrics.inc(metrics.tokens_completion, result.completion_tokens)
         if ttft_ms is not None:
-            metrics.turn_ttft.observe(ttft_ms)
+            metrics.observe(metrics.turn_ttft, ttft_ms)
         return {"turn_id": turn.turn_id, "session_id": session.id, "usage": usage, "durations": durations,
                 "finish_reason": result.finish_reason}

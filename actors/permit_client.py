@@ -42,7 +42,7 @@ class PermitClient:
                 self.held.discard(permit_id)
             self.bus.send(SCHEDULER, Kind.PERMIT_RELEASE, {"permit_id": permit_id})
             raise
-        metrics.permit_wait.observe((time.monotonic() - now) * 1000.0)
+        metrics.observe(metrics.permit_wait, (time.monotonic() - now) * 1000.0)
         return permit_id
 
     def release(self, permit_id: str, backoff_secs: float = 0.0, session: str = "", turn: str = "") -> None:

@@ -21,9 +21,10 @@ OUTCOMES = {Kind.TURN_DONE: "completed", Kind.TURN_FAILED: "failed", Kind.TURN_C
 class Turn:
     __slots__ = ("turn_id", "session_id", "tenant", "input", "gateway", "bus", "events", "seq", "task",
                  "cancel_reason", "started_at", "first_token_at", "ended_at", "_pending_text", "_flush_scheduled",
-                 "outcome")
+                 "outcome", "delta_window", "_last_flush")
 
-    def __init__(self, bus: Bus, turn_id: str, session_id: str, tenant: str, text: str, gateway: str) -> None:
+    def __init__(self, bus: Bus, turn_id: str, session_id: str, tenant: str, text: str, gateway: str,
+                 delta_window_secs: float = 0.0) -> None:
         self.bus = bus
         self.turn_id = turn_id
         self.session_id = session_id
@@ -40,6 +41,8 @@ class Turn:
         self.outcome = ""
         self._pending_text: list[str] = []
         self._flush_scheduled = False
+        self.delta_window = delta_window_secs
+        self._last_flush = 0.0
 
     @property
     def ended(self) -> bool:
@@ -66,18 +69,25 @@ class Turn:
             self.outcome = OUTCOMES[kind]
 
     def delta(self, text: str) -> None:
-        """Queue text; deltas arriving within one loop iteration go out as one message."""
+        """Queue text. The first delta goes out at once; later ones are merged per delta window."""
+        now = time.monotonic()
         if not self.first_token_at:
-            self.first_token_at = time.monotonic()
+            self.first_token_at = now
         self._pending_text.append(text)
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush_text)
+            wait = self._last_flush + self.delta_window - now if self._last_flush else 0.0
+            loop = asyncio.get_running_loop()
+            if wait > 0:
+                loop.call_later(wait, self._flush_text)
+            else:
+                loop.call_soon(self._flush_text)
 
     def _flush_text(self) -> None:
         self._flush_scheduled = False
         if not self._pending_text or self.ended:
             return
+        self._last_flush = time.monotonic()
         text = "".join(self._pending_text)
         self._pending_text.clear()
         body = self.record(Kind.TURN_DELTA, {"text": text})

@@ -55,6 +55,19 @@ def cmd_trace(args: argparse.Namespace) -> int:
                       timeout_secs=args.timeout)
 
 
+BENCHMARKS = {
+    "turns": "bench.turns",
+    "loadgen": "bench.loadgen",
+    "checkpoints": "bench.checkpoints",
+}
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import importlib
+
+    return importlib.import_module(BENCHMARKS[args.which]).main(args.rest)
+
+
 def cmd_mock_llm(args: argparse.Namespace) -> int:
     from bench import mock_llm
 
@@ -83,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--count", type=int, default=0, help="exit after this many lines")
     trace.add_argument("--timeout", type=float, default=0.0, help="exit after this many seconds")
     trace.set_defaults(func=cmd_trace)
+    bench = sub.add_parser("bench", help="benchmarks: " + ", ".join(BENCHMARKS) + " (--help after the name)")
+    bench.add_argument("which", choices=sorted(BENCHMARKS))
+    bench.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own arguments")
+    bench.set_defaults(func=cmd_bench)
     mock = sub.add_parser("mock-llm", help="run the OpenAI-compatible mock model (bench/mock_llm.py)")
     mock.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the mock (--port, --port-file)")
     mock.set_defaults(func=cmd_mock_llm)

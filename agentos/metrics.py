@@ -10,6 +10,7 @@ second (see `Flusher`).
 """
 from __future__ import annotations
 
+import bisect
 import os
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -80,6 +81,43 @@ store_batch_ms = Histogram("agentos_store_batch_ms", "Time to load one batch int
 process_restarts = Counter("agentos_process_restarts_total", "Child processes restarted by the supervisor",
                            ["role"])
 processes_up = Gauge("agentos_processes_up", "Child processes running", multiprocess_mode="livesum")
+
+
+# -- buffered updates for hot paths ----------------------------------------------------------
+# In multiprocess mode every update takes a lock and writes a memory-mapped file (~4 µs). Hot
+# paths add to these dicts instead, and `flush()` (about once a second, from the service runner)
+# applies the sums: one file write per metric per second rather than per event.
+
+_counts: dict[object, float] = {}
+_observed: dict[Histogram, list] = {}
+
+
+def inc(counter, amount: float = 1.0) -> None:
+    """Add to a counter (or a labelled child) at the next flush."""
+    _counts[counter] = _counts.get(counter, 0.0) + amount
+
+
+def observe(histogram: Histogram, value: float) -> None:
+    """Record an observation at the next flush."""
+    entry = _observed.get(histogram)
+    if entry is None:
+        entry = _observed[histogram] = [0.0, [0] * len(histogram._upper_bounds)]
+    entry[0] += value
+    # Histogram.observe counts the first bucket whose bound is >= the value; so does bisect_left.
+    entry[1][bisect.bisect_left(histogram._upper_bounds, value)] += 1
+
+
+def flush() -> None:
+    counts, observed = dict(_counts), dict(_observed)
+    _counts.clear()
+    _observed.clear()
+    for counter, amount in counts.items():
+        counter.inc(amount)
+    for histogram, (total, buckets) in observed.items():
+        histogram._sum.inc(total)
+        for index, n in enumerate(buckets):
+            if n:
+                histogram._buckets[index].inc(n)
 
 
 def multiproc_dir() -> str | None:

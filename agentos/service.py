@@ -57,7 +57,23 @@ def run(main: Callable[[asyncio.Event], Awaitable[int | None]]) -> int:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        code = await main(stop)
+        flusher = asyncio.create_task(_flush_metrics())
+        try:
+            code = await main(stop)
+        finally:
+            flusher.cancel()
+            _metrics().flush()
         return EXIT_OK if code is None else code
 
     return uvloop.run(runner())
+
+
+def _metrics():
+    from agentos import metrics  # imported late: PROMETHEUS_MULTIPROC_DIR must be set first
+    return metrics
+
+
+async def _flush_metrics() -> None:
+    while True:
+        await asyncio.sleep(1.0)
+        _metrics().flush()

@@ -2,7 +2,7 @@
 
 Owns: the worker loop, the measurement window, the targets (how a worker talks to one kind of
 server) and how their responses are classified, and the command line. The wire work lives in
-`bench.http_client`; the report numbers (percentiles, rates, CPU per turn) in `bench.stats`.
+`actors.http1`; the report numbers (percentiles, rates, CPU per turn) in `bench.stats`.
 Never does: start or stop the server under test, sweep over concurrency, or plot.
 
 Cheap at 1000 workers on purpose (it shares two cores with the server): each worker keeps one
@@ -31,7 +31,7 @@ from time import perf_counter
 
 import orjson
 
-from bench.http_client import parse_endpoint
+from actors.http1 import parse_endpoint
 from bench.stats import Attempt, summary_text, window_report
 from bench.targets import TARGETS, SetupError, Target, Worker, make_target
 

@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 import orjson
 
-from bench.http_client import (
+from actors.http1 import (
     BufferedResponse, Endpoint, HttpConnection, ResponseSink, SSEParser, build_request,
     open_connection, parse_endpoint,
 )

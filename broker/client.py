@@ -12,6 +12,9 @@ What it gives a process:
   went out gets the same reply again; one still being handled is dropped. So a retry never
   runs a request twice.
 - Heartbeats to the broker, which keep this peer in its table of live peers.
+- Batching: envelopes for one destination sent within one event-loop iteration leave as one
+  frame (`ctl.batch`), so under load a process pays one send, the broker one route and the
+  receiver one receive for many messages. At low load a batch is a single envelope.
 - Handlers from an explicit table {Kind: callable}; a coroutine handler runs as a task, a plain
   one inline. Malformed messages are counted and logged once, never raised.
 """
@@ -77,6 +80,8 @@ class Bus:
         self._replied: dict[tuple[str, int], Any] = {}
         self._replied_order: collections.deque[tuple[float, tuple[str, int]]] = collections.deque()
         self._outbox: collections.deque[bytes] = collections.deque()
+        self._out: dict[str, list[bytes]] = {}
+        self._out_scheduled = False
         self._tasks: set[asyncio.Task] = set()
         self._sock: zmq.Socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -164,8 +169,8 @@ class Bus:
     def send(self, dest: str, kind: Kind, body: dict[str, Any], *, session: str = "", turn: str = "",
              reply_to: int = 0, id: int | None = None) -> int:
         msg_id = self.new_id() if id is None else id
-        self._send_envelope(protocol.encode(dest, kind, body, id=msg_id, reply_to=reply_to,
-                                            session=session, turn=turn))
+        self._send_envelope(dest, protocol.encode(dest, kind, body, id=msg_id, reply_to=reply_to,
+                                                  session=session, turn=turn))
         return msg_id
 
     def reply(self, msg: Message, kind: Kind, body: dict[str, Any]) -> None:
@@ -174,23 +179,50 @@ class Bus:
         key = (msg.src, msg.id)
         if key in self._replied:
             self._replied[key] = envelope if len(envelope) <= _CACHE_REPLY_MAX_BYTES else _RERUN
-        self._send_envelope(envelope)
+        self._send_envelope(msg.src, envelope)
 
-    def _send_envelope(self, envelope: bytes) -> None:
-        sock = self._sock
-        if sock is None:
+    def _send_envelope(self, dest: str, envelope: bytes) -> None:
+        if self._sock is None:
             raise BusError("bus not started")
-        if self._outbox:
-            self._outbox.append(envelope)
+        queued = self._out.get(dest)
+        if queued is None:
+            self._out[dest] = [envelope]
         else:
-            try:
-                frames.send(sock, envelope)
-            except zmq.Again:
-                self._outbox.append(envelope)  # high-water mark: keep it, flush on the next wake-up
+            queued.append(envelope)
         self.sent += 1
-        if not self._drain_scheduled:
-            self._drain_scheduled = True
-            self._loop.call_soon(self._drain)
+        if not self._out_scheduled:
+            self._out_scheduled = True
+            self._loop.call_soon(self._flush_out)
+
+    def _flush_out(self) -> None:
+        """End of a loop iteration: one frame per destination, a batch if several went there."""
+        self._out_scheduled = False
+        out, self._out = self._out, {}
+        if self._sock is None:
+            return
+        for dest, envelopes in out.items():
+            if len(envelopes) == 1:
+                self._push(envelopes[0])
+                continue
+            chunk: list[bytes] = []
+            size = 0
+            for envelope in envelopes:
+                if chunk and size + len(envelope) > protocol.MAX_BATCH_BYTES:
+                    self._push(protocol.encode_batch(dest, chunk) if len(chunk) > 1 else chunk[0])
+                    chunk, size = [], 0
+                chunk.append(envelope)
+                size += len(envelope) + 4
+            self._push(protocol.encode_batch(dest, chunk) if len(chunk) > 1 else chunk[0])
+        self._drain()  # a send may have consumed the socket's read edge
+
+    def _push(self, frame: bytes) -> None:
+        if self._outbox:
+            self._outbox.append(frame)
+            return
+        try:
+            frames.send(self._sock, frame)
+        except zmq.Again:
+            self._outbox.append(frame)  # high-water mark: keep it, flush on the next wake-up
 
     def _flush_outbox(self) -> None:
         sock = self._sock
@@ -213,7 +245,7 @@ class Bus:
         while True:
             fut = loop.create_future()
             self._pending[msg_id] = fut
-            self._send_envelope(envelope)
+            self._send_envelope(dest, envelope)
             handle = loop.call_later(max(0.0, min(attempt_secs, deadline - loop.time())),
                                      _expire_attempt, fut)
             try:
@@ -253,12 +285,27 @@ class Bus:
         self._loop.call_soon(self._drain)
 
     def _deliver(self, envelope: bytes) -> None:
-        self.received += 1
         try:
-            msg = protocol.decode(envelope)
-        except ProtocolError as exc:
+            name, offset = protocol.split_name(envelope)
+            if envelope[offset + 1:offset + 1 + envelope[offset]] != protocol.BATCH_BYTES:
+                self.received += 1
+                self._dispatch(protocol.decode(envelope))
+                return
+            src = name.decode()
+            inner = protocol.split_batch(protocol.split_rest(envelope, offset)[2])
+        except (ProtocolError, UnicodeDecodeError) as exc:
             self._bad(envelope[6:6 + envelope[5]] if len(envelope) > 6 else b"?", str(exc))
             return
+        for one in inner:
+            self.received += 1
+            try:
+                msg = protocol.decode(one, src)
+            except ProtocolError as exc:
+                self._bad(src.encode(), str(exc))
+                continue
+            self._dispatch(msg)
+
+    def _dispatch(self, msg: Message) -> None:
         if msg.kind is Kind.UNDELIVERABLE:
             fut = self._pending.get(msg.id)   # the header is our own request's
             if fut is not None:
@@ -299,7 +346,7 @@ class Bus:
         if cached is _RERUN:
             return True
         if cached is not _PENDING:
-            self._send_envelope(cached)
+            self._send_envelope(msg.src, cached)
         return False
 
     def _expire_replied(self, now: float, keep: int = _DEDUPE_MAX) -> None:

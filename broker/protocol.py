@@ -36,6 +36,7 @@ class ProtocolError(ValueError):
 
 class Kind(enum.StrEnum):
     # ctl.*: peers and the broker
+    BATCH = "ctl.batch"      # several envelopes for one destination in one frame (see encode_batch)
     HELLO = "ctl.hello"
     HEARTBEAT = "ctl.heartbeat"
     UNDELIVERABLE = "ctl.undeliverable"
@@ -91,6 +92,7 @@ def _spec(required: _Fields | None = None, **optional: type | tuple[type, ...]) 
 
 
 SPECS: dict[Kind, Spec] = {
+    Kind.BATCH: _spec(),  # its body is not msgpack: u32-length-prefixed envelopes
     Kind.HELLO: _spec({"role": str, "pid": int}),
     Kind.HEARTBEAT: _spec({"role": str, "pid": int}),
     # Sent by the broker back to a sender; its header is the undelivered message's header.
@@ -280,17 +282,52 @@ def _type_name(types: type | tuple[type, ...]) -> str:
     return types.__name__
 
 
-def decode(envelope: bytes) -> Message:
-    """A message as delivered by the broker, whose name field is the sender."""
-    src, offset = split_name(envelope)
+def decode(envelope: bytes, src: str | None = None) -> Message:
+    """A message as delivered by the broker, whose name field is the sender (or `src`, for an
+    envelope taken out of a batch, whose own name field still says where it was going)."""
+    name, offset = split_name(envelope)
     kind_raw, header, body = split_rest(envelope, offset)
     kind = decode_kind(kind_raw)
+    if kind is Kind.BATCH:
+        raise ProtocolError("a batch inside a batch")
     id, sent_at, reply_to, session, turn = decode_header(header)
-    try:
-        src_name = src.decode()
-    except UnicodeDecodeError:
-        raise ProtocolError("source name is not UTF-8") from None
-    return Message(src_name, kind, id, sent_at, reply_to, session, turn, decode_body(kind, body))
+    if src is None:
+        try:
+            src = name.decode()
+        except UnicodeDecodeError:
+            raise ProtocolError("source name is not UTF-8") from None
+    return Message(src, kind, id, sent_at, reply_to, session, turn, decode_body(kind, body))
+
+
+# A batch: envelopes sent to one destination within one event-loop iteration travel as one
+# frame. The broker routes it like any message; the receiver takes the envelopes out in order.
+_U32 = struct.Struct("<I")
+BATCH_BYTES = KIND_BYTES[Kind.BATCH]
+MAX_BATCH_BYTES = 1 << 20
+
+
+def encode_batch(dest: str | bytes, envelopes: list[bytes]) -> bytes:
+    header = _packb([0, time.time(), 0, "", ""])
+    parts = [name_prefix(dest), _KIND_PREFIX[Kind.BATCH], _U16.pack(len(header)), header]
+    for envelope in envelopes:
+        parts.append(_U32.pack(len(envelope)))
+        parts.append(envelope)
+    return b"".join(parts)
+
+
+def split_batch(body: bytes) -> list[bytes]:
+    out = []
+    pos, end = 0, len(body)
+    while pos < end:
+        if end - pos < 4:
+            raise ProtocolError("batch truncated in a length")
+        size = _U32.unpack_from(body, pos)[0]
+        pos += 4
+        if size > end - pos:
+            raise ProtocolError("batch truncated in an envelope")
+        out.append(body[pos:pos + size])
+        pos += size
+    return out
 
 
 # The trace tap: one frame per routed message, `kind NUL msgpack[src, dest, header, broker_time]`,

@@ -142,32 +142,60 @@ class Broker:
             return
         self.last_seen[identity] = now
         kind = envelope[offset + 1:offset + 1 + envelope[offset]]
+        if kind == protocol.BATCH_BYTES:
+            inner = self._open_batch(identity, envelope, offset)
+            if inner is None:
+                return
+        else:
+            inner = None
+            self._count(kind)
+        if dest == _BROKER_NAME:
+            for one, one_offset in inner or ((envelope, offset),):
+                self._control(identity, name, one, one_offset)
+            return
+        target = self._live_identity(dest, now)
+        reason = None
+        if target is None:
+            reason = "unknown" if dest not in self.identity_of else "dead"
+        else:
+            try:
+                frames.router_send(self.router, target, self.prefix_of[identity] + envelope[offset:])
+            except zmq.Again:
+                reason = "queue full"
+            except zmq.ZMQError as exc:
+                if exc.errno != errno.EHOSTUNREACH:
+                    raise
+                self.last_seen.pop(target, None)
+                reason = "unreachable"
+        if reason is not None:
+            for one, one_offset in inner or ((envelope, offset),):
+                self._bounce(identity, dest, one, one_offset, reason)
+            return
+        self.routed += 1
+        if self.tap_topics:
+            for one, one_offset in inner or ((envelope, offset),):
+                if one[one_offset + 1:one_offset + 1 + one[one_offset]] not in _QUIET_KINDS:
+                    self._publish(name, dest, one, one_offset)
+
+    def _count(self, kind: bytes) -> None:
         counts = self.kind_counts
         if kind in counts:
             counts[kind] += 1
         elif len(counts) < _MAX_KIND_LABELS:
             counts[kind] = 1
-        if dest == _BROKER_NAME:
-            self._control(identity, name, envelope, offset)
-            return
-        target = self._live_identity(dest, now)
-        if target is None:
-            self._bounce(identity, dest, envelope, offset, "unknown" if dest not in self.identity_of else "dead")
-            return
+
+    def _open_batch(self, identity: bytes, envelope: bytes, offset: int) -> list[tuple[bytes, int]] | None:
+        """The envelopes of a batch with their kind offsets, counted by kind; None if malformed."""
         try:
-            frames.router_send(self.router, target, self.prefix_of[identity] + envelope[offset:])
-        except zmq.Again:
-            self._bounce(identity, dest, envelope, offset, "queue full")
-            return
-        except zmq.ZMQError as exc:
-            if exc.errno != errno.EHOSTUNREACH:
-                raise
-            self.last_seen.pop(target, None)
-            self._bounce(identity, dest, envelope, offset, "unreachable")
-            return
-        self.routed += 1
-        if self.tap_topics and kind not in _QUIET_KINDS:
-            self._publish(name, dest, envelope, offset)
+            out = []
+            for one in protocol.split_batch(protocol.split_rest(envelope, offset)[2]):
+                _, one_offset = protocol.split_name(one)
+                self._count(one[one_offset + 1:one_offset + 1 + one[one_offset]])
+                out.append((one, one_offset))
+        except ProtocolError as exc:
+            self._malformed(identity, f"bad batch: {exc}")
+            return None
+        return out
 
     def _publish(self, src: bytes, dest: bytes, envelope: bytes, offset: int) -> None:
         try:

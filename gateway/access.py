@@ -1,7 +1,8 @@
 """The access log: one durable row per HTTP request (method, route, status, tenant, duration).
 
 Rows are ASYNC log records, so logging never delays a response; they wait in the gateway's
-outbox if the log writer is slow, and are never dropped.
+outbox if the log writer is slow, and are never dropped. The same middleware turns errors into
+the JSON error shape (gateway/errors.py), so each request passes one middleware, not two.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 from aiohttp import web
 
 from agentos import metrics
+from gateway.errors import errors_middleware
 from storage.log_client import LogClient
 from storage.records import RecordKind
 
@@ -23,7 +25,7 @@ def access_middleware(log: LogClient | None):
         started = time.monotonic()
         status = 500
         try:
-            response = await handler(request)
+            response = await errors_middleware(request, handler)
             status = response.status
             return response
         except asyncio.CancelledError:
@@ -35,7 +37,7 @@ def access_middleware(log: LogClient | None):
         finally:
             info = request.match_info.route.resource
             route = info.canonical if info is not None else "unmatched"
-            metrics.http_requests.labels(route, str(status)).inc()
+            metrics.inc(_requests_counter(route, status))
             if log is not None:
                 session = request.match_info.get("sid", "")
                 body = {"at": time.time(), "method": request.method, "route": route, "status": status,
@@ -43,3 +45,14 @@ def access_middleware(log: LogClient | None):
                         "duration_ms": round((time.monotonic() - started) * 1000.0, 3)}
                 log.append_nowait(RecordKind.ACCESS, body, session)
     return middleware
+
+
+_COUNTERS: dict[tuple[str, int], object] = {}
+
+
+def _requests_counter(route: str, status: int):
+    """The labelled child, looked up once per (route, status) rather than per request."""
+    child = _COUNTERS.get((route, status))
+    if child is None:
+        child = _COUNTERS[(route, status)] = metrics.http_requests.labels(route, str(status))
+    return child

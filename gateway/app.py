@@ -20,7 +20,7 @@ from broker.client import Bus, BusError
 from broker.protocol import BROKER, TURN_EVENTS, Kind, Message
 from broker.sharding import STORE, actor_name
 from gateway.access import access_middleware
-from gateway.errors import ApiError, error_response, errors_middleware, json_response
+from gateway.errors import ApiError, error_response, json_response
 from gateway.history import HistoryRoutes
 from gateway.streams import TurnStream
 from storage.log_client import LogClient
@@ -30,6 +30,12 @@ KEEPALIVE_SECS = 15.0
 START_TIMEOUT_SECS = 10.0
 MAX_FAILED_PROBES = 6
 DEFAULT_TENANT = "default"
+
+
+class SseResponse(web.StreamResponse):
+    # The status line and headers go out with the first event instead of in a write of their own
+    # (aiohttp's documented opt-in for buffering the headers).
+    _send_headers_immediately = False
 
 
 class Gateway:
@@ -70,8 +76,7 @@ class Gateway:
 
     def make_app(self) -> web.Application:
         limit = max(self.config.gateway.max_body_bytes, self.config.storage.max_checkpoint_bytes)
-        app = web.Application(middlewares=[access_middleware(self.log_client), errors_middleware],
-                              client_max_size=limit + 1)
+        app = web.Application(middlewares=[access_middleware(self.log_client)], client_max_size=limit + 1)
         app.add_routes(self.routes())
         return app
 
@@ -137,12 +142,10 @@ class Gateway:
             return error_response(429, "overloaded", f"{self.in_flight} turns in flight (limit {self.limit}); retry later",
                                   {"Retry-After": self.retry_after})
         self.in_flight += 1
-        metrics.in_flight_turns.inc()
         try:
             return await self._stream_turn(request, sid, tenant, text)
         finally:
             self.in_flight -= 1
-            metrics.in_flight_turns.dec()
 
     async def _stream_turn(self, request: web.Request, sid: str, tenant: str, text: str) -> web.StreamResponse:
         turn_id = self.new_turn_id()
@@ -159,14 +162,16 @@ class Gateway:
                 raise ApiError(503, "actor_unavailable", f"the session's actor did not answer: {exc}",
                                {"Retry-After": self.retry_after}) from None
             stream.push(Kind.TURN_STARTED, started.body)
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                                   "X-Accel-Buffering": "no"})
+            response = SseResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                            "X-Accel-Buffering": "no"})
             await response.prepare(request)
             while True:
                 chunks = await stream.next_chunks(KEEPALIVE_SECS)
-                await response.write(b"".join(chunks) if len(chunks) > 1 else chunks[0])
+                data = b"".join(chunks) if len(chunks) > 1 else chunks[0]
                 if stream.terminal is not None and not stream.chunks:
+                    await response.write_eof(data)  # the last events and the end of the body in one write
                     break
+                await response.write(data)
             return response
         except (asyncio.CancelledError, ConnectionError):
             if stream.terminal is None:  # the client went away: stop the work, not just the stream
@@ -228,6 +233,7 @@ class Gateway:
         last_peers = 0.0
         while True:
             await asyncio.sleep(0.25)
+            metrics.in_flight_turns.set(self.in_flight)
             now = time.monotonic()
             if now - last_peers >= 1.0:
                 last_peers = now

@@ -34,8 +34,8 @@ def json_response(data, status: int = 200, headers: dict[str, str] | None = None
     return web.Response(status=status, body=orjson.dumps(data), content_type="application/json", headers=headers)
 
 
-@web.middleware
 async def errors_middleware(request: web.Request, handler):
+    """Run the handler; every error becomes the JSON error shape (called by the access middleware)."""
     try:
         return await handler(request)
     except ApiError as exc:

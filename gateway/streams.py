@@ -103,12 +103,20 @@ class TurnStream:
     async def next_chunks(self, keepalive_secs: float) -> list[bytes]:
         """What is ready to write; a keep-alive comment if nothing came for a while."""
         if not self.chunks:
-            self.waiter = asyncio.get_running_loop().create_future()
+            loop = asyncio.get_running_loop()
+            self.waiter = waiter = loop.create_future()
+            timer = loop.call_later(keepalive_secs, _expire, waiter)
             try:
-                await asyncio.wait_for(self.waiter, keepalive_secs)
-            except asyncio.TimeoutError:
-                return [KEEPALIVE]
+                await waiter
             finally:
+                timer.cancel()
                 self.waiter = None
+            if not self.chunks:
+                return [KEEPALIVE]
         chunks, self.chunks = self.chunks, []
         return chunks
+
+
+def _expire(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

@@ -61,7 +61,7 @@ class LogClient:
             return None
         started = time.monotonic()
         position = await fut
-        metrics.log_append_wait.observe((time.monotonic() - started) * 1000.0)
+        metrics.observe(metrics.log_append_wait, (time.monotonic() - started) * 1000.0)
         return position
 
     def append_nowait(self, kind: records.RecordKind, body: dict, session: str) -> None:

@@ -87,7 +87,7 @@ class LogWriter:
             kind, record_id, body = record
             if record_id in self.seen:
                 self.stats["duplicates"] += 1
-                metrics.log_duplicates.inc()
+                metrics.inc(metrics.log_duplicates)
                 continue
             self._remember(record_id)
             self.frames.append(records.frame(kind, record_id, body))
@@ -95,7 +95,7 @@ class LogWriter:
             new += 1
         self.stats["records"] += new
         self.unflushed += new
-        metrics.log_records.inc(new)
+        metrics.inc(metrics.log_records, new)
         if self.fsync:
             self.waiting.append((msg, new))
             self.expected.discard(msg.src)
@@ -127,12 +127,12 @@ class LogWriter:
                 continue
             self.stats["batches"] += 1
             self.stats["bytes"] += len(data)
-            metrics.log_bytes.inc(len(data))
+            metrics.inc(metrics.log_bytes, len(data))
             if self.fsync:
                 self.stats["fsyncs"] += 1
-                metrics.log_fsyncs.inc()
-                metrics.log_fsync_ms.observe((time.monotonic() - started) * 1000.0)
-                metrics.log_batch_records.observe(sum(n for _, n in waiting))
+                metrics.inc(metrics.log_fsyncs)
+                metrics.observe(metrics.log_fsync_ms, (time.monotonic() - started) * 1000.0)
+                metrics.observe(metrics.log_batch_records, sum(n for _, n in waiting))
             self.bus.send(STORE, Kind.LOG_FLUSHED, {"writer": self.index, "position": end, "count": count})
             acked_at = time.monotonic()
             for msg, n in waiting:

@@ -1,9 +1,10 @@
 """The DuckDB files writer/store keeps, their tables, and which records feed which table.
 
 Every table carries `writer` and `lsn` (the record's log and its position there), so rows can be
-traced back to the log and paged in log order. Each file has a `progress` table: the position of
-each log it has loaded, committed in the same transaction as the rows, so a restarted store
-resumes without losing or repeating a row. Times are UNIX seconds (DOUBLE).
+traced back to the log and paged in log order. The rows are also the progress: the largest `lsn`
+of a log in a file is the last record of that log it loaded, committed in the same transaction
+as the rows, so a restarted store resumes without losing or repeating a row (every record kind
+projects at least one row into its file). Times are UNIX seconds (DOUBLE).
 
 events.db
   events(session, tenant, turn, seq, type, data JSON text, ts, writer, lsn)
@@ -38,7 +39,6 @@ DATABASES: dict[str, list[str]] = {
         "tenant VARCHAR, session VARCHAR, duration_ms DOUBLE, writer SMALLINT, lsn BIGINT)",
     ],
 }
-PROGRESS_DDL = "CREATE TABLE IF NOT EXISTS progress (writer INTEGER PRIMARY KEY, position BIGINT)"
 
 TABLE_DB = {"events": "events", "messages": "messages", "checkpoints": "messages", "access": "access"}
 KIND_DB = {RecordKind.EVENT: "events", RecordKind.CHECKPOINT: "messages", RecordKind.BLOB: "messages",

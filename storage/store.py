@@ -23,6 +23,9 @@ from storage.projection import project
 
 READ_BYTES = 8 << 20
 MAX_LIMIT = 1000
+# Bulk loading: a batch is loaded once this much time passed since the previous one, unless a
+# reader is waiting for it (`urgent`). Each load costs three DuckDB transactions whatever its size.
+BATCH_INTERVAL_SECS = 1.0
 
 
 class Store:
@@ -40,24 +43,33 @@ class Store:
         self.loaded: dict[int, int] = {}
         self.readers: dict[int, segments.SegmentReader] = {}
         self.wake = threading.Event()
+        self.urgent = threading.Event()
         self.stopping = threading.Event()
         self.on_loaded: Callable[[dict[int, int], int], None] = lambda positions, rows: None
         self.stats = {"records": 0, "rows": 0, "batches": 0, "bad_records": 0, "load_errors": 0}
+        self.backlog = False
 
     # -- opening --------------------------------------------------------------------------
 
     def open(self) -> None:
         self.db_dir.mkdir(parents=True, exist_ok=True)
         per_db = max(32, self.memory_limit_mb // len(schema.DATABASES))
+        last: dict[str, dict[int, int]] = {}
         for db, ddls in schema.DATABASES.items():
             con = duckdb.connect(str(self.db_dir / f"{db}.db"), config={"memory_limit": f"{per_db}MB"})
-            for ddl in (*ddls, schema.PROGRESS_DDL):
+            for ddl in ddls:
                 con.execute(ddl)
             self.conns[db] = con
             self.cursors[db] = con.cursor()
-            self.progress[db] = {int(w): int(p) for w, p in con.execute("SELECT writer, position FROM progress").fetchall()}
+            last[db] = {}
+            for table, table_db in schema.TABLE_DB.items():
+                if table_db == db:
+                    for writer, lsn in con.execute(f"SELECT writer, max(lsn) FROM {table} GROUP BY writer").fetchall():
+                        last[db][writer] = max(last[db].get(writer, -1), lsn)
+            # Records before this position are in the file (the one at `lsn` itself included).
+            self.progress[db] = {w: lsn + 1 for w, lsn in last[db].items()}
         for writer in range(self.writers):
-            start = min(self.progress[db].get(writer, 0) for db in self.conns)
+            start = min(last[db].get(writer, 0) for db in self.conns)
             self.readers[writer] = segments.SegmentReader(self.wal_root / str(writer), start)
             self.loaded[writer] = start
 
@@ -78,18 +90,30 @@ class Store:
     # -- loading --------------------------------------------------------------------------
 
     def run_loader(self) -> None:
+        last = 0.0
         while not self.stopping.is_set():
+            # Wait for news (writers announce every batch; the timeout covers a lost notice), then
+            # let a bulk batch build up unless someone is waiting to read.
+            self.wake.wait(0.5)
+            self.wake.clear()
+            pause = BATCH_INTERVAL_SECS - (time.monotonic() - last)
+            if pause > 0 and not self.urgent.is_set():
+                self.urgent.wait(pause)
+            self.urgent.clear()
+            last = time.monotonic()
             try:
-                loaded = self.load_once()
+                # Keep loading without a pause only while a backlog remains (reads came back full).
+                while self.load_once() >= 0 and self.backlog and not self.stopping.is_set():
+                    pass
             except Exception:  # DuckDB trouble: keep the position, try again shortly
                 self.stats["load_errors"] += 1
                 self.log.exception("loading a batch into DuckDB failed; retrying")
+                self.wake.set()
                 self.stopping.wait(1.0)
-                continue
-            if not loaded:
-                # Writers announce every batch (log.flushed); the timeout only covers a lost notice.
-                self.wake.wait(0.5)
-                self.wake.clear()
+
+    def load_all(self) -> None:
+        while self.load_once():
+            pass
 
     def load_once(self) -> int:
         rows: dict[str, list[tuple]] = {}
@@ -98,8 +122,11 @@ class Store:
         starts = {w: r.position for w, r in self.readers.items()}
         events_for_jsonl: list[dict] = []
         count = 0
+        self.backlog = False
         for writer, reader in self.readers.items():
             batch = reader.read(READ_BYTES)
+            if batch and batch[-1][4] - batch[0][0] > READ_BYTES // 2:
+                self.backlog = True
             for position, kind, _, body, nxt in batch:
                 db = schema.KIND_DB.get(kind)
                 count += 1
@@ -113,7 +140,7 @@ class Store:
                     self.stats["bad_records"] += 1
                     self.log.error("skipping an unreadable record at %d:%d: %s", writer, position, exc)
                     continue
-                positions[db][writer] = nxt
+                positions[db][writer] = position + 1
                 if self.jsonl_path is not None and kind == records.RecordKind.EVENT:
                     events_for_jsonl.append(decoded)
             if batch:
@@ -150,8 +177,6 @@ class Store:
                 appender = con.appender(table)
                 appender.append_rows(table_rows)
                 appender.flush()
-            for writer, position in positions.items():
-                con.execute("INSERT OR REPLACE INTO progress VALUES (?, ?)", [writer, position])
             con.execute("COMMIT")
         except Exception:
             con.execute("ROLLBACK")

@@ -52,9 +52,12 @@ class StoreService:
         self.log.info("DuckDB files in %s; resuming %d bytes behind the log", self.store.db_dir, behind)
 
     async def stop(self) -> None:
+        """Stop the loader, then load what is left: on a clean stop DuckDB has the whole log."""
         self.store.stopping.set()
         self.store.wake.set()
+        self.store.urgent.set()
         self.loader.shutdown(wait=True)
+        await self.loop.run_in_executor(self.queries, self.store.load_all)
         self.queries.submit(self.store.close).result()
         self.queries.shutdown()
 
@@ -90,6 +93,7 @@ class StoreService:
         fut = self.loop.create_future()
         self.waiters.append((target, fut))
         self.store.wake.set()
+        self.store.urgent.set()
         await asyncio.wait_for(fut, SYNC_TIMEOUT_SECS)
 
     def lag(self) -> tuple[int, float]:

@@ -3,7 +3,7 @@ import asyncio
 
 import aiohttp
 
-from harness import run_turn, scrape
+from harness import run_turn, scrape, wait_until
 
 
 def test_429_above_the_limit_and_a_rejected_turn_does_not_cancel_its_session(make_server):
@@ -33,8 +33,9 @@ def test_429_above_the_limit_and_a_rejected_turn_does_not_cancel_its_session(mak
         assert rejected.headers["Retry-After"] == "2"
         assert rejected.error["code"] == "overloaded" and rejected.error["message"]
     assert a.terminal == "turn.completed" and b.terminal == "turn.completed"
-    values = scrape(server.url)
-    assert values["agentos_admission_rejected_total"] == 2
+    # Metrics are flushed to Prometheus about once a second: wait for the counts to land.
+    values = wait_until(lambda: (v := scrape(server.url))["agentos_admission_rejected_total"] == 2 and
+                        v["agentos_in_flight_turns"] == 0 and v, 10, "the metrics to settle")
     assert values["agentos_admission_limit"] == 2
     assert values["agentos_in_flight_turns"] == 0
     assert values.get('agentos_turns_total{outcome="cancelled"}', 0) == 0

@@ -18,7 +18,7 @@ import uvloop
 from aiohttp import web
 
 from bench import loadgen
-from bench.http_client import ChunkedDecoder, HttpProtocolError, SSEParser
+from actors.http1 import ChunkedDecoder, HttpProtocolError, SSEParser
 from bench.loadgen import LoadConfig, run_load
 from bench.targets import AgentOSTarget, OpencodeTarget
 from bench.stats import Attempt, percentile, summarize, window_report

@@ -1,0 +1,300 @@
+"""`agent-os bench turns`: the turn sweep, idle-session memory, overload, and peers side by side.
+
+For each server profile (`core`: storage.durability none; `persist`: the full write path), a fresh
+process tree runs against one mock model (TTFT 2000 ms, 200 tok/s, 8 tokens by default) with the
+admission gate off and `concurrency_limit` above the largest point. Each point runs the closed-loop
+load generator in its own process, samples the server tree's CPU and memory, and reads the mock's
+`/stats` (max_concurrent proves the provider limit held). Then: memory of an idle tree and its
+increment per idle session (1,000 and 10,000 sessions), an overload point with the gate on, and,
+with `--peer opencode`, the same sweep against `opencode serve` on the same mock.
+Everything lands in `bench/results/<date>-<name>/`.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bench.results import ResultsDir
+from bench.sampling import PeakMemory, cpu_delta, tree_cpu
+from bench.server_proc import REPO, ServerProcess
+from bench.turns_report import write_report
+
+DEFAULT_SWEEP = "1,2,4,8,16,32,64,128,256,512,1000"
+FAST_MARKER = " [[mock ttft_ms=1 tps=10000]]"
+
+
+def bench_config(profile: str, mock_url: str, max_concurrency: int, actors: int) -> dict[str, Any]:
+    return {
+        "provider": {"base_url": f"{mock_url}/v1"},
+        "kernel": {"max_in_flight_turns": 0, "concurrency_limit": max(64, max_concurrency + 64), "actors": actors,
+                   "session_ttl_secs": 3600},
+        "storage": {"durability": "none" if profile == "core" else "local"},
+    }
+
+
+def http_json(method: str, url: str) -> Any:
+    import urllib.request
+    with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+class Progress:
+    """One line per point on stderr, redrawn each second: what runs and how far it is."""
+
+    def __init__(self, label: str, total_secs: float) -> None:
+        self.label, self.total = label, total_secs
+        self.started = time.monotonic()
+
+    def tick(self) -> None:
+        done = min(self.total, time.monotonic() - self.started)
+        filled = int(20 * done / self.total) if self.total else 20
+        sys.stderr.write(f"\r  {self.label:<28} [{'#' * filled}{'.' * (20 - filled)}] {done:4.0f}/{self.total:.0f}s")
+        sys.stderr.flush()
+
+    def done(self, summary: str) -> None:
+        sys.stderr.write(f"\r  {self.label:<28} {summary:<60}\n")
+        sys.stderr.flush()
+
+
+def run_loadgen(url: str, concurrency: int, duration: float, warmup: float, prefix: str, out: Path,
+                pids_fn, label: str, extra: list[str] | None = None, input_text: str = "Say something.") -> dict:
+    """One point: the load generator in its own process; the server's CPU and memory sampled meanwhile."""
+    cmd = [sys.executable, "-m", "bench.loadgen", "--url", url, "--concurrency", str(concurrency),
+           "--duration", str(duration), "--warmup", str(warmup), "--session-prefix", prefix,
+           "--input", input_text, "--json", str(out), *(extra or [])]
+    progress = Progress(label, warmup + duration)
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    cpu0 = cpu1 = None
+    started = time.monotonic()
+    with PeakMemory(pids_fn) as memory:
+        while proc.poll() is None:
+            elapsed = time.monotonic() - started
+            if cpu0 is None and elapsed >= warmup:
+                cpu0, t0 = tree_cpu(pids_fn()), time.monotonic()
+            if cpu1 is None and elapsed >= warmup + duration:
+                cpu1, t1 = tree_cpu(pids_fn()), time.monotonic()
+            progress.tick()
+            time.sleep(0.25)
+    if proc.returncode != 0:
+        raise RuntimeError(f"loadgen failed ({proc.returncode}): {proc.stderr.read().decode()[-2000:]}")
+    if cpu1 is None:
+        cpu1, t1 = tree_cpu(pids_fn()), time.monotonic()
+    result = json.loads(out.read_text())
+    result["server_cpu_percent"] = round(100.0 * cpu_delta(cpu0 or {}, cpu1) / max(1e-6, t1 - t0), 1) \
+        if cpu0 is not None else None
+    result["server_memory_peak_kib"] = memory.peak
+    result["server_memory_kib"] = memory.last
+    counts = result["counts"]
+    progress.done(f"{result['turns_per_sec']:.1f} turns/s  p50 {result['turn_ms'].get('p50') or 0:.0f} ms  "
+                  f"ok {counts['ok']} err {sum(v for k, v in counts.items() if k != 'ok')}")
+    return result
+
+
+def point_row(kind: str, concurrency: int, result: dict, mock_stats: dict | None) -> dict:
+    counts = result["counts"]
+    return {
+        "profile": kind, "concurrency": concurrency, "turns_per_sec": result["turns_per_sec"],
+        "ttft_ms": result["ttft_ms"], "turn_ms": result["turn_ms"], "counts": counts,
+        "http_error_by_status": result.get("http_error_by_status", {}),
+        "rejected_latency_ms": result.get("rejected_latency_ms"),
+        "mock_max_concurrent": (mock_stats or {}).get("max_concurrent"),
+        "server_cpu_percent": result.get("server_cpu_percent"),
+        "loadgen_cpu_percent": result["loadgen_cpu"]["cpu_percent_of_one_core"],
+        "loadgen_cpu_ms_per_turn": result["loadgen_cpu"]["cpu_ms_per_turn"],
+        "server_private_dirty_kib": result["server_memory_peak_kib"]["private_dirty_kib"],
+        "server_rss_kib": result["server_memory_peak_kib"]["rss_kib"],
+        "error_samples": result.get("error_samples", [])[:3],
+    }
+
+
+# -- the mock on its own: the baseline every added latency is measured against ---------------
+
+async def _mock_direct(url: str, turns: int) -> dict:
+    ttft, total = [], []
+    body = {"model": "mock", "stream": True, "messages": [{"role": "user", "content": "Say something."}]}
+    async with aiohttp.ClientSession() as session:
+        for _ in range(turns):
+            started = time.perf_counter()
+            first = None
+            async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
+                async for line in resp.content:
+                    if first is None and line.startswith(b"data:") and b'"content":"' in line and \
+                            b'"content":""' not in line:
+                        first = time.perf_counter()
+            ttft.append((first - started) * 1000.0)
+            total.append((time.perf_counter() - started) * 1000.0)
+    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    return {"profile": "mock-direct", "concurrency": 1, "turns": turns, "ttft_ms": {"p50": median(ttft)},
+            "turn_ms": {"p50": median(total)}}
+
+
+def mock_direct(url: str, turns: int = 20) -> dict:
+    return asyncio.run(_mock_direct(url, turns))
+
+
+# -- memory of idle sessions ----------------------------------------------------------------
+
+async def _open_sessions(url: str, prefix: str, start: int, count: int, concurrency: int = 200) -> int:
+    """One short turn on each of `count` new sessions; returns how many completed."""
+    ok = 0
+    queue = iter(range(start, start + count))
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+        async def worker():
+            nonlocal ok
+            for i in queue:
+                async with session.post(f"{url}/v1/sessions/{prefix}-{i}/turns",
+                                        json={"input": "remember me" + FAST_MARKER}) as resp:
+                    text = await resp.text()
+                    ok += resp.status == 200 and "turn.completed" in text
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return ok
+
+
+def measure_memory(server: ServerProcess, counts: list[int], settle_secs: float, label: str) -> list[dict]:
+    """Private memory of the tree idle, then with N idle sessions resident (turn buffers expired)."""
+    def private_kib() -> int:
+        from agentos.status import tree_memory
+        return tree_memory(list(server.pids().values()))["private_dirty_kib"]
+
+    rows = []
+    time.sleep(2.0)
+    idle = private_kib()
+    rows.append({"profile": label, "kind": "memory", "sessions": 0, "private_dirty_kib": idle})
+    opened = 0
+    for target in counts:
+        progress = Progress(f"{label} memory {target} sessions", settle_secs)
+        done = asyncio.run(_open_sessions(server.url, f"mem-{label}", opened, target - opened))
+        opened = target
+        deadline = time.monotonic() + settle_secs  # finished turns leave memory after their retention
+        while time.monotonic() < deadline:
+            progress.tick()
+            time.sleep(0.5)
+        now = private_kib()
+        status = json.loads(server.cli("status", "--json").stdout)
+        row = {"profile": label, "kind": "memory", "sessions": target, "opened_ok": done,
+               "active_sessions": status.get("active_sessions"), "private_dirty_kib": now,
+               "per_session_kib": round((now - idle) / target, 2)}
+        rows.append(row)
+        progress.done(f"{now / 1024:.1f} MiB private, {row['per_session_kib']:.1f} KiB per idle session")
+    return rows
+
+
+# -- overload ---------------------------------------------------------------------------------
+
+def overload(work: Path, mock, args, pids_label: str = "overload") -> dict:
+    """The gate on (max_in_flight_turns 8, concurrency_limit 3) at concurrency 64."""
+    config = bench_config("persist", mock.url, 3, args.actors)
+    config["kernel"].update({"max_in_flight_turns": 8, "concurrency_limit": 3})
+    server = ServerProcess(work / "overload", config).start()
+    try:
+        mock.reset_stats()
+        result = run_loadgen(server.url, 64, args.duration, args.warmup, "overload", work / "overload.json",
+                             lambda: server.pids().values(), "overload c=64 gate 8/3")
+        stopped = time.monotonic()
+        recovery = _recovery_secs(server.url, stopped)
+        row = point_row("overload", 64, result, mock.stats())
+        row.update({"kind": "overload", "max_in_flight_turns": 8, "concurrency_limit": 3,
+                    "recovery_secs": recovery})
+        return row
+    finally:
+        server.stop()
+
+
+def _recovery_secs(url: str, since: float, timeout: float = 60.0) -> float | None:
+    """Seconds from the end of the load until a new turn is accepted and completes."""
+    async def probe() -> bool:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{url}/v1/sessions/recovery/turns", json={"input": "hello"}) as resp:
+                return resp.status == 200 and "turn.completed" in await resp.text()
+    while time.monotonic() - since < timeout:
+        if asyncio.run(probe()):
+            return round(time.monotonic() - since, 2)
+        time.sleep(0.1)
+    return None
+
+
+# -- the command ------------------------------------------------------------------------------
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="agent-os bench turns", description=__doc__.splitlines()[0])
+    p.add_argument("--sweep", default=DEFAULT_SWEEP, help="concurrency points, comma-separated")
+    p.add_argument("--duration", type=float, default=15.0, help="measured seconds per point")
+    p.add_argument("--warmup", type=float, default=3.0, help="warm-up seconds per point")
+    p.add_argument("--profiles", default="core,persist", help="server profiles: core, persist")
+    p.add_argument("--peer", default="", help="also run the sweep against a peer: opencode")
+    p.add_argument("--peer-sweep", default="", help="points for the peer (default: --sweep)")
+    p.add_argument("--mock-ttft-ms", type=float, default=2000.0)
+    p.add_argument("--mock-tps", type=float, default=200.0)
+    p.add_argument("--mock-tokens", type=int, default=8)
+    p.add_argument("--memory", default="1000,10000", help="idle sessions for the memory points ('' = skip)")
+    p.add_argument("--memory-settle", type=float, default=35.0, help="wait for turn buffers to expire, seconds")
+    p.add_argument("--no-overload", action="store_true", help="skip the overload point")
+    p.add_argument("--actors", type=int, default=0, help="kernel.actors (0 = one per core)")
+    p.add_argument("--name", default="turns", help="results folder: bench/results/<date>-<name>")
+    p.add_argument("--results-root", default=None, help="where results folders go (default bench/results)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bench.mock_proc import MockModel
+
+    args = parse_args(argv)
+    sweep = [int(x) for x in args.sweep.split(",") if x]
+    profiles = [p for p in args.profiles.split(",") if p]
+    results = ResultsDir(args.name, Path(args.results_root) if args.results_root else None)
+    results.write_config({"command": "bench turns", "args": vars(args), "sweep": sweep})
+    rows: list[dict] = []
+
+    def keep(row: dict) -> None:
+        rows.append(row)
+        results.append_row(row)
+
+    (results.path / "rows.jsonl").unlink(missing_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="bench-turns-"))
+    with MockModel(args.mock_ttft_ms, args.mock_tps, args.mock_tokens) as mock:
+        print(f"mock model at {mock.url} (ttft {args.mock_ttft_ms:g} ms, {args.mock_tps:g} tok/s, "
+              f"{args.mock_tokens} tokens); results in {results.path}", file=sys.stderr)
+        keep(mock_direct(mock.url))
+        for profile in profiles:
+            server = ServerProcess(work / profile, bench_config(profile, mock.url, max(sweep), args.actors)).start()
+            pids = lambda s=server: s.pids().values()  # noqa: E731
+            try:
+                for c in sweep:
+                    mock.reset_stats()
+                    result = run_loadgen(server.url, c, args.duration, args.warmup, f"{profile}-c{c}",
+                                         work / f"{profile}-{c}.json", pids, f"{profile} c={c}")
+                    keep(point_row(profile, c, result, mock.stats()))
+            finally:
+                server.stop()
+            if args.memory:
+                server = ServerProcess(work / f"{profile}-memory",
+                                       bench_config(profile, mock.url, 1000, args.actors)).start()
+                try:
+                    for row in measure_memory(server, [int(x) for x in args.memory.split(",")],
+                                              args.memory_settle, profile):
+                        keep(row)
+                finally:
+                    server.stop()
+        if not args.no_overload:
+            keep(overload(work, mock, args))
+        if args.peer:
+            from bench.peer_sweep import run_peer
+            peer_sweep = [int(x) for x in (args.peer_sweep or args.sweep).split(",") if x]
+            for row in run_peer(args.peer, mock, peer_sweep, args, work):
+                keep(row)
+    write_report(results, rows, args)
+    print(f"results: {results.path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

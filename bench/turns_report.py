@@ -1,0 +1,163 @@
+"""The report of a turn sweep: summary.md with its tables, and the PNG plots."""
+from __future__ import annotations
+
+from typing import Any
+
+from bench.results import ResultsDir, markdown_table, pyplot
+
+PROFILE_NAMES = {"core": "Agent OS, bare core (durability none)", "persist": "Agent OS, full persistence (local)",
+                 "opencode": "opencode serve"}
+
+
+def _points(rows: list[dict], profile: str) -> list[dict]:
+    return sorted((r for r in rows if r.get("profile") == profile and "turns_per_sec" in r and
+                   r.get("kind") != "overload"), key=lambda r: r["concurrency"])
+
+
+def _ms(stats: dict | None, key: str) -> float | None:
+    return (stats or {}).get(key)
+
+
+def _errors(row: dict) -> int:
+    return sum(v for k, v in row["counts"].items() if k not in ("ok", "rejected_429"))
+
+
+def sweep_table(points: list[dict]) -> str:
+    return markdown_table(
+        ["c", "turns/s", "TTFT p50 ms", "TTFT p99 ms", "turn p50 ms", "turn p95 ms", "turn p99 ms", "ok", "errors",
+         "mock max conc.", "server CPU %", "loadgen CPU %", "tree private MiB"],
+        [[r["concurrency"], r["turns_per_sec"], _ms(r["ttft_ms"], "p50"), _ms(r["ttft_ms"], "p99"),
+          _ms(r["turn_ms"], "p50"), _ms(r["turn_ms"], "p95"), _ms(r["turn_ms"], "p99"), r["counts"]["ok"], _errors(r),
+          r.get("mock_max_concurrent"), r.get("server_cpu_percent"), r.get("loadgen_cpu_percent"),
+          round(r["server_private_dirty_kib"] / 1024, 1) if r.get("server_private_dirty_kib") else None]
+         for r in points])
+
+
+def write_report(results: ResultsDir, rows: list[dict], args: Any) -> None:
+    parts = [f"# Turn benchmark\n\nMock model: TTFT {args.mock_ttft_ms:g} ms, {args.mock_tps:g} tokens/s, "
+             f"{args.mock_tokens} tokens. {args.warmup:g} s warm-up and {args.duration:g} s measured per point; "
+             "closed loop, one session per worker; mock, server and load generator on the same machine "
+             "(see config.json for the machine).\n"]
+    direct = next((r for r in rows if r.get("profile") == "mock-direct"), None)
+    if direct:
+        parts.append(f"The mock on its own (median of {direct['turns']} sequential turns): TTFT "
+                     f"{direct['ttft_ms']['p50']:.1f} ms, whole turn {direct['turn_ms']['p50']:.1f} ms.\n")
+    for profile in ("core", "persist", "opencode"):
+        points = _points(rows, profile)
+        if not points:
+            continue
+        parts.append(f"## {PROFILE_NAMES[profile]}\n\n{sweep_table(points)}\n")
+        one = next((p for p in points if p["concurrency"] == 1), None)
+        if one and direct and one["turn_ms"].get("p50"):
+            added_turn = one["turn_ms"]["p50"] - direct["turn_ms"]["p50"]
+            added = f"added over the mock at c=1: turn p50 +{added_turn:.1f} ms"
+            if one["ttft_ms"].get("p50"):
+                added += f", TTFT p50 +{one['ttft_ms']['p50'] - direct['ttft_ms']['p50']:.1f} ms"
+            parts.append(added + ".\n")
+        top = points[-1]
+        if one and top is not one and one["turn_ms"].get("p50") and top["turn_ms"].get("p50"):
+            parts.append(f"p50 at c={top['concurrency']} is {top['turn_ms']['p50'] - one['turn_ms']['p50']:+.1f} ms "
+                         f"from c=1; {top['turns_per_sec']:.1f} turns/s.\n")
+    side_by_side = _comparison(rows)
+    if side_by_side:
+        parts.append(side_by_side)
+    memory = [r for r in rows if r.get("kind") == "memory"]
+    if memory:
+        parts.append("## Memory of idle sessions\n\nPrivate_Dirty of the whole server tree (every process), "
+                     "after the sessions' turns ended and their turn buffers expired.\n\n" + markdown_table(
+                         ["profile", "idle sessions", "tree private MiB", "per session KiB", "sessions resident"],
+                         [[r["profile"], r["sessions"], round(r["private_dirty_kib"] / 1024, 1),
+                           r.get("per_session_kib"), r.get("active_sessions")] for r in memory]) + "\n")
+    over = next((r for r in rows if r.get("kind") == "overload"), None)
+    if over:
+        c = over["counts"]
+        status = over.get("http_error_by_status") or {}
+        five = sum(v for k, v in status.items() if str(k).startswith("5"))
+        rejected = over.get("rejected_latency_ms") or {}
+        parts.append(
+            "## Overload (admission gate on: max_in_flight_turns 8, concurrency_limit 3, c=64)\n\n"
+            f"- rejected with 429: {c['rejected_429']} (answered in p50 {rejected.get('p50') or 0:.1f} ms, "
+            f"p99 {rejected.get('p99') or 0:.1f} ms)\n"
+            f"- accepted turns completed: {c['ok']} (failed {c['failed']}, cancelled {c['cancelled']})\n"
+            f"- 5xx responses: {five}; broken streams: {c['broken']}; timeouts: {c['timeout']}\n"
+            f"- mock max concurrent streams: {over.get('mock_max_concurrent')} (limit 3)\n"
+            f"- recovery after the load stopped: {over.get('recovery_secs')} s until a new turn completed\n")
+    results.write_summary("\n".join(parts))
+    _plots(results, rows)
+
+
+def _comparison(rows: list[dict]) -> str:
+    ours = {r["concurrency"]: r for r in _points(rows, "persist")}
+    peer = {r["concurrency"]: r for r in _points(rows, "opencode")}
+    if not ours or not peer:
+        return ""
+    table = markdown_table(
+        ["c", "Agent OS turns/s", "Agent OS turn p50 ms", "opencode turns/s", "opencode turn p50 ms",
+         "opencode errors"],
+        [[c, ours.get(c, {}).get("turns_per_sec"), _ms(ours.get(c, {}).get("turn_ms"), "p50"),
+          peer[c]["turns_per_sec"], _ms(peer[c]["turn_ms"], "p50"), _errors(peer[c])] for c in sorted(peer)])
+    return ("## Agent OS (full persistence) and opencode, same mock, same sweep\n\n"
+            "opencode persists to SQLite, so it is compared with the persistence profile.\n\n" + table + "\n")
+
+
+def _plots(results: ResultsDir, rows: list[dict]) -> None:
+    plt = pyplot()
+    profiles = [p for p in ("core", "persist", "opencode") if _points(rows, p)]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    for profile in profiles:
+        pts = _points(rows, profile)
+        xs = [p["concurrency"] for p in pts]
+        for key, style in (("p50", "-o"), ("p99", "--")):
+            ys = [_ms(p["turn_ms"], key) for p in pts]
+            axes[0].plot(xs, ys, style, label=f"{profile} turn {key}")
+            ttft = [_ms(p["ttft_ms"], key) for p in pts]
+            if any(t is not None for t in ttft):
+                axes[1].plot(xs, ttft, style, label=f"{profile} TTFT {key}")
+    for ax, title in ((axes[0], "whole turn time"), (axes[1], "time to first token")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent sessions (closed loop)")
+        ax.set_ylabel("ms")
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(results.figure_path("latency.png"), dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    ideal = next((r for r in rows if r.get("profile") == "mock-direct"), None)
+    for profile in profiles:
+        pts = _points(rows, profile)
+        ax.plot([p["concurrency"] for p in pts], [p["turns_per_sec"] for p in pts], "-o", label=profile)
+    if ideal and profiles:
+        xs = sorted({p["concurrency"] for pr in profiles for p in _points(rows, pr)})
+        ax.plot(xs, [x * 1000.0 / ideal["turn_ms"]["p50"] for x in xs], ":", color="grey", label="mock's ideal")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("concurrent sessions")
+    ax.set_ylabel("turns/s")
+    ax.set_title("throughput")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(results.figure_path("throughput.png"), dpi=110)
+    plt.close(fig)
+
+    memory = [r for r in rows if r.get("kind") == "memory"]
+    if memory:
+        fig, ax = plt.subplots(figsize=(7, 5))
+        for profile in sorted({r["profile"] for r in memory}):
+            pts = sorted((r for r in memory if r["profile"] == profile), key=lambda r: r["sessions"])
+            ax.plot([r["sessions"] for r in pts], [r["private_dirty_kib"] / 1024 for r in pts], "-o", label=profile)
+        peer = _points(rows, "opencode")
+        if peer:
+            ax.plot([p["concurrency"] for p in peer], [p["server_private_dirty_kib"] / 1024 for p in peer], "-s",
+                    label="opencode (peak during the sweep point)")
+        ax.set_xlabel("sessions")
+        ax.set_ylabel("private memory of the server tree, MiB")
+        ax.set_title("memory vs sessions")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(results.figure_path("memory.png"), dpi=110)
+        plt.close(fig)
