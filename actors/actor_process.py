@@ -15,6 +15,7 @@ from agentos import metrics, service
 from agentos.config import Config
 from agentos.rundir import RunDir
 from actors.agent_loop import AgentLoop
+from actors.flow_runs import Flows
 from actors.permit_client import PermitClient
 from actors.persistence import Persistence, StorageUnavailable
 from actors.provider import Provider, ProviderError
@@ -40,6 +41,9 @@ class Actor:
         self.permits = PermitClient(self.bus)
         self.persistence = Persistence(self.bus, config)
         self.loop = AgentLoop(self.provider, self.permits, self.persistence, config.provider.max_retries)
+        self.flows = Flows(self.bus, self.persistence.log, self.persistence.query, index, config.actor_count, log)
+        for kind, handler in self.flows.handlers().items():
+            self.bus.on(kind, handler)
         for kind, handler in {Kind.TURN_START: self.on_turn_start, Kind.TURN_CANCEL: self.on_turn_cancel,
                               Kind.TURN_RESUME: self.on_turn_resume, Kind.PERMIT_GRANT: self.permits.on_grant,
                               Kind.CHECKPOINT_PUT: self.on_checkpoint_put, Kind.CHECKPOINT_GET: self.on_checkpoint_get,
@@ -131,7 +135,7 @@ class Actor:
         self.bus.reply(msg, Kind.STATS_REPLY, {"role": "actor", "stats": {
             "sessions": len(self.sessions), "turns_running": running, "turns_retained": len(self.turns),
             "permits_held": len(self.permits.held), "permits_waiting": len(self.permits.waiting),
-            "bus": self.bus.stats()}})
+            "flows": self.flows.stats(), "bus": self.bus.stats()}})
 
     # -- turns ----------------------------------------------------------------------------
 
@@ -198,7 +202,8 @@ def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> in
         actor = Actor(config, index, run_dir.bus_endpoint, log)
         await actor.provider.start()
         await actor.bus.start()
-        tasks = [asyncio.create_task(actor.housekeeping()), asyncio.create_task(actor.permits.sync_loop())]
+        tasks = [asyncio.create_task(actor.housekeeping()), asyncio.create_task(actor.permits.sync_loop()),
+                 asyncio.create_task(actor.flows.load()), asyncio.create_task(actor.flows.watchdog())]
         log.info("serving shard %d of %d, provider %s", index, config.actor_count, config.provider.base_url)
         await stop.wait()
         await actor.shutdown()

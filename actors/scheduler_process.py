@@ -1,7 +1,8 @@
-"""The scheduler role: provider permits for every actor, with tenant fairness and back-off.
+"""The scheduler role: provider permits, work queues for workers, and durable timers.
 
-It never calls the provider itself; it only decides who may. State lives in `PermitPool`; this
-module wires it to the bus and keeps the gauges current.
+It never calls the provider and never runs user code; it only decides who may and who does.
+State lives in `PermitPool` (permits), `TaskBoard` and `Timers` (actors/tasks.py); this module
+wires them to the bus and keeps the gauges current.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from agentos import metrics, service
 from agentos.config import Config
 from agentos.rundir import RunDir
 from actors.permits import Grant, PermitPool
+from actors.tasks import Offer, TaskBoard, Timers
 from broker.client import Bus
 from broker.protocol import Kind, Message
 
@@ -26,10 +28,41 @@ class Scheduler:
         self.bus: Bus | None = None
         self.backoffs = 0
         self.trace_ids: dict[str, tuple[str, str]] = {}  # permit -> (session, turn), for the trace tap
+        self.board = TaskBoard()
+        self.timers = Timers()
 
     def handlers(self) -> dict:
         return {Kind.PERMIT_REQUEST: self.on_request, Kind.PERMIT_RELEASE: self.on_release,
-                Kind.PERMIT_SYNC: self.on_sync, Kind.STATS: self.on_stats}
+                Kind.PERMIT_SYNC: self.on_sync, Kind.STATS: self.on_stats,
+                Kind.TASK_SUBMIT: self.on_submit, Kind.TASK_DECLINE: self.on_decline, Kind.TASK_DONE: self.on_done,
+                Kind.WORKER_HELLO: self.on_worker_hello, Kind.TIMER_SET: self.on_timer_set}
+
+    # -- tasks and timers ---------------------------------------------------------------------
+
+    def _offer(self, offers: list[Offer]) -> None:
+        for worker, task in offers:
+            body = {k: task[k] for k in ("task_id", "kind", "name", "actor", "run_id", "exec", "payload", "tenant")
+                    if task.get(k) is not None}
+            self.bus.send(worker, Kind.TASK_OFFER, body, session=task.get("run_id") or "")
+
+    def on_submit(self, msg: Message) -> None:
+        self._offer(self.board.submit({**msg.body, "actor": msg.src}, time.monotonic()))
+
+    def on_decline(self, msg: Message) -> None:
+        self._offer(self.board.decline(msg.src, msg.body["task_id"], time.monotonic()))
+
+    def on_done(self, msg: Message) -> None:
+        self._offer(self.board.done(msg.src, msg.body["task_id"], time.monotonic()))
+
+    def on_worker_hello(self, msg: Message) -> None:
+        b = msg.body
+        caps = ([f"flow:{n}" for n in b["flows"]] + [f"tool:{n}" for n in b["tools"]] +
+                [f"update:{n}" for n in b["handlers"]])
+        self._offer(self.board.hello(msg.src, caps, b["slots"], [str(t) for t in b["running"]], b["incarnation"],
+                                     time.monotonic(), b.get("tool_schemas")))
+
+    def on_timer_set(self, msg: Message) -> None:
+        self.timers.set(msg.body["timer_id"], msg.src, msg.body["run_id"], float(msg.body["due"]))
 
     def _send(self, grants: list[Grant]) -> None:
         for holder, permit_id in grants:
@@ -59,13 +92,20 @@ class Scheduler:
     def on_stats(self, msg: Message) -> None:
         stats = self.pool.stats(time.monotonic())
         stats["backoffs"] = self.backoffs
+        stats["tasks"] = self.board.stats()
+        stats["timers"] = len(self.timers)
         stats["bus"] = self.bus.stats()
         self.bus.reply(msg, Kind.STATS_REPLY, {"role": "scheduler", "stats": stats})
 
     async def ticker(self) -> None:
         while True:
             await asyncio.sleep(0.1)
-            self._send(self.pool.tick(time.monotonic()))
+            now = time.monotonic()
+            self._send(self.pool.tick(now))
+            for gone in self.board.expire(now):
+                self.log.warning("worker %s stopped answering; its tasks go back to their actors", gone)
+            for actor, timer_id, run_id in self.timers.due(time.time()):
+                self.bus.send(actor, Kind.TIMER_FIRE, {"timer_id": timer_id, "run_id": run_id}, session=run_id)
             if len(self.trace_ids) > len(self.pool.waiting) + 1000:  # waiters dropped by a sync
                 self.trace_ids = {p: ids for p, ids in self.trace_ids.items() if p in self.pool.waiting}
             metrics.permits_in_use.set(len(self.pool.held))

@@ -55,6 +55,14 @@ def cmd_trace(args: argparse.Namespace) -> int:
                       timeout_secs=args.timeout)
 
 
+def cmd_worker(args: argparse.Namespace) -> int:
+    from actors import worker_process
+
+    config = _load(args)
+    log = service.setup_logging("worker")
+    return worker_process.main(config, args.modules, args.slots, args.name, log)
+
+
 BENCHMARKS = {
     "turns": "bench.turns",
     "loadgen": "bench.loadgen",
@@ -96,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--count", type=int, default=0, help="exit after this many lines")
     trace.add_argument("--timeout", type=float, default=0.0, help="exit after this many seconds")
     trace.set_defaults(func=cmd_trace)
+    worker = sub.add_parser("worker", help="run user flows, tools and update handlers (MODULE or MODULE:APP)")
+    _with_config(worker)
+    worker.add_argument("modules", nargs="+", help="modules defining an actors.sdk.App (attribute `app`)")
+    worker.add_argument("--slots", type=int, default=64, help="tasks run at once (default 64)")
+    worker.add_argument("--name", default=None, help="bus name (default worker/HOST-PID)")
+    worker.set_defaults(func=cmd_worker)
     bench = sub.add_parser("bench", help="benchmarks: " + ", ".join(BENCHMARKS) + " (--help after the name)")
     bench.add_argument("which", choices=sorted(BENCHMARKS))
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own arguments")

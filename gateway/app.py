@@ -21,6 +21,7 @@ from broker.protocol import BROKER, TURN_EVENTS, Kind, Message
 from broker.sharding import STORE, actor_name
 from gateway.access import access_middleware
 from gateway.errors import ApiError, error_response, json_response
+from gateway.flows import FlowRoutes
 from gateway.history import HistoryRoutes
 from gateway.streams import TurnStream
 from storage.log_client import LogClient
@@ -59,6 +60,7 @@ class Gateway:
         self.retry_after = str(config.gateway.retry_after_secs)
         self.log_client = LogClient(self.bus, config.storage.log_writers)
         self.history = HistoryRoutes(self)
+        self.flow_routes = FlowRoutes(self)
         metrics.admission_limit.set(self.limit)
 
     def routes(self) -> list[web.RouteDef]:
@@ -69,6 +71,12 @@ class Gateway:
             web.get("/v1/sessions/{sid}/events", self.history.get_events),
             web.put("/v1/sessions/{sid}/checkpoints/{key}", self.history.put_checkpoint),
             web.get("/v1/sessions/{sid}/checkpoints/latest", self.history.get_latest_checkpoint),
+            web.post("/v1/flows/{flow}/runs", self.flow_routes.start),
+            web.get("/v1/runs/{run_id:[^/:]+}", self.flow_routes.get),
+            web.post("/v1/runs/{run_id:[^/:]+}:cancel", self.flow_routes.cancel),
+            web.get("/v1/runs/{run_id:[^/:]+}/attributes", self.flow_routes.attributes),
+            web.post("/v1/runs/{run_id:[^/:]+}/attributes/{key:[^/:]+}:update", self.flow_routes.update),
+            web.post("/v1/runs/{run_id:[^/:]+}/channels/{channel}", self.flow_routes.publish),
             web.get("/healthz", self.healthz),
             web.get("/readyz", self.readyz),
             web.get("/metrics", self.metrics),

@@ -43,6 +43,9 @@ def project(kind: int, body: dict[str, Any], writer: int, lsn: int) -> Iterator[
     elif kind == RecordKind.BLOB:
         yield "checkpoints", (session, tenant, "blob", body.get("key", ""), int(body["seq"]), True, 0,
                               bytes(body.get("payload", b"")), at, writer, lsn)
+    elif kind == RecordKind.FLOW:
+        yield "flow_records", (body.get("run", ""), tenant, body.get("type", ""), int(body.get("seq", -1)),
+                               _pack(body), at, writer, lsn)
     elif kind == RecordKind.ACCESS:
         yield "access", (at, body.get("method", ""), body.get("route", ""), int(body.get("status", 0)), tenant,
                          session, float(body.get("duration_ms", 0.0)), writer, lsn)

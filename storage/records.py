@@ -16,6 +16,8 @@ Record bodies by kind (the store's projection reads exactly these fields):
 - BLOB:        session, tenant, key, seq, payload (bytes), at — a checkpoint PUT by an external
                runtime, opaque to us
 - ACCESS:      at, method, route, status, tenant, session, duration_ms
+- FLOW:        run, tenant, type, at, exec, and the fields of its type — a flow run's journal
+               (the types and their fields are listed in actors/flow_state.py)
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ class RecordKind(enum.IntEnum):
     CHECKPOINT = 2
     BLOB = 3
     ACCESS = 4
+    FLOW = 5
 
 
 KNOWN_KINDS = frozenset(int(k) for k in RecordKind)

@@ -18,6 +18,9 @@ messages.db
       runtime's checkpoint under `key` (payload = its bytes)
 access.db
   access(ts, method, route, status, tenant, session, duration_ms, writer, lsn)
+flows.db
+  flow_records(run, tenant, type, seq, body, ts, writer, lsn)
+      the journals of flow runs (body = the whole msgpack record; see actors/flow_state.py)
 """
 from __future__ import annotations
 
@@ -34,12 +37,17 @@ DATABASES: dict[str, list[str]] = {
         "CREATE TABLE IF NOT EXISTS checkpoints (session VARCHAR, tenant VARCHAR, kind VARCHAR, key VARCHAR, "
         "seq BIGINT, is_full BOOLEAN, first_idx INTEGER, payload BLOB, ts DOUBLE, writer SMALLINT, lsn BIGINT)",
     ],
+    "flows": [
+        "CREATE TABLE IF NOT EXISTS flow_records (run VARCHAR, tenant VARCHAR, type VARCHAR, seq INTEGER, "
+        "body BLOB, ts DOUBLE, writer SMALLINT, lsn BIGINT)",
+    ],
     "access": [
         "CREATE TABLE IF NOT EXISTS access (ts DOUBLE, method VARCHAR, route VARCHAR, status INTEGER, "
         "tenant VARCHAR, session VARCHAR, duration_ms DOUBLE, writer SMALLINT, lsn BIGINT)",
     ],
 }
 
-TABLE_DB = {"events": "events", "messages": "messages", "checkpoints": "messages", "access": "access"}
+TABLE_DB = {"events": "events", "messages": "messages", "checkpoints": "messages", "access": "access",
+            "flow_records": "flows"}
 KIND_DB = {RecordKind.EVENT: "events", RecordKind.CHECKPOINT: "messages", RecordKind.BLOB: "messages",
-           RecordKind.ACCESS: "access"}
+           RecordKind.ACCESS: "access", RecordKind.FLOW: "flows"}

@@ -247,6 +247,19 @@ class Store:
             " ORDER BY seq DESC LIMIT 1", [session, *args]).fetchone()
         return ([{"key": row[0], "seq": row[1], "payload": bytes(row[2])}] if row else []), None
 
+    def q_flow_records(self, session, tenant, turn, after, limit):
+        """The whole journal of run `session`, in log order."""
+        rows = self.cursors["flows"].execute("SELECT body FROM flow_records WHERE run = ? ORDER BY writer, lsn",
+                                             [session]).fetchall()
+        return [msgpack.unpackb(body) for (body,) in rows], None
+
+    def q_open_runs(self, session, tenant, turn, after, limit):
+        """Runs started and not ended (every shard's: the caller keeps its own)."""
+        rows = self.cursors["flows"].execute(
+            "SELECT DISTINCT run FROM flow_records WHERE type = 'run.started' AND run NOT IN "
+            "(SELECT run FROM flow_records WHERE type = 'run.ended')").fetchall()
+        return [{"run_id": run} for (run,) in rows], None
+
     def q_count(self, session, tenant, turn, after, limit):
         """Rows per table (for tests and operators; `session` "" counts everything)."""
         out = {}
@@ -257,7 +270,8 @@ class Store:
 
 
 QUERIES = {"messages": Store.q_messages, "events": Store.q_events, "checkpoint_chain": Store.q_checkpoint_chain,
-           "blob_latest": Store.q_blob_latest, "count": Store.q_count}
+           "blob_latest": Store.q_blob_latest, "count": Store.q_count, "flow_records": Store.q_flow_records,
+           "open_runs": Store.q_open_runs}
 
 
 def _jsonable(value: Any) -> Any:

@@ -7,7 +7,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import Server  # noqa: E402
+from harness import Server, Worker  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -34,3 +34,19 @@ def make_server(tmp_path):
         server.stop()
     leftovers = [p for s in servers for p in s.leftovers()]
     assert not leftovers, f"processes left behind: {leftovers}"
+
+
+@pytest.fixture
+def make_worker():
+    """Workers (`agent-os worker flows_app`) stopped after the test, even on failure."""
+    workers: list[Worker] = []
+
+    def make(server, slots: int = 16, env: dict | None = None) -> Worker:
+        worker = Worker(server, slots, env)
+        workers.append(worker)
+        return worker.wait_registered()
+
+    yield make
+    for worker in workers:
+        worker.stop()
+    assert all(w.proc.poll() is not None for w in workers)

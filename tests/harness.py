@@ -27,6 +27,50 @@ class Server(ServerProcess):
         super().__init__(tmp_path, deep_merge(TEST_DEFAULTS, config or {}), env)
 
 
+class Worker:
+    """`agent-os worker flows_app` against a server, as its own process (group)."""
+
+    def __init__(self, server: ServerProcess, slots: int = 16, env: dict[str, str] | None = None) -> None:
+        import os
+        import subprocess
+        import sys
+        self.server = server
+        self.log_path = server.work_dir / f"worker-{id(self):x}.log"
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "agentos.cli", "worker", "flows_app", "--slots", str(slots),
+             "--config", str(server.config_path)],
+            cwd=Path(__file__).parent, env=dict(os.environ, PYTHONPATH=str(REPO), **(env or {})),
+            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait_registered(self, timeout: float = 20.0) -> "Worker":
+        wait_until(lambda: b"slots; flows" in self.log_path.read_bytes() or self.proc.poll() is not None, timeout,
+                   "the worker to start")
+        if self.proc.poll() is not None:
+            raise ServerError(f"worker exited:\n{self.log_path.read_text()[-3000:]}")
+        return self
+
+    def stop(self) -> None:
+        import os
+        import signal
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if self.proc.poll() is not None:
+                break
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(5)
+            except Exception:
+                continue
+        self._log.close()
+
+
 # -- clients ------------------------------------------------------------------------------
 
 @dataclass

@@ -106,7 +106,7 @@ def test_store_loads_exactly_once_across_a_restart_and_rebuilds_checkpoint_chain
     while store.load_once():
         pass
     counts = store.query("count", "")[0][0]
-    assert counts == {"events": 5, "messages": 6, "checkpoints": 4, "access": 1}
+    assert counts == {"events": 5, "messages": 6, "checkpoints": 4, "access": 1, "flow_records": 0}
     messages, _ = store.query("messages", "s")
     assert [r["content"] for r in messages] == ["q0", "a1", "q2", "a3", "q4", "a5"]
     chain, _ = store.query("checkpoint_chain", "s")

@@ -1,0 +1,75 @@
+"""Flows from Python code: start, read, update, publish to and cancel runs over the bus.
+
+The gateway's HTTP routes and the step benchmark both use this client; it talks to each run's
+owning actor directly (no worker involved in reads).
+"""
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from actors.flow_runs import run_id_for_key
+from broker.client import Bus, BusError
+from broker.protocol import Kind
+from broker.sharding import actor_name
+
+
+class FlowError(RuntimeError):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class FlowClient:
+    def __init__(self, bus: Bus, shards: int, tenant: str = "default", timeout: float = 30.0) -> None:
+        self.bus = bus
+        self.shards = shards
+        self.tenant = tenant
+        self.timeout = timeout
+
+    async def _ask(self, run_id: str, kind: Kind, body: dict[str, Any], timeout: float | None = None) -> dict:
+        try:
+            reply = await self.bus.request(actor_name(run_id, self.shards), kind, body,
+                                           timeout=timeout or self.timeout, attempt_secs=5.0, session=run_id)
+        except BusError as exc:
+            raise FlowError("unavailable", f"the run's actor did not answer: {exc}") from None
+        code = reply.body.get("code")
+        if code:
+            raise FlowError(code, reply.body.get("error") or code)
+        return reply.body
+
+    async def start(self, flow: str, input: Any = None, run_id: str | None = None, key: str | None = None,
+                    tenant: str | None = None) -> dict:
+        """Start a run; with `run_id` or an idempotency `key`, a repeated start returns the same run."""
+        tenant = tenant or self.tenant
+        new = run_id is None and key is None
+        run_id = run_id or (run_id_for_key(flow, tenant, key) if key else f"r{uuid.uuid4().hex}")
+        body = {"flow": flow, "run_id": run_id, "tenant": tenant, "input": input}
+        if new:
+            body["new"] = True
+        return await self._ask(run_id, Kind.FLOW_START, body)
+
+    async def get(self, run_id: str, wait: float = 0.0, tenant: str | None = None) -> dict:
+        body: dict[str, Any] = {"run_id": run_id, "tenant": tenant or self.tenant}
+        if wait:
+            body["wait"] = float(wait)
+        return await self._ask(run_id, Kind.FLOW_GET, body, timeout=self.timeout + wait)
+
+    async def cancel(self, run_id: str, tenant: str | None = None) -> dict:
+        return await self._ask(run_id, Kind.FLOW_CANCEL, {"run_id": run_id, "tenant": tenant or self.tenant})
+
+    async def attributes(self, run_id: str, keys: list[str] | None = None, tenant: str | None = None) -> dict:
+        body: dict[str, Any] = {"run_id": run_id, "tenant": tenant or self.tenant}
+        if keys:
+            body["keys"] = keys
+        return (await self._ask(run_id, Kind.ATTR_GET, body))["values"]
+
+    async def update(self, run_id: str, key: str, handler: str, arg: Any = None, tenant: str | None = None) -> Any:
+        """Run update handler `handler` on attribute `key` under the run's lock; its new value."""
+        body = {"run_id": run_id, "tenant": tenant or self.tenant, "key": key, "handler": handler, "arg": arg}
+        return (await self._ask(run_id, Kind.ATTR_UPDATE, body, timeout=self.timeout * 2))["values"][key]
+
+    async def publish(self, run_id: str, channel: str, message: Any = None, tenant: str | None = None) -> None:
+        await self._ask(run_id, Kind.CHANNEL_PUBLISH, {"run_id": run_id, "tenant": tenant or self.tenant,
+                                                       "channel": channel, "message": message})

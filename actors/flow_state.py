@@ -1,0 +1,194 @@
+"""The state of a flow run, and how each journal record changes it.
+
+A run's journal is a sequence of FLOW records in the write-ahead log. `apply()` is the only
+function that turns a record into state: the owning actor calls it for each record it appends,
+and a restarted actor calls it for each record it reads back, so live state and recovered state
+cannot drift apart.
+
+Operations of a flow are numbered (`seq`) in the order the flow's code asks for them: steps,
+sleeps, channel waits, child flows and attribute writes. On replay the code must ask for the same
+operations in the same order; the names recorded here are how a mismatch is detected.
+
+Record types (body field `type`; every body has run, tenant, at, exec):
+  run.started    flow, input, parent, parent_seq, parent_actor
+  step.started   seq, name, attempt
+  step.failed    seq, attempt, error            (an attempt failed; another may follow)
+  step.done      seq, name, ok, result | error  (the step's outcome, final)
+  step.heartbeat seq, attempt, value
+  sleep          seq, name, due
+  wait           seq, name, channel, due        (due 0 = no timeout)
+  op.done        seq, ok, result | error        (a sleep, wait, child or attribute write finished)
+  child.started  seq, name, child
+  message        channel, msg_seq, message      (published to the run)
+  message.taken  seq, channel, msg_seq          (consumed by the wait at seq)
+  attr.set       key, value, seq                (seq -1: set by an update handler, not the flow)
+  run.ended      status (completed | failed | cancelled), result | error
+"""
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any
+
+TERMINAL = frozenset({"completed", "failed", "cancelled"})
+
+
+class Op:
+    __slots__ = ("seq", "op", "name", "attempts", "done", "ok", "result", "error", "heartbeat", "due", "channel",
+                 "child")
+
+    def __init__(self, seq: int, op: str, name: str) -> None:
+        self.seq = seq
+        self.op = op
+        self.name = name
+        self.attempts = 0
+        self.done = False
+        self.ok = True
+        self.result: Any = None
+        self.error = ""
+        self.heartbeat: Any = None
+        self.due = 0.0
+        self.channel = ""
+        self.child = ""
+
+    def outcome(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"seq": self.seq, "op": self.op, "name": self.name, "ok": self.ok}
+        if self.ok:
+            out["result"] = self.result
+        else:
+            out["error"] = self.error
+        return out
+
+
+class Run:
+    __slots__ = ("run_id", "flow", "tenant", "input", "status", "result", "error", "exec", "last_alive", "ops",
+                 "attrs", "channels", "waiting", "parent", "parent_seq", "parent_actor", "pending", "updates",
+                 "updating", "created_at", "ended_at", "msg_counter", "waiters")
+
+    def __init__(self, run_id: str, flow: str, tenant: str) -> None:
+        self.run_id = run_id
+        self.flow = flow
+        self.tenant = tenant
+        self.input: Any = None
+        self.status = "pending"
+        self.result: Any = None
+        self.error = ""
+        self.exec = 0
+        self.last_alive = time.monotonic()
+        self.ops: dict[int, Op] = {}
+        self.attrs: dict[str, Any] = {}
+        self.channels: dict[str, collections.deque] = {}
+        self.waiting: int | None = None       # seq of the wait op blocked on a channel
+        self.parent = ""
+        self.parent_seq = -1
+        self.parent_actor = ""
+        self.pending: set = set()              # ASYNC commits not yet acknowledged
+        self.updates: collections.deque = collections.deque()   # attribute updates waiting for the lock
+        self.updating = False
+        self.created_at = time.time()
+        self.ended_at = 0.0
+        self.msg_counter = 0
+        self.waiters: list = []                # futures of callers waiting for the end
+
+    @property
+    def ended(self) -> bool:
+        return self.status in TERMINAL
+
+    def journal(self) -> list[dict[str, Any]]:
+        """Outcomes of the finished operations, in order, up to the first unfinished one: what a
+        new execution replays without asking."""
+        out = []
+        seq = 0
+        while True:
+            op = self.ops.get(seq)
+            if op is None or not op.done:
+                return out
+            out.append(op.outcome())
+            seq += 1
+
+    def summary(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"run_id": self.run_id, "status": self.status, "flow": self.flow}
+        if self.status == "completed":
+            body["result"] = self.result
+        elif self.error:
+            body["error"] = self.error
+        return body
+
+
+def _op(run: Run, record: dict[str, Any], kind: str) -> Op:
+    seq = int(record["seq"])
+    op = run.ops.get(seq)
+    if op is None:
+        op = run.ops[seq] = Op(seq, kind, record.get("name", ""))
+    return op
+
+
+def apply(run: Run, record: dict[str, Any]) -> None:
+    """Change the run's state as the record says (see the module docstring for the types)."""
+    kind = record["type"]
+    if "exec" in record and record["exec"] > run.exec:
+        run.exec = record["exec"]
+    if kind == "run.started":
+        run.flow = record.get("flow", run.flow)
+        run.input = record.get("input")
+        run.parent = record.get("parent") or ""
+        run.parent_seq = int(record.get("parent_seq", -1))
+        run.parent_actor = record.get("parent_actor") or ""
+        run.created_at = float(record.get("at", run.created_at))
+        if run.status == "pending":
+            run.status = "running"
+    elif kind == "step.started":
+        op = _op(run, record, "step")
+        op.attempts = max(op.attempts, int(record.get("attempt", 1)))
+    elif kind == "step.failed":
+        op = _op(run, record, "step")
+        op.attempts = max(op.attempts, int(record.get("attempt", 1)))
+        op.error = record.get("error", "")
+    elif kind in ("step.done", "op.done"):
+        op = _op(run, record, "step" if kind == "step.done" else record.get("op", "step"))
+        op.done = True
+        op.ok = bool(record.get("ok", True))
+        op.result = record.get("result")
+        op.error = record.get("error", "")
+        if kind == "step.done":
+            op.attempts = max(op.attempts, int(record.get("attempt", op.attempts or 1)))
+        if run.waiting == op.seq:
+            run.waiting = None
+    elif kind == "step.heartbeat":
+        _op(run, record, "step").heartbeat = record.get("value")
+    elif kind == "sleep":
+        _op(run, record, "sleep").due = float(record["due"])
+    elif kind == "wait":
+        op = _op(run, record, "wait")
+        op.channel = record["channel"]
+        op.due = float(record.get("due", 0.0))
+        if not op.done:
+            run.waiting = op.seq
+    elif kind == "child.started":
+        _op(run, record, "child").child = record["child"]
+    elif kind == "message":
+        run.msg_counter = max(run.msg_counter, int(record["msg_seq"]))
+        run.channels.setdefault(record["channel"], collections.deque()).append(
+            (int(record["msg_seq"]), record.get("message")))
+    elif kind == "message.taken":
+        queue = run.channels.get(record["channel"])
+        if queue:
+            taken = int(record["msg_seq"])
+            run.channels[record["channel"]] = collections.deque(m for m in queue if m[0] != taken)
+    elif kind == "attr.set":
+        run.attrs[record["key"]] = record.get("value")
+    elif kind == "run.ended":
+        run.status = record["status"]
+        run.result = record.get("result")
+        run.error = record.get("error", "")
+        run.ended_at = float(record.get("at", time.time()))
+        run.waiting = None
+
+
+def replay(run_id: str, records: list[dict[str, Any]]) -> Run:
+    """A run rebuilt from its journal (records in log order)."""
+    first = records[0] if records else {}
+    run = Run(run_id, first.get("flow", ""), first.get("tenant", ""))
+    for record in records:
+        apply(run, record)
+    return run

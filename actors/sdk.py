@@ -1,0 +1,297 @@
+"""The Python SDK: durable flows, their steps, tools and attribute-update handlers.
+
+A flow is a plain `async def flow(ctx, input)`. Every `await ctx.step(fn, ...)` is journaled by
+the run's owning actor, so when the flow runs again (after a crash, or to continue after a
+sleep or a wait) completed steps return their recorded result instead of running again.
+
+**Flow code must be deterministic.** On replay it must ask for the same operations (steps,
+sleeps, waits, child flows, attribute writes) in the same order with the same names; anything
+that differs between runs (time, randomness, I/O) belongs inside a step. A replay that takes
+another path fails the run with a `NonDeterministic` error naming the operation.
+
+Declare what a worker runs in one explicit table and point `agent-os worker` at it:
+
+    from actors.sdk import App, Retry, tool
+
+    async def charge(order_id):                     # a step: any function, sync or async
+        ...
+
+    async def order(ctx, order_id):                 # a flow
+        receipt = await ctx.step(charge, order_id, retry=Retry(max_attempts=5))
+        await ctx.sleep(3600)                       # durable: no worker is held meanwhile
+        approval = await ctx.wait("approval", timeout=86400)
+        await ctx.set_attr("status", "done")
+        return receipt
+
+    def add(value, arg):                            # an attribute-update handler
+        return (value or 0) + arg
+
+    @tool(description="Look something up", parameters={"type": "object", "properties": {"q": {"type": "string"}}})
+    def search(q):
+        ...
+
+    app = App(flows=[order], tools=[search], updates={"add": add})
+
+    $ agent-os worker mymodule            # finds `app` in mymodule
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+import msgpack
+
+__all__ = ["App", "Retry", "NO_RETRY", "Tool", "tool", "FlowContext", "StepContext", "StepFailed",
+           "NonDeterministic", "WaitTimeout", "ChildFailed"]
+
+
+class StepFailed(Exception):
+    """A step failed on its last attempt (or its retries were spent before a restart)."""
+
+
+class NonDeterministic(Exception):
+    """The flow asked for different operations on replay than when it first ran."""
+
+
+class WaitTimeout(TimeoutError):
+    """`ctx.wait` reached its timeout without a message."""
+
+
+class ChildFailed(Exception):
+    """A child flow ended without completing."""
+
+
+class Suspended(BaseException):
+    """Internal: the run waits for a timer, a message or a child; this execution ends here."""
+
+
+class Superseded(BaseException):
+    """Internal: another execution of the run took over; this one stops without a trace."""
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Attempts of a step (across restarts: each attempt is journaled) and back-off between them."""
+    max_attempts: int = 3
+    backoff_secs: float = 0.1
+    multiplier: float = 2.0
+    max_backoff_secs: float = 10.0
+
+    def delay(self, attempt: int) -> float:
+        return min(self.max_backoff_secs, self.backoff_secs * self.multiplier ** max(0, attempt - 1))
+
+
+NO_RETRY = Retry(max_attempts=1)
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A function the agent loop may call, with the JSON schema advertised to the model."""
+    fn: Callable[..., Any]
+    name: str
+    description: str = ""
+    parameters: dict = field(default_factory=lambda: {"type": "object", "properties": {}})
+
+    def schema(self) -> dict:
+        return {"type": "function", "function": {"name": self.name, "description": self.description,
+                                                 "parameters": self.parameters}}
+
+
+def tool(fn: Callable | None = None, *, name: str | None = None, description: str = "",
+         parameters: dict | None = None):
+    """Wrap a function as a `Tool` (it registers nothing: list it in an `App`)."""
+    def wrap(f: Callable) -> Tool:
+        return Tool(f, name or f.__name__, description or (inspect.getdoc(f) or "").split("\n")[0],
+                    parameters or {"type": "object", "properties": {}})
+    return wrap(fn) if fn is not None else wrap
+
+
+class App:
+    """Everything one worker can run: flows by name, tools, update handlers."""
+
+    def __init__(self, flows: list | dict = (), tools: list | dict = (), updates: dict | None = None) -> None:
+        self.flows: dict[str, Callable] = dict(flows) if isinstance(flows, dict) else {f.__name__: f for f in flows}
+        items = tools.values() if isinstance(tools, dict) else tools
+        self.tools: dict[str, Tool] = {}
+        for item in items:
+            t = item if isinstance(item, Tool) else tool(item)
+            self.tools[t.name] = t
+        self.updates: dict[str, Callable] = dict(updates or {})
+        for name, fn in self.flows.items():
+            if not inspect.iscoroutinefunction(fn):
+                raise TypeError(f"flow {name!r} must be an async function taking (ctx, input)")
+
+
+@dataclass
+class StepContext:
+    """Given to a step function that takes a `step` keyword: its attempt and heartbeats."""
+    attempt: int
+    last_heartbeat: Any
+    _beat: Callable[[Any], None]
+
+    def heartbeat(self, value: Any = None) -> None:
+        """Report progress; `value` is what the next attempt sees as `last_heartbeat`."""
+        self._beat(value)
+
+
+def _check_encodable(value: Any, what: str) -> None:
+    try:
+        msgpack.packb(value, use_bin_type=True)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{what} must be msgpack-serialisable (dict, list, str, bytes, numbers, bool, None): "
+                        f"{exc}") from None
+
+
+class FlowContext:
+    """What a flow's code sees. Made by the worker for each execution of a run."""
+
+    def __init__(self, runtime: Any, run_id: str, exec_: int, input_: Any, journal: list[dict],
+                 attrs: dict[str, Any]) -> None:
+        self._rt = runtime
+        self.run_id = run_id
+        self.input = input_
+        self._exec = exec_
+        self._journal = journal
+        self._seq = 0
+        self._attrs = dict(attrs)
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        """The run's attributes as of this execution (a copy: write with `set_attr`)."""
+        return dict(self._attrs)
+
+    async def _op(self, op: str, name: str, **fields: Any) -> dict[str, Any]:
+        seq = self._seq
+        self._seq += 1
+        if seq < len(self._journal):
+            recorded = self._journal[seq]
+            if recorded["op"] != op or recorded["name"] != name:
+                raise NonDeterministic(
+                    f"operation {seq} was {recorded['op']} {recorded['name']!r} when run {self.run_id} first ran, "
+                    f"and the code now asks for {op} {name!r}: flow code must take the same path on replay")
+            return {"action": "replay", **recorded}
+        body = await self._rt.step_start(self, {"seq": seq, "op": op, "name": name, **fields})
+        action = body["action"]
+        if action == "abort":
+            raise Superseded
+        if action == "suspend":
+            raise Suspended
+        if action == "fail" and "non-deterministic" in body.get("error", ""):
+            raise NonDeterministic(body["error"])
+        return {**body, "seq": seq}
+
+    async def step(self, fn: Callable[..., Any], *args: Any, durability: str = "sync", retry: Retry | None = None,
+                   timeout: float | None = None, name: str | None = None, **kwargs: Any) -> Any:
+        """Run `fn(*args, **kwargs)` as a durable step and return its (recorded) result.
+
+        durability "sync": the attempt's start and its result are committed before the flow
+        continues. "async": the flow continues at once and the commit follows (the flow's own end
+        waits for it). `retry` bounds attempts across restarts; `timeout` bounds each attempt."""
+        if durability not in ("sync", "async"):
+            raise ValueError("durability must be 'sync' or 'async'")
+        retry = retry or Retry()
+        name = name or getattr(fn, "__name__", "step")
+        if durability == "async":
+            return await self._async_step(fn, args, kwargs, retry, timeout, name)
+        seq = self._seq
+        while True:
+            self._seq = seq
+            go = await self._op("step", name, sync=True, max_attempts=retry.max_attempts)
+            if go["action"] in ("replay", "fail"):
+                if go.get("ok", False):
+                    return go.get("result")
+                raise StepFailed(f"step {name!r} failed: {go.get('error', '')}")
+            attempt = go["attempt"]
+            try:
+                result = await self._attempt(fn, args, kwargs, timeout, seq, attempt, go.get("heartbeat"))
+                _check_encodable(result, f"the result of step {name!r}")
+            except (Suspended, Superseded):
+                raise
+            except Exception as exc:  # the step's own failure: journaled, then retried or raised
+                final = attempt >= retry.max_attempts
+                await self._rt.step_result(self, seq, attempt, False, error=f"{type(exc).__name__}: {exc}",
+                                           final=final, name=name, sync=True)
+                if final:
+                    raise StepFailed(f"step {name!r} failed after {attempt} attempts: {type(exc).__name__}: {exc}")\
+                        from exc
+                await asyncio.sleep(retry.delay(attempt))
+                continue
+            await self._rt.step_result(self, seq, attempt, True, result=result, name=name, sync=True)
+            return result
+
+    async def _async_step(self, fn, args, kwargs, retry: Retry, timeout, name: str) -> Any:
+        seq = self._seq
+        self._seq += 1
+        if seq < len(self._journal):
+            self._seq = seq
+            go = await self._op("step", name)
+            if go.get("ok", False):
+                return go.get("result")
+            raise StepFailed(f"step {name!r} failed: {go.get('error', '')}")
+        for attempt in range(1, retry.max_attempts + 1):
+            try:
+                result = await self._attempt(fn, args, kwargs, timeout, seq, attempt, None)
+                _check_encodable(result, f"the result of step {name!r}")
+            except (Suspended, Superseded):
+                raise
+            except Exception as exc:
+                if attempt >= retry.max_attempts:
+                    self._rt.step_result_nowait(self, seq, attempt, False, error=f"{type(exc).__name__}: {exc}",
+                                                name=name)
+                    raise StepFailed(f"step {name!r} failed after {attempt} attempts: {exc}") from exc
+                await asyncio.sleep(retry.delay(attempt))
+                continue
+            self._rt.step_result_nowait(self, seq, attempt, True, result=result, name=name)
+            return result
+
+    async def _attempt(self, fn, args, kwargs, timeout, seq: int, attempt: int, heartbeat: Any) -> Any:
+        if "step" in _parameters(fn):
+            kwargs = {**kwargs, "step": StepContext(attempt, heartbeat,
+                                                    lambda v: self._rt.heartbeat(self, seq, attempt, v))}
+        if inspect.iscoroutinefunction(fn):
+            call: Awaitable = fn(*args, **kwargs)
+        else:
+            call = asyncio.get_running_loop().run_in_executor(None, lambda: fn(*args, **kwargs))
+        return await (asyncio.wait_for(call, timeout) if timeout else call)
+
+    async def sleep(self, seconds: float) -> None:
+        """A durable sleep: the run holds no worker meanwhile, and it survives restarts."""
+        await self._op("sleep", "sleep", due=time.time() + float(seconds))
+
+    async def wait(self, channel: str, timeout: float | None = None) -> Any:
+        """The next message published to this run's `channel` (FIFO; one message per wait)."""
+        go = await self._op("wait", channel, channel=channel, **({"timeout": float(timeout)} if timeout else {}))
+        if go.get("ok", True):
+            return go.get("result")
+        raise WaitTimeout(f"no message on channel {channel!r} within {timeout}s")
+
+    async def child(self, flow: str, input: Any = None, run_id: str | None = None) -> Any:
+        """Start a child flow and wait for its result."""
+        _check_encodable(input, "a child flow's input")
+        go = await self._op("child", flow, input=input, **({"child": run_id} if run_id else {}))
+        if go.get("ok", True):
+            return go.get("result")
+        raise ChildFailed(f"child flow {flow!r} did not complete: {go.get('error', '')}")
+
+    async def set_attr(self, key: str, value: Any) -> None:
+        """Set one of the run's attributes (journaled; readable without a worker)."""
+        _check_encodable(value, f"attribute {key!r}")
+        await self._op("attr_set", key, key=key, value=value)
+        self._attrs[key] = value
+
+
+_PARAMS: dict[Any, frozenset] = {}
+
+
+def _parameters(fn: Callable) -> frozenset:
+    names = _PARAMS.get(fn)
+    if names is None:
+        try:
+            names = frozenset(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            names = frozenset()
+        _PARAMS[fn] = names
+    return names

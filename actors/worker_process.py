@@ -1,0 +1,211 @@
+"""`agent-os worker MODULE ...`: runs user code — flows, tools, attribute-update handlers.
+
+A worker imports the modules it is given, takes the `App` each one defines (attribute `app`, or
+`MODULE:NAME`), announces what it can run and how many slots it has to the scheduler every
+second, and runs the tasks it is offered. A task offered while every slot is busy is declined
+and goes to another worker without spending an attempt. Every second it also tells each actor
+which of its runs and tasks are still running, so a worker that dies is noticed in seconds.
+
+The worker holds no durable state: a flow's journal lives with its actor, and a killed worker's
+executions are dispatched again elsewhere (a step it was in spends one attempt).
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import os
+import socket
+import sys
+from typing import Any
+
+from agentos.config import Config
+from actors.sdk import App, FlowContext, Superseded, Suspended
+from broker.client import Bus, BusError
+from broker.protocol import Kind, Message
+
+SCHEDULER = "scheduler"
+REQUEST_TIMEOUT_SECS = 300.0
+
+
+def load_app(spec: str) -> App:
+    module_name, _, attr = spec.partition(":")
+    module = importlib.import_module(module_name)
+    app = getattr(module, attr or "app", None)
+    if not isinstance(app, App):
+        raise SystemExit(f"agent-os worker: {module_name} has no App named {attr or 'app'!r}")
+    return app
+
+
+def merge(apps: list[App]) -> App:
+    merged = App()
+    for app in apps:
+        merged.flows.update(app.flows)
+        merged.tools.update(app.tools)
+        merged.updates.update(app.updates)
+    return merged
+
+
+class WorkerRuntime:
+    def __init__(self, app: App, bus: Bus, slots: int, log: logging.Logger) -> None:
+        self.app = app
+        self.bus = bus
+        self.slots = slots
+        self.log = log
+        self.running: dict[str, tuple[dict, asyncio.Task]] = {}
+        bus.on(Kind.TASK_OFFER, self.on_offer)
+
+    # -- tasks ----------------------------------------------------------------------------------
+
+    def on_offer(self, msg: Message) -> None:
+        task = msg.body
+        if len(self.running) >= self.slots or task["task_id"] in self.running:
+            self.bus.send(SCHEDULER, Kind.TASK_DECLINE, {"task_id": task["task_id"]})
+            return
+        runner = {"flow": self.run_flow, "tool": self.run_tool, "update": self.run_update}.get(task["kind"])
+        if runner is None:
+            self.bus.send(SCHEDULER, Kind.TASK_DECLINE, {"task_id": task["task_id"]})
+            return
+        self.running[task["task_id"]] = (task, asyncio.ensure_future(self._run(runner, task)))
+
+    async def _run(self, runner, task: dict) -> None:
+        try:
+            await runner(task)
+        except (Superseded, Suspended, asyncio.CancelledError):
+            pass
+        except Exception:
+            self.log.exception("task %s (%s %s) failed in the worker", task["task_id"], task["kind"], task["name"])
+        finally:
+            self.running.pop(task["task_id"], None)
+            self.bus.send(SCHEDULER, Kind.TASK_DONE, {"task_id": task["task_id"]})
+
+    async def run_flow(self, task: dict) -> None:
+        fn = self.app.flows.get(task["name"])
+        payload = task.get("payload") or {}
+        ctx = FlowContext(self, task["run_id"], task["exec"], payload.get("input"), payload.get("journal") or [],
+                          payload.get("attrs") or {})
+        ctx._actor = task["actor"]
+        try:
+            if fn is None:
+                raise LookupError(f"this worker has no flow named {task['name']!r}")
+            result = await fn(ctx, payload.get("input"))
+            body = {"ok": True, "result": result}
+        except (Suspended, Superseded):
+            return
+        except Exception as exc:  # the flow raised: the run fails with its error
+            body = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        await self._request(task["actor"], Kind.FLOW_COMPLETE, {"run_id": task["run_id"], "exec": task["exec"], **body},
+                            task["run_id"])
+
+    async def run_tool(self, task: dict) -> None:
+        tool = self.app.tools.get(task["name"])
+        payload = task.get("payload") or {}
+        try:
+            if tool is None:
+                raise LookupError(f"this worker has no tool named {task['name']!r}")
+            arguments = payload.get("arguments") or {}
+            result = await _call(tool.fn, **arguments) if isinstance(arguments, dict) else await _call(tool.fn, arguments)
+            body = {"ok": True, "result": result}
+        except Exception as exc:  # reported to the turn, which shows it to the model
+            body = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        await self._request(task["actor"], Kind.TASK_RESULT, {"task_id": task["task_id"], **body}, task.get("run_id", ""))
+
+    async def run_update(self, task: dict) -> None:
+        handler = self.app.updates.get(task["name"])
+        payload = task.get("payload") or {}
+        try:
+            if handler is None:
+                raise LookupError(f"this worker has no update handler named {task['name']!r}")
+            body = {"ok": True, "result": await _call(handler, payload.get("value"), payload.get("arg"))}
+        except Exception as exc:
+            body = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        await self._request(task["actor"], Kind.TASK_RESULT, {"task_id": task["task_id"], **body}, task.get("run_id", ""))
+
+    async def _request(self, actor: str, kind: Kind, body: dict, session: str) -> Message:
+        try:
+            reply = await self.bus.request(actor, kind, body, timeout=REQUEST_TIMEOUT_SECS, attempt_secs=5.0,
+                                           session=session)
+        except BusError as exc:
+            self.log.warning("%s to %s not acknowledged: %s", kind, actor, exc)
+            raise Superseded from None
+        if reply.kind is Kind.FLOW_ACK and not reply.body["ok"] and reply.body.get("code") == "superseded":
+            raise Superseded
+        return reply
+
+    # -- what FlowContext calls -----------------------------------------------------------------
+
+    async def step_start(self, ctx: FlowContext, fields: dict[str, Any]) -> dict[str, Any]:
+        reply = await self._request(ctx._actor, Kind.STEP_START, {"run_id": ctx.run_id, "exec": ctx._exec, **fields},
+                                    ctx.run_id)
+        return reply.body
+
+    async def step_result(self, ctx: FlowContext, seq: int, attempt: int, ok: bool, **fields: Any) -> None:
+        await self._request(ctx._actor, Kind.STEP_RESULT, {"run_id": ctx.run_id, "exec": ctx._exec, "seq": seq,
+                                                           "attempt": attempt, "ok": ok, **fields}, ctx.run_id)
+
+    def step_result_nowait(self, ctx: FlowContext, seq: int, attempt: int, ok: bool, **fields: Any) -> None:
+        self.bus.send(ctx._actor, Kind.STEP_RESULT, {"run_id": ctx.run_id, "exec": ctx._exec, "seq": seq,
+                                                     "attempt": attempt, "ok": ok, "sync": False, **fields},
+                      session=ctx.run_id)
+
+    def heartbeat(self, ctx: FlowContext, seq: int, attempt: int, value: Any) -> None:
+        self.bus.send(ctx._actor, Kind.STEP_HEARTBEAT, {"run_id": ctx.run_id, "exec": ctx._exec, "seq": seq,
+                                                        "attempt": attempt, "value": value}, session=ctx.run_id)
+
+    # -- announcements ---------------------------------------------------------------------------
+
+    def hello(self) -> None:
+        self.bus.send(SCHEDULER, Kind.WORKER_HELLO, {
+            "slots": self.slots, "running": list(self.running), "incarnation": self.bus.incarnation,
+            "flows": list(self.app.flows), "tools": list(self.app.tools), "handlers": list(self.app.updates),
+            "tool_schemas": [t.schema() for t in self.app.tools.values()]})
+
+    def alive(self) -> None:
+        by_actor: dict[str, dict[str, list]] = {}
+        for task, _ in self.running.values():
+            entry = by_actor.setdefault(task["actor"], {"runs": [], "tasks": []})
+            if task["kind"] == "flow":
+                entry["runs"].append([task["run_id"], task["exec"]])
+            else:
+                entry["tasks"].append(task["task_id"])
+        for actor, body in by_actor.items():
+            self.bus.send(actor, Kind.WORKER_ALIVE, body)
+
+    async def announce(self) -> None:
+        while True:
+            self.hello()
+            self.alive()
+            await asyncio.sleep(1.0)
+
+
+async def _call(fn, *args: Any, **kwargs: Any) -> Any:
+    if asyncio.iscoroutinefunction(fn):
+        return await fn(*args, **kwargs)
+    return await asyncio.get_running_loop().run_in_executor(None, lambda: fn(*args, **kwargs))
+
+
+def main(config: Config, modules: list[str], slots: int, name: str | None, log: logging.Logger) -> int:
+    from agentos import service
+    from agentos.rundir import RunDir
+
+    sys.path.insert(0, os.getcwd())
+    app = merge([load_app(spec) for spec in modules])
+    run_dir = RunDir.for_config(config)
+    worker_name = name or f"worker/{socket.gethostname()}-{os.getpid()}"
+    service.set_title(worker_name)
+
+    async def run(stop: asyncio.Event) -> int:
+        bus = Bus(worker_name, run_dir.bus_endpoint, role="worker", heartbeat_secs=config.broker.heartbeat_secs, log=log)
+        runtime = WorkerRuntime(app, bus, slots, log)
+        await bus.start()
+        announcer = asyncio.create_task(runtime.announce())
+        log.info("worker %s: %d slots; flows %s, tools %s, update handlers %s", worker_name, slots,
+                 sorted(app.flows), sorted(app.tools), sorted(app.updates))
+        await stop.wait()
+        announcer.cancel()
+        for _, task in list(runtime.running.values()):
+            task.cancel()
+        await bus.close()
+        return service.EXIT_OK
+
+    return service.run(run)

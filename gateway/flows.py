@@ -1,0 +1,107 @@
+"""Routes over durable flows: start a run, read it, its attributes, update one, publish to a
+channel, cancel it. Each is one request to the run's owning actor (`actors.flow_client`)."""
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from actors.flow_client import FlowClient, FlowError
+from gateway.errors import ApiError, json_response
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,199}$")
+STATUS_OF = {"not_found": 404, "conflict": 409, "ended": 409, "handler_failed": 422, "unavailable": 503}
+
+
+def _name(request: web.Request, key: str, what: str) -> str:
+    value = request.match_info[key]
+    if not NAME.match(value):
+        raise ApiError(400, f"invalid_{what}", f"{what} must be 1-200 characters of letters, digits and . _ : -")
+    return value
+
+
+def _error(exc: FlowError) -> ApiError:
+    return ApiError(STATUS_OF.get(exc.code, 502), exc.code, exc.message)
+
+
+class FlowRoutes:
+    def __init__(self, gateway: "Gateway") -> None:
+        self.gw = gateway
+        self.client = FlowClient(gateway.bus, gateway.shards)
+
+    async def start(self, request: web.Request) -> web.Response:
+        flow = _name(request, "flow", "flow")
+        tenant = self.gw.tenant_of(request)
+        body = await self.gw.json_body(request)
+        run_id = body.get("run_id")
+        if run_id is not None and (not isinstance(run_id, str) or not NAME.match(run_id)):
+            raise ApiError(400, "invalid_run_id", "run_id must be 1-200 characters of letters, digits and . _ : -")
+        key = request.headers.get("Idempotency-Key")
+        if key is not None and not 0 < len(key) <= 200:
+            raise ApiError(400, "invalid_idempotency_key", "Idempotency-Key must be 1-200 characters")
+        try:
+            run = await self.client.start(flow, body.get("input"), run_id=run_id, key=key, tenant=tenant)
+        except FlowError as exc:
+            raise _error(exc) from None
+        return json_response(run, status=201 if run.get("created") else 200)
+
+    async def get(self, request: web.Request) -> web.Response:
+        run_id = _name(request, "run_id", "run_id")
+        tenant = self.gw.tenant_of(request)
+        try:
+            wait = float(request.query.get("wait", "0"))
+        except ValueError:
+            raise ApiError(400, "invalid_parameter", "wait must be a number of seconds") from None
+        if not 0 <= wait <= 60:
+            raise ApiError(400, "invalid_parameter", "wait must be between 0 and 60 seconds")
+        try:
+            return json_response(await self.client.get(run_id, wait=wait, tenant=tenant))
+        except FlowError as exc:
+            raise _error(exc) from None
+
+    async def attributes(self, request: web.Request) -> web.Response:
+        run_id = _name(request, "run_id", "run_id")
+        tenant = self.gw.tenant_of(request)
+        keys = [k for k in request.query.get("keys", "").split(",") if k]
+        try:
+            values = await self.client.attributes(run_id, keys or None, tenant=tenant)
+        except FlowError as exc:
+            raise _error(exc) from None
+        return json_response({"run_id": run_id, "attributes": values})
+
+    async def update(self, request: web.Request) -> web.Response:
+        run_id = _name(request, "run_id", "run_id")
+        key = _name(request, "key", "key")
+        tenant = self.gw.tenant_of(request)
+        body = await self.gw.json_body(request)
+        handler = body.get("handler")
+        if not isinstance(handler, str) or not NAME.match(handler):
+            raise ApiError(400, "invalid_handler", "body must name an update handler: {\"handler\": ..., \"arg\": ...}")
+        try:
+            value = await self.client.update(run_id, key, handler, body.get("arg"), tenant=tenant)
+        except FlowError as exc:
+            raise _error(exc) from None
+        return json_response({"run_id": run_id, "key": key, "value": value})
+
+    async def publish(self, request: web.Request) -> web.Response:
+        run_id = _name(request, "run_id", "run_id")
+        channel = _name(request, "channel", "channel")
+        tenant = self.gw.tenant_of(request)
+        body = await self.gw.json_body(request)
+        try:
+            await self.client.publish(run_id, channel, body.get("message"), tenant=tenant)
+        except FlowError as exc:
+            raise _error(exc) from None
+        return json_response({"run_id": run_id, "channel": channel, "published": True}, status=202)
+
+    async def cancel(self, request: web.Request) -> web.Response:
+        run_id = _name(request, "run_id", "run_id")
+        tenant = self.gw.tenant_of(request)
+        try:
+            return json_response(await self.client.cancel(run_id, tenant=tenant))
+        except FlowError as exc:
+            raise _error(exc) from None

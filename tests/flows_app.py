@@ -1,0 +1,154 @@
+"""Flows, tools and update handlers the end-to-end tests run on a real worker.
+
+Side effects go to files named by the run's input, so a test can count how many times each
+step really ran (across worker kills and actor restarts)."""
+import asyncio
+import os
+import time
+
+from actors.sdk import App, NO_RETRY, Retry, tool
+
+
+def effect(path: str, line: str) -> None:
+    with open(path, "a") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+async def slow_effect(path: str, n: int, delay: float) -> int:
+    effect(path + ".starts", f"start {n} pid={os.getpid()}")
+    await asyncio.sleep(delay)          # a kill lands here: before the side effect
+    effect(path, f"step {n}")
+    return n * 10
+
+
+async def five_steps(ctx, args):
+    total = 0
+    for n in range(5):
+        total += await ctx.step(slow_effect, args["file"], n, args.get("delay", 0.3), name=f"step-{n}",
+                                retry=Retry(max_attempts=5, backoff_secs=0.05))
+    return total
+
+
+async def stamp(path: str, label: str) -> float:
+    effect(path, label)
+    return time.time()
+
+
+def journaled(wal_dir: str, run_id: str, seq: int) -> bool:
+    """Is the outcome of operation `seq` of `run_id` in the write-ahead log on disk right now?"""
+    from pathlib import Path
+
+    from storage import records, segments
+    for writer in sorted(Path(wal_dir).iterdir()):
+        for _, path in segments.list_segments(writer):
+            for _, kind, _, body, _ in records.scan(path.read_bytes()):
+                if kind == records.RecordKind.FLOW:
+                    rec = records.decode_body(body)
+                    if rec.get("run") == run_id and rec.get("type") == "step.done" and rec.get("seq") == seq:
+                        return True
+    return False
+
+
+async def sync_then_check(ctx, args):
+    """A SYNC step, then a step that looks for the first one's result in the log on disk."""
+    await ctx.step(stamp, args["file"], "first", durability=args.get("durability", "sync"))
+    return await ctx.step(journaled, args["wal"], ctx.run_id, 0)
+
+
+async def sleeper(ctx, args):
+    started = await ctx.step(stamp, args["file"], "before", name="before")
+    await ctx.sleep(args["secs"])
+    ended = await ctx.step(stamp, args["file"], "after", name="after")
+    return ended - started
+
+
+async def waiter(ctx, args):
+    if args.get("delay"):
+        await ctx.step(asyncio.sleep, args["delay"], name="delay")
+    first = await ctx.wait("inbox", timeout=args.get("timeout"))
+    second = await ctx.wait("inbox", timeout=args.get("timeout"))
+    return [first, second]
+
+
+async def async_steps(ctx, n):
+    values = [await ctx.step(lambda_double, i, durability="async") for i in range(n)]
+    return sum(values)
+
+
+def lambda_double(i):
+    return i * 2
+
+
+async def with_attrs(ctx, args):
+    await ctx.set_attr("status", "started")
+    await ctx.wait("finish")
+    await ctx.set_attr("status", "done")
+    return ctx.attrs
+
+
+async def parent(ctx, n):
+    a = await ctx.child("child", n)
+    b = await ctx.child("child", n + 1)
+    return a + b
+
+
+async def child(ctx, n):
+    return await ctx.step(lambda_double, n)
+
+
+async def failing(ctx, args):
+    return await ctx.step(explode, retry=Retry(max_attempts=2, backoff_secs=0.01))
+
+
+def explode():
+    raise ValueError("boom")
+
+
+async def flaky(ctx, args):
+    return await ctx.step(fail_first, args["file"], retry=Retry(max_attempts=3, backoff_secs=0.01))
+
+
+def fail_first(path):
+    runs = open(path).read().count("x") if os.path.exists(path) else 0
+    effect(path, "x")
+    if runs == 0:
+        raise RuntimeError("first attempt fails")
+    return runs + 1
+
+
+async def branchy(ctx, args):
+    """Takes another path when its marker file exists: a deliberately non-deterministic flow."""
+    if os.path.exists(args["file"]):
+        await ctx.step(lambda_double, 1, name="other")
+    else:
+        await ctx.step(lambda_double, 1, name="first")
+    await ctx.wait("go")
+    return "done"
+
+
+def incr(value, arg):
+    return (value or 0) + (arg or 1)
+
+
+@tool(description="Look up the weather in a city",
+      parameters={"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]})
+def get_weather(q):
+    return {"city": q, "forecast": "sunny", "celsius": 21}
+
+
+@tool(description="Search the web", parameters={"type": "object", "properties": {"q": {"type": "string"}}})
+async def search(q):
+    marker = os.environ.get("AGENTOS_TEST_TOOL_MARKER")
+    if marker:
+        effect(marker, f"search {q}")
+        await asyncio.sleep(float(os.environ.get("AGENTOS_TEST_TOOL_DELAY", "0")))
+    return {"results": [f"result for {q}"]}
+
+
+app = App(flows=[five_steps, sync_then_check, sleeper, waiter, async_steps, with_attrs, parent, child, failing,
+                 flaky, branchy],
+          tools=[get_weather, search], updates={"incr": incr})
+
+_ = NO_RETRY

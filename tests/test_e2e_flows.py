@@ -1,0 +1,166 @@
+"""End-to-end: durable flows on real workers — exactly-once steps through kills, SYNC and ASYNC,
+durable sleeps across a full restart, channels, attribute locks, idempotent starts."""
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import aiohttp
+
+from broker.sharding import actor_name
+from harness import Server, Worker, get_json, wait_until
+
+
+def start(base, flow, input, headers=None):
+    return get_json(f"{base}/v1/flows/{flow}/runs", method="POST", body=json.dumps({"input": input}).encode(),
+                    headers={"Content-Type": "application/json", **(headers or {})})
+
+
+def result(base, run_id, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        status, _, body = get_json(f"{base}/v1/runs/{run_id}?wait=10")
+        if body.get("status") in ("completed", "failed", "cancelled") or time.monotonic() > deadline:
+            return body
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_each_committed_step_runs_once_through_worker_actor_and_writer_kills(make_server, make_worker, tmp_path):
+    server = make_server()
+    make_worker(server, slots=4)
+    make_worker(server, slots=4)
+    effects = tmp_path / "effects.txt"
+    starts = Path(f"{effects}.starts")
+    status, _, run = start(server.url, "five_steps", {"file": str(effects), "delay": 1.0})
+    assert status == 201
+    run_id = run["run_id"]
+
+    # 1. kill -9 the worker in the middle of step 1 (after its start, before its side effect).
+    wait_until(lambda: any(l.startswith("start 1") for l in lines(starts)), 30, "step 1 to start")
+    pid = int(next(l for l in lines(starts) if l.startswith("start 1")).split("pid=")[1])
+    os.kill(pid, signal.SIGKILL)
+    # 2. kill -9 the run's actor between steps (after step 2's side effect).
+    wait_until(lambda: "step 2" in lines(effects), 60, "step 2 to run on another worker")
+    server.kill9(actor_name(run_id, 2))
+    # 3. kill -9 the log writer while step 3 runs.
+    wait_until(lambda: any(l.startswith("start 3") for l in lines(starts)), 60, "step 3 to start")
+    server.kill9("writer/log/0")
+
+    body = result(server.url, run_id)
+    assert body["status"] == "completed", body
+    assert body["result"] == sum(n * 10 for n in range(5))
+    assert sorted(lines(effects)) == [f"step {n}" for n in range(5)]   # once each, committed or not retried
+    assert sum(l.startswith("start 1") for l in lines(starts)) == 2      # the killed attempt, then its retry
+
+
+def test_a_sync_step_is_in_the_log_before_the_next_step_starts(make_server, make_worker, tmp_path):
+    server = make_server()
+    make_worker(server)
+    wal = str(tmp_path / "data" / "wal")
+    _, _, run = start(server.url, "sync_then_check", {"file": str(tmp_path / "s.txt"), "wal": wal})
+    assert result(server.url, run["run_id"])["result"] is True
+    # ASYNC: the flow moves on without waiting for the commit, yet its end waits for it.
+    _, _, run = start(server.url, "async_steps", 20)
+    done = result(server.url, run["run_id"])
+    assert done["status"] == "completed" and done["result"] == sum(i * 2 for i in range(20))
+
+
+def test_a_durable_sleep_survives_a_full_restart(tmp_path):
+    server = Server(tmp_path).start()
+    worker = Worker(server).wait_registered()
+    marks = tmp_path / "sleep.txt"
+    try:
+        _, _, run = start(server.url, "sleeper", {"file": str(marks), "secs": 4})
+        wait_until(lambda: lines(marks) == ["before"], 30, "the step before the sleep")
+        time.sleep(0.5)  # the sleep's timer is journaled
+    finally:
+        worker.stop()
+        assert server.stop() == 0
+    server = Server(tmp_path).start()
+    worker = Worker(server).wait_registered()
+    try:
+        body = result(server.url, run["run_id"])
+        assert body["status"] == "completed", body
+        assert body["result"] >= 4.0
+        assert lines(marks) == ["before", "after"]
+    finally:
+        worker.stop()
+        server.stop()
+
+
+def test_messages_published_before_the_wait_are_each_taken_by_one_wait(make_server, make_worker):
+    server = make_server()
+    make_worker(server)
+    _, _, run = start(server.url, "waiter", {"delay": 1.0})
+    run_id = run["run_id"]
+    for message in ("first", "second", "third"):
+        status, _, _ = get_json(f"{server.url}/v1/runs/{run_id}/channels/inbox", method="POST",
+                                body=json.dumps({"message": message}).encode())
+        assert status == 202
+    body = result(server.url, run_id)
+    assert body["result"] == ["first", "second"]   # FIFO, one message per wait; "third" stays queued
+    assert get_json(f"{server.url}/v1/runs/{run_id}/channels/inbox", method="POST",
+                    body=b'{"message": 1}')[0] == 409  # the run has ended
+
+
+def test_concurrent_lock_and_update_never_loses_an_increment(make_server, make_worker):
+    server = make_server()
+    make_worker(server, slots=32)
+    _, _, run = start(server.url, "with_attrs", {})
+    run_id = run["run_id"]
+
+    async def go():
+        async with aiohttp.ClientSession() as session:
+            async def client(n):
+                for _ in range(n):
+                    async with session.post(f"{server.url}/v1/runs/{run_id}/attributes/count:update",
+                                            json={"handler": "incr", "arg": 1}) as resp:
+                        assert resp.status == 200, await resp.text()
+            await asyncio.gather(*(client(50) for _ in range(20)))
+
+    asyncio.run(go())
+    status, _, body = get_json(f"{server.url}/v1/runs/{run_id}/attributes?keys=count,status")
+    assert body["attributes"] == {"count": 1000, "status": "started"}
+
+
+def test_idempotent_starts_return_the_same_run(make_server, make_worker):
+    server = make_server()
+    make_worker(server)
+    first = start(server.url, "async_steps", 3, {"Idempotency-Key": "order-17"})
+    again = start(server.url, "async_steps", 3, {"Idempotency-Key": "order-17"})
+    assert first[0] == 201 and again[0] == 200
+    assert first[2]["run_id"] == again[2]["run_id"] and again[2]["created"] is False
+    chosen = get_json(f"{server.url}/v1/flows/async_steps/runs", method="POST",
+                      body=json.dumps({"input": 2, "run_id": "my-run-1"}).encode())
+    twice = get_json(f"{server.url}/v1/flows/async_steps/runs", method="POST",
+                     body=json.dumps({"input": 2, "run_id": "my-run-1"}).encode())
+    assert chosen[2]["run_id"] == twice[2]["run_id"] == "my-run-1" and twice[2]["created"] is False
+    assert result(server.url, "my-run-1")["result"] == 2
+
+
+def test_failures_children_cancel_and_non_determinism(make_server, make_worker, tmp_path):
+    server = make_server()
+    make_worker(server)
+    base = server.url
+    failed = result(base, start(base, "failing", {})[2]["run_id"])
+    assert failed["status"] == "failed" and "after 2 attempts" in failed["error"] and "boom" in failed["error"]
+    assert result(base, start(base, "flaky", {"file": str(tmp_path / "flaky")})[2]["run_id"])["result"] == 2
+    assert result(base, start(base, "parent", 3)[2]["run_id"])["result"] == 6 + 8
+    waiting = start(base, "waiter", {})[2]["run_id"]
+    cancelled = get_json(f"{base}/v1/runs/{waiting}:cancel", method="POST")
+    assert cancelled[2]["status"] == "cancelled"
+    marker = tmp_path / "branch"
+    branchy = start(base, "branchy", {"file": str(marker)})[2]["run_id"]
+    wait_until(lambda: get_json(f"{base}/v1/runs/{branchy}")[2]["status"] in ("suspended", "running"), 10, "start")
+    time.sleep(0.5)
+    marker.write_text("now the code takes the other branch")
+    get_json(f"{base}/v1/runs/{branchy}/channels/go", method="POST", body=b"{}")
+    body = result(base, branchy)
+    assert body["status"] == "failed" and "NonDeterministic" in body["error"] and "'first'" in body["error"]
+    assert get_json(f"{base}/v1/runs/no-such-run")[0] == 404
+    assert get_json(f"{base}/v1/flows/bad%20name/runs", method="POST", body=b"{}")[0] == 400

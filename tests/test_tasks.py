@@ -1,0 +1,56 @@
+from actors.tasks import TaskBoard, Timers
+
+
+def task(i, kind="flow", name="order", run=None):
+    return {"task_id": f"t{i}", "kind": kind, "name": name, "run_id": run or f"r{i}", "actor": "actor/0"}
+
+
+def test_tasks_wait_for_a_capable_worker_with_a_free_slot():
+    board = TaskBoard()
+    assert board.submit(task(1), 0) == []
+    assert board.hello("w1", ["tool:search"], 2, [], 1, 0) == []           # cannot run it
+    offers = board.hello("w2", ["flow:order"], 1, [], 1, 0)
+    assert [(w, t["task_id"]) for w, t in offers] == [("w2", "t1")]
+    assert board.submit(task(2), 0) == []                                 # w2 is full
+    assert [(w, t["task_id"]) for w, t in board.done("w2", "t1", 1)] == [("w2", "t2")]
+
+
+def test_a_decline_puts_the_task_back_first_and_tries_another_worker():
+    board = TaskBoard()
+    board.hello("w1", ["flow:order"], 1, [], 1, 0)
+    board.hello("w2", ["flow:order"], 1, [], 1, 0)
+    first = board.submit(task(1), 0)
+    board.submit(task(2), 0)
+    busy = first[0][0]
+    offers = board.decline(busy, "t1", 0)
+    assert offers == [] or offers[0][0] != busy
+    assert board.stats()["queued"] + len(offers) >= 1
+
+
+def test_a_newer_task_for_the_same_run_replaces_the_queued_one():
+    board = TaskBoard()
+    board.submit({**task(1, run="r"), "exec": 1}, 0)
+    board.submit({**task(2, run="r"), "exec": 2}, 0)
+    offers = board.hello("w", ["flow:order"], 4, [], 1, 0)
+    assert [t["exec"] for _, t in offers] == [2]
+
+
+def test_silent_workers_expire_and_lost_offers_come_back_to_the_slot_count():
+    board = TaskBoard(worker_timeout_secs=3, offer_grace_secs=2)
+    board.hello("w", ["tool:x"], 1, [], 1, 0)
+    board.submit(task(1, "tool", "x"), 0)
+    assert board.submit(task(2, "tool", "x"), 0) == []
+    # The worker never saw t1 (or finished it and the notice was lost): after the grace, the slot is free.
+    offers = board.hello("w", ["tool:x"], 1, [], 1, 5)
+    assert [t["task_id"] for _, t in offers] == ["t2"]
+    assert board.expire(9) == ["w"] and board.stats()["workers"] == 0
+
+
+def test_timers_fire_once_in_due_order():
+    timers = Timers()
+    timers.set("a", "actor/0", "r1", 10)
+    timers.set("b", "actor/1", "r2", 5)
+    timers.set("a", "actor/0", "r1", 10)  # set again: still once
+    assert timers.due(4) == []
+    assert timers.due(11) == [("actor/1", "b", "r2"), ("actor/0", "a", "r1")]
+    assert timers.due(20) == [] and len(timers) == 0
