@@ -40,8 +40,10 @@ class Actor:
         self.provider = Provider(config.provider)
         self.permits = PermitClient(self.bus)
         self.persistence = Persistence(self.bus, config)
-        self.loop = AgentLoop(self.provider, self.permits, self.persistence, config.provider.max_retries)
         self.flows = Flows(self.bus, self.persistence.log, self.persistence.query, index, config.actor_count, log)
+        self.flows.on_open_turn = self.resume_turn
+        self.loop = AgentLoop(self.provider, self.permits, self.persistence, self.flows, self.bus,
+                              config.provider.max_retries, config.kernel.max_steps_per_turn)
         for kind, handler in self.flows.handlers().items():
             self.bus.on(kind, handler)
         for kind, handler in {Kind.TURN_START: self.on_turn_start, Kind.TURN_CANCEL: self.on_turn_cancel,
@@ -80,10 +82,14 @@ class Actor:
         self.bus.reply(msg, Kind.TURN_STATUS, {"turn_id": turn.turn_id if turn else wanted,
                                                "state": "cancelled" if cancelled else "idle"})
 
-    def on_turn_resume(self, msg: Message) -> None:
+    async def on_turn_resume(self, msg: Message) -> None:
+        await self.flows.ready.wait()  # interrupted turns are known once the open runs are loaded
         turn = self.turns.get(msg.body["turn_id"])
         if turn is None or turn.session_id != msg.body["session"]:
             self.bus.reply(msg, Kind.TURN_STATUS, {"turn_id": msg.body["turn_id"], "state": "unknown"})
+            return
+        if turn.resumed:  # finishing after our restart: its old stream cannot continue
+            self.bus.reply(msg, Kind.TURN_STATUS, {"turn_id": turn.turn_id, "state": "resumed"})
             return
         turn.replay(msg.body["after"], msg.src)
         self.bus.reply(msg, Kind.TURN_STATUS, {"turn_id": turn.turn_id, "state": "ended" if turn.ended else "running"})
@@ -139,10 +145,45 @@ class Actor:
 
     # -- turns ----------------------------------------------------------------------------
 
-    async def run_turn(self, turn: Turn, session: Session) -> None:
+    def resume_turn(self, run) -> None:
+        """Finish a turn our predecessor was running when it died. It is known at once (a probe
+        of its old stream learns it is `resumed`); its session loads in the background."""
+        info = run.input or {}
+        turn = Turn(self.bus, info["turn"], info["session"], run.tenant, info.get("input", ""), "", 0.0)
+        turn.resumed = True
+        self.turns[turn.turn_id] = turn
+        asyncio.ensure_future(self._finish_resumed(run, turn, int(info.get("user_index", 0))))
+
+    async def _finish_resumed(self, run, turn: Turn, user_index: int) -> None:
+        session = self.sessions.open(turn.session_id, run.tenant)
         try:
-            self.persistence.event_nowait(turn, "turn.started", {"input_chars": len(turn.input)})
-            data = await self.loop.run(turn, session)
+            await self.persistence.ensure_loaded(session)
+        except StorageUnavailable as exc:
+            self.log.error("cannot resume turn %s: %s", turn.turn_id, exc)
+            self._abandon(turn)
+            return
+        if session.active is not None:
+            self.flows.record(run, "run.ended", sync=False, status="cancelled", error="superseded by a newer turn")
+            self._abandon(turn)
+            return
+        if len(session.messages) <= user_index:
+            del session.messages[user_index:]
+            session.messages.append({"role": "user", "content": turn.input})
+        turn.replay_pos = user_index + 1
+        self.log.info("resuming turn %s of session %s from step %d", turn.turn_id, session.id, len(run.journal()))
+        session.active = turn
+        turn.record(Kind.TURN_STARTED, {"data": {"turn_id": turn.turn_id, "session_id": session.id, "resumed": True}})
+        turn.task = asyncio.get_running_loop().create_task(self.run_turn(turn, session, run))
+
+    def _abandon(self, turn: Turn) -> None:
+        turn.ended_at = time.monotonic()
+        self.finished.append(turn)
+
+    async def run_turn(self, turn: Turn, session: Session, journal=None) -> None:
+        try:
+            if journal is None:
+                self.persistence.event_nowait(turn, "turn.started", {"input_chars": len(turn.input)})
+            data = await self.loop.run(turn, session, journal)
             turn.emit(Kind.TURN_DONE, {"data": data})
         except asyncio.CancelledError:
             turn.emit(Kind.TURN_CANCELLED, {"reason": turn.cancel_reason or "cancelled"})
@@ -157,6 +198,10 @@ class Actor:
             turn.emit(Kind.TURN_FAILED, {"code": "internal", "message": f"internal error: {exc!r}"})
         finally:
             self._record_end(turn)
+            run = self.flows.runs.get(f"{session.id}/{turn.turn_id}")
+            if run is not None and not run.ended and turn.outcome in ("failed", "cancelled"):
+                self.flows.record(run, "run.ended", sync=False, status=turn.outcome, error=turn.cancel_reason)
+            self.flows.runs.pop(f"{session.id}/{turn.turn_id}", None)
             metrics.inc(metrics.turns.labels(turn.outcome or "unknown"))
             metrics.observe(metrics.turn_duration, (time.monotonic() - turn.started_at) * 1000.0)
             if session.active is turn:

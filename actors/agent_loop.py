@@ -1,8 +1,16 @@
-"""The agent loop of a turn: model calls under provider permits, streamed to the turn.
+"""The agent loop of a turn, on durable steps.
 
-A model call holds a permit from the scheduler for exactly as long as its provider stream is
-open. A provider 429 releases the permit with the provider's Retry-After, so the scheduler
-pauses every grant, not just this one. A call that failed before any token was streamed is
+A turn is a run of the built-in flow `turn` owned by its session's actor (run id
+`SESSION/TURN`). Each model call is a step: it holds a provider permit from the scheduler for as
+long as its stream is open, and its whole answer (text, tool calls, usage) is journaled. Each
+tool call the model asks for is a step run by a worker that registered the tool; its result is
+journaled and handed back to the model. The loop ends when the model answers without tool
+calls, or after `kernel.max_steps_per_turn` model calls. After every step the session is
+checkpointed. If the actor dies mid-turn, its successor replays the journal — finished steps
+return their recorded outcome, nothing runs twice — and finishes the turn in the background.
+
+A provider 429 releases the permit with the provider's Retry-After, so the scheduler pauses
+every grant, not just this one. A model call that failed before any token was streamed is
 retried (up to `provider.max_retries`); one that failed mid-stream is not, since the client has
 already seen part of its answer.
 """
@@ -10,30 +18,67 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
+
+import orjson
 
 from agentos import metrics
+from actors.flow_runs import Flows, TaskFailed
+from actors.flow_state import Run
 from actors.permit_client import PermitClient
 from actors.persistence import Persistence
-from actors.provider import ModelResult, Provider, ProviderError
+from actors.provider import ModelResult, Provider, ProviderError, ToolCall
 from actors.session import Session
 from actors.turn import Turn
+from broker.client import Bus, BusError
+from broker.protocol import Kind
+
+TURN_FLOW = "turn"
+TOOLS_CACHE_SECS = 2.0
+TOOL_TIMEOUT_SECS = 120.0
+
+
+def turn_run_id(session_id: str, turn_id: str) -> str:
+    return f"{session_id}/{turn_id}"
+
+
+def run_owner_key(run_id: str) -> str:
+    """What a run is sharded by: the session for a turn, the run id itself for a flow."""
+    return run_id.split("/", 1)[0]
 
 
 class AgentLoop:
-    def __init__(self, provider: Provider, permits: PermitClient, persistence: Persistence, max_retries: int) -> None:
+    def __init__(self, provider: Provider, permits: PermitClient, persistence: Persistence, flows: Flows,
+                 bus: Bus, max_retries: int, max_steps: int) -> None:
         self.provider = provider
         self.permits = permits
         self.persistence = persistence
+        self.flows = flows
+        self.bus = bus
         self.max_retries = max_retries
+        self.max_steps = max_steps
+        self._tools: list[dict] = []
+        self._tools_at = 0.0
 
-    async def model_call(self, turn: Turn, session: Session) -> ModelResult:
+    async def tool_schemas(self) -> list[dict]:
+        """Tools advertised by live workers (asked of the scheduler, cached for a moment)."""
+        if time.monotonic() - self._tools_at > TOOLS_CACHE_SECS:
+            self._tools_at = time.monotonic()
+            try:
+                reply = await self.bus.request("scheduler", Kind.TOOLS_LIST, {}, timeout=2.0)
+                self._tools = reply.body["tools"]
+            except BusError:
+                pass  # keep the last list: the scheduler may be restarting
+        return self._tools
+
+    async def model_call(self, turn: Turn, session: Session, tools: list[dict]) -> ModelResult:
         retries = 0
         while True:
             permit = await self.permits.acquire(turn.tenant, turn.session_id, turn.turn_id)
             backoff = 0.0
             first_token = turn.first_token_at
             try:
-                return await self.provider.call(session.messages, turn.delta)
+                return await self.provider.call(session.messages, turn.delta, tools or None)
             except ProviderError as exc:
                 streamed = turn.first_token_at != first_token
                 metrics.inc(metrics.provider_errors.labels(exc.kind))
@@ -47,30 +92,125 @@ class AgentLoop:
             if not backoff:
                 await asyncio.sleep(min(0.1 * 2 ** retries, 2.0))
 
-    async def run(self, turn: Turn, session: Session) -> dict:
-        """Run the turn to its answer; returns the data of its `turn.completed` event.
-
-        The step's and the turn's events are appended just before the SYNC checkpoint, so they
-        travel in its batch: once the checkpoint is acknowledged, they are durable too.
-        """
+    async def run(self, turn: Turn, session: Session, journal: Run | None = None) -> dict:
+        """Run (or, with the journal of an interrupted turn, finish) the turn; returns the data of
+        its `turn.completed` event. The last step's events travel in the batch of the last SYNC
+        checkpoint, so once it is acknowledged they are durable too."""
         await self.persistence.ensure_loaded(session)
-        session.messages.append({"role": "user", "content": turn.input})
-        step_started = time.monotonic()
-        result = await self.model_call(turn, session)
-        session.messages.append({"role": "assistant", "content": result.text})
+        run = journal
+        if run is None:
+            run = Run(turn_run_id(session.id, turn.turn_id), TURN_FLOW, turn.tenant)
+            self.flows.runs[run.run_id] = run
+            self.flows.record(run, "run.started", sync=False, flow=TURN_FLOW,
+                              input={"session": session.id, "input": turn.input, "turn": turn.turn_id,
+                                     "user_index": len(session.messages)})
+            session.messages.append({"role": "user", "content": turn.input})
+        tools = await self.tool_schemas()
+        seq = 0
+        usage = {"prompt_tokens": 0, "completion_tokens": 0}
+        finish = ""
+        for _ in range(self.max_steps):
+            result, seq = await self._model_step(turn, session, run, seq, tools)
+            usage["prompt_tokens"] += result.prompt_tokens
+            usage["completion_tokens"] += result.completion_tokens
+            finish = result.finish_reason
+            if not result.tool_calls:
+                break
+            for call in result.tool_calls:
+                seq = await self._tool_step(turn, session, run, seq, call)
+            await self.persistence.checkpoint(session, turn)
+        else:
+            finish = "max_steps"
         now = time.monotonic()
         ttft_ms = (turn.first_token_at - turn.started_at) * 1000.0 if turn.first_token_at else None
-        usage = {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens}
         durations = {"ttft_ms": None if ttft_ms is None else round(ttft_ms, 3),
                      "total_ms": round((now - turn.started_at) * 1000.0, 3)}
-        self.persistence.event_nowait(turn, "step.completed", {
-            "step": 1, "kind": "model", **usage, "duration_ms": round((now - step_started) * 1000.0, 3)})
         self.persistence.event_nowait(turn, "turn.completed", {"outcome": "completed", "usage": usage,
-                                                               "durations": durations})
+                                                              "durations": durations, "steps": seq})
         await self.persistence.checkpoint(session, turn)
-        metrics.inc(metrics.tokens_prompt, result.prompt_tokens)
-        metrics.inc(metrics.tokens_completion, result.completion_tokens)
+        self.flows.record(run, "run.ended", sync=False, status="completed", result={"steps": seq})
+        metrics.inc(metrics.tokens_prompt, usage["prompt_tokens"])
+        metrics.inc(metrics.tokens_completion, usage["completion_tokens"])
         if ttft_ms is not None:
             metrics.observe(metrics.turn_ttft, ttft_ms)
         return {"turn_id": turn.turn_id, "session_id": session.id, "usage": usage, "durations": durations,
-                "finish_reason": result.finish_reason}
+                "finish_reason": finish, "steps": seq}
+
+    async def _model_step(self, turn: Turn, session: Session, run: Run, seq: int,
+                          tools: list[dict]) -> tuple[ModelResult, int]:
+        op = run.ops.get(seq)
+        if op is not None and op.done:
+            result = _model_result(op.result)
+        else:
+            started = time.monotonic()
+            self.flows.record(run, "step.started", sync=False, seq=seq, name="model", attempt=1)
+            result = await self.model_call(turn, session, tools)
+            answer = {"text": result.text, "finish_reason": result.finish_reason,
+                      "usage": [result.prompt_tokens, result.completion_tokens],
+                      "tool_calls": [[c.id, c.name, c.arguments] for c in result.tool_calls]}
+            # The answer is durable before its tools run; a final answer rides with the last checkpoint.
+            ack = self.flows.record(run, "step.done", sync=bool(result.tool_calls), seq=seq, name="model", ok=True,
+                                    result=answer, attempt=1)
+            self.persistence.event_nowait(turn, "step.completed", {
+                "step": seq, "kind": "model", "prompt_tokens": result.prompt_tokens,
+                "completion_tokens": result.completion_tokens,
+                "duration_ms": round((time.monotonic() - started) * 1000.0, 3)})
+            if ack is not None:
+                await ack
+        message: dict[str, Any] = {"role": "assistant", "content": result.text}
+        if result.tool_calls:
+            message["tool_calls"] = [{"id": c.id, "type": "function",
+                                      "function": {"name": c.name, "arguments": c.arguments}}
+                                     for c in result.tool_calls]
+        add_message(turn, session, message)
+        return result, seq + 1
+
+    async def _tool_step(self, turn: Turn, session: Session, run: Run, seq: int, call: ToolCall) -> int:
+        op = run.ops.get(seq)
+        turn.emit(Kind.TURN_TOOL, {"phase": "call", "name": call.name, "data": {"call_id": call.id,
+                                                                               "arguments": call.arguments}})
+        if op is not None and op.done:
+            ok, output = op.ok, (op.result if op.ok else op.error)
+        else:
+            attempt = (op.attempts if op is not None else 0) + 1
+            await self.flows.record(run, "step.started", seq=seq, name=f"tool:{call.name}", attempt=attempt)
+            ok, output = await self._run_tool(turn, run, call)
+            fields = {"result": output} if ok else {"error": str(output)}
+            await self.flows.record(run, "step.done", seq=seq, name=f"tool:{call.name}", ok=ok, attempt=attempt,
+                                    **fields)
+        turn.emit(Kind.TURN_TOOL, {"phase": "result", "name": call.name, "data": {
+            "call_id": call.id, "ok": ok, **({"result": output} if ok else {"error": str(output)})}})
+        add_message(turn, session, {"role": "tool", "tool_call_id": call.id,
+                                    "content": orjson.dumps(output if ok else {"error": str(output)}).decode()})
+        return seq + 1
+
+    async def _run_tool(self, turn: Turn, run: Run, call: ToolCall) -> tuple[bool, Any]:
+        try:
+            arguments = orjson.loads(call.arguments) if call.arguments else {}
+        except orjson.JSONDecodeError:
+            return False, f"the arguments of {call.name} are not valid JSON: {call.arguments[:200]!r}"
+        future = self.flows.submit_task("tool", call.name, turn.tenant, {"arguments": arguments}, run.run_id)
+        try:
+            return True, await asyncio.wait_for(future, TOOL_TIMEOUT_SECS)
+        except TaskFailed as exc:
+            return False, str(exc)
+        except asyncio.TimeoutError:
+            return False, f"no worker ran tool {call.name!r} within {TOOL_TIMEOUT_SECS:g}s"
+
+
+def _model_result(answer: dict) -> ModelResult:
+    return ModelResult(text=answer.get("text", ""), finish_reason=answer.get("finish_reason", ""),
+                       prompt_tokens=answer.get("usage", [0, 0])[0], completion_tokens=answer.get("usage", [0, 0])[1],
+                       tool_calls=[ToolCall(i, n, a) for i, n, a in answer.get("tool_calls", [])])
+
+
+def add_message(turn: Turn, session: Session, message: dict) -> None:
+    """Append a message, unless a resumed turn is replaying one its checkpoint brought back."""
+    pos = turn.replay_pos
+    if pos is not None and pos < len(session.messages):
+        if session.messages[pos] == message:
+            turn.replay_pos = pos + 1
+            return
+        del session.messages[pos:]  # the checkpoint went further than the journal: the journal wins
+    turn.replay_pos = None
+    session.messages.append(message)

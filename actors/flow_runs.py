@@ -60,6 +60,7 @@ class Flows:
         self.task_counter = 0
         self.tasks: dict[str, list] = {}       # task id -> [future, submit body, last sign of life]
         self.adopted: set[str] = set()         # runs reloaded after a restart, execution not yet seen
+        self.on_open_turn = None               # the actor finishes interrupted turns (flow "turn")
 
     def handlers(self) -> dict:
         return {Kind.FLOW_START: self.on_start, Kind.FLOW_GET: self.on_get, Kind.FLOW_CANCEL: self.on_cancel,
@@ -93,12 +94,17 @@ class Flows:
         while True:
             try:
                 rows = (await self.query("open_runs", "", sync=True))["rows"]
-                mine = [r["run_id"] for r in rows if shard_of(r["run_id"], self.shards) == self.index]
+                mine = [r["run_id"] for r in rows if shard_of(r["run_id"].split("/", 1)[0], self.shards) == self.index]
                 for run_id in mine:
                     run = await self._load_run(run_id)
-                    if run is not None and not run.ended:
-                        self.adopted.add(run_id)
-                        self.resume(run)
+                    if run is None or run.ended:
+                        continue
+                    if run.flow == "turn":
+                        if self.on_open_turn is not None:
+                            self.on_open_turn(run)
+                        continue
+                    self.adopted.add(run_id)
+                    self.resume(run)
                 break
             except Exception as exc:  # the store may still be starting: keep trying
                 self.log.warning("cannot load open flow runs yet (%s); retrying", exc)
@@ -140,6 +146,8 @@ class Flows:
 
     def dispatch(self, run: Run) -> None:
         """A new execution of the run on some worker."""
+        if run.ended:
+            return
         self.exec_counter += 1
         run.exec = (self.bus.incarnation << 24) | self.exec_counter
         run.last_alive = time.monotonic()
@@ -234,8 +242,7 @@ class Flows:
             self.bus.reply(msg, Kind.STEP_GO, {"action": "continue"})
             return
         self.set_timer(run, op)
-        run.status = "suspended"
-        self.bus.reply(msg, Kind.STEP_GO, {"action": "suspend"})
+        self.bus.reply(msg, Kind.STEP_GO, {"action": _park(run)})
 
     async def _start_wait(self, msg: Message, run: Run, seq: int, op: Op | None) -> None:
         b = msg.body
@@ -249,8 +256,7 @@ class Flows:
             return
         if op.due:
             self.set_timer(run, op)
-        run.status = "suspended"
-        self.bus.reply(msg, Kind.STEP_GO, {"action": "suspend"})
+        self.bus.reply(msg, Kind.STEP_GO, {"action": _park(run)})
 
     async def _take_message(self, run: Run, op: Op) -> bool:
         queue = run.channels.get(op.channel)
@@ -267,8 +273,7 @@ class Flows:
             child = b.get("child") or f"{run.run_id}.{seq}"
             await self.record(run, "child.started", seq=seq, name=b["name"], child=child)
             op = run.ops[seq]
-        run.status = "suspended"
-        self.bus.reply(msg, Kind.STEP_GO, {"action": "suspend"})
+        self.bus.reply(msg, Kind.STEP_GO, {"action": _park(run)})
         asyncio.ensure_future(self._start_child_run(run, op, b.get("input")))
 
     async def _start_child_run(self, run: Run, op: Op, child_input: Any) -> None:
@@ -551,6 +556,10 @@ class Flows:
             if resync:
                 last_resync = now
             for run in list(self.runs.values()):
+                if run.flow == "turn":  # turns run in their actor, not on workers
+                    if run.ended and now - run.last_alive > ENDED_RETENTION_SECS:
+                        del self.runs[run.run_id]
+                    continue
                 if run.ended:
                     if now - run.last_alive > ENDED_RETENTION_SECS and not run.updating:
                         del self.runs[run.run_id]
@@ -573,6 +582,15 @@ class Flows:
         for run in self.runs.values():
             counts[run.status] = counts.get(run.status, 0) + 1
         return {"runs": counts, "tasks_waiting": len(self.tasks)}
+
+
+def _park(run: Run) -> str:
+    """The run waits for a timer, a message or a child: this execution ends (unless the run was
+    cancelled meanwhile, in which case it is simply over)."""
+    if run.ended:
+        return "abort"
+    run.status = "suspended"
+    return "suspend"
 
 
 def _outcome(op: Op) -> dict[str, Any]:

@@ -35,7 +35,11 @@ class Scheduler:
         return {Kind.PERMIT_REQUEST: self.on_request, Kind.PERMIT_RELEASE: self.on_release,
                 Kind.PERMIT_SYNC: self.on_sync, Kind.STATS: self.on_stats,
                 Kind.TASK_SUBMIT: self.on_submit, Kind.TASK_DECLINE: self.on_decline, Kind.TASK_DONE: self.on_done,
-                Kind.WORKER_HELLO: self.on_worker_hello, Kind.TIMER_SET: self.on_timer_set}
+                Kind.WORKER_HELLO: self.on_worker_hello, Kind.TIMER_SET: self.on_timer_set,
+                Kind.TOOLS_LIST: self.on_tools_list}
+
+    def on_tools_list(self, msg: Message) -> None:
+        self.bus.reply(msg, Kind.TOOLS, {"tools": list(self.board.tools().values())})
 
     # -- tasks and timers ---------------------------------------------------------------------
 

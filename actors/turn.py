@@ -21,7 +21,7 @@ OUTCOMES = {Kind.TURN_DONE: "completed", Kind.TURN_FAILED: "failed", Kind.TURN_C
 class Turn:
     __slots__ = ("turn_id", "session_id", "tenant", "input", "gateway", "bus", "events", "seq", "task",
                  "cancel_reason", "started_at", "first_token_at", "ended_at", "_pending_text", "_flush_scheduled",
-                 "outcome", "delta_window", "_last_flush")
+                 "outcome", "delta_window", "_last_flush", "replay_pos", "resumed")
 
     def __init__(self, bus: Bus, turn_id: str, session_id: str, tenant: str, text: str, gateway: str,
                  delta_window_secs: float = 0.0) -> None:
@@ -43,6 +43,8 @@ class Turn:
         self._flush_scheduled = False
         self.delta_window = delta_window_secs
         self._last_flush = 0.0
+        self.replay_pos: int | None = None   # while a resumed turn replays its journal
+        self.resumed = False                 # finishing after a restart, with nobody streaming it
 
     @property
     def ended(self) -> bool:
@@ -63,7 +65,8 @@ class Turn:
         if self._pending_text:
             self._flush_text()
         body = self.record(kind, body)
-        self.bus.send(self.gateway, kind, body, session=self.session_id, turn=self.turn_id)
+        if self.gateway:
+            self.bus.send(self.gateway, kind, body, session=self.session_id, turn=self.turn_id)
         if kind in TURN_TERMINAL:
             self.ended_at = time.monotonic()
             self.outcome = OUTCOMES[kind]
@@ -91,7 +94,8 @@ class Turn:
         text = "".join(self._pending_text)
         self._pending_text.clear()
         body = self.record(Kind.TURN_DELTA, {"text": text})
-        self.bus.send(self.gateway, Kind.TURN_DELTA, body, session=self.session_id, turn=self.turn_id)
+        if self.gateway:
+            self.bus.send(self.gateway, Kind.TURN_DELTA, body, session=self.session_id, turn=self.turn_id)
 
     def replay(self, after: int, gateway: str) -> None:
         """Send again every event numbered above `after`, to the gateway that now holds the stream."""

@@ -57,6 +57,7 @@ class Kind(enum.StrEnum):
     TURN_CANCEL = "turn.cancel"
     TURN_RESUME = "turn.resume"
     TURN_STATUS = "turn.status"
+    TURN_TOOL = "turn.tool"
     # permit.*: actors <-> scheduler
     PERMIT_REQUEST = "permit.request"
     PERMIT_GRANT = "permit.grant"
@@ -90,6 +91,8 @@ class Kind(enum.StrEnum):
     TASK_RESULT = "task.result"
     WORKER_HELLO = "worker.hello"
     WORKER_ALIVE = "worker.alive"
+    TOOLS_LIST = "tools.list"
+    TOOLS = "tools"
     # timer.*: durable timers held by the scheduler
     TIMER_SET = "timer.set"
     TIMER_FIRE = "timer.fire"
@@ -139,6 +142,8 @@ SPECS: dict[Kind, Spec] = {
     Kind.TURN_STARTED: _spec({"turn_id": str, "seq": int}, data=dict),
     Kind.TURN_DELTA: _spec({"turn_id": str, "seq": int, "text": str}),
     Kind.TURN_DONE: _spec({"turn_id": str, "seq": int}, data=dict),
+    # A tool call of the turn (phase "call": name, arguments; phase "result": name, ok, result or error)
+    Kind.TURN_TOOL: _spec({"turn_id": str, "seq": int, "phase": str, "name": str}, data=dict),
     Kind.TURN_FAILED: _spec({"turn_id": str, "seq": int, "code": str, "message": str}),
     Kind.TURN_CANCELLED: _spec({"turn_id": str, "seq": int, "reason": str}),
     Kind.TURN_CANCEL: _spec({"session": str}, turn_id=str, reason=str),  # turn_id "" = whatever runs
@@ -190,6 +195,8 @@ SPECS: dict[Kind, Spec] = {
     Kind.WORKER_HELLO: _spec({"slots": int, "running": list, "incarnation": int, "flows": list, "tools": list,
                               "handlers": list}, tool_schemas=list),
     Kind.WORKER_ALIVE: _spec({"runs": list, "tasks": list}),
+    Kind.TOOLS_LIST: _spec(),
+    Kind.TOOLS: _spec({"tools": list}),  # OpenAI tool schemas advertised by live workers
     Kind.TIMER_SET: _spec({"timer_id": str, "run_id": str, "due": _NUM}),
     Kind.TIMER_FIRE: _spec({"timer_id": str, "run_id": str}),
     Kind.CHANNEL_PUBLISH: _spec({"run_id": str, "tenant": str, "channel": str}, message=object),
@@ -215,6 +222,7 @@ REQUESTS: dict[Kind, Kind] = {
     Kind.STORE_QUERY: Kind.STORE_ROWS,
     Kind.CHECKPOINT_PUT: Kind.CHECKPOINT_SAVED,
     Kind.CHECKPOINT_GET: Kind.CHECKPOINT_DATA,
+    Kind.TOOLS_LIST: Kind.TOOLS,
     Kind.FLOW_START: Kind.FLOW_RUN,
     Kind.FLOW_GET: Kind.FLOW_RUN,
     Kind.FLOW_CANCEL: Kind.FLOW_RUN,
@@ -230,7 +238,8 @@ REQUESTS: dict[Kind, Kind] = {
 
 KIND_BYTES: dict[Kind, bytes] = {k: k.value.encode() for k in Kind}
 _KIND_BY_BYTES: dict[bytes, Kind] = {v: k for k, v in KIND_BYTES.items()}
-TURN_EVENTS = frozenset({Kind.TURN_STARTED, Kind.TURN_DELTA, Kind.TURN_DONE, Kind.TURN_FAILED, Kind.TURN_CANCELLED})
+TURN_EVENTS = frozenset({Kind.TURN_STARTED, Kind.TURN_DELTA, Kind.TURN_TOOL, Kind.TURN_DONE, Kind.TURN_FAILED,
+                         Kind.TURN_CANCELLED})
 TURN_TERMINAL = frozenset({Kind.TURN_DONE, Kind.TURN_FAILED, Kind.TURN_CANCELLED})
 
 

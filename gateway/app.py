@@ -273,6 +273,8 @@ class Gateway:
             stream.last_event_at = time.monotonic()
             if status.body["state"] == "unknown":
                 stream.fail("turn_lost", "the turn was lost: its actor restarted before the turn ended")
+            elif status.body["state"] == "resumed":
+                stream.interrupted()
         except BusError:
             stream.failed_probes += 1
             if stream.failed_probes >= MAX_FAILED_PROBES:

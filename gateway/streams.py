@@ -18,6 +18,7 @@ from broker.protocol import TURN_TERMINAL, Kind
 SSE_EVENT_NAMES = {
     Kind.TURN_STARTED: b"turn.started",
     Kind.TURN_DELTA: b"delta",
+    Kind.TURN_TOOL: b"tool",
     Kind.TURN_DONE: b"turn.completed",
     Kind.TURN_FAILED: b"turn.failed",
     Kind.TURN_CANCELLED: b"turn.cancelled",
@@ -30,6 +31,8 @@ def event_data(kind: Kind, body: dict[str, Any]) -> dict[str, Any]:
     """The JSON `data:` of an SSE event, from the bus message body."""
     if kind is Kind.TURN_DELTA:
         return {"text": body["text"]}
+    if kind is Kind.TURN_TOOL:
+        return {"phase": body["phase"], "name": body["name"], **(body.get("data") or {})}
     if kind is Kind.TURN_FAILED:
         return {"turn_id": body["turn_id"], "error": {"code": body["code"], "message": body["message"]}}
     if kind is Kind.TURN_CANCELLED:
@@ -94,6 +97,20 @@ class TurnStream:
             return
         self._accept(Kind.TURN_FAILED, {"turn_id": self.turn_id, "seq": self.last_seq + 1,
                                         "code": code, "message": message})
+        self._wake()
+
+    def interrupted(self) -> None:
+        """End the stream with `turn.interrupted`: the turn goes on in the background after a
+        restart of its actor, and its result will be in the session's transcript."""
+        if self.terminal is not None:
+            return
+        self.last_seq += 1
+        self.chunks.append(render(self.last_seq, b"turn.interrupted", {
+            "turn_id": self.turn_id, "code": "resumed_in_background",
+            "message": "the server restarted during this turn; it is finishing in the background and its result "
+                       "will be in the session's transcript (GET /v1/sessions/{sid}/messages)"}))
+        self.terminal = Kind.TURN_FAILED
+        self.reorder.clear()
         self._wake()
 
     def _wake(self) -> None:

@@ -135,15 +135,18 @@ def incr(value, arg):
 @tool(description="Look up the weather in a city",
       parameters={"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]})
 def get_weather(q):
+    marker = os.environ.get("FLOWS_APP_TOOL_MARKER")
+    if marker:
+        effect(marker, f"weather {q}")
     return {"city": q, "forecast": "sunny", "celsius": 21}
 
 
 @tool(description="Search the web", parameters={"type": "object", "properties": {"q": {"type": "string"}}})
 async def search(q):
-    marker = os.environ.get("AGENTOS_TEST_TOOL_MARKER")
+    marker = os.environ.get("FLOWS_APP_TOOL_MARKER")
     if marker:
         effect(marker, f"search {q}")
-        await asyncio.sleep(float(os.environ.get("AGENTOS_TEST_TOOL_DELAY", "0")))
+        await asyncio.sleep(float(os.environ.get("FLOWS_APP_TOOL_DELAY", "0")))
     return {"results": [f"result for {q}"]}
 
 

@@ -1,0 +1,66 @@
+"""End-to-end: the agent loop on durable steps — tool calls run by a worker, journaled, and a
+turn that finishes after its actor was killed mid-turn."""
+import asyncio
+import json
+
+import aiohttp
+
+from broker.sharding import actor_name
+from harness import get_json, run_turn, turn, wait_until
+
+TOOLS = "[[mock tool_calls=get_weather,search ttft_ms=20]]"
+
+
+def test_a_turn_with_two_tool_calls_streams_and_records_both_steps(make_server, make_worker, tmp_path):
+    marker = tmp_path / "tools.txt"
+    server = make_server()
+    make_worker(server, env={"FLOWS_APP_TOOL_MARKER": str(marker)})
+    result = turn(server.url, "agent-tools", f"what is the weather in Paris {TOOLS}")
+    assert result.terminal == "turn.completed", result.events[-1]
+    tools = [(d["phase"], d["name"]) for e, d in result.events if e == "tool"]
+    assert tools == [("call", "get_weather"), ("result", "get_weather"), ("call", "search"), ("result", "search")]
+    weather = next(d for e, d in result.events if e == "tool" and d["phase"] == "result" and d["name"] == "get_weather")
+    assert weather["ok"] is True and weather["result"]["forecast"] == "sunny"
+    done = result.data("turn.completed")
+    assert done["steps"] == 4 and done["finish_reason"] == "stop"          # model, tool, tool, model
+    assert result.text  # the model's final answer streamed after the tools
+    assert sorted(marker.read_text().splitlines()) == ["search what is the weather in Paris",
+                                                       "weather what is the weather in Paris"]
+    _, _, transcript = get_json(f"{server.url}/v1/sessions/agent-tools/messages")
+    roles = [m["role"] for m in transcript["messages"]]
+    assert roles == ["user", "assistant", "tool", "tool", "assistant"]
+    assert [c["function"]["name"] for c in transcript["messages"][1]["tool_calls"]] == ["get_weather", "search"]
+    _, _, events = get_json(f"{server.url}/v1/sessions/agent-tools/events")
+    assert [e["data"]["kind"] for e in events["events"] if e["type"] == "step.completed"] == ["model", "model"]
+
+
+def test_a_turn_survives_kill9_of_its_actor_mid_turn(make_server, make_worker, tmp_path):
+    marker = tmp_path / "tools.txt"
+    server = make_server({"gateway": {"turn_probe_secs": 1}})
+    make_worker(server, env={"FLOWS_APP_TOOL_MARKER": str(marker), "FLOWS_APP_TOOL_DELAY": "2"})
+    sid = "agent-kill"
+
+    async def go():
+        async def on_event(name, result):
+            if name == "tool" and result.events[-1][1]["phase"] == "call" and result.events[-1][1]["name"] == "search":
+                # The weather step is committed, the search step is running: kill the actor now.
+                await asyncio.get_running_loop().run_in_executor(None, server.kill9, actor_name(sid, 2))
+
+        async with aiohttp.ClientSession() as s:
+            return await run_turn(s, server.url, sid, f"weather and news {TOOLS}", on_event=on_event, timeout=60)
+
+    result = asyncio.run(go())
+    assert result.terminal is None and result.events[-1][0] == "turn.interrupted", result.events[-3:]
+    assert result.events[-1][1]["code"] == "resumed_in_background"
+
+    def finished():
+        messages = get_json(f"{server.url}/v1/sessions/{sid}/messages")[2]["messages"]
+        return messages if messages and messages[-1]["role"] == "assistant" and messages[-1]["content"] else None
+
+    messages = wait_until(finished, 30, "the resumed turn to finish in the background", interval=0.2)
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "tool", "assistant"]
+    effects = marker.read_text().splitlines()
+    assert effects.count("weather weather and news") == 1     # committed before the kill: never again
+    assert 1 <= effects.count("search weather and news") <= 2  # in flight at the kill: run again
+    again = turn(server.url, sid, "and now?")
+    assert again.terminal == "turn.completed"
