@@ -67,6 +67,7 @@ BENCHMARKS = {
     "turns": "bench.turns",
     "loadgen": "bench.loadgen",
     "checkpoints": "bench.checkpoints",
+    "steps": "bench.steps",
 }
 
 

@@ -1,0 +1,275 @@
+"""`agent-os bench steps`: the durable-step scenarios of the reference table, closed loop.
+
+A fresh process tree (full persistence) and worker processes running `bench/steps_app.py`; a
+bus client in this process plays the clients (the operations a Python program would call). Each
+scenario: a fixed number of concurrent clients, each sending its next request when the last one
+returns; warm-up, then a measured window; three runs, the median reported. Per run: ops/s,
+latency p50/p99, CPU of the server tree and of the workers, and fsyncs per second. With
+`--peer restate`, the same scenarios run against Restate on the same machine, side by side.
+
+Scenarios: sync_steps and async_steps (flows of 10 sequential steps; steps/s), flows (one-step
+flows started and completed), attr_read (one attribute), attr_update (lock-and-update one
+attribute), attr_read_10x16k (ten 16 KiB attributes, no worker involved), channel_wake (latency
+from publish to the start of the woken step; the run's setup before each publish is not timed).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+from actors.flow_client import FlowClient
+from bench.results import ResultsDir
+from bench.sampling import cpu_delta, tree_cpu
+from bench.server_proc import REPO, ServerProcess
+from bench.stats import percentile
+from broker.client import Bus
+
+SCENARIOS = ["sync_steps", "async_steps", "flows", "attr_read", "attr_update", "attr_read_10x16k", "channel_wake"]
+DEFAULT_CLIENTS = {"sync_steps": 128, "async_steps": 64, "flows": 128, "attr_read": 128, "attr_update": 64,
+                   "attr_read_10x16k": 32, "channel_wake": 64}
+STEPS = 10
+HOLDERS = 64
+REFERENCE = {  # Dex on a c7gd.large (2 vCPU, load generator on another machine), per second
+    "sync_steps": 1772, "async_steps": 2105, "flows": 1111, "attr_read": 15392, "attr_update": 2165,
+    "attr_read_10x16k": 5941, "channel_wake": 460}
+TARGETS = {"sync_steps": 2700, "async_steps": 3000, "flows": 1200, "attr_read": 15000, "attr_update": 2200,
+           "channel_wake": 700}
+UNITS = {"sync_steps": "steps/s", "async_steps": "steps/s"}
+
+
+class Scenario:
+    """Setup (untimed) and one operation (timed) of a scenario; `per_op` steps per operation."""
+
+    def __init__(self, client: FlowClient, name: str) -> None:
+        self.client = client
+        self.name = name
+        self.per_op = STEPS if name in ("sync_steps", "async_steps") else 1
+        self.runs: list[str] = []
+
+    async def setup(self) -> None:
+        if self.name in ("attr_read", "attr_update", "attr_read_10x16k"):
+            attrs = {f"k{i}": "x" * (16 * 1024) for i in range(10)} if self.name == "attr_read_10x16k" else {"a": 1}
+            count = 16 if self.name == "attr_read_10x16k" else HOLDERS
+            starts = [await self.client.start("holder", attrs) for _ in range(count)]
+            self.runs = [s["run_id"] for s in starts]
+            deadline = time.monotonic() + 60
+            for run_id in self.runs:  # wait until every holder has written its attributes
+                while len(await self.client.attributes(run_id)) < len(attrs):
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("holder runs did not set their attributes: are workers running?")
+                    await asyncio.sleep(0.05)
+
+    async def op(self, index: int, n: int) -> float | None:
+        """One operation; returns its latency in ms (None: timed by the operation itself)."""
+        c = self.client
+        if self.name in ("sync_steps", "async_steps", "flows"):
+            flow = {"sync_steps": "sync_steps", "async_steps": "async_steps", "flows": "one_step"}[self.name]
+            run = await c.start(flow, STEPS)
+            done = await c.get(run["run_id"], wait=60)
+            if done["status"] != "completed":
+                raise RuntimeError(f"{flow} ended {done['status']}: {done.get('error')}")
+            return None
+        run_id = self.runs[(index + n) % len(self.runs)] if self.runs else ""
+        if self.name == "attr_read":
+            await c.attributes(run_id, ["a"])
+        elif self.name == "attr_read_10x16k":
+            await c.attributes(run_id)
+        elif self.name == "attr_update":
+            await c.update(run_id, "count", "incr", 1)
+        elif self.name == "channel_wake":
+            run = await c.start("woken", None)
+            while (await c.get(run["run_id"]))["status"] != "suspended":
+                await asyncio.sleep(0.005)
+            published = time.time()
+            await c.publish(run["run_id"], "wake", None)
+            done = await c.get(run["run_id"], wait=60)
+            return (done["result"] - published) * 1000.0
+        return None
+
+
+def scrape(url: str, name: str) -> float:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return 0.0
+
+
+async def closed_loop(fn: Callable[[int, int], Awaitable[float | None]], clients: int, warmup: float,
+                      duration: float) -> tuple[int, list[float], int, float]:
+    """(operations in the window, latencies ms, errors, window secs)."""
+    loop = asyncio.get_running_loop()
+    start = loop.time() + warmup
+    end = start + duration
+    latencies: list[float] = []
+    counts = [0, 0]
+
+    async def client(index: int) -> None:
+        n = 0
+        while loop.time() < end:
+            began = loop.time()
+            try:
+                measured = await fn(index, n)
+            except Exception:  # counted; the loop goes on, as a client would
+                if began >= start:
+                    counts[1] += 1
+                await asyncio.sleep(0.05)
+                continue
+            finished = loop.time()
+            n += 1
+            if began >= start and finished <= end:
+                counts[0] += 1
+                latencies.append(measured if measured is not None else (finished - began) * 1000.0)
+
+    await asyncio.gather(*(client(i) for i in range(clients)))
+    return counts[0], latencies, counts[1], duration
+
+
+async def run_ours(server: ServerProcess, worker_pids: list[int], scenario: str, clients: int, warmup: float,
+                   duration: float) -> dict[str, Any]:
+    bus = Bus(f"bench/{os.getpid()}", f"ipc://{server.rundir}/broker.sock", role="bench")
+    await bus.start()
+    try:
+        flows = FlowClient(bus, shards=int(server.config["kernel"].get("actors") or os.cpu_count() or 1),
+                           timeout=120.0)
+        sc = Scenario(flows, scenario)
+        await sc.setup()
+        server_pids = list(server.pids().values())
+        fsyncs0 = scrape(server.url, "agentos_log_fsyncs_total")
+
+        async def sampled():
+            await asyncio.sleep(warmup)
+            return tree_cpu(server_pids), tree_cpu(worker_pids), time.monotonic()
+
+        sampler = asyncio.create_task(sampled())
+        ops, latencies, errors, window = await closed_loop(sc.op, clients, warmup, duration)
+        latencies.sort()
+        server0, workers0, t0 = await sampler
+        elapsed = time.monotonic() - t0
+        await asyncio.sleep(1.2)  # metrics are flushed about once a second
+        fsyncs = scrape(server.url, "agentos_log_fsyncs_total") - fsyncs0
+        server_cpu = cpu_delta(server0, tree_cpu(server_pids))
+        worker_cpu = cpu_delta(workers0, tree_cpu(worker_pids))
+    finally:
+        await bus.close()
+    return {"system": "agent-os", "scenario": scenario, "clients": clients, "unit": UNITS.get(scenario, "ops/s"),
+            "ops_per_sec": round(ops * sc.per_op / window, 1),
+            "p50_ms": round(percentile(latencies, 50), 3) if latencies else None,
+            "p99_ms": round(percentile(latencies, 99), 3) if latencies else None, "errors": errors, "window_secs": window,
+            "server_cpu_percent": round(100 * server_cpu / elapsed, 1),
+            "worker_cpu_percent": round(100 * worker_cpu / elapsed, 1),
+            "fsyncs_per_sec": round(fsyncs / (elapsed + 1.2), 1)}
+
+
+def start_workers(server: ServerProcess, count: int, slots: int) -> list:
+    import subprocess
+    procs = []
+    for i in range(count):
+        log = open(server.work_dir / f"worker-{i}.log", "ab")
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "agentos.cli", "worker", "bench.steps_app", "--slots", str(slots), "--config",
+             str(server.config_path), "--name", f"worker/bench-{i}"],
+            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+    time.sleep(2.0)
+    for proc in procs:
+        if proc.poll() is not None:
+            raise RuntimeError(f"a worker exited: see {server.work_dir}")
+    return procs
+
+
+def stop_workers(procs: list) -> None:
+    import signal
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(10)
+        except (ProcessLookupError, OSError):
+            pass
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="agent-os bench steps", description=__doc__.splitlines()[0])
+    p.add_argument("--scenarios", default=",".join(SCENARIOS))
+    p.add_argument("--clients", default="", help="SCENARIO=N,... (defaults per scenario)")
+    p.add_argument("--duration", type=float, default=10.0)
+    p.add_argument("--warmup", type=float, default=3.0)
+    p.add_argument("--runs", type=int, default=3, help="runs per scenario; the median is reported")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--slots", type=int, default=256)
+    p.add_argument("--durability", default="local", choices=["local", "none", "s3"])
+    p.add_argument("--half-peak", action="store_true", help="also run async_steps at a quarter of the clients")
+    p.add_argument("--peer", default="", help="also run the scenarios against: restate")
+    p.add_argument("--name", default="steps")
+    p.add_argument("--results-root", default=None)
+    return p.parse_args(argv)
+
+
+def median_row(rows: list[dict]) -> dict:
+    ordered = sorted(rows, key=lambda r: r["ops_per_sec"])
+    row = dict(ordered[len(ordered) // 2])
+    row["runs"] = [r["ops_per_sec"] for r in rows]
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bench.steps_report import write_report
+
+    args = parse_args(argv)
+    clients = dict(DEFAULT_CLIENTS)
+    for item in filter(None, args.clients.split(",")):
+        name, _, value = item.partition("=")
+        clients[name] = int(value)
+    scenarios = [s for s in args.scenarios.split(",") if s]
+    results = ResultsDir(args.name, Path(args.results_root) if args.results_root else None)
+    results.write_config({"command": "bench steps", "args": vars(args), "clients": clients})
+    (results.path / "rows.jsonl").unlink(missing_ok=True)
+    rows: list[dict] = []
+    work = Path(tempfile.mkdtemp(prefix="bench-steps-"))
+    server = ServerProcess(work, {"storage": {"durability": args.durability}, "mock": {"ttft_ms": 10}}).start()
+    workers = start_workers(server, args.workers, args.slots)
+    try:
+        worker_pids = [p.pid for p in workers]
+        plan = [(s, clients[s]) for s in scenarios]
+        if args.half_peak and "async_steps" in scenarios:
+            plan.append(("async_steps", max(1, clients["async_steps"] // 4)))
+        for scenario, n in plan:
+            runs = []
+            for i in range(args.runs):
+                row = asyncio.run(run_ours(server, worker_pids, scenario, n, args.warmup, args.duration))
+                runs.append(row)
+                print(f"  agent-os {scenario:<17} c={n:<4} run {i + 1}: {row['ops_per_sec']:>9.1f} {row['unit']}  "
+                      f"p50 {row['p50_ms'] or 0:.2f} ms  p99 {row['p99_ms'] or 0:.2f} ms  errors {row['errors']}",
+                      file=sys.stderr)
+            row = median_row(runs)
+            rows.append(row)
+            results.append_row(row)
+    finally:
+        stop_workers(workers)
+        server.stop()
+    if args.peer == "restate":
+        from bench.peer_restate import RestateServer, run_scenario
+        with RestateServer() as restate:
+            for scenario in scenarios:
+                runs = [run_scenario(restate, scenario, clients[scenario], args.warmup, args.duration)
+                        for _ in range(args.runs)]
+                for r in runs:
+                    r["system"] = "restate"
+                row = median_row([{**r, "ops_per_sec": r["ops_per_sec"]} for r in runs])
+                rows.append(row)
+                results.append_row(row)
+                print(f"  restate  {scenario:<17} {row['ops_per_sec']:>9.1f}", file=sys.stderr)
+    write_report(results, rows, args, REFERENCE, TARGETS)
+    print(f"results: {results.path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

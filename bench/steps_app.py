@@ -1,0 +1,53 @@
+"""The flows the step benchmark runs on its workers: trivial bodies, so the cost measured is
+the framework's (journal, bus, scheduling), as in the reference benchmark."""
+import time
+
+from actors.sdk import App
+
+STEPS_PER_FLOW = 10
+BIG = 16 * 1024
+
+
+def noop(i):
+    return i
+
+
+def now():
+    return time.time()
+
+
+async def sync_steps(ctx, n):
+    for i in range(n or STEPS_PER_FLOW):
+        await ctx.step(noop, i)
+    return n
+
+
+async def async_steps(ctx, n):
+    for i in range(n or STEPS_PER_FLOW):
+        await ctx.step(noop, i, durability="async")
+    return n
+
+
+async def one_step(ctx, _):
+    return await ctx.step(noop, 1)
+
+
+async def holder(ctx, args):
+    """Holds attributes for the read and update scenarios, then waits forever (no worker held)."""
+    for key, value in (args or {}).items():
+        await ctx.set_attr(key, value)
+    await ctx.wait("never")
+
+
+async def woken(ctx, _):
+    """Waits for one message; the step after the wake records when it started."""
+    await ctx.wait("wake")
+    return await ctx.step(now)
+
+
+def incr(value, arg):
+    return (value or 0) + (arg or 1)
+
+
+app = App(flows=[sync_steps, async_steps, one_step, holder, woken], updates={"incr": incr})
+_ = BIG
