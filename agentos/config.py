@@ -65,6 +65,15 @@ class S3Config:
 
 
 @dataclass
+class ClusterConfig:
+    """One active node per bucket: it holds the lease object; a standby takes it when it expires."""
+    node_id: str = ""                 # "" = generated at start (host, port, random)
+    lease_renew_secs: float = 4.0     # an idle node makes about 1/lease_renew_secs PUTs per second
+    lease_ttl_secs: float = 12.0
+    put_price_per_1000: float = 0.005  # USD, for `agent-os status`'s cost estimate
+
+
+@dataclass
 class StorageConfig:
     dir: str = "./data"
     durability: str = "local"
@@ -73,6 +82,7 @@ class StorageConfig:
     segment_bytes: int = 64 << 20
     max_checkpoint_bytes: int = 1 << 20
     log_writers: int = 1
+    retention_secs: float = 7 * 24 * 3600.0   # closed runs older than this leave the log, the bucket and DuckDB
     # Group commit: after a batch that served k senders, wait up to this long for about k
     # messages before the next fsync (their acks just went out, they are about to send again).
     commit_window_us: int = 2000
@@ -108,6 +118,7 @@ class Config:
     provider: ProviderConfig = field(default_factory=ProviderConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     broker: BrokerConfig = field(default_factory=BrokerConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     mock: MockConfig = field(default_factory=MockConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
 
@@ -271,6 +282,13 @@ def validate(config: Config) -> None:
     _positive(config.storage.segment_bytes, "storage.segment_bytes")
     _positive(config.storage.max_checkpoint_bytes, "storage.max_checkpoint_bytes")
     _positive(config.storage.commit_window_us, "storage.commit_window_us", allow_zero=True)
+    _positive(config.storage.retention_secs, "storage.retention_secs")
+    if config.storage.s3.endpoint_url and not config.storage.s3.endpoint_url.startswith(("http://", "https://")):
+        raise ConfigError(f"storage.s3.endpoint_url: must start with http:// or https://, got "
+                          f"{config.storage.s3.endpoint_url!r}")
+    _positive(config.cluster.lease_renew_secs, "cluster.lease_renew_secs")
+    if config.cluster.lease_ttl_secs < 2 * config.cluster.lease_renew_secs:
+        raise ConfigError("cluster.lease_ttl_secs: must be at least twice cluster.lease_renew_secs")
     if not 1 <= config.storage.log_writers <= 64:
         raise ConfigError(f"storage.log_writers: 1..64, got {config.storage.log_writers}")
     if config.storage.duckdb_memory_limit_mb < 32:

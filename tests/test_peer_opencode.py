@@ -19,7 +19,9 @@ from bench.opencode_config import (
     peer_env, private_dirs,
 )
 from bench.opencode_install import InstallError, ensure_opencode, installed_binary, platform_packages
-from bench.peer_opencode import OpencodeServer, PeerError, listening_url, process_tree
+from bench.peer_opencode import (
+    OpencodeServer, PeerError, listening_url, process_tree, tree_cpu_secs, tree_memory_kib,
+)
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -180,7 +182,8 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
     def do_GET(self):
-        self._send(True if self.path == "/global/health" else {"providers": providers})
+        answers = {"/global/health": True, "/session/status": {"ses_1": {"type": "idle"}}}
+        self._send(answers.get(self.path, {"providers": providers}))
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if self.path == "/session":
@@ -234,6 +237,7 @@ def test_start_warm_up_and_stop_leave_nothing_behind(fake_binary):
         root = server.root
         assert root is not None and (root / "home" / ".config" / "opencode" / "opencode.json").exists()
         assert server.turn()["info"]["finish"] == "stop"
+        assert server.wait_idle(timeout_secs=5, quiet_secs=0.1) == 0
     assert not any(_alive(pid) for pid in tree)
     assert server.pids() == [] and server.url is None
     assert not root.exists()
@@ -272,3 +276,11 @@ def test_process_tree_lists_children_first_level_down():
         child.send_signal(signal.SIGKILL)
         child.wait()
     assert process_tree(child.pid) == []
+
+
+def test_cpu_and_memory_of_a_tree_are_read_from_proc():
+    me = [os.getpid()]
+    assert tree_cpu_secs(me) > 0
+    memory = tree_memory_kib(me)
+    assert memory["rss_kib"] > 0 and 0 < memory["private_dirty_kib"] <= memory["rss_kib"]
+    assert tree_cpu_secs([]) == 0 and tree_memory_kib([])["rss_kib"] == 0
