@@ -37,7 +37,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     service.set_title("supervisor")
     service.setup_logging("supervisor")
     try:
-        return uvloop.run(Supervisor(config, run_dir).run())
+        return uvloop.run(Supervisor(config, run_dir, standby=args.standby).run())
     finally:
         rundir.release(run_dir)
 
@@ -92,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the server (supervisor and its process tree)")
     _with_config(serve)
+    serve.add_argument("--standby", action="store_true",
+                       help="watch the cluster lease (storage.s3) and take over when the active node's expires")
     serve.set_defaults(func=cmd_serve)
     status = sub.add_parser("status", help="live process table, memory, queues, in-flight turns")
     _with_config(status)

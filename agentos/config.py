@@ -71,6 +71,7 @@ class ClusterConfig:
     lease_renew_secs: float = 4.0     # an idle node makes about 1/lease_renew_secs PUTs per second
     lease_ttl_secs: float = 12.0
     put_price_per_1000: float = 0.005  # USD, for `agent-os status`'s cost estimate
+    epoch: int = 0                    # set at start: the lease epoch this node writes under
 
 
 @dataclass

@@ -78,6 +78,20 @@ store_lag_seconds = Gauge("agentos_store_lag_seconds", "Age of the oldest record
 store_rows = Counter("agentos_store_rows_total", "Rows loaded into DuckDB, by table", ["table"])
 store_batch_ms = Histogram("agentos_store_batch_ms", "Time to load one batch into DuckDB, ms", buckets=MS_BUCKETS)
 
+s3_requests = Counter("agentos_s3_requests_total", "Object storage requests, by operation and purpose",
+                      ["op", "purpose"])
+s3_put_ms = Histogram("agentos_s3_put_ms", "Latency of a log batch PUT, ms", buckets=MS_BUCKETS)
+s3_bytes = Counter("agentos_s3_bytes_total", "Log bytes shipped to object storage")
+s3_batches_per_put = Histogram("agentos_s3_batches_per_put", "Group-commit batches carried by one PUT",
+                               buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024))
+s3_errors = Counter("agentos_s3_errors_total", "Failed object storage requests (retried)")
+s3_unavailable = Gauge("agentos_s3_unavailable", "1 while object storage refuses the log's PUTs",
+                       multiprocess_mode="livemax")
+s3_synced_records = Counter("agentos_s3_synced_records_total", "SYNC records acknowledged after their PUT")
+lease_renewals = Counter("agentos_lease_renewals_total", "Renewals of this node's lease")
+failovers = Counter("agentos_failovers_total", "Times this node took the lease from an expired holder")
+lease_epoch = Gauge("agentos_lease_epoch", "Epoch of the lease this node holds (0: none)", multiprocess_mode="livemax")
+
 process_restarts = Counter("agentos_process_restarts_total", "Child processes restarted by the supervisor",
                            ["role"])
 processes_up = Gauge("agentos_processes_up", "Child processes running", multiprocess_mode="livesum")

@@ -59,7 +59,8 @@ class StartupError(RuntimeError):
 
 
 class Supervisor:
-    def __init__(self, config: Config, run_dir: RunDir, policy: RestartPolicy | None = None) -> None:
+    def __init__(self, config: Config, run_dir: RunDir, policy: RestartPolicy | None = None,
+                 standby: bool = False) -> None:
         self.config = config
         self.run_dir = run_dir
         self.policy = policy or RestartPolicy()
@@ -69,6 +70,9 @@ class Supervisor:
         self.stopping = False
         self.bus: Bus | None = None
         self.env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(run_dir.metrics_dir))
+        self.standby = standby
+        self.lease_keeper = None
+        self.exit_code = service.EXIT_OK
 
     def plan(self) -> list[Child]:
         children = [Child("broker")]
@@ -94,6 +98,18 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self.on_signal)
         loop.add_signal_handler(signal.SIGINT, self.on_signal)
+        keeper_task = None
+        if self.config.storage.s3.bucket:
+            from agentos.lease import LeaseKeeper, node_id
+            self.config.cluster.node_id = node_id(self.config)
+            self.lease_keeper = LeaseKeeper(self.config)
+            if not await self.lease_keeper.acquire(self.stop_event, self.standby):
+                return service.EXIT_OK
+            self.config.cluster.epoch = self.lease_keeper.lease.epoch
+            keeper_task = asyncio.create_task(self.lease_keeper.keep(self._lease_renewed, self._lease_lost))
+        elif self.standby:
+            log.error("--standby needs storage.s3: the lease lives in the bucket")
+            return service.EXIT_CONFIG
         self.write_config()
         try:
             await self.start_all()
@@ -104,8 +120,23 @@ class Supervisor:
         monitor = asyncio.create_task(self.monitor())
         await self.stop_event.wait()
         monitor.cancel()
+        if keeper_task is not None:
+            keeper_task.cancel()
         await self.shutdown()
-        return service.EXIT_OK
+        if self.lease_keeper is not None and self.exit_code == service.EXIT_OK:
+            await self.lease_keeper.release()
+        return self.exit_code
+
+    def _lease_renewed(self, epoch: int, valid_secs: float) -> None:
+        if self.bus is None:
+            return
+        for i in range(self.config.storage.log_writers):
+            self.bus.send(f"writer/log/{i}", Kind.LEASE, {"epoch": epoch, "valid_secs": max(0.0, valid_secs)})
+
+    async def _lease_lost(self) -> None:
+        self.exit_code = service.EXIT_LEASE_LOST
+        self.signals = 2  # no drain: nothing this node does can be acknowledged any more
+        self.stop_event.set()
 
     async def start_all(self) -> None:
         for child in self.children:

@@ -83,14 +83,21 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
         self.seen_pids: set[int] = set()
         self._log = None
+        self.args: tuple[str, ...] = ()   # extra `agent-os serve` arguments, e.g. ("--standby",)
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def start(self, timeout: float = 60.0) -> "ServerProcess":
+    def launch(self) -> "ServerProcess":
+        """Start the supervisor without waiting for it to serve (a standby waits for the lease)."""
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "agentos.cli", "serve", "--config", str(self.config_path)],
+        self.proc = subprocess.Popen([sys.executable, "-m", "agentos.cli", "serve", "--config", str(self.config_path),
+                                      *self.args],
                                      cwd=REPO, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
+        return self
+
+    def start(self, timeout: float = 60.0) -> "ServerProcess":
+        self.launch()
         try:
             self.wait_ready(timeout)
         except BaseException:

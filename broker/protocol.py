@@ -47,6 +47,7 @@ class Kind(enum.StrEnum):
     STATS = "ctl.stats"
     STATS_REPLY = "ctl.stats.reply"
     ERROR = "ctl.error"
+    LEASE = "ctl.lease"
     # turn.*: gateway <-> session actor
     TURN_START = "turn.start"
     TURN_STARTED = "turn.started"
@@ -136,6 +137,8 @@ SPECS: dict[Kind, Spec] = {
     Kind.STATS: _spec(),
     Kind.STATS_REPLY: _spec({"role": str, "stats": dict}),
     Kind.ERROR: _spec({"code": str, "message": str}),
+    # From the supervisor to the log writers after each renewal: acknowledge for this long at most.
+    Kind.LEASE: _spec({"epoch": int, "valid_secs": _NUM}),
     # turn.* bodies all carry the turn id; events also carry their sequence number, so a
     # receiver can detect a gap and ask for a replay (turn.resume).
     Kind.TURN_START: _spec({"turn_id": str, "session": str, "tenant": str, "input": str}),

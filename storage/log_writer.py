@@ -10,6 +10,15 @@ process restarted before acknowledging it) is written once: recent ids are kept 
 re-read from the log's tail on start. A failed write (a full disk) truncates back to the last
 whole batch and answers every waiting sender with an error instead of an ack.
 
+With `storage.s3` set, every batch is also shipped to the bucket (storage/shipper.py); with
+`storage.durability: s3` an ack waits for the PUT that carries its batch. A writer acknowledges
+only while its node holds the cluster lease: the supervisor tells it after each renewal how long
+that is (`ctl.lease`). If a renewal cannot reach the bucket, `s3`-durable acks wait until one
+does (`local` ones go on: that mode never promised more than this node's disk); once the lease is
+known to be taken, every append is refused with `not_active` (fencing). On start it
+brings the local log level with the bucket: what only the bucket has (an empty disk after a
+failover) is written back locally, what only the disk has is shipped.
+
 Batching adapts to load (like PostgreSQL's commit_delay with commit_siblings): before an fsync,
 the writer waits — at most `storage.commit_window_us` — until every sender that had a SYNC
 record acknowledged in the last few milliseconds has a message in the batch: those senders got
@@ -31,6 +40,8 @@ from broker.client import Bus
 from broker.protocol import Kind, Message
 from broker.sharding import STORE
 from storage import records, segments
+from storage.s3 import ObjectStore, S3Unavailable
+from storage.shipper import Shipper
 
 RECENT_IDS = 500_000
 RECENT_SCAN_BYTES = 128 << 20
@@ -57,12 +68,23 @@ class LogWriter:
         self.expected: set[str] = set()            # senders the next fsync waits for
         self.window = config.storage.commit_window_us / 1e6
         self.stats = {"records": 0, "duplicates": 0, "batches": 0, "fsyncs": 0, "bytes": 0, "errors": 0}
-        self.bus = Bus(f"writer/log/{index}", bus_endpoint, {Kind.LOG_APPEND: self.on_append, Kind.STATS: self.on_stats},
+        self.config = config
+        self.durability = config.storage.durability
+        self.object_store = ObjectStore(config.storage.s3) if config.storage.s3.bucket else None
+        self.shipper: Shipper | None = None
+        self.lease_until = 0.0                      # monotonic; only used with a bucket
+        self.lease_lost = False
+        self.awaiting_ship: list[tuple[int, list]] = []
+        self.held: list[tuple[list, int]] = []      # acks waiting for the lease to be renewed
+        self.bus = Bus(f"writer/log/{index}", bus_endpoint, {Kind.LOG_APPEND: self.on_append, Kind.STATS: self.on_stats,
+                                                             Kind.LEASE: self.on_lease},
                        role="writer", heartbeat_secs=config.broker.heartbeat_secs, log=log)
 
     async def open(self) -> None:
         loop = asyncio.get_running_loop()
         self.segments = await loop.run_in_executor(self.io, segments.SegmentLog, self.directory, self.segment_bytes)
+        if self.object_store is not None:
+            await self._level_with_bucket(loop)
         ids = await loop.run_in_executor(self.io, segments.recent_ids, self.directory, RECENT_SCAN_BYTES)
         for record_id in ids[-RECENT_IDS:]:
             self._remember(record_id)
@@ -71,6 +93,83 @@ class LogWriter:
                       r.segments, r.end, r.records_in_last,
                       f", truncated a torn tail of {r.truncated_bytes} bytes" if r.truncated_bytes else "")
 
+    async def _level_with_bucket(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Restore from the bucket what the disk lacks; queue for shipping what the bucket lacks."""
+        while True:
+            try:
+                chain = await loop.run_in_executor(self.io, self.object_store.chain, self.index)
+                lease = await loop.run_in_executor(self.io, self.object_store.read_lease)
+                break
+            except S3Unavailable as exc:
+                self.log.error("object storage unavailable at start (%s); retrying", exc)
+                await asyncio.sleep(1.0)
+        bucket_end = chain[-1].end if chain else 0
+        local_end = self.segments.end
+        if local_end < bucket_end:
+            restored = await loop.run_in_executor(self.io, self._restore, chain, local_end)
+            self.log.info("restored %d bytes of log %d from the bucket (%d objects)", self.segments.end - local_end,
+                          self.index, restored)
+        cluster = self.config.cluster
+        if lease is not None and lease.node == cluster.node_id and lease.epoch == cluster.epoch:
+            self.lease_until = time.monotonic() + (lease.expires_at - time.time()) - 1.0
+        self.shipper = Shipper(self.object_store, self.index, cluster.epoch, max(bucket_end, local_end if
+                               local_end <= bucket_end else bucket_end), self._shipped_threadsafe, self.log)
+        self.shipper.start()
+        if self.segments.end > bucket_end:
+            data = await loop.run_in_executor(self.io, self.segments.read_range, bucket_end, self.segments.end)
+            self.shipper.submit(bucket_end, self.segments.end, data)
+
+    def _restore(self, chain, local_end: int) -> int:
+        count = 0
+        for batch in chain:
+            if batch.end <= local_end:
+                continue
+            data = self.object_store.get(batch.key)
+            if batch.start > self.segments.end:
+                self.segments.jump_to(batch.start)
+            skip = self.segments.end - batch.start
+            self.segments.write(data[skip:], sync=False)
+            count += 1
+        self.segments.write(b"", sync=True)
+        return count
+
+    def _shipped_threadsafe(self, end: int) -> None:
+        self.bus._loop.call_soon_threadsafe(self._shipped, end)
+
+    def _shipped(self, end: int) -> None:
+        """A PUT succeeded: acknowledge the `s3`-durable batches it covered."""
+        done = [entry for entry in self.awaiting_ship if entry[0] <= end]
+        if not done:
+            return
+        self.awaiting_ship = [entry for entry in self.awaiting_ship if entry[0] > end]
+        for batch_end, waiting in done:
+            self._acknowledge(waiting, batch_end)
+            metrics.inc(metrics.s3_synced_records, sum(n for _, n in waiting))
+
+    def on_lease(self, msg: Message) -> None:
+        valid = float(msg.body["valid_secs"])
+        if msg.body["epoch"] != self.config.cluster.epoch or valid <= 0:
+            if not self.lease_lost:
+                self.log.error("the cluster lease is lost: refusing every append from now on")
+            self.lease_lost = True
+            self.lease_until = 0.0
+            held, self.held = self.held, []
+            for waiting, _ in held:
+                self._refuse(waiting)
+            return
+        self.lease_until = time.monotonic() + valid
+        held, self.held = self.held, []
+        for waiting, end in held:
+            self._acknowledge(waiting, end)
+
+    def _active(self) -> bool:
+        return self.object_store is None or time.monotonic() < self.lease_until
+
+    def _refuse(self, waiting: list[tuple[Message, int]]) -> None:
+        for msg, _ in waiting:
+            self.bus.reply(msg, Kind.ERROR, {"code": "not_active", "message":
+                           "this node lost the cluster lease: another node is active"})
+
     def _remember(self, record_id: bytes) -> None:
         self.seen.add(record_id)
         self.seen_order.append(record_id)
@@ -78,6 +177,9 @@ class LogWriter:
             self.seen.discard(self.seen_order.popleft())
 
     def on_append(self, msg: Message) -> None:
+        if self.lease_lost:
+            self._refuse([(msg, 0)])
+            return
         new = 0
         for record in msg.body["records"]:
             if not (isinstance(record, list) and len(record) == 3 and record[0] in records.KNOWN_KINDS
@@ -134,11 +236,25 @@ class LogWriter:
                 metrics.observe(metrics.log_fsync_ms, (time.monotonic() - started) * 1000.0)
                 metrics.observe(metrics.log_batch_records, sum(n for _, n in waiting))
             self.bus.send(STORE, Kind.LOG_FLUSHED, {"writer": self.index, "position": end, "count": count})
-            acked_at = time.monotonic()
-            for msg, n in waiting:
-                self.bus.reply(msg, Kind.LOG_ACK, {"position": end, "count": n})
-                if msg.body.get("sync"):
-                    self.sync_senders[msg.src] = acked_at
+            if self.shipper is not None and data:
+                self.shipper.submit(end - len(data), end, data)
+            if self.durability == "s3":
+                self.awaiting_ship.append((end, waiting))  # acknowledged once the bucket has it
+                continue
+            self._acknowledge(waiting, end)
+
+    def _acknowledge(self, waiting: list[tuple[Message, int]], end: int) -> None:
+        if self.lease_lost:
+            self._refuse(waiting)
+            return
+        if self.durability == "s3" and not self._active():
+            self.held.append((waiting, end))  # the lease could not be renewed yet: wait for it
+            return
+        acked_at = time.monotonic()
+        for msg, n in waiting:
+            self.bus.reply(msg, Kind.LOG_ACK, {"position": end, "count": n})
+            if msg.body.get("sync"):
+                self.sync_senders[msg.src] = acked_at
 
     async def _gather(self) -> None:
         now = time.monotonic()
@@ -168,8 +284,12 @@ class LogWriter:
             self.bus.reply(msg, Kind.ERROR, {"code": code, "message": f"log write failed: {exc.strerror}"})
 
     def on_stats(self, msg: Message) -> None:
+        shipper = self.shipper.stats if self.shipper else {}
         self.bus.reply(msg, Kind.STATS_REPLY, {"role": "writer", "stats": {
-            **self.stats, "queued_records": len(self.frames), "waiting_messages": len(self.waiting),
+            **self.stats, "s3": {**shipper, "shipped": self.shipper.shipped if self.shipper else None,
+                                 "pending_bytes": self.shipper.pending_bytes if self.shipper else 0,
+                                 "failing": bool(self.shipper and self.shipper.failing_since)},
+            "active": self._active(), "queued_records": len(self.frames), "waiting_messages": len(self.waiting),
             "end": self.segments.end if self.segments else 0, "fsync": self.fsync, "bus": self.bus.stats()}})
 
 
@@ -186,6 +306,8 @@ def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> in
         while writer.frames or writer.waiting:
             await asyncio.sleep(0.01)
         committer.cancel()
+        if writer.shipper is not None:
+            await asyncio.get_running_loop().run_in_executor(None, writer.shipper.stop)
         await writer.bus.close()
         writer.io.submit(writer.segments.close).result()
         writer.io.shutdown()

@@ -97,6 +97,30 @@ class SegmentLog:
             os.close(self.fd)
         self.fd, self.start, self.size = fd, position, 0
 
+    def jump_to(self, position: int) -> None:
+        """Continue the log at a later position (a range compacted away in the bucket)."""
+        if position > self.end:
+            if self.size:
+                os.fdatasync(self.fd)
+                self._create(position)
+            else:
+                os.close(self.fd)
+                os.unlink(self.directory / segment_name(self.start))
+                self.fd = -1
+                self._create(position)
+
+    def read_range(self, start: int, end: int) -> bytes:
+        """The bytes of [start, end) from the local segments (to ship what the bucket lacks)."""
+        out = []
+        for seg_start, path in list_segments(self.directory):
+            size = path.stat().st_size
+            if seg_start + size <= start or seg_start >= end:
+                continue
+            with open(path, "rb") as f:
+                f.seek(max(0, start - seg_start))
+                out.append(f.read(min(end, seg_start + size) - max(start, seg_start)))
+        return b"".join(out)
+
     def write(self, data: bytes, sync: bool) -> int:
         """Append whole frames; fdatasync if asked. Returns the end position after them."""
         if self.size and self.size + len(data) > self.segment_bytes:

@@ -96,6 +96,12 @@ class StoreService:
         self.store.urgent.set()
         await asyncio.wait_for(fut, SYNC_TIMEOUT_SECS)
 
+    async def sync_target(self) -> dict[int, int]:
+        """Where the logs end now: the writers' notices, or the files if those are further (a
+        writer that restored its log from the bucket, a notice lost on the way)."""
+        ends = await self.loop.run_in_executor(None, self.store.log_ends)
+        return {w: max(self.flushed.get(w, 0), ends.get(w, 0)) for w in set(self.flushed) | set(ends)}
+
     def lag(self) -> tuple[int, float]:
         records = sum(c for _, _, c, _ in self.pending_flushes)
         oldest = self.pending_flushes[0][3] if self.pending_flushes else None
@@ -107,7 +113,7 @@ class StoreService:
         b = msg.body
         try:
             if b.get("sync"):
-                await self.caught_up(dict(self.flushed))
+                await self.caught_up(await self.sync_target())
             rows, next_after = await self.loop.run_in_executor(
                 self.queries, lambda: self.store.query(b["query"], b["session"], b.get("tenant"), b.get("turn"),
                                                        int(b.get("after", -1) if b.get("after") is not None else -1),

@@ -8,6 +8,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import Server, Worker  # noqa: E402
+from s3_fixture import CREDENTIALS, S3Server  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -50,3 +51,33 @@ def make_worker():
     for worker in workers:
         worker.stop()
     assert all(w.proc.poll() is not None for w in workers)
+
+
+@pytest.fixture(scope="session")
+def s3():
+    """moto's S3 server on loopback (behind a proxy that can fail on demand), for the whole run."""
+    server = S3Server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def make_s3_server(tmp_path, s3):
+    """Process trees on a bucket: `make(bucket, name, config, start)`; each node gets its own data dir."""
+    servers: list[Server] = []
+
+    def make(bucket: str, name: str = "a", config: dict | None = None, start: bool = True,
+             durability: str = "s3", args: tuple = ()) -> Server:
+        from harness import deep_merge
+        server = Server(tmp_path / name, deep_merge(s3.storage_config(bucket, durability), config or {}),
+                        env=CREDENTIALS)
+        server.args = args
+        servers.append(server)
+        return server.start() if start else server
+
+    yield make
+    s3.proxy.set("up")
+    for server in servers:
+        server.stop()
+    leftovers = [p for s in servers for p in s.leftovers()]
+    assert not leftovers, f"processes left behind: {leftovers}"

@@ -1,0 +1,174 @@
+"""End-to-end against a real S3 endpoint (moto's server, over HTTP): the log in the bucket, a
+node rebuilt from it on an empty disk, a standby that takes over, S3 outages, and fencing."""
+import collections
+import json
+import os
+import signal
+import threading
+import time
+import urllib.request
+
+import duckdb
+
+from harness import get_json, pid_alive, turn, wait_until
+from s3_fixture import CREDENTIALS
+
+
+def put(base, sid, key, payload: bytes, timeout=30):
+    req = urllib.request.Request(f"{base}/v1/sessions/{sid}/checkpoints/{key}", data=payload, method="PUT")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None
+
+
+def latest(base, sid):
+    with urllib.request.urlopen(f"{base}/v1/sessions/{sid}/checkpoints/latest", timeout=30) as resp:
+        return resp.read()
+
+
+def start_flow(base, flow, input):
+    return get_json(f"{base}/v1/flows/{flow}/runs", method="POST", body=json.dumps({"input": input}).encode())[2]
+
+
+def run_result(base, run_id, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        body = get_json(f"{base}/v1/runs/{run_id}?wait=5")[2]
+        if body.get("status") in ("completed", "failed", "cancelled"):
+            return body
+    return body
+
+
+def test_a_fresh_node_with_an_empty_disk_recovers_everything_from_the_bucket(make_s3_server, make_worker, s3,
+                                                                             tmp_path):
+    bucket = s3.new_bucket()
+    a = make_s3_server(bucket, "a")
+    make_worker(a)
+    for i in range(10):
+        assert put(a.url, f"fresh-{i}", "k", f"state {i}".encode()) == 200
+    answer = turn(a.url, "fresh-chat", "remember this")
+    assert answer.terminal == "turn.completed"
+    run = start_flow(a.url, "five_steps", {"file": str(tmp_path / "fx"), "delay": 0.01})
+    assert run_result(a.url, run["run_id"])["result"] == 100
+    assert a.stop() == 0
+    keys = [o["Key"] for o in s3.client().list_objects_v2(Bucket=bucket)["Contents"]]
+    assert any(k.startswith("wal/000/") for k in keys) and "lease.json" in keys
+
+    b = make_s3_server(bucket, "b")   # another data directory: empty
+    assert [latest(b.url, f"fresh-{i}") for i in range(10)] == [f"state {i}".encode() for i in range(10)]
+    messages = get_json(f"{b.url}/v1/sessions/fresh-chat/messages")[2]["messages"]
+    assert [m["content"] for m in messages] == ["remember this", answer.text]
+    body = get_json(f"{b.url}/v1/runs/{run['run_id']}")[2]
+    assert body["status"] == "completed" and body["result"] == 100
+
+
+def test_kill9_of_the_active_node_and_the_standby_takes_over(make_s3_server, make_worker, s3, tmp_path):
+    bucket = s3.new_bucket()
+    a = make_s3_server(bucket, "a")
+    make_worker(a, slots=4)
+    b = make_s3_server(bucket, "b", start=False, args=("--standby",))
+    b.launch()
+    wait_until(lambda: "standby: node" in b.log(), 20, "the standby to watch the lease")
+    effects = tmp_path / "effects"
+    run = start_flow(a.url, "five_steps", {"file": str(effects), "delay": 0.4})
+    acked: list[tuple[str, str]] = []
+    stop = threading.Event()
+
+    def load():
+        n = 0
+        while not stop.is_set():
+            key = f"k{n}"
+            n += 1
+            if put(a.url, f"fo-{n % 7}", key, key.encode(), timeout=5) == 200:
+                acked.append((f"fo-{n % 7}", key))
+
+    loader = threading.Thread(target=load)
+    loader.start()
+    wait_until(lambda: len(acked) >= 30 and "step 1" in (effects.read_text() if effects.exists() else ""), 30,
+               "load and flow progress")
+    killed_at = time.monotonic()
+    a.remember_pids()
+    for pid in [a.proc.pid, *a.seen_pids]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    stop.set()
+    loader.join()
+    b.wait_ready(60)
+    failover = time.monotonic() - killed_at
+    print(f"failover: standby serving {failover:.1f}s after kill -9 (lease ttl 3s)")
+    assert failover < 3.0 + 20.0
+    make_worker(b, slots=4)
+    body = run_result(b.url, run["run_id"])
+    assert body["status"] == "completed" and body["result"] == 100
+    assert sorted(effects.read_text().splitlines()) == [f"step {n}" for n in range(5)]
+    latest_acked = {}
+    for sid, key in acked:
+        latest_acked[sid] = key
+    for sid, key in latest_acked.items():
+        assert latest(b.url, sid) == key.encode()
+    assert b.stop() == 0
+    with duckdb.connect(str(tmp_path / "b" / "data" / "db" / "messages.db"), read_only=True) as con:
+        rows = collections.Counter(con.execute("SELECT session, key FROM checkpoints WHERE kind = 'blob'").fetchall())
+    assert all(rows[k] == 1 for k in acked), [k for k in acked if rows[k] != 1][:5]
+
+
+def test_s3_outage_holds_s3_acks_and_local_mode_goes_on(make_s3_server, s3):
+    node = make_s3_server(s3.new_bucket(), "s3mode")
+    assert put(node.url, "outage", "before", b"before") == 200
+    s3.proxy.set("503")
+    results = {}
+    writer = threading.Thread(target=lambda: results.update(status=put(node.url, "outage", "during", b"during",
+                                                                       timeout=60)))
+    writer.start()
+    time.sleep(2.5)
+    assert "status" not in results   # no acknowledgement while the bucket refuses the PUT
+    s3.proxy.set("up")
+    writer.join(60)
+    assert results["status"] == 200
+    assert latest(node.url, "outage") == b"during"
+    assert "object storage unavailable" in node.log() and "object storage is back" in node.log()
+
+    local = make_s3_server(s3.new_bucket(), "localmode", durability="local")
+    s3.proxy.set("refuse")
+    try:
+        started = time.monotonic()
+        assert turn(local.url, "outage-local", "still working?").terminal == "turn.completed"
+        assert put(local.url, "outage-local", "k", b"local") == 200
+        assert time.monotonic() - started < 10
+    finally:
+        s3.proxy.set("up")
+
+    def shipped():
+        data = json.loads(local.cli("status", "--json").stdout)
+        writer = next(p for p in data["processes"] if p["name"] == "writer/log/0")["stats"]
+        return writer["s3"]["shipped"] == writer["end"] and not writer["s3"]["failing"]
+    wait_until(shipped, 30, "the local-mode node to ship what it wrote during the outage", interval=0.3)
+
+
+def test_a_node_whose_lease_was_taken_acknowledges_nothing_more(make_s3_server, s3):
+    bucket = s3.new_bucket()
+    node = make_s3_server(bucket, "fenced", durability="local")
+    assert put(node.url, "fence", "k0", b"before") == 200
+    client = s3.client()
+    current = client.get_object(Bucket=bucket, Key="lease.json")
+    lease = json.loads(current["Body"].read())
+    client.put_object(Bucket=bucket, Key="lease.json", IfMatch=current["ETag"],
+                      Body=json.dumps({"node": "usurper", "epoch": lease["epoch"] + 1,
+                                       "expires_at": time.time() + 60}).encode())
+    taken_at = time.monotonic()
+    wait_until(lambda: "the cluster lease was taken" in node.log(), 10, "the node to notice")
+    statuses = [put(node.url, "fence", f"after{i}", b"after", timeout=5) for i in range(3)]
+    assert 200 not in statuses, statuses
+    assert node.proc.wait(20) == 4          # EXIT_LEASE_LOST
+    assert time.monotonic() - taken_at < 20
+    assert not [p for p in node.seen_pids if pid_alive(p)] or wait_until(
+        lambda: not [p for p in node.seen_pids if pid_alive(p)], 10, "the fenced tree to stop")
+
+
+_ = CREDENTIALS
