@@ -40,7 +40,8 @@ class Actor:
         self.provider = Provider(config.provider)
         self.permits = PermitClient(self.bus)
         self.persistence = Persistence(self.bus, config)
-        self.flows = Flows(self.bus, self.persistence.log, self.persistence.query, index, config.actor_count, log)
+        self.flows = Flows(self.bus, self.persistence.log, self.persistence.query, index, config.actor_count, log,
+                           config.storage.retention_secs)
         self.flows.on_open_turn = self.resume_turn
         self.loop = AgentLoop(self.provider, self.permits, self.persistence, self.flows, self.bus,
                               config.provider.max_retries, config.kernel.max_steps_per_turn)

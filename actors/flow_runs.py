@@ -46,7 +46,8 @@ def run_id_for_key(flow: str, tenant: str, key: str) -> str:
 
 
 class Flows:
-    def __init__(self, bus: Bus, log: LogClient, query, index: int, shards: int, logger: logging.Logger) -> None:
+    def __init__(self, bus: Bus, log: LogClient, query, index: int, shards: int, logger: logging.Logger,
+                 retention_secs: float = ENDED_RETENTION_SECS) -> None:
         self.bus = bus
         self.journal_log = log
         self.query = query                     # async (name, session, **params) -> store reply body
@@ -61,6 +62,7 @@ class Flows:
         self.tasks: dict[str, list] = {}       # task id -> [future, submit body, last sign of life]
         self.adopted: set[str] = set()         # runs reloaded after a restart, execution not yet seen
         self.on_open_turn = None               # the actor finishes interrupted turns (flow "turn")
+        self.keep_ended_secs = min(ENDED_RETENTION_SECS, retention_secs)
 
     def handlers(self) -> dict:
         return {Kind.FLOW_START: self.on_start, Kind.FLOW_GET: self.on_get, Kind.FLOW_CANCEL: self.on_cancel,
@@ -557,11 +559,11 @@ class Flows:
                 last_resync = now
             for run in list(self.runs.values()):
                 if run.flow == "turn":  # turns run in their actor, not on workers
-                    if run.ended and now - run.last_alive > ENDED_RETENTION_SECS:
+                    if run.ended and now - run.last_alive > self.keep_ended_secs:
                         del self.runs[run.run_id]
                     continue
                 if run.ended:
-                    if now - run.last_alive > ENDED_RETENTION_SECS and not run.updating:
+                    if now - run.last_alive > self.keep_ended_secs and not run.updating:
                         del self.runs[run.run_id]
                     continue
                 op = self.blocked_on(run)

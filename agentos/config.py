@@ -62,6 +62,7 @@ class S3Config:
     prefix: str = ""
     endpoint_url: str = ""
     region: str = ""
+    max_inflight_puts: int = 4        # log PUTs in flight at once (acks follow the contiguous prefix)
 
 
 @dataclass
@@ -84,6 +85,7 @@ class StorageConfig:
     max_checkpoint_bytes: int = 1 << 20
     log_writers: int = 1
     retention_secs: float = 7 * 24 * 3600.0   # closed runs older than this leave the log, the bucket and DuckDB
+    compaction_interval_secs: float = 300.0
     # Group commit: after a batch that served k senders, wait up to this long for about k
     # messages before the next fsync (their acks just went out, they are about to send again).
     commit_window_us: int = 2000
@@ -284,6 +286,9 @@ def validate(config: Config) -> None:
     _positive(config.storage.max_checkpoint_bytes, "storage.max_checkpoint_bytes")
     _positive(config.storage.commit_window_us, "storage.commit_window_us", allow_zero=True)
     _positive(config.storage.retention_secs, "storage.retention_secs")
+    _positive(config.storage.compaction_interval_secs, "storage.compaction_interval_secs")
+    if not 1 <= config.storage.s3.max_inflight_puts <= 64:
+        raise ConfigError(f"storage.s3.max_inflight_puts: 1..64, got {config.storage.s3.max_inflight_puts}")
     if config.storage.s3.endpoint_url and not config.storage.s3.endpoint_url.startswith(("http://", "https://")):
         raise ConfigError(f"storage.s3.endpoint_url: must start with http:// or https://, got "
                           f"{config.storage.s3.endpoint_url!r}")

@@ -87,13 +87,33 @@ def collect(config: Config) -> dict[str, Any]:
         row["stats"] = stats.get(row["name"] if row["role"] != "broker" else BROKER, {})
     gateway = stats.get("gateway/0", {})
     actors = [s for n, s in stats.items() if n.startswith("actor/")]
+    writers = [(r, stats.get(r["name"], {})) for r in rows if r["role"] == "writer-log"]
     return {
         "running": True, "run_dir": str(run_dir.path), "listen": table.get("listen"),
         "gateway_port": table.get("gateway_port"), "processes": rows,
         "in_flight_turns": gateway.get("in_flight"), "admission_limit": gateway.get("admission_limit"),
         "active_sessions": sum(a.get("sessions", 0) for a in actors),
         "memory_total": tree_memory([r["pid"] for r in rows if r["pid"]]),
+        "object_storage": object_storage(config, writers),
     }
+
+
+def object_storage(config: Config, writers: list[tuple[dict, dict]]) -> dict[str, Any] | None:
+    """PUTs per second since the writers started (log batches) plus lease renewals, and what
+    that costs per hour at `cluster.put_price_per_1000`."""
+    if not config.storage.s3.bucket:
+        return None
+    puts_per_sec = 1.0 / config.cluster.lease_renew_secs
+    batches = puts = 0
+    for row, stats in writers:
+        s3 = stats.get("s3") or {}
+        if row.get("uptime_secs"):
+            puts_per_sec += s3.get("puts", 0) / row["uptime_secs"]
+        batches += s3.get("batches", 0)
+        puts += s3.get("puts", 0)
+    return {"bucket": config.storage.s3.bucket, "puts_per_sec": round(puts_per_sec, 3),
+            "batches_per_put": round(batches / puts, 2) if puts else None,
+            "usd_per_hour": round(puts_per_sec * 3600 * config.cluster.put_price_per_1000 / 1000, 4)}
 
 
 def _queue(stats: dict) -> str:
@@ -124,6 +144,11 @@ def main(config: Config, as_json: bool = False, out=None) -> int:
         print(f"{r['name']:<12} {r['pid'] or '-':>7} {uptime:>9} {r['restarts']:>8} "
               f"{r.get('rss_kib', 0) / 1024:>8.1f} {r.get('private_dirty_kib', 0) / 1024:>14.1f}  "
               f"{_queue(r.get('stats', {}))}", file=out)
+    s3 = data.get("object_storage")
+    if s3:
+        print(f"object storage: bucket {s3['bucket']}, {s3['puts_per_sec']} PUTs/s "
+              f"({s3['batches_per_put'] or '-'} batches per PUT), est. ${s3['usd_per_hour']}/hour in requests",
+              file=out)
     mem = data["memory_total"]
     print(f"tree: RSS {mem['rss_kib'] / 1024:.1f} MiB, Private_Dirty {mem['private_dirty_kib'] / 1024:.1f} MiB", file=out)
     return 0

@@ -94,11 +94,15 @@ class Scenario:
         return None
 
 
+PUTS = 'agentos_s3_requests_total{op="put",purpose="wal"}'
+
+
 def scrape(url: str, name: str) -> float:
+    """One sample of /metrics, by its exact name and labels (0 if absent)."""
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
         for line in resp.read().decode().splitlines():
             if line.startswith(name + " "):
-                return float(line.split()[1])
+                return float(line.split()[-1])
     return 0.0
 
 
@@ -143,6 +147,7 @@ async def run_ours(server: ServerProcess, worker_pids: list[int], scenario: str,
         await sc.setup()
         server_pids = list(server.pids().values())
         fsyncs0 = scrape(server.url, "agentos_log_fsyncs_total")
+        puts0 = scrape(server.url, PUTS)
 
         async def sampled():
             await asyncio.sleep(warmup)
@@ -155,6 +160,7 @@ async def run_ours(server: ServerProcess, worker_pids: list[int], scenario: str,
         elapsed = time.monotonic() - t0
         await asyncio.sleep(1.2)  # metrics are flushed about once a second
         fsyncs = scrape(server.url, "agentos_log_fsyncs_total") - fsyncs0
+        puts = scrape(server.url, PUTS) - puts0
         server_cpu = cpu_delta(server0, tree_cpu(server_pids))
         worker_cpu = cpu_delta(workers0, tree_cpu(worker_pids))
     finally:
@@ -165,7 +171,9 @@ async def run_ours(server: ServerProcess, worker_pids: list[int], scenario: str,
             "p99_ms": round(percentile(latencies, 99), 3) if latencies else None, "errors": errors, "window_secs": window,
             "server_cpu_percent": round(100 * server_cpu / elapsed, 1),
             "worker_cpu_percent": round(100 * worker_cpu / elapsed, 1),
-            "fsyncs_per_sec": round(fsyncs / (elapsed + 1.2), 1)}
+            "fsyncs_per_sec": round(fsyncs / (elapsed + 1.2), 1),
+            "puts_per_sec": round(puts / (elapsed + 1.2), 1) if puts else None,
+            "per_put": round(ops * sc.per_op / window / (puts / (elapsed + 1.2)), 1) if puts else None}
 
 
 def start_workers(server: ServerProcess, count: int, slots: int) -> list:
@@ -232,7 +240,16 @@ def main(argv: list[str] | None = None) -> int:
     (results.path / "rows.jsonl").unlink(missing_ok=True)
     rows: list[dict] = []
     work = Path(tempfile.mkdtemp(prefix="bench-steps-"))
-    server = ServerProcess(work, {"storage": {"durability": args.durability}, "mock": {"ttft_ms": 10}}).start()
+    config: dict[str, Any] = {"storage": {"durability": args.durability}, "mock": {"ttft_ms": 10}}
+    env = None
+    s3 = None
+    if args.durability == "s3":
+        from bench.s3_local import CREDENTIALS, S3Server
+        s3 = S3Server()  # moto's S3 server on loopback, started for this run
+        config.update(s3.storage_config(s3.new_bucket(), direct=True))
+        config["cluster"] = {}
+        env = CREDENTIALS
+    server = ServerProcess(work, config, env).start()
     workers = start_workers(server, args.workers, args.slots)
     try:
         worker_pids = [p.pid for p in workers]
@@ -253,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stop_workers(workers)
         server.stop()
+        if s3 is not None:
+            s3.stop()
     if args.peer == "restate":
         from bench.peer_restate import RestateServer, run_scenario
         with RestateServer() as restate:

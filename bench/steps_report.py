@@ -11,9 +11,10 @@ def write_report(results: ResultsDir, rows: list[dict], args: Any, reference: di
     peer = {r["scenario"]: r for r in rows if r["system"] == "restate"}
     table = markdown_table(
         ["scenario", "clients", "Agent OS", "unit", "p50 ms", "p99 ms", "server CPU %", "worker CPU %", "fsyncs/s",
-         "target", "Dex c7gd.large", "Restate (same run)"],
+         "PUTs/s", "per PUT", "target", "Dex c7gd.large", "Restate (same run)"],
         [[r["scenario"], r["clients"], r["ops_per_sec"], r["unit"], r["p50_ms"], r["p99_ms"], r["server_cpu_percent"],
-          r["worker_cpu_percent"], r["fsyncs_per_sec"], targets.get(r["scenario"]), reference.get(r["scenario"]),
+          r["worker_cpu_percent"], r["fsyncs_per_sec"], r.get("puts_per_sec"), r.get("per_put"),
+          targets.get(r["scenario"]), reference.get(r["scenario"]),
           peer[r["scenario"]]["ops_per_sec"] if r["scenario"] in peer else None] for r in ours])
     text = (f"# Step benchmark\n\nDurability `{args.durability}`; {args.workers} worker processes; "
             f"{args.warmup:g} s warm-up and {args.duration:g} s measured per run; median of {args.runs} runs "

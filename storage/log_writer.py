@@ -39,7 +39,7 @@ from agentos.rundir import RunDir
 from broker.client import Bus
 from broker.protocol import Kind, Message
 from broker.sharding import STORE
-from storage import records, segments
+from storage import compaction, records, segments
 from storage.s3 import ObjectStore, S3Unavailable
 from storage.shipper import Shipper
 
@@ -113,7 +113,8 @@ class LogWriter:
         if lease is not None and lease.node == cluster.node_id and lease.epoch == cluster.epoch:
             self.lease_until = time.monotonic() + (lease.expires_at - time.time()) - 1.0
         self.shipper = Shipper(self.object_store, self.index, cluster.epoch, max(bucket_end, local_end if
-                               local_end <= bucket_end else bucket_end), self._shipped_threadsafe, self.log)
+                               local_end <= bucket_end else bucket_end), self._shipped_threadsafe, self.log,
+                               self.config.storage.s3.max_inflight_puts)
         self.shipper.start()
         if self.segments.end > bucket_end:
             data = await loop.run_in_executor(self.io, self.segments.read_range, bucket_end, self.segments.end)
@@ -222,6 +223,7 @@ class LogWriter:
             count = self.unflushed
             self.unflushed = 0
             started = time.monotonic()
+            segment_before = self.segments.start
             try:
                 end = await loop.run_in_executor(self.io, self.segments.write, data, self.fsync)
             except OSError as exc:
@@ -237,7 +239,7 @@ class LogWriter:
                 metrics.observe(metrics.log_batch_records, sum(n for _, n in waiting))
             self.bus.send(STORE, Kind.LOG_FLUSHED, {"writer": self.index, "position": end, "count": count})
             if self.shipper is not None and data:
-                self.shipper.submit(end - len(data), end, data)
+                self.shipper.submit(end - len(data), end, data, new_segment=self.segments.start != segment_before)
             if self.durability == "s3":
                 self.awaiting_ship.append((end, waiting))  # acknowledged once the bucket has it
                 continue
@@ -283,6 +285,52 @@ class LogWriter:
         for msg, _ in waiting:
             self.bus.reply(msg, Kind.ERROR, {"code": code, "message": f"log write failed: {exc.strerror}"})
 
+    async def compaction_loop(self) -> None:
+        """Every `storage.compaction_interval_secs`: drop closed runs past the retention window."""
+        while True:
+            await asyncio.sleep(self.config.storage.compaction_interval_secs)
+            try:
+                await self.compact_once()
+            except Exception:  # never fatal: the next pass tries again
+                self.log.exception("compaction pass failed")
+
+    async def compact_once(self) -> int:
+        loop = asyncio.get_running_loop()
+        cutoff = time.time() - self.config.storage.retention_secs
+        reply = await self.bus.request(STORE, Kind.STORE_QUERY, {"query": "expired_runs", "session": "",
+                                                                 "after": int(cutoff)}, timeout=30.0)
+        if reply.body.get("error") or not reply.body["rows"]:
+            return 0
+        info = reply.body["rows"][0]
+        runs = set(info["runs"])
+        if not runs:
+            return 0
+        loaded = int(info["loaded"].get(str(self.index), 0))
+        shipped = self.shipper.shipped if self.shipper is not None else None
+        dropped = 0
+        for start, end, path in compaction.sealed_segments(self.directory):
+            if end > loaded or (shipped is not None and end > shipped):
+                break  # not loaded by the store or not in the bucket yet: a later pass
+            result = await loop.run_in_executor(self.io, lambda p=path: compaction.compact(p.read_bytes(), runs))
+            if result is None:
+                continue
+            data, count = result
+            await loop.run_in_executor(self.io, compaction.replace_segment, path, data)
+            if self.object_store is not None:
+                await loop.run_in_executor(self.io, self._replace_objects, start, end, data)
+            dropped += count
+        if dropped:
+            await self.bus.request(STORE, Kind.STORE_PURGE, {"runs": sorted(runs)}, timeout=60.0)
+            self.log.info("retention: dropped %d records of %d runs closed before the window", dropped, len(runs))
+        return dropped
+
+    def _replace_objects(self, start: int, end: int, data: bytes) -> None:
+        key = self.object_store.put_batch(self.index, start, end, self.config.cluster.epoch, data)
+        old = [b.key for b in self.object_store.batches(self.index)
+               if b.start >= start and b.end <= end and b.key != key]
+        self.object_store.delete(old)
+        metrics.s3_requests.labels("put", "compaction").inc()
+
     def on_stats(self, msg: Message) -> None:
         shipper = self.shipper.stats if self.shipper else {}
         self.bus.reply(msg, Kind.STATS_REPLY, {"role": "writer", "stats": {
@@ -299,6 +347,7 @@ def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> in
         await writer.open()
         await writer.bus.start()
         committer = asyncio.create_task(writer.commit_loop())
+        compactor = asyncio.create_task(writer.compaction_loop())
         await stop.wait()
         # Finish what was received: every message that got here is written before we exit.
         writer.wake.set()
@@ -306,6 +355,7 @@ def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> in
         while writer.frames or writer.waiting:
             await asyncio.sleep(0.01)
         committer.cancel()
+        compactor.cancel()
         if writer.shipper is not None:
             await asyncio.get_running_loop().run_in_executor(None, writer.shipper.stop)
         await writer.bus.close()

@@ -260,6 +260,32 @@ class Store:
             "(SELECT run FROM flow_records WHERE type = 'run.ended')").fetchall()
         return [{"run_id": run} for (run,) in rows], None
 
+    def q_expired_runs(self, session, tenant, turn, after, limit):
+        """Runs that ended before `after` (UNIX seconds), with how far each log has been loaded."""
+        rows = self.cursors["flows"].execute(
+            "SELECT DISTINCT run FROM flow_records WHERE type = 'run.ended' AND ts < ?", [float(after)]).fetchall()
+        return [{"runs": [run for (run,) in rows], "loaded": {str(w): p for w, p in self.loaded.items()}}], None
+
+    def purge_runs(self, runs: list[str]) -> int:
+        """Delete the rows of these runs, keeping each log's progress (its largest lsn) in place."""
+        if not runs:
+            return 0
+        con = self.conns["flows"]
+        con.execute("BEGIN TRANSACTION")
+        try:
+            marks = con.execute("SELECT writer, max(lsn) FROM flow_records GROUP BY writer").fetchall()
+            count = con.execute("SELECT count(*) FROM flow_records WHERE run IN (SELECT unnest(?))", [runs]).fetchone()[0]
+            con.execute("DELETE FROM flow_records WHERE run IN (SELECT unnest(?))", [runs])
+            for writer, lsn in marks:  # a progress mark, so a restart does not read these records again
+                con.execute("INSERT INTO flow_records VALUES ('', '', 'progress', -1, NULL, 0, ?, ?)", [writer, lsn])
+            con.execute("DELETE FROM flow_records WHERE type = 'progress' AND lsn < (SELECT max(lsn) FROM flow_records "
+                        "f WHERE f.writer = flow_records.writer)")
+            con.execute("COMMIT")
+        except Exception:
+            con.execute("ROLLBACK")
+            raise
+        return count
+
     def q_count(self, session, tenant, turn, after, limit):
         """Rows per table (for tests and operators; `session` "" counts everything)."""
         out = {}
@@ -271,7 +297,7 @@ class Store:
 
 QUERIES = {"messages": Store.q_messages, "events": Store.q_events, "checkpoint_chain": Store.q_checkpoint_chain,
            "blob_latest": Store.q_blob_latest, "count": Store.q_count, "flow_records": Store.q_flow_records,
-           "open_runs": Store.q_open_runs}
+           "open_runs": Store.q_open_runs, "expired_runs": Store.q_expired_runs}
 
 
 def _jsonable(value: Any) -> Any:

@@ -37,7 +37,7 @@ class StoreService:
         self.waiters: list[tuple[dict[int, int], asyncio.Future]] = []
         self.loop: asyncio.AbstractEventLoop | None = None
         self.bus = Bus(STORE, bus_endpoint, {Kind.LOG_FLUSHED: self.on_flushed, Kind.STORE_QUERY: self.on_query,
-                                             Kind.STATS: self.on_stats},
+                                             Kind.STORE_PURGE: self.on_purge, Kind.STATS: self.on_stats},
                        role="store", heartbeat_secs=config.broker.heartbeat_secs, log=log)
 
     async def start(self) -> None:
@@ -128,6 +128,12 @@ class StoreService:
         if next_after is not None:
             body["next_after"] = next_after
         self.bus.reply(msg, Kind.STORE_ROWS, body)
+
+    async def on_purge(self, msg: Message) -> None:
+        runs = [str(r) for r in msg.body["runs"]]
+        count = await self.loop.run_in_executor(self.queries, self.store.purge_runs, runs)
+        self.log.info("retention: removed %d rows of %d closed runs", count, len(runs))
+        self.bus.reply(msg, Kind.STORE_ROWS, {"rows": [count]})
 
     def on_stats(self, msg: Message) -> None:
         records, seconds = self.lag()

@@ -8,7 +8,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import Server, Worker  # noqa: E402
-from s3_fixture import CREDENTIALS, S3Server  # noqa: E402
+from bench.s3_local import CREDENTIALS, S3Server  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ from bench import checkpoints
 from bench.checkpoint_report import (
     COLUMNS, ratios, summary_markdown, window_p99s, window_report,
 )
-from bench.checkpoint_targets import AgentOSTarget, process_group_cpu_secs
+from bench.checkpoint_targets import AgentOSTarget, process_tree_cpu_secs
 from bench.checkpoint_workload import BenchConfig, Scale, make_payloads, parse_scale, payload_size
 
 pytestmark = pytest.mark.timeout(30)
@@ -266,9 +266,9 @@ def test_a_refused_connection_is_counted_not_raised(tmp_path):
     assert row["checkpoints_per_sec"] == 0
 
 
-def test_process_group_cpu_counts_our_own_group():
-    assert process_group_cpu_secs([os.getpgrp()]) > 0
-    assert process_group_cpu_secs([]) == 0
+def test_process_tree_cpu_counts_our_own_process():
+    assert process_tree_cpu_secs([os.getpid()]) > 0
+    assert process_tree_cpu_secs([]) == 0
 
 
 def test_cli_rejects_unknown_targets_and_skips_agentos_without_url(capsys):

@@ -1,7 +1,6 @@
 """End-to-end: the agent loop on durable steps — tool calls run by a worker, journaled, and a
 turn that finishes after its actor was killed mid-turn."""
 import asyncio
-import json
 
 import aiohttp
 

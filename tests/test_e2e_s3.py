@@ -11,7 +11,7 @@ import urllib.request
 import duckdb
 
 from harness import get_json, pid_alive, turn, wait_until
-from s3_fixture import CREDENTIALS
+from bench.s3_local import CREDENTIALS
 
 
 def put(base, sid, key, payload: bytes, timeout=30):
@@ -172,3 +172,44 @@ def test_a_node_whose_lease_was_taken_acknowledges_nothing_more(make_s3_server, 
 
 
 _ = CREDENTIALS
+
+
+def test_retention_removes_closed_runs_from_the_log_the_bucket_and_duckdb(make_s3_server, make_worker, s3,
+                                                                         tmp_path):
+    from storage import records, segments
+    bucket = s3.new_bucket()
+    node = make_s3_server(bucket, "retention", {"storage": {"retention_secs": 1, "compaction_interval_secs": 1,
+                                                            "segment_bytes": 4096}}, durability="local")
+    make_worker(node)
+    closed = [start_flow(node.url, "async_steps", 3)["run_id"] for _ in range(5)]
+    for run_id in closed:
+        assert run_result(node.url, run_id)["status"] == "completed"
+    open_run = start_flow(node.url, "waiter", {})["run_id"]
+    for i in range(12):  # enough records to seal a few 4 KiB segments
+        assert put(node.url, "retention-filler", f"k{i}", os.urandom(1500)) == 200
+    wait_until(lambda: "retention: dropped" in node.log(), 30, "a compaction pass to drop the closed runs",
+               interval=0.3)
+    wait_until(lambda: all(get_json(f"{node.url}/v1/runs/{r}")[0] == 404 for r in closed), 90,
+               "the closed runs to be gone", interval=0.5)
+    for message in ("one", "two"):
+        get_json(f"{node.url}/v1/runs/{open_run}/channels/inbox", method="POST",
+                 body=json.dumps({"message": message}).encode())
+    assert run_result(node.url, open_run)["result"] == ["one", "two"]   # an open run is untouched
+
+    def runs_in(data: bytes) -> set[str]:
+        return {records.decode_body(body).get("run") for _, kind, _, body, _ in records.scan(data)
+                if kind == records.RecordKind.FLOW}
+
+    client = s3.client()
+    in_bucket = set()
+    for obj in client.list_objects_v2(Bucket=bucket, Prefix="wal/")["Contents"]:
+        in_bucket |= runs_in(client.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read())
+    local = set()
+    for _, path in segments.list_segments(tmp_path / "retention" / "data" / "wal" / "0"):
+        local |= runs_in(path.read_bytes())
+    assert node.stop() == 0
+    assert not in_bucket & set(closed) and not local & set(closed)
+    assert open_run in in_bucket
+    with duckdb.connect(str(tmp_path / "retention" / "data" / "db" / "flows.db"), read_only=True) as con:
+        left = con.execute("SELECT count(*) FROM flow_records WHERE run IN (SELECT unnest(?))", [closed]).fetchone()[0]
+    assert left == 0

@@ -1,5 +1,6 @@
-"""A real S3 endpoint on loopback for the tests: moto's server mode, behind a proxy that can be
-told to fail (connections refused or answered 503), the way a bucket goes away for a while."""
+"""A real S3 endpoint on loopback, for the tests and the `--durability s3` benchmarks: moto's
+server mode, behind a proxy that can be told to fail (connections refused or answered 503), the
+way a bucket goes away for a while."""
 from __future__ import annotations
 
 import socket
@@ -130,8 +131,10 @@ class S3Server:
         self.client().create_bucket(Bucket=name)
         return name
 
-    def storage_config(self, bucket: str, durability: str = "s3") -> dict:
-        return {"storage": {"durability": durability, "s3": {"bucket": bucket, "endpoint_url": self.endpoint,
+    def storage_config(self, bucket: str, durability: str = "s3", direct: bool = False) -> dict:
+        """Config keys for a node on `bucket`; `direct` bypasses the fault proxy (benchmarks)."""
+        endpoint = f"http://127.0.0.1:{self.port}" if direct else self.endpoint
+        return {"storage": {"durability": durability, "s3": {"bucket": bucket, "endpoint_url": endpoint,
                                                              "region": "us-east-1"}},
                 "cluster": {"lease_renew_secs": 1.0, "lease_ttl_secs": 3.0}}
 
