@@ -25,7 +25,6 @@ from broker.client import Bus
 from broker.protocol import Kind, Message
 from storage.log_client import LogWriteError
 
-TURN_RETENTION_SECS = 30.0
 
 
 class Actor:
@@ -79,7 +78,12 @@ class Actor:
         wanted = msg.body.get("turn_id") or ""
         cancelled = False
         if turn is not None and (not wanted or wanted == turn.turn_id):
-            cancelled = turn.cancel(msg.body.get("reason") or "cancelled")
+            reason = msg.body.get("reason") or "cancelled"
+            grace = float(msg.body.get("after_secs") or 0.0)
+            if grace > 0:  # a disconnect: the client may come back for the stream
+                turn.pending_cancel = asyncio.get_running_loop().call_later(grace, turn.cancel, reason)
+            else:
+                cancelled = turn.cancel(reason)
         self.bus.reply(msg, Kind.TURN_STATUS, {"turn_id": turn.turn_id if turn else wanted,
                                                "state": "cancelled" if cancelled else "idle"})
 
@@ -92,6 +96,9 @@ class Actor:
         if turn.resumed:  # finishing after our restart: its old stream cannot continue
             self.bus.reply(msg, Kind.TURN_STATUS, {"turn_id": turn.turn_id, "state": "resumed"})
             return
+        if turn.pending_cancel is not None:  # its client is back
+            turn.pending_cancel.cancel()
+            turn.pending_cancel = None
         turn.replay(msg.body["after"], msg.src)
         self.bus.reply(msg, Kind.TURN_STATUS, {"turn_id": turn.turn_id, "state": "ended" if turn.ended else "running"})
 
@@ -226,7 +233,7 @@ class Actor:
         while True:
             await asyncio.sleep(period)
             now = time.monotonic()
-            while self.finished and now - self.finished[0].ended_at > TURN_RETENTION_SECS:
+            while self.finished and now - self.finished[0].ended_at > self.config.kernel.turn_retention_secs:
                 self.turns.pop(self.finished.popleft().turn_id, None)
             evicted = self.sessions.evict_idle(now)
             if evicted:

@@ -43,8 +43,18 @@ class FlowClient:
                     tenant: str | None = None) -> dict:
         """Start a run; with `run_id` or an idempotency `key`, a repeated start returns the same run."""
         tenant = tenant or self.tenant
-        new = run_id is None and key is None
-        run_id = run_id or (run_id_for_key(flow, tenant, key) if key else f"r{uuid.uuid4().hex}")
+        return await self.start_run(flow, input, *self.run_id(flow, tenant, run_id, key), tenant)
+
+    @staticmethod
+    def run_id(flow: str, tenant: str, run_id: str | None, key: str | None) -> tuple[str, bool]:
+        """(the run's id, whether it is brand new): chosen, derived from the key, or generated."""
+        if run_id:
+            return run_id, False
+        if key:
+            return run_id_for_key(flow, tenant, key), False
+        return f"r{uuid.uuid4().hex}", True
+
+    async def start_run(self, flow: str, input: Any, run_id: str, new: bool, tenant: str) -> dict:
         body = {"flow": flow, "run_id": run_id, "tenant": tenant, "input": input}
         if new:
             body["new"] = True

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -15,6 +16,7 @@ from typing import Any, Mapping
 import yaml
 
 ENV_PREFIX = "AGENTOS_"
+TENANT_NAME = re.compile(r"^[A-Za-z0-9._\-]{1,64}$")
 
 
 class ConfigError(ValueError):
@@ -36,11 +38,16 @@ class GatewayConfig:
 class KernelConfig:
     actors: int = 0
     max_in_flight_turns: int = 0
+    max_in_flight_turns_per_tenant: int = 0   # one tenant's share of the gate; 0 = no share
     concurrency_limit: int = 64
     session_ttl_secs: float = 300.0
     drain_secs: float = 30.0
     max_steps_per_turn: int = 8
     run_dir: str = ""
+    # A turn whose client disconnected is cancelled after this grace, unless a client resumes its
+    # stream (GET /v1/sessions/{sid}/turns/{turn_id}/events) first.
+    disconnect_grace_secs: float = 2.0
+    turn_retention_secs: float = 30.0     # a finished turn's events stay replayable this long
     # After a turn's first token goes out, later tokens are merged into one delta per window:
     # fewer messages and SSE writes, no change to time to first token.
     delta_window_ms: float = 50.0
@@ -272,6 +279,8 @@ def validate(config: Config) -> None:
     _positive(config.kernel.drain_secs, "kernel.drain_secs", allow_zero=True)
     _positive(config.kernel.max_steps_per_turn, "kernel.max_steps_per_turn")
     _positive(config.kernel.delta_window_ms, "kernel.delta_window_ms", allow_zero=True)
+    _positive(config.kernel.disconnect_grace_secs, "kernel.disconnect_grace_secs", allow_zero=True)
+    _positive(config.kernel.turn_retention_secs, "kernel.turn_retention_secs")
     if config.provider.base_url and not config.provider.base_url.startswith(("http://", "https://")):
         raise ConfigError(f"provider.base_url: must start with http:// or https://, got {config.provider.base_url!r}")
     _positive(config.provider.timeout_secs, "provider.timeout_secs")
@@ -304,6 +313,10 @@ def validate(config: Config) -> None:
     _positive(config.broker.heartbeat_secs, "broker.heartbeat_secs")
     if config.broker.peer_timeout_secs <= config.broker.heartbeat_secs:
         raise ConfigError("broker.peer_timeout_secs: must be longer than broker.heartbeat_secs")
+    for key, tenant in config.auth.api_keys.items():
+        if not key or not TENANT_NAME.match(tenant):
+            raise ConfigError(f"auth.api_keys: tenant names are 1-64 letters, digits and . _ -; got {tenant!r}")
+    _positive(config.kernel.max_in_flight_turns_per_tenant, "kernel.max_in_flight_turns_per_tenant", allow_zero=True)
     _positive(config.mock.ttft_ms, "mock.ttft_ms", allow_zero=True)
     _positive(config.mock.tps, "mock.tps")
     _positive(config.mock.tokens, "mock.tokens")

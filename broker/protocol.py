@@ -150,7 +150,8 @@ SPECS: dict[Kind, Spec] = {
     Kind.TURN_TOOL: _spec({"turn_id": str, "seq": int, "phase": str, "name": str}, data=dict),
     Kind.TURN_FAILED: _spec({"turn_id": str, "seq": int, "code": str, "message": str}),
     Kind.TURN_CANCELLED: _spec({"turn_id": str, "seq": int, "reason": str}),
-    Kind.TURN_CANCEL: _spec({"session": str}, turn_id=str, reason=str),  # turn_id "" = whatever runs
+    # turn_id "" = whatever runs; after_secs: cancel then, unless a client resumes the stream first
+    Kind.TURN_CANCEL: _spec({"session": str}, turn_id=str, reason=str, after_secs=_NUM),
     Kind.TURN_RESUME: _spec({"turn_id": str, "session": str, "after": int}),
     # Reply to a resume of a turn the actor does not know (lost in a crash) or that is alive.
     Kind.TURN_STATUS: _spec({"turn_id": str, "state": str}),

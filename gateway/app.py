@@ -24,13 +24,13 @@ from gateway.errors import ApiError, error_response, json_response
 from gateway.flows import FlowRoutes
 from gateway.history import HistoryRoutes
 from gateway.streams import TurnStream
+from gateway.tenancy import DEFAULT_TENANT, internal
 from storage.log_client import LogClient
 
 SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
 KEEPALIVE_SECS = 15.0
 START_TIMEOUT_SECS = 10.0
 MAX_FAILED_PROBES = 6
-DEFAULT_TENANT = "default"
 
 
 class SseResponse(web.StreamResponse):
@@ -50,13 +50,15 @@ class Gateway:
             self.bus.on(kind, self.on_turn_event)
         self.bus.on(Kind.DRAIN, self.on_drain)
         self.bus.on(Kind.STATS, self.on_stats)
-        self.streams: dict[str, TurnStream] = {}
+        self.streams: dict[str, list[TurnStream]] = {}   # turn id -> its subscribers here
         self.in_flight = 0
         self.draining = False
         self.missing_peers: list[str] = ["(not checked yet)"]
         self.turn_counter = 0
         self.api_keys = config.auth.api_keys
         self.limit = config.kernel.max_in_flight_turns
+        self.tenant_limit = config.kernel.max_in_flight_turns_per_tenant
+        self.in_flight_by_tenant: dict[str, int] = {}
         self.retry_after = str(config.gateway.retry_after_secs)
         self.log_client = LogClient(self.bus, config.storage.log_writers)
         self.history = HistoryRoutes(self)
@@ -67,6 +69,7 @@ class Gateway:
         return [
             web.post("/v1/sessions/{sid}/turns", self.post_turn),
             web.delete("/v1/sessions/{sid}/turns/current", self.cancel_turn),
+            web.get("/v1/sessions/{sid}/turns/{turn_id}/events", self.resume_turn),
             web.get("/v1/sessions/{sid}/messages", self.history.get_messages),
             web.get("/v1/sessions/{sid}/events", self.history.get_events),
             web.put("/v1/sessions/{sid}/checkpoints/{key}", self.history.put_checkpoint),
@@ -109,6 +112,12 @@ class Gateway:
                            "session id must be 1-128 characters of letters, digits and . _ : - (starting alphanumeric)")
         return sid
 
+    def session_of(self, request: web.Request) -> tuple[str, str, str]:
+        """(tenant, session id inside the server, session id as the client names it)."""
+        sid = self.session_id(request)
+        tenant = self.tenant_of(request)
+        return tenant, internal(tenant, sid), sid
+
     async def read_body(self, request: web.Request, limit: int, code: str = "body_too_large") -> bytes:
         try:
             raw = await request.read()
@@ -135,8 +144,7 @@ class Gateway:
     # -- routes ---------------------------------------------------------------------------
 
     async def post_turn(self, request: web.Request) -> web.StreamResponse:
-        sid = self.session_id(request)
-        tenant = self.tenant_of(request)
+        tenant, sid, external_sid = self.session_of(request)
         if self.draining:
             raise ApiError(503, "draining", "server is shutting down", {"Retry-After": self.retry_after})
         body = await self.json_body(request)
@@ -149,18 +157,28 @@ class Gateway:
             metrics.admission_rejected.inc()
             return error_response(429, "overloaded", f"{self.in_flight} turns in flight (limit {self.limit}); retry later",
                                   {"Retry-After": self.retry_after})
+        mine = self.in_flight_by_tenant.get(tenant, 0)
+        if self.tenant_limit and mine >= self.tenant_limit:
+            metrics.admission_rejected.inc()
+            return error_response(429, "overloaded", f"this tenant has {mine} turns in flight (its share is "
+                                  f"{self.tenant_limit}); retry later", {"Retry-After": self.retry_after})
         self.in_flight += 1
+        self.in_flight_by_tenant[tenant] = mine + 1
         try:
-            return await self._stream_turn(request, sid, tenant, text)
+            return await self._stream_turn(request, sid, tenant, text, external_sid)
         finally:
             self.in_flight -= 1
+            left = self.in_flight_by_tenant[tenant] - 1
+            if left:
+                self.in_flight_by_tenant[tenant] = left
+            else:
+                del self.in_flight_by_tenant[tenant]
 
-    async def _stream_turn(self, request: web.Request, sid: str, tenant: str, text: str) -> web.StreamResponse:
+    async def _stream_turn(self, request: web.Request, sid: str, tenant: str, text: str,
+                           external_sid: str) -> web.StreamResponse:
         turn_id = self.new_turn_id()
         actor = actor_name(sid, self.shards)
-        stream = TurnStream(turn_id, sid, actor, tenant)
-        self.streams[turn_id] = stream
-        response: web.StreamResponse | None = None
+        stream = self._subscribe(TurnStream(turn_id, sid, actor, tenant, external_sid))
         try:
             try:
                 started = await self.bus.request(actor, Kind.TURN_START,
@@ -170,8 +188,59 @@ class Gateway:
                 raise ApiError(503, "actor_unavailable", f"the session's actor did not answer: {exc}",
                                {"Retry-After": self.retry_after}) from None
             stream.push(Kind.TURN_STARTED, started.body)
-            response = SseResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                            "X-Accel-Buffering": "no"})
+            return await self._pump(request, stream)
+        finally:
+            self._unsubscribe(stream)
+
+    async def resume_turn(self, request: web.Request) -> web.StreamResponse:
+        """The rest of a turn's events after the client's last one (`Last-Event-ID` or `?after`),
+        then live ones until the turn ends; replayable for `kernel.turn_retention_secs` after."""
+        tenant, sid, external_sid = self.session_of(request)
+        turn_id = request.match_info["turn_id"]
+        if not SESSION_ID.match(turn_id):
+            raise ApiError(400, "invalid_turn_id", "not a turn id")
+        raw = request.headers.get("Last-Event-ID", request.query.get("after", "0"))
+        try:
+            after = int(raw)
+        except ValueError:
+            raise ApiError(400, "invalid_parameter", "Last-Event-ID (or after) must be an event id: an integer") from None
+        if after < 0:
+            raise ApiError(400, "invalid_parameter", "Last-Event-ID (or after) must not be negative")
+        actor = actor_name(sid, self.shards)
+        stream = self._subscribe(TurnStream(turn_id, sid, actor, tenant, external_sid))
+        stream.last_seq = after
+        try:
+            try:
+                status = await self.bus.request(actor, Kind.TURN_RESUME, {"turn_id": turn_id, "session": sid,
+                                                                          "after": after}, timeout=10.0, session=sid)
+            except BusError as exc:
+                raise ApiError(503, "actor_unavailable", f"the session's actor did not answer: {exc}") from None
+            state = status.body["state"]
+            if state == "unknown":
+                raise ApiError(404, "not_found", "no such turn (or its events are past their retention)")
+            if state == "resumed":
+                stream.interrupted()
+            return await self._pump(request, stream)
+        finally:
+            self._unsubscribe(stream)
+
+    def _subscribe(self, stream: TurnStream) -> TurnStream:
+        self.streams.setdefault(stream.turn_id, []).append(stream)
+        return stream
+
+    def _unsubscribe(self, stream: TurnStream) -> None:
+        subscribers = self.streams.get(stream.turn_id)
+        if subscribers is not None:
+            subscribers.remove(stream)
+            if not subscribers:
+                del self.streams[stream.turn_id]
+
+    async def _pump(self, request: web.Request, stream: TurnStream) -> web.StreamResponse:
+        """Write the stream's events as SSE until its terminal one. A client that goes away
+        cancels the turn after `kernel.disconnect_grace_secs`, unless it comes back for the rest."""
+        response = SseResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                        "X-Accel-Buffering": "no"})
+        try:
             await response.prepare(request)
             while True:
                 chunks = await stream.next_chunks(KEEPALIVE_SECS)
@@ -182,21 +251,22 @@ class Gateway:
                 await response.write(data)
             return response
         except (asyncio.CancelledError, ConnectionError):
-            if stream.terminal is None:  # the client went away: stop the work, not just the stream
-                self.bus.send(actor, Kind.TURN_CANCEL, {"session": sid, "turn_id": turn_id, "reason": "disconnect"})
+            if stream.terminal is None:
+                self.bus.send(stream.actor, Kind.TURN_CANCEL, {
+                    "session": stream.session, "turn_id": stream.turn_id, "reason": "disconnect",
+                    "after_secs": self.config.kernel.disconnect_grace_secs}, session=stream.session)
             raise
-        finally:
-            self.streams.pop(turn_id, None)
 
     async def cancel_turn(self, request: web.Request) -> web.Response:
-        sid = self.session_id(request)
-        self.tenant_of(request)
+        _, sid, _ = self.session_of(request)
         try:
             status = await self.bus.request(actor_name(sid, self.shards), Kind.TURN_CANCEL,
                                             {"session": sid, "reason": "client_cancel"}, timeout=5.0, session=sid)
         except BusError as exc:
             raise ApiError(503, "actor_unavailable", f"the session's actor did not answer: {exc}") from None
-        return json_response({"cancelled": status.body["state"] == "cancelled", "turn_id": status.body["turn_id"]})
+        if status.body["state"] != "cancelled":
+            raise ApiError(404, "no_active_turn", "no turn is running on this session")
+        return json_response({"cancelled": True, "turn_id": status.body["turn_id"]})
 
     async def healthz(self, request: web.Request) -> web.Response:
         return json_response({"ok": True})
@@ -215,8 +285,7 @@ class Gateway:
     # -- bus ------------------------------------------------------------------------------
 
     def on_turn_event(self, msg: Message) -> None:
-        stream = self.streams.get(msg.body["turn_id"])
-        if stream is not None:
+        for stream in self.streams.get(msg.body["turn_id"], ()):
             stream.push(msg.kind, msg.body)
 
     async def on_drain(self, msg: Message) -> None:
@@ -247,7 +316,7 @@ class Gateway:
                 last_peers = now
                 asyncio.ensure_future(self._check_peers(expected))
             probe_after = self.config.gateway.turn_probe_secs
-            for stream in list(self.streams.values()):
+            for stream in [s for subscribers in self.streams.values() for s in subscribers]:
                 if stream.probing or stream.terminal is not None:
                     continue
                 if (stream.gap_since and now - stream.gap_since > 0.5) or now - stream.last_event_at > probe_after:

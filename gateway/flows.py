@@ -9,6 +9,7 @@ from aiohttp import web
 
 from actors.flow_client import FlowClient, FlowError
 from gateway.errors import ApiError, json_response
+from gateway.tenancy import external, internal
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
@@ -28,10 +29,20 @@ def _error(exc: FlowError) -> ApiError:
     return ApiError(STATUS_OF.get(exc.code, 502), exc.code, exc.message)
 
 
+def _outward(run: dict, tenant: str) -> dict:
+    return {**run, "run_id": external(tenant, run["run_id"])}
+
+
 class FlowRoutes:
     def __init__(self, gateway: "Gateway") -> None:
         self.gw = gateway
         self.client = FlowClient(gateway.bus, gateway.shards)
+
+    def _run(self, request: web.Request) -> tuple[str, str, str]:
+        """(tenant, run id inside the server, run id as the client names it)."""
+        run_id = _name(request, "run_id", "run_id")
+        tenant = self.gw.tenant_of(request)
+        return tenant, internal(tenant, run_id), run_id
 
     async def start(self, request: web.Request) -> web.Response:
         flow = _name(request, "flow", "flow")
@@ -43,15 +54,15 @@ class FlowRoutes:
         key = request.headers.get("Idempotency-Key")
         if key is not None and not 0 < len(key) <= 200:
             raise ApiError(400, "invalid_idempotency_key", "Idempotency-Key must be 1-200 characters")
+        chosen, new = self.client.run_id(flow, tenant, run_id, key)
         try:
-            run = await self.client.start(flow, body.get("input"), run_id=run_id, key=key, tenant=tenant)
+            run = await self.client.start_run(flow, body.get("input"), internal(tenant, chosen), new, tenant)
         except FlowError as exc:
             raise _error(exc) from None
-        return json_response(run, status=201 if run.get("created") else 200)
+        return json_response(_outward(run, tenant), status=201 if run.get("created") else 200)
 
     async def get(self, request: web.Request) -> web.Response:
-        run_id = _name(request, "run_id", "run_id")
-        tenant = self.gw.tenant_of(request)
+        tenant, run_id, outward_id = self._run(request)
         try:
             wait = float(request.query.get("wait", "0"))
         except ValueError:
@@ -59,24 +70,22 @@ class FlowRoutes:
         if not 0 <= wait <= 60:
             raise ApiError(400, "invalid_parameter", "wait must be between 0 and 60 seconds")
         try:
-            return json_response(await self.client.get(run_id, wait=wait, tenant=tenant))
+            return json_response(_outward(await self.client.get(run_id, wait=wait, tenant=tenant), tenant))
         except FlowError as exc:
             raise _error(exc) from None
 
     async def attributes(self, request: web.Request) -> web.Response:
-        run_id = _name(request, "run_id", "run_id")
-        tenant = self.gw.tenant_of(request)
+        tenant, run_id, outward_id = self._run(request)
         keys = [k for k in request.query.get("keys", "").split(",") if k]
         try:
             values = await self.client.attributes(run_id, keys or None, tenant=tenant)
         except FlowError as exc:
             raise _error(exc) from None
-        return json_response({"run_id": run_id, "attributes": values})
+        return json_response({"run_id": outward_id, "attributes": values})
 
     async def update(self, request: web.Request) -> web.Response:
-        run_id = _name(request, "run_id", "run_id")
+        tenant, run_id, outward_id = self._run(request)
         key = _name(request, "key", "key")
-        tenant = self.gw.tenant_of(request)
         body = await self.gw.json_body(request)
         handler = body.get("handler")
         if not isinstance(handler, str) or not NAME.match(handler):
@@ -85,23 +94,21 @@ class FlowRoutes:
             value = await self.client.update(run_id, key, handler, body.get("arg"), tenant=tenant)
         except FlowError as exc:
             raise _error(exc) from None
-        return json_response({"run_id": run_id, "key": key, "value": value})
+        return json_response({"run_id": outward_id, "key": key, "value": value})
 
     async def publish(self, request: web.Request) -> web.Response:
-        run_id = _name(request, "run_id", "run_id")
+        tenant, run_id, outward_id = self._run(request)
         channel = _name(request, "channel", "channel")
-        tenant = self.gw.tenant_of(request)
         body = await self.gw.json_body(request)
         try:
             await self.client.publish(run_id, channel, body.get("message"), tenant=tenant)
         except FlowError as exc:
             raise _error(exc) from None
-        return json_response({"run_id": run_id, "channel": channel, "published": True}, status=202)
+        return json_response({"run_id": outward_id, "channel": channel, "published": True}, status=202)
 
     async def cancel(self, request: web.Request) -> web.Response:
-        run_id = _name(request, "run_id", "run_id")
-        tenant = self.gw.tenant_of(request)
+        tenant, run_id, _ = self._run(request)
         try:
-            return json_response(await self.client.cancel(run_id, tenant=tenant))
+            return json_response(_outward(await self.client.cancel(run_id, tenant=tenant), tenant))
         except FlowError as exc:
             raise _error(exc) from None

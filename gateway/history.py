@@ -52,26 +52,29 @@ class HistoryRoutes:
         return reply.body
 
     async def get_messages(self, request: web.Request) -> web.Response:
-        sid = self.gw.session_id(request)
-        tenant = self.gw.tenant_of(request)
+        tenant, sid, external_sid = self.gw.session_of(request)
+        after = _int_param(request, "after", -1, -1, 2**62)
         body = await self._query({"query": "messages", "session": sid, "tenant": tenant, "sync": True,
-                                  "after": _int_param(request, "after", -1, -1, 2**62),
-                                  "limit": _int_param(request, "limit", 100, 1, 1000)})
-        return json_response({"session_id": sid, "messages": body["rows"], "next_after": body.get("next_after")})
+                                  "after": after, "limit": _int_param(request, "limit", 100, 1, 1000)})
+        if not body["rows"] and after == -1:
+            raise ApiError(404, "not_found", "no such session (it has no messages)")
+        return json_response({"session_id": external_sid, "messages": body["rows"],
+                              "next_after": body.get("next_after")})
 
     async def get_events(self, request: web.Request) -> web.Response:
-        sid = self.gw.session_id(request)
-        tenant = self.gw.tenant_of(request)
+        tenant, sid, external_sid = self.gw.session_of(request)
+        after = _int_param(request, "after", -1, -1, 2**62)
         query = {"query": "events", "session": sid, "tenant": tenant, "sync": True,
-                 "after": _int_param(request, "after", -1, -1, 2**62), "limit": _int_param(request, "limit", 100, 1, 1000)}
+                 "after": after, "limit": _int_param(request, "limit", 100, 1, 1000)}
         if request.query.get("turn"):
             query["turn"] = request.query["turn"]
         body = await self._query(query)
-        return json_response({"session_id": sid, "events": body["rows"], "next_after": body.get("next_after")})
+        if not body["rows"] and after == -1:
+            raise ApiError(404, "not_found", "no such session (or turn): it has no events")
+        return json_response({"session_id": external_sid, "events": body["rows"], "next_after": body.get("next_after")})
 
     async def put_checkpoint(self, request: web.Request) -> web.Response:
-        sid = self.gw.session_id(request)
-        tenant = self.gw.tenant_of(request)
+        tenant, sid, external_sid = self.gw.session_of(request)
         key = request.match_info["key"]
         if not CHECKPOINT_KEY.match(key):
             raise ApiError(400, "invalid_key", "checkpoint key must be 1-200 characters of letters, digits and . _ : -")
@@ -89,12 +92,11 @@ class HistoryRoutes:
         if error:
             status, code = WRITE_ERRORS.get(error, (503, "storage_error"))
             raise ApiError(status, code, f"checkpoint not saved: {error}")
-        return json_response({"session_id": sid, "key": key, "seq": reply.body["seq"],
+        return json_response({"session_id": external_sid, "key": key, "seq": reply.body["seq"],
                               "durability": reply.body["durability"]})
 
     async def get_latest_checkpoint(self, request: web.Request) -> web.Response:
-        sid = self.gw.session_id(request)
-        tenant = self.gw.tenant_of(request)
+        tenant, sid, external_sid = self.gw.session_of(request)
         try:
             reply = await self.gw.bus.request(actor_name(sid, self.gw.shards), Kind.CHECKPOINT_GET,
                                               {"session": sid, "tenant": tenant}, timeout=35.0, attempt_secs=12.0,

@@ -27,8 +27,9 @@ KEEPALIVE = b": keep-alive\n\n"
 _MAX_REORDER = 1024
 
 
-def event_data(kind: Kind, body: dict[str, Any]) -> dict[str, Any]:
-    """The JSON `data:` of an SSE event, from the bus message body."""
+def event_data(kind: Kind, body: dict[str, Any], session_id: str | None = None) -> dict[str, Any]:
+    """The JSON `data:` of an SSE event, from the bus message body (`session_id`: as the client
+    names the session)."""
     if kind is Kind.TURN_DELTA:
         return {"text": body["text"]}
     if kind is Kind.TURN_TOOL:
@@ -37,7 +38,10 @@ def event_data(kind: Kind, body: dict[str, Any]) -> dict[str, Any]:
         return {"turn_id": body["turn_id"], "error": {"code": body["code"], "message": body["message"]}}
     if kind is Kind.TURN_CANCELLED:
         return {"turn_id": body["turn_id"], "reason": body["reason"]}
-    return body.get("data") or {"turn_id": body["turn_id"]}
+    data = body.get("data") or {"turn_id": body["turn_id"]}
+    if session_id is not None and "session_id" in data:
+        data = {**data, "session_id": session_id}
+    return data
 
 
 def render(seq: int, name: bytes, data: dict[str, Any]) -> bytes:
@@ -46,11 +50,12 @@ def render(seq: int, name: bytes, data: dict[str, Any]) -> bytes:
 
 class TurnStream:
     __slots__ = ("turn_id", "session", "actor", "tenant", "last_seq", "chunks", "waiter", "last_event_at",
-                 "terminal", "reorder", "gap_since", "probing", "failed_probes")
+                 "terminal", "reorder", "gap_since", "probing", "failed_probes", "external_session")
 
-    def __init__(self, turn_id: str, session: str, actor: str, tenant: str) -> None:
+    def __init__(self, turn_id: str, session: str, actor: str, tenant: str, external_session: str | None = None) -> None:
         self.turn_id = turn_id
         self.session = session
+        self.external_session = external_session
         self.actor = actor
         self.tenant = tenant
         self.last_seq = 0
@@ -86,7 +91,7 @@ class TurnStream:
 
     def _accept(self, kind: Kind, body: dict[str, Any]) -> None:
         self.last_seq = body["seq"]
-        self.chunks.append(render(body["seq"], SSE_EVENT_NAMES[kind], event_data(kind, body)))
+        self.chunks.append(render(body["seq"], SSE_EVENT_NAMES[kind], event_data(kind, body, self.external_session)))
         if kind in TURN_TERMINAL:
             self.terminal = kind
             self.reorder.clear()

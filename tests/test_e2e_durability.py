@@ -42,7 +42,7 @@ def test_transcript_and_events_endpoints_return_what_the_turns_produced(shared_s
     status, _, one = get_json(f"{shared_server.url}/v1/sessions/dur-history/events?turn={tid}")
     assert {e["turn_id"] for e in one["events"]} == {tid}
     status, _, empty = get_json(f"{shared_server.url}/v1/sessions/never-seen/messages")
-    assert status == 200 and empty["messages"] == []
+    assert status == 404 and empty["error"]["code"] == "not_found"
     assert get_json(f"{shared_server.url}/v1/sessions/dur-history/messages?limit=0")[0] == 400
 
 

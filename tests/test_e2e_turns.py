@@ -68,7 +68,7 @@ def test_client_disconnect_cancels_the_turn(shared_server):
 
         async with aiohttp.ClientSession() as s:
             with pytest.raises(Disconnect):
-                await run_turn(s, shared_server.url, "e2e-disconnect", "slow [[mock ttft_ms=5000]]", on_event=on_event)
+                await run_turn(s, shared_server.url, "e2e-disconnect", "slow [[mock ttft_ms=10000]]", on_event=on_event)
 
     asyncio.run(go())
     wait_until(lambda: scrape(shared_server.url).get('agentos_turns_total{outcome="cancelled"}', 0) > before, 10,
@@ -139,11 +139,12 @@ def test_cancel_endpoint(shared_server):
             async with s.delete(f"{shared_server.url}/v1/sessions/e2e-cancel/turns/current") as resp:
                 body = await resp.json()
             async with s.delete(f"{shared_server.url}/v1/sessions/e2e-cancel/turns/current") as resp:
-                again = await resp.json()
+                again = (resp.status, await resp.json())
             return await slow, body, again
 
     slow, body, again = asyncio.run(go())
-    assert body["cancelled"] is True and again["cancelled"] is False
+    assert body["cancelled"] is True
+    assert again[0] == 404 and again[1]["error"]["code"] == "no_active_turn"
     assert slow.terminal == "turn.cancelled" and slow.data("turn.cancelled")["reason"] == "client_cancel"
 
 

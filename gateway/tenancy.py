@@ -1,0 +1,24 @@
+"""Tenants: what a tenant names is its own.
+
+Session and run ids are namespaced per tenant at the edge: tenant `acme`'s session `s1` is
+`acme~s1` inside the server, and another tenant's `s1` is a different session. So a tenant can
+never read, resume, cancel, publish to or checkpoint what another created — it gets 404, and
+learns nothing about whether the id exists elsewhere. The default tenant (no API keys
+configured) keeps ids as they are.
+"""
+from __future__ import annotations
+
+import re
+
+DEFAULT_TENANT = "default"
+SEPARATOR = "~"
+TENANT_NAME = re.compile(r"^[A-Za-z0-9._\-]{1,64}$")
+
+
+def internal(tenant: str, external_id: str) -> str:
+    return external_id if tenant == DEFAULT_TENANT else f"{tenant}{SEPARATOR}{external_id}"
+
+
+def external(tenant: str, internal_id: str) -> str:
+    prefix = f"{tenant}{SEPARATOR}"
+    return internal_id[len(prefix):] if tenant != DEFAULT_TENANT and internal_id.startswith(prefix) else internal_id

@@ -1,0 +1,79 @@
+"""End-to-end: API keys map to tenants; a tenant sees nothing of another's (404, never 403);
+one tenant's share of the admission gate cannot starve the others."""
+import asyncio
+import json
+
+import aiohttp
+
+from harness import get_json, run_turn, turn
+
+ACME = {"Authorization": "Bearer key-acme"}
+GLOBEX = {"Authorization": "Bearer key-globex"}
+
+
+def test_keys_tenants_and_isolation(make_server, make_worker):
+    server = make_server({"auth": {"api_keys": {"key-acme": "acme", "key-globex": "globex"}}})
+    make_worker(server)
+    base = server.url
+    assert get_json(f"{base}/v1/sessions/s1/messages")[0] == 401
+    status, _, body = get_json(f"{base}/v1/sessions/s1/messages", headers={"Authorization": "Bearer nope"})
+    assert status == 401 and body["error"]["code"] == "unauthorized"
+    assert turn(base, "s1", "hi").status == 401
+
+    mine = turn(base, "s1", "acme's secret", headers=ACME)
+    assert mine.terminal == "turn.completed" and mine.data("turn.started")["session_id"] == "s1"
+    assert get_json(f"{base}/v1/sessions/s1/messages", headers=ACME)[2]["messages"][0]["content"] == "acme's secret"
+    assert get_json(f"{base}/v1/sessions/s1/checkpoints/k", method="PUT", body=b"acme", headers=ACME)[0] == 200
+    # globex sees none of it: every route answers 404, never 403
+    assert get_json(f"{base}/v1/sessions/s1/messages", headers=GLOBEX)[0] == 404
+    assert get_json(f"{base}/v1/sessions/s1/events", headers=GLOBEX)[0] == 404
+    assert get_json(f"{base}/v1/sessions/s1/checkpoints/latest", headers=GLOBEX)[0] == 404
+    assert get_json(f"{base}/v1/sessions/s1/turns/current", method="DELETE", headers=GLOBEX)[0] == 404
+    turn_id = mine.data("turn.started")["turn_id"]
+    assert get_json(f"{base}/v1/sessions/s1/turns/{turn_id}/events", headers=GLOBEX)[0] == 404
+    # globex's own "s1" is another session
+    theirs = turn(base, "s1", "globex here", headers=GLOBEX)
+    assert theirs.terminal == "turn.completed"
+    assert [m["content"] for m in get_json(f"{base}/v1/sessions/s1/messages", headers=GLOBEX)[2]["messages"]
+            if m["role"] == "user"] == ["globex here"]
+    assert [m["content"] for m in get_json(f"{base}/v1/sessions/s1/messages", headers=ACME)[2]["messages"]
+            if m["role"] == "user"] == ["acme's secret"]
+
+    status, _, run = get_json(f"{base}/v1/flows/waiter/runs", method="POST", headers=ACME,
+                              body=json.dumps({"input": {}, "run_id": "order-1"}).encode())
+    assert status == 201 and run["run_id"] == "order-1"
+    for method, path, body in (("GET", "/v1/runs/order-1", None), ("POST", "/v1/runs/order-1:cancel", None),
+                               ("GET", "/v1/runs/order-1/attributes", None),
+                               ("POST", "/v1/runs/order-1/channels/inbox", b'{"message": 1}'),
+                               ("POST", "/v1/runs/order-1/attributes/n:update", b'{"handler": "incr"}')):
+        got = get_json(f"{base}{path}", method=method, body=body, headers=GLOBEX)
+        assert got[0] == 404, (path, got)
+    status, _, other = get_json(f"{base}/v1/flows/async_steps/runs", method="POST", headers=GLOBEX,
+                                body=json.dumps({"input": 1, "run_id": "order-1"}).encode())
+    assert status == 201 and other["run_id"] == "order-1"   # globex's own run of that name
+    assert get_json(f"{base}/v1/runs/order-1", headers=ACME)[2]["flow"] == "waiter"
+
+
+def test_a_tenants_share_of_the_gate_does_not_starve_others(make_server):
+    server = make_server({"auth": {"api_keys": {"key-acme": "acme", "key-globex": "globex"}},
+                          "kernel": {"max_in_flight_turns": 10, "max_in_flight_turns_per_tenant": 1}})
+
+    async def go():
+        started = asyncio.Event()
+
+        async def on_event(name, result):
+            if name == "turn.started":
+                started.set()
+
+        async with aiohttp.ClientSession() as s:
+            slow = asyncio.create_task(run_turn(s, server.url, "a1", "slow [[mock ttft_ms=1500]]", headers=ACME,
+                                                on_event=on_event))
+            await asyncio.wait_for(started.wait(), 10)
+            second = await run_turn(s, server.url, "a2", "over the share", headers=ACME)
+            other = await run_turn(s, server.url, "g1", "globex is fine", headers=GLOBEX)
+            return await slow, second, other
+
+    slow, second, other = asyncio.run(go())
+    assert slow.terminal == "turn.completed"
+    assert second.status == 429 and "share" in second.error["message"]
+    assert other.terminal == "turn.completed"
