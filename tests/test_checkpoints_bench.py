@@ -271,9 +271,6 @@ def test_process_tree_cpu_counts_our_own_process():
     assert process_tree_cpu_secs([]) == 0
 
 
-def test_cli_rejects_unknown_targets_and_skips_agentos_without_url(capsys):
+def test_cli_rejects_unknown_targets():
     with pytest.raises(SystemExit):
         checkpoints.main(["--targets", "mysql"])
-    with pytest.raises(SystemExit):
-        checkpoints.main(["--targets", "agentos"])  # skipped → nothing left to run
-    assert "skipping agentos" in capsys.readouterr().err

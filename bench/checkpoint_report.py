@@ -1,0 +1,255 @@
+"""The numbers and the record of the checkpoint benchmark: windows, the table, ratios, the plot.
+
+Owns: the per-window p99 of commit latencies (10-second windows as in the reference article, and
+1-second windows when a run is too short for three full 10-second ones), the markdown summary
+(one row per run, agentos/pgredis ratios per scale × mode, first-insert vs overwrite, the disk
+floor) and the PNG of windowed p99 over time. Never does: run anything or time anything.
+
+Window rule: a commit belongs to the window in which it *completed* (when its latency became
+known, as a metrics histogram would see it), measured from the start of the run. Only full
+windows count; the trailing partial window is left out (its commits are in the overall p99).
+A full window in which no commit completed is counted as `empty` — a stall at least a window
+long, whose commits land, late, in a later window's p99 — and has no p99 of its own.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench.results import markdown_table, pyplot
+from bench.stats import percentile
+
+COLUMNS = ("target", "scale", "mode", "checkpoints", "duration s", "checkpoints/s",
+           "commit p50 ms", "commit p99 ms", "task p99 ms", "median window p99 ms",
+           "worst window p99 ms")
+
+
+def window_p99s(end_secs: Sequence[float], latencies_ms: Sequence[float], window_secs: float,
+                duration_secs: float) -> list[dict]:
+    """p99 of the latencies of each full window [k·w, (k+1)·w) by completion time."""
+    if window_secs <= 0:
+        raise ValueError(f"window_secs must be > 0, got {window_secs}")
+    if len(end_secs) != len(latencies_ms):
+        raise ValueError("end_secs and latencies_ms differ in length")
+    full = int(duration_secs // window_secs)
+    buckets: list[list[float]] = [[] for _ in range(full)]
+    for end, latency in zip(end_secs, latencies_ms):
+        k = int(end // window_secs)
+        if 0 <= k < full:
+            buckets[k].append(latency)
+    out = []
+    for k, bucket in enumerate(buckets):
+        bucket.sort()
+        out.append({"start_secs": round(k * window_secs, 3),
+                    "end_secs": round((k + 1) * window_secs, 3), "n": len(bucket),
+                    "p99_ms": round(percentile(bucket, 99), 3) if bucket else None})
+    return out
+
+
+def window_summary(windows: list[dict], window_secs: float) -> dict:
+    """Median (nearest rank) and worst of the windows' p99s."""
+    p99s = sorted(w["p99_ms"] for w in windows if w["p99_ms"] is not None)
+    return {
+        "window_secs": window_secs,
+        "full_windows": len(windows),
+        "empty_windows": sum(1 for w in windows if w["p99_ms"] is None),
+        "median_p99_ms": percentile(p99s, 50) if p99s else None,
+        "worst_p99_ms": p99s[-1] if p99s else None,
+        "series": [[w["end_secs"], w["p99_ms"], w["n"]] for w in windows],
+    }
+
+
+def window_report(end_secs: Sequence[float], latencies_ms: Sequence[float], duration_secs: float,
+                  window_secs: float = 10.0, fine_window_secs: float = 1.0,
+                  min_windows: int = 3) -> dict:
+    """The 10 s windows, plus the 1 s ones when there are fewer than `min_windows` full 10 s
+    windows; `used` names the one the table shows."""
+    coarse = window_summary(window_p99s(end_secs, latencies_ms, window_secs, duration_secs),
+                            window_secs)
+    out = {"by_window": {_label(window_secs): coarse}, "used": _label(window_secs)}
+    if coarse["full_windows"] < min_windows:
+        fine = window_summary(window_p99s(end_secs, latencies_ms, fine_window_secs,
+                                          duration_secs), fine_window_secs)
+        out["by_window"][_label(fine_window_secs)] = fine
+        out["used"] = _label(fine_window_secs)
+    return out
+
+
+def _label(window_secs: float) -> str:
+    return f"{window_secs:g}s"
+
+
+# ----------------------------------------------------------------------------------- the table
+def _used(row: dict) -> tuple[dict, str]:
+    windows = row["windows"]
+    return windows["by_window"][windows["used"]], windows["used"]
+
+
+def _window_cell(value: float | None, label: str, default_label: str) -> object:
+    if value is None:
+        return None
+    if label == default_label:
+        return value
+    return f"{value:.1f} ({label})" if value >= 10 else f"{value:.2f} ({label})"
+
+
+def _mode_cell(row: dict, repeats: int) -> str:
+    return row["mode"] if repeats <= 1 else f"{row['mode']} R{row['run']}"
+
+
+def _p50_p99(summary: dict | None) -> str | None:
+    if not summary or not summary.get("n"):
+        return None
+    return f"{summary['p50']:.2f} / {summary['p99']:.2f}"
+
+
+def table_rows(rows: list[dict], repeats: int = 1, default_window: str = "10s") -> list[list]:
+    out = []
+    for r in rows:
+        used, label = _used(r)
+        out.append([r["target"], r["scale"], _mode_cell(r, repeats), r["checkpoints"],
+                    r["duration_secs"], r["checkpoints_per_sec"], r["commit_ms"]["p50"],
+                    r["commit_ms"]["p99"], r["task_ms"]["p99"],
+                    _window_cell(used["median_p99_ms"], label, default_window),
+                    _window_cell(used["worst_p99_ms"], label, default_window)])
+    return out
+
+
+def ratios(rows: list[dict], ours: str = "agentos", peer: str = "pgredis") -> list[dict]:
+    """Per (scale, mode): ours/peer throughput (> 1: we are faster) and commit p99 (< 1: we are
+    better); each side's median over its repeats (the mean of the middle two for an even count:
+    a ratio of summaries, not a measured value)."""
+    by: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
+    for r in rows:
+        if r["checkpoints"]:
+            by[(r["target"], r["scale"], r["mode"])].append(r)
+    out = []
+    for (target, scale, mode), mine in by.items():
+        theirs = by.get((peer, scale, mode))
+        if target != ours or not theirs:
+            continue
+        tp = statistics.median([r["checkpoints_per_sec"] for r in mine])
+        tp_peer = statistics.median([r["checkpoints_per_sec"] for r in theirs])
+        p99 = statistics.median([r["commit_ms"]["p99"] for r in mine])
+        p99_peer = statistics.median([r["commit_ms"]["p99"] for r in theirs])
+        out.append({"scale": scale, "mode": mode,
+                    "throughput_ratio": round(tp / tp_peer, 3) if tp_peer else None,
+                    "commit_p99_ratio": round(p99 / p99_peer, 3) if p99_peer else None})
+    return out
+
+
+def _phase_table(rows: list[dict]) -> str | None:
+    """Runs of one (target, scale, mode) that differ in how many keys already existed."""
+    by: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
+    for r in rows:
+        by[(r["target"], r["scale"], r["mode"])].append(r)
+    lines = []
+    for (target, scale, mode), group in by.items():
+        if len({r["phase"] for r in group}) < 2:
+            continue
+        for r in group:
+            lines.append([target, scale, mode, r["run"], r["phase"], r["checkpoints_per_sec"],
+                          r["commit_ms"]["p99"]])
+    if not lines:
+        return None
+    return markdown_table(["target", "scale", "mode", "run", "phase", "checkpoints/s",
+                           "commit p99 ms"], lines)
+
+
+def summary_markdown(rows: list[dict], config: dict) -> str:
+    repeats = int(config.get("bench", {}).get("repeat", 1))
+    parts = ["# Checkpoint writes", "",
+             (f"{config.get('bench', {}).get('workers')} workers; payload 2 KB + 2 KB per task, "
+              "capped at 64 KB; commit = the durable write the agent waits for; task = read "
+              "latest + commit in mixed mode. Window p99: commits by completion time; values "
+              "marked (1s) are over 1-second windows because the run had fewer than 3 full "
+              "10-second windows."), "",
+             markdown_table(COLUMNS, table_rows(rows, repeats))]
+    errors = [f"- {r['target']} {r['scale']} {r['mode']} R{r['run']}: {r['errors']}"
+              + (f" reads: {r['reads']}" if r.get("read_anomalies") else "")
+              for r in rows if r["errors_total"] or r.get("read_anomalies")]
+    if errors:
+        parts += ["", "Errors (not counted in the latencies):", *errors]
+    ratio_rows = ratios(rows)
+    if ratio_rows:
+        parts += ["", "## agentos vs pgredis", "",
+                  ("throughput ratio = agentos / pgredis checkpoints/s (> 1: agentos faster); "
+                   "commit p99 ratio = agentos / pgredis (< 1: agentos lower)."), "",
+                  markdown_table(["scale", "mode", "throughput ratio", "commit p99 ratio"],
+                                 [[r["scale"], r["mode"], r["throughput_ratio"],
+                                   r["commit_p99_ratio"]] for r in ratio_rows])]
+    timed = [r for r in rows if r.get("parts_ms")]
+    if timed:
+        names = list(dict.fromkeys(n for r in timed for n in r["parts_ms"]))
+        parts += ["", "## Each store's share of an op (p50 / p99 ms)", "",
+                  ("The reference article's \"Postgres commit p99\" is `pg_upsert` alone; the "
+                   "commit columns above are PostgreSQL + Redis, what the agent waits for."), "",
+                  markdown_table(["target", "scale", "mode", *names],
+                                 [[r["target"], r["scale"], _mode_cell(r, repeats),
+                                   *(_p50_p99(r["parts_ms"].get(n)) for n in names)]
+                                  for r in timed])]
+    cpu = [r for r in rows if r.get("cpu_percent_of_core")]
+    if cpu:
+        parts += ["", "## Where the CPU went (% of one core)", "",
+                  ("`other` is busy CPU that was neither this client nor the target's server "
+                   "processes (kernel work, other load): a high value means the run was "
+                   "disturbed. `–`: the server's processes were not known."), "",
+                  markdown_table(["target", "scale", "mode", "cores", "client", "server",
+                                  "other", "machine busy"],
+                                 [[r["target"], r["scale"], _mode_cell(r, repeats),
+                                   r["cpu_percent_of_core"].get("cores"),
+                                   r["cpu_percent_of_core"].get("client"),
+                                   r["cpu_percent_of_core"].get("server"),
+                                   r["cpu_percent_of_core"].get("other"),
+                                   r["cpu_percent_of_core"].get("machine_busy")] for r in cpu])]
+    phases = _phase_table(rows)
+    if phases:
+        parts += ["", "## First insert vs overwrite", "", phases]
+    floor = config.get("disk_floor")
+    if floor:
+        dev = floor.get("device", {})
+        parts += ["", "## Disk floor", "",
+                  (f"{floor['block_bytes']} B append + fdatasync, n={floor['n']}, in "
+                   f"{floor['directory']} ({dev.get('source', '?')} on {dev.get('mount', '?')}):"
+                   f" p50 {floor['p50_ms']:.3f} ms, p99 {floor['p99_ms']:.3f} ms, "
+                   f"mean {floor['mean_ms']:.3f} ms, max {floor['max_ms']:.3f} ms.")]
+    return "\n".join(parts) + "\n"
+
+
+# ------------------------------------------------------------------------------------ the plot
+def plot_windows(rows: list[dict], path: Path) -> Path | None:
+    """Windowed commit p99 over time: one panel per scale × mode, one line per target (run)."""
+    panels = list(dict.fromkeys((r["scale"], r["mode"]) for r in rows))  # in run order
+    if not panels:
+        return None
+    plt = pyplot()
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.8 * len(panels)), squeeze=False)
+    repeats = max(r["run"] for r in rows)
+    for ax, (scale, mode) in zip(axes[:, 0], panels):
+        labels = set()
+        for r in rows:
+            if (r["scale"], r["mode"]) != (scale, mode):
+                continue
+            used, label = _used(r)
+            labels.add(label)
+            points = [(t, p) for t, p, _ in used["series"] if p is not None]
+            name = r["target"] if repeats <= 1 else f"{r['target']} R{r['run']}"
+            if points:
+                ax.plot([t for t, _ in points], [p for _, p in points], marker=".", label=name)
+        ax.set_title(f"{scale} · {mode} — commit p99 per {'/'.join(sorted(labels))} window")
+        ax.set_xlabel("seconds since run start")
+        ax.set_ylabel("p99 ms")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize="small")
+        else:
+            ax.text(0.5, 0.5, "no full window: the run was shorter than one window",
+                    ha="center", va="center", transform=ax.transAxes, color="grey")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+

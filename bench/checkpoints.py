@@ -1,0 +1,207 @@
+"""Checkpoint writes: agents × tasks, a durable checkpoint after every step, on each target.
+
+Owns: the run over targets × scales × modes, the command line and the results folder (config,
+rows, summary, plot). The workload and its runner live in `bench.checkpoint_workload`, the
+targets in `bench.checkpoint_targets`, the window maths, table and plot in
+`bench.checkpoint_report`, the reference stack in `bench.peer_pgredis`, the disk floor in
+`bench.disk_floor`. Without `--agentos-url` it starts our server itself (a fresh process tree
+on the same disk, `--durability local` or `s3` against moto's S3 on loopback), so one command
+measures both stacks.
+
+Each target runs inside its own context (the pgredis one starts the private stack before its
+runs and stops it after, also on errors and on SIGTERM) on a fresh uvloop loop; the disk floor
+is measured once, first, in the directory where the peer's data goes.
+
+    python -m bench.checkpoints --scales 1k,10k --modes write,mixed --workers 10 \
+        --targets agentos,pgredis --agentos-url http://127.0.0.1:8080
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import signal
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+from bench.checkpoint_report import COLUMNS, plot_windows, summary_markdown, table_rows
+from bench.checkpoint_targets import TARGETS, AgentOSTarget, PgRedisTarget
+from bench.checkpoint_workload import BenchConfig, run_target
+from bench.results import ResultsDir, markdown_table
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # SIGINT or SIGTERM: the stacks were stopped, no results were written
+
+
+# ----------------------------------------------------------------------------------- targets
+@contextlib.contextmanager
+def pgredis_target(cfg: BenchConfig, tmp_root: str | None, appendfsync: str) -> Iterator:
+    """A private PostgreSQL + Redis for the lifetime of the block (stopped even on errors)."""
+    from bench.peer_pgredis import ReferenceStack
+
+    with ReferenceStack(tmp_root, redis_appendfsync=appendfsync) as stack:
+        yield PgRedisTarget(stack.pg_dsn, stack.redis_url, cfg.op_timeout_secs, stack.info,
+                            server_pids=stack.pids())
+
+
+@contextlib.contextmanager
+def agentos_started(cfg: BenchConfig, tmp_root: str, durability: str) -> Iterator:
+    """Our server for the lifetime of the block: a fresh tree in `tmp_root` (the peer's disk)."""
+    from bench.server_proc import ServerProcess
+
+    config: dict = {"storage": {"durability": durability}, "mock": {"ttft_ms": 10}}
+    env, s3 = None, None
+    if durability == "s3":
+        from bench.s3_local import CREDENTIALS, S3Server
+        s3 = S3Server()
+        config.update(s3.storage_config(s3.new_bucket(), direct=True))
+        config["cluster"] = {}
+        env = CREDENTIALS
+    server = ServerProcess(Path(tempfile.mkdtemp(prefix="bench-ckpt-", dir=tmp_root)), config, env)
+    try:
+        server.start()
+        yield AgentOSTarget(server.url, cfg.op_timeout_secs, None, server_pids=list(server.pids().values()))
+    finally:
+        server.stop()
+        if s3 is not None:
+            s3.stop()
+
+
+def run_benchmark(cfg: BenchConfig, targets: list[Callable[[], AbstractContextManager]],
+                  progress: Callable[[str], None] = print) -> tuple[list[dict], dict]:
+    """Run every target (each a factory of a context manager yielding a target object) on a
+    fresh uvloop loop; returns the rows and each target's description."""
+    import uvloop  # only here: importing the module must not pick the caller's loop
+
+    cfg.validate()
+    rows: list[dict] = []
+    described: dict[str, dict] = {}
+    for factory in targets:
+        with factory() as target:
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                rows += runner.run(run_target(target, cfg, progress))
+            described[target.name] = target.describe()
+    return rows, described
+
+
+def write_results(rows: list[dict], config: dict, root: Path | None = None,
+                  name: str = "checkpoints") -> Path:
+    out = ResultsDir(name, root)
+    out.write_config(config)
+    out.write_rows(rows)
+    out.write_summary(summary_markdown(rows, config))
+    if rows:
+        plot_windows(rows, out.figure_path("windowed_commit_p99.png"))
+    return out.path
+
+
+# --------------------------------------------------------------------------------------- CLI
+def _parser() -> argparse.ArgumentParser:
+    d = BenchConfig()
+    p = argparse.ArgumentParser(prog="python -m bench.checkpoints",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("--scales", default=",".join(d.scales), help="1k,10k,100k or AxT")
+    p.add_argument("--modes", default=",".join(d.modes), help="write,mixed")
+    p.add_argument("--workers", type=int, default=d.workers)
+    p.add_argument("--repeat", type=int, default=d.repeat, help="runs per scale × mode")
+    p.add_argument("--targets", default=",".join(TARGETS))
+    p.add_argument("--agentos-url", help="our running server (default: start one for the run)")
+    p.add_argument("--durability", choices=("local", "s3"), default="local",
+                   help="storage.durability of the server this run starts")
+    p.add_argument("--agentos-api-key")
+    p.add_argument("--agentos-pid", type=int, action="append", default=[],
+                   help="our server's top process: its tree's CPU is reported (repeatable)")
+    p.add_argument("--op-timeout", type=float, default=d.op_timeout_secs, dest="op_timeout_secs")
+    p.add_argument("--redis-appendfsync", choices=("everysec", "always"), default="everysec")
+    p.add_argument("--peer-tmp", default=tempfile.gettempdir(),
+                   help="where the private PostgreSQL/Redis data dir goes (default: %(default)s)")
+    p.add_argument("--floor-dir", help="directory of the disk floor (default: --peer-tmp)")
+    p.add_argument("--floor-iterations", type=int, default=2000, help="0 skips the disk floor")
+    p.add_argument("--results-root", type=Path, help="default: bench/results")
+    p.add_argument("--results-name", default="checkpoints")
+    return p
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _masked(argv: list[str]) -> list[str]:
+    """The command line for config.json, without the API key."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == "--agentos-api-key" and i + 1 < len(out):
+            out[i + 1] = "***"
+        elif arg.startswith("--agentos-api-key="):
+            out[i] = "--agentos-api-key=***"
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    # SIGTERM acts as Ctrl-C: KeyboardInterrupt unwinds through every `with`, so the private
+    # PostgreSQL and Redis are stopped (a sweep driver's timeout must not orphan them).
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        return _main(argv)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str] | None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    cfg = BenchConfig(scales=_csv(args.scales), modes=_csv(args.modes), workers=args.workers,
+                      repeat=args.repeat, op_timeout_secs=args.op_timeout_secs)
+    try:
+        cfg.validate()
+    except ValueError as exc:
+        parser.error(str(exc))
+    factories: list[Callable[[], AbstractContextManager]] = []
+    for name in _csv(args.targets):
+        if name not in TARGETS:
+            parser.error(f"unknown target {name!r}; known: {TARGETS}")
+        if name == "agentos":
+            if not args.agentos_url:
+                factories.append(lambda: agentos_started(cfg, args.peer_tmp, args.durability))
+                continue
+            target = AgentOSTarget(args.agentos_url, cfg.op_timeout_secs, args.agentos_api_key,
+                                   server_pids=args.agentos_pid)
+            factories.append(lambda t=target: contextlib.nullcontext(t))
+        else:
+            factories.append(lambda: pgredis_target(cfg, args.peer_tmp, args.redis_appendfsync))
+    if not factories:
+        parser.error("no target to run")
+    from bench.disk_floor import device_of, fsync_floor
+
+    floor_dir = args.floor_dir or args.peer_tmp
+    floor = fsync_floor(floor_dir, args.floor_iterations) if args.floor_iterations > 0 else None
+    if floor:
+        print(f"disk floor in {floor_dir}: p50 {floor['p50_ms']} ms, p99 {floor['p99_ms']} ms")
+    rows, described = run_benchmark(cfg, factories)
+    bench_dev, peer_dev = device_of(Path(__file__).parent), device_of(args.peer_tmp)
+    config = {"bench": dataclasses.asdict(cfg), "targets": described, "disk_floor": floor,
+              "devices": {"bench_dir": bench_dev, "peer_tmp": peer_dev,
+                          "same_device": bench_dev["st_dev"] == peer_dev["st_dev"]},
+              "argv": _masked(sys.argv[1:] if argv is None else argv)}
+    path = write_results(rows, config, args.results_root, args.results_name)
+    print(markdown_table(COLUMNS, table_rows(rows, cfg.repeat)))
+    print(f"results: {path}")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    try:  # here, not in main(): a caller such as a test keeps its own process title
+        import setproctitle
+        setproctitle.setproctitle("agent-os: bench-checkpoints")
+    except ImportError:  # the title is a convenience, not a requirement
+        pass
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted: servers stopped, no results written", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
