@@ -107,22 +107,15 @@ class Actor:
         session = self.sessions.open(msg.body["session"], msg.body["tenant"])
         return session if session.tenant == msg.body["tenant"] else None
 
-    async def on_checkpoint_put(self, msg: Message) -> None:
-        durability = self.config.storage.durability
+    def on_checkpoint_put(self, msg: Message) -> None:
+        """A checkpoint the gateway made durable: remember it as the session's latest."""
         session = self._session_for(msg)
-        if session is None:
-            self.bus.reply(msg, Kind.CHECKPOINT_SAVED, {"seq": 0, "durability": durability, "error": "not_found"})
-            return
-        session.busy += 1
-        try:
-            seq = await self.persistence.put_blob(session, msg.body["key"], msg.body["payload"])
-        except LogWriteError as exc:
-            self.bus.reply(msg, Kind.CHECKPOINT_SAVED, {"seq": 0, "durability": durability, "error": exc.code})
-            return
-        finally:
-            session.busy -= 1
+        if session is not None:
+            b = msg.body
+            session.blob_seq = max(session.blob_seq, b["seq"])
+            if session.blob is None or b["seq"] > session.blob[1]:
+                session.blob = (b["key"], b["seq"], b["payload"])
             session.last_used = time.monotonic()
-        self.bus.reply(msg, Kind.CHECKPOINT_SAVED, {"seq": seq, "durability": durability})
 
     async def on_checkpoint_get(self, msg: Message) -> None:
         session = self._session_for(msg)

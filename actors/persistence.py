@@ -6,8 +6,8 @@
 - Turn events (started, step completed, ended) are ASYNC records.
 - A session is loaded from its latest checkpoint chain (the last full snapshot and the deltas
   after it) with a `sync` store query, so it sees every checkpoint acknowledged before.
-- External runtimes' checkpoints (blobs under a key) are SYNC records; the latest one per
-  session is kept in memory for reads.
+- External runtimes' checkpoints (blobs under a key) are written by the gateway (SYNC) and
+  reported to the actor, which keeps the latest one per session in memory for reads.
 """
 from __future__ import annotations
 
@@ -95,16 +95,6 @@ class Persistence:
         self.log.append_nowait(RecordKind.EVENT, {"session": turn.session_id, "tenant": turn.tenant,
                                                   "turn": turn.turn_id, "seq": turn.seq, "type": kind,
                                                   "data": data, "at": time.time()}, turn.session_id)
-
-    async def put_blob(self, session: Session, key: str, payload: bytes) -> int:
-        seq = max(session.blob_seq + 1, time.time_ns() // 1000)
-        session.blob_seq = seq
-        await self.log.append(RecordKind.BLOB, {"session": session.id, "tenant": session.tenant, "key": key,
-                                                "seq": seq, "payload": payload, "at": time.time()},
-                              session.id, sync=True)
-        if session.blob is None or seq > session.blob[1]:
-            session.blob = (key, seq, payload)
-        return seq
 
     async def latest_blob(self, session: Session) -> tuple[str, int, bytes] | None:
         if session.blob is None:

@@ -105,7 +105,6 @@ class Kind(enum.StrEnum):
     ATTR_VALUES = "attr.values"
     # checkpoint.*: gateway <-> session actor (external runtimes' checkpoints)
     CHECKPOINT_PUT = "checkpoint.put"
-    CHECKPOINT_SAVED = "checkpoint.saved"
     CHECKPOINT_GET = "checkpoint.get"
     CHECKPOINT_DATA = "checkpoint.data"
 
@@ -210,8 +209,8 @@ SPECS: dict[Kind, Spec] = {
     Kind.ATTR_GET: _spec({"run_id": str, "tenant": str}, keys=list),
     Kind.ATTR_UPDATE: _spec({"run_id": str, "tenant": str, "key": str, "handler": str}, arg=object),
     Kind.ATTR_VALUES: _spec({"found": bool}, values=dict, error=str, code=str),
-    Kind.CHECKPOINT_PUT: _spec({"session": str, "tenant": str, "key": str, "payload": bytes}),
-    Kind.CHECKPOINT_SAVED: _spec({"seq": int, "durability": str}, error=str),
+    # A checkpoint the gateway has made durable: the session's actor keeps the latest for reads.
+    Kind.CHECKPOINT_PUT: _spec({"session": str, "tenant": str, "key": str, "seq": int, "payload": bytes}),
     Kind.CHECKPOINT_GET: _spec({"session": str, "tenant": str}),
     Kind.CHECKPOINT_DATA: _spec({"found": bool}, key=str, seq=int, payload=bytes, error=str),
 }
@@ -228,7 +227,6 @@ REQUESTS: dict[Kind, Kind] = {
     Kind.LOG_APPEND: Kind.LOG_ACK,
     Kind.STORE_QUERY: Kind.STORE_ROWS,
     Kind.STORE_PURGE: Kind.STORE_ROWS,
-    Kind.CHECKPOINT_PUT: Kind.CHECKPOINT_SAVED,
     Kind.CHECKPOINT_GET: Kind.CHECKPOINT_DATA,
     Kind.TOOLS_LIST: Kind.TOOLS,
     Kind.FLOW_START: Kind.FLOW_RUN,

@@ -1,12 +1,14 @@
 """Routes over what is durable: transcripts, events, and checkpoints of external runtimes.
 
 Reads of transcripts and events go to writer/store with `sync`, so they include everything
-acknowledged before the request. Checkpoint writes and reads go to the session's actor, which
-answers a PUT only once the checkpoint is durable and keeps the latest one in memory.
+acknowledged before the request. A checkpoint PUT is appended to the log by the gateway itself
+(answered once durable), then handed to the session's actor, which keeps the latest one in
+memory for reads.
 """
 from __future__ import annotations
 
 import re
+import time
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -15,6 +17,8 @@ from broker.client import BusError
 from broker.protocol import Kind
 from broker.sharding import STORE, actor_name
 from gateway.errors import ApiError, json_response
+from storage.log_client import LogWriteError
+from storage.records import RecordKind
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
@@ -40,6 +44,7 @@ def _int_param(request: web.Request, name: str, default: int, low: int, high: in
 class HistoryRoutes:
     def __init__(self, gateway: "Gateway") -> None:
         self.gw = gateway
+        self._seq = 0
 
     async def _query(self, body: dict) -> dict:
         try:
@@ -82,18 +87,23 @@ class HistoryRoutes:
         if request.content_length is not None and request.content_length > limit:
             raise ApiError(413, "checkpoint_too_large", f"checkpoint over {limit} bytes")
         payload = await self.gw.read_body(request, limit, "checkpoint_too_large")
+        seq = self._next_seq()
         try:
-            reply = await self.gw.bus.request(actor_name(sid, self.gw.shards), Kind.CHECKPOINT_PUT,
-                                              {"session": sid, "tenant": tenant, "key": key, "payload": payload},
-                                              timeout=30.0, attempt_secs=10.0, session=sid)
-        except BusError as exc:
-            raise ApiError(503, "actor_unavailable", f"the session's actor did not answer: {exc}") from None
-        error = reply.body.get("error")
-        if error:
-            status, code = WRITE_ERRORS.get(error, (503, "storage_error"))
-            raise ApiError(status, code, f"checkpoint not saved: {error}")
-        return json_response({"session_id": external_sid, "key": key, "seq": reply.body["seq"],
-                              "durability": reply.body["durability"]})
+            await self.gw.log_client.append(RecordKind.BLOB, {"session": sid, "tenant": tenant, "key": key, "seq": seq,
+                                                              "payload": payload, "at": time.time()}, sid, sync=True)
+        except LogWriteError as exc:
+            status, code = WRITE_ERRORS.get(exc.code, (503, "storage_error"))
+            raise ApiError(status, code, f"checkpoint not saved: {exc}") from None
+        # Sent before the response: a read that follows reaches the actor after this on the bus.
+        self.gw.bus.send(actor_name(sid, self.gw.shards), Kind.CHECKPOINT_PUT,
+                         {"session": sid, "tenant": tenant, "key": key, "seq": seq, "payload": payload}, session=sid)
+        return json_response({"session_id": external_sid, "key": key, "seq": seq,
+                              "durability": self.gw.config.storage.durability})
+
+    def _next_seq(self) -> int:
+        """Checkpoint numbers: microseconds since the epoch, strictly increasing in this process."""
+        self._seq = max(self._seq + 1, time.time_ns() // 1000)
+        return self._seq
 
     async def get_latest_checkpoint(self, request: web.Request) -> web.Response:
         tenant, sid, external_sid = self.gw.session_of(request)
