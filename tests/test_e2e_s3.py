@@ -113,7 +113,8 @@ def test_kill9_of_the_active_node_and_the_standby_takes_over(make_s3_server, mak
     for sid, key in acked:
         latest_acked[sid] = key
     for sid, key in latest_acked.items():
-        assert latest(b.url, sid) == key.encode()
+        # The latest may be newer than the last acknowledged (durable, its ack lost with A), never older.
+        assert int(latest(b.url, sid).decode()[1:]) >= int(key[1:])
     assert b.stop() == 0
     with duckdb.connect(str(tmp_path / "b" / "data" / "db" / "messages.db"), read_only=True) as con:
         rows = collections.Counter(con.execute("SELECT session, key FROM checkpoints WHERE kind = 'blob'").fetchall())
