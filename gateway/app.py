@@ -10,6 +10,7 @@ import asyncio
 import logging
 import re
 import time
+import uuid
 
 import orjson
 from aiohttp import web
@@ -21,6 +22,7 @@ from broker.protocol import BROKER, TURN_EVENTS, Kind, Message
 from broker.sharding import STORE, actor_name
 from gateway.access import access_middleware
 from gateway.errors import ApiError, error_response, json_response
+from gateway import openapi
 from gateway.flows import FlowRoutes
 from gateway.history import HistoryRoutes
 from gateway.streams import TurnStream
@@ -63,10 +65,12 @@ class Gateway:
         self.log_client = LogClient(self.bus, config.storage.log_writers)
         self.history = HistoryRoutes(self)
         self.flow_routes = FlowRoutes(self)
+        self._openapi = orjson.dumps(openapi.document())
         metrics.admission_limit.set(self.limit)
 
     def routes(self) -> list[web.RouteDef]:
         return [
+            web.post("/v1/sessions", self.new_session),
             web.post("/v1/sessions/{sid}/turns", self.post_turn),
             web.delete("/v1/sessions/{sid}/turns/current", self.cancel_turn),
             web.get("/v1/sessions/{sid}/turns/{turn_id}/events", self.resume_turn),
@@ -83,6 +87,7 @@ class Gateway:
             web.get("/healthz", self.healthz),
             web.get("/readyz", self.readyz),
             web.get("/metrics", self.metrics),
+            web.get("/openapi.json", self.openapi),
         ]
 
     def make_app(self) -> web.Application:
@@ -267,6 +272,14 @@ class Gateway:
         if status.body["state"] != "cancelled":
             raise ApiError(404, "no_active_turn", "no turn is running on this session")
         return json_response({"cancelled": True, "turn_id": status.body["turn_id"]})
+
+    async def new_session(self, request: web.Request) -> web.Response:
+        """A fresh session id (sessions also come into being with their first turn)."""
+        self.tenant_of(request)
+        return json_response({"session_id": f"s{uuid.uuid4().hex}"}, status=201)
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        return web.Response(body=self._openapi, content_type="application/json")
 
     async def healthz(self, request: web.Request) -> web.Response:
         return json_response({"ok": True})

@@ -1,0 +1,202 @@
+"""The API contract: an OpenAPI 3.1 document of every route, its bodies, its SSE events and its
+error shape, served at /openapi.json. A test holds it and the gateway's route table in
+agreement, and a property-based run checks the server against it."""
+from __future__ import annotations
+
+from typing import Any
+
+ID = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:\\-]{0,127}$"}
+NAME = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:\\-]{0,199}$"}
+ANY: dict = {}
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict) -> dict:
+    return {"application/json": {"schema": schema}}
+
+
+def _errors(*statuses: int) -> dict:
+    text = {400: "Bad input", 401: "Missing or unknown API key", 404: "Not found (or another tenant's)",
+            405: "Method not allowed", 409: "Conflict", 413: "Body or input too large", 422: "Handler failed",
+            429: "Over the admission limit (see Retry-After)", 502: "Upstream error",
+            503: "Unavailable or draining (see Retry-After)", 507: "Storage full"}
+    return {str(s): {"description": text[s], "content": _json(_ref("Error"))} for s in statuses}
+
+
+def _param(name: str, schema: dict, where: str = "path", required: bool = True, description: str = "") -> dict:
+    return {"name": name, "in": where, "required": required, "schema": schema, "description": description}
+
+
+SID = _param("sid", ID, description="session id (namespaced per tenant)")
+RUN = _param("run_id", NAME, description="run id (namespaced per tenant)")
+AFTER = _param("after", {"type": "integer", "minimum": -1, "maximum": 2 ** 62}, "query", False,
+               "cursor: return what comes after it")
+LIMIT = _param("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, "query", False)
+
+SSE_EVENTS = {
+    "turn.started": {"type": "object", "required": ["turn_id", "session_id"],
+                     "properties": {"turn_id": {"type": "string"}, "session_id": {"type": "string"}}},
+    "delta": {"type": "object", "required": ["text"], "properties": {"text": {"type": "string"}}},
+    "tool": {"type": "object", "required": ["phase", "name"],
+             "properties": {"phase": {"enum": ["call", "result"]}, "name": {"type": "string"},
+                            "call_id": {"type": "string"}, "arguments": {"type": "string"}, "ok": {"type": "boolean"},
+                            "result": ANY, "error": {"type": "string"}}},
+    "turn.completed": {"type": "object", "required": ["turn_id", "usage", "durations"],
+                       "properties": {"turn_id": {"type": "string"}, "session_id": {"type": "string"},
+                                      "usage": {"type": "object"}, "durations": {"type": "object"},
+                                      "finish_reason": {"type": "string"}, "steps": {"type": "integer"}}},
+    "turn.failed": {"type": "object", "required": ["turn_id", "error"],
+                    "properties": {"turn_id": {"type": "string"}, "error": _ref("ErrorBody")}},
+    "turn.cancelled": {"type": "object", "required": ["turn_id", "reason"],
+                       "properties": {"turn_id": {"type": "string"}, "reason": {"type": "string"}}},
+    "turn.interrupted": {"type": "object", "required": ["turn_id", "code", "message"],
+                         "properties": {"turn_id": {"type": "string"}, "code": {"type": "string"},
+                                        "message": {"type": "string"}}},
+}
+SSE_RESPONSE = {"description": (
+    "Server-Sent Events, each with `id:` (its sequence number in the turn), `event:` and a JSON `data:`. "
+    "Events: turn.started, delta, tool, then exactly one of turn.completed, turn.failed, turn.cancelled, "
+    "turn.interrupted. Comments (`: keep-alive`) may appear. The data of each event is described by "
+    "`x-sse-events`."),
+    "content": {"text/event-stream": {"schema": {
+        "type": "object", "required": ["event", "data"],
+        "properties": {"id": {"type": "string", "pattern": "^[0-9]+$"}, "event": {"enum": list(SSE_EVENTS)},
+                       "data": {"type": "string", "contentMediaType": "application/json"}}}}},
+    "x-sse-events": SSE_EVENTS}
+
+SCHEMAS: dict[str, Any] = {
+    "ErrorBody": {"type": "object", "required": ["code", "message"],
+                  "properties": {"code": {"type": "string"}, "message": {"type": "string"}}},
+    "Error": {"type": "object", "required": ["error"], "properties": {"error": _ref("ErrorBody")}},
+    "TurnInput": {"type": "object", "required": ["input"],
+                  "properties": {"input": {"type": "string", "minLength": 1, "maxLength": 200000}}},
+    "Cancelled": {"type": "object", "required": ["cancelled", "turn_id"],
+                  "properties": {"cancelled": {"const": True}, "turn_id": {"type": "string"}}},
+    "Messages": {"type": "object", "required": ["session_id", "messages"],
+                 "properties": {"session_id": {"type": "string"}, "next_after": {"type": ["integer", "null"]},
+                                "messages": {"type": "array", "items": {"type": "object", "required": ["index", "role"],
+                                                                        "properties": {"index": {"type": "integer"},
+                                                                                       "role": {"type": "string"}}}}}},
+    "Events": {"type": "object", "required": ["session_id", "events"],
+               "properties": {"session_id": {"type": "string"}, "next_after": {"type": ["integer", "null"]},
+                              "events": {"type": "array", "items": {"type": "object", "required": ["type", "turn_id"],
+                                                                    "properties": {"type": {"type": "string"}}}}}},
+    "CheckpointSaved": {"type": "object", "required": ["session_id", "key", "seq", "durability"],
+                        "properties": {"session_id": {"type": "string"}, "key": {"type": "string"},
+                                       "seq": {"type": "integer"}, "durability": {"enum": ["none", "local", "s3"]}}},
+    "RunStart": {"type": "object", "properties": {"input": ANY, "run_id": NAME}},
+    "Run": {"type": "object", "required": ["run_id", "status"],
+            "properties": {"run_id": {"type": "string"}, "status": {"type": "string"}, "flow": {"type": "string"},
+                           "created": {"type": "boolean"}, "result": ANY, "error": {"type": "string"}}},
+    "Attributes": {"type": "object", "required": ["run_id", "attributes"],
+                   "properties": {"run_id": {"type": "string"}, "attributes": {"type": "object"}}},
+    "Update": {"type": "object", "required": ["handler"], "properties": {"handler": NAME, "arg": ANY}},
+    "Updated": {"type": "object", "required": ["run_id", "key", "value"],
+                "properties": {"run_id": {"type": "string"}, "key": {"type": "string"}, "value": ANY}},
+    "Publish": {"type": "object", "properties": {"message": ANY}},
+    "Published": {"type": "object", "required": ["run_id", "channel", "published"],
+                  "properties": {"run_id": {"type": "string"}, "channel": {"type": "string"},
+                                 "published": {"const": True}}},
+    "Session": {"type": "object", "required": ["session_id"], "properties": {"session_id": {"type": "string"}}},
+}
+
+PATHS: dict[str, dict] = {
+    "/v1/sessions": {"post": {"summary": "A new session id", "responses": {
+        "201": {"description": "created", "content": _json(_ref("Session"))}, **_errors(401)}}},
+    "/v1/sessions/{sid}/turns": {"post": {
+        "summary": "Run a turn: the reply streams back as Server-Sent Events", "parameters": [SID],
+        "requestBody": {"required": True, "content": _json(_ref("TurnInput"))},
+        "responses": {"200": SSE_RESPONSE, **_errors(400, 401, 413, 429, 503)}}},
+    "/v1/sessions/{sid}/turns/current": {"delete": {
+        "summary": "Cancel the running turn", "parameters": [SID],
+        "responses": {"200": {"description": "cancelled", "content": _json(_ref("Cancelled"))},
+                      **_errors(400, 401, 404, 503)}}},
+    "/v1/sessions/{sid}/turns/{turn_id}/events": {"get": {
+        "summary": "Resume a turn's stream after the client's last event (Last-Event-ID or ?after)",
+        "parameters": [SID, _param("turn_id", ID),
+                       _param("Last-Event-ID", {"type": "string", "pattern": "^[0-9]{1,18}$"}, "header", False),
+                       _param("after", {"type": "integer", "minimum": 0, "maximum": 2 ** 62}, "query", False)],
+        "responses": {"200": SSE_RESPONSE, **_errors(400, 401, 404, 503)}}},
+    "/v1/sessions/{sid}/messages": {"get": {
+        "summary": "The session's transcript", "parameters": [SID, AFTER, LIMIT],
+        "responses": {"200": {"description": "a page of messages", "content": _json(_ref("Messages"))},
+                      **_errors(400, 401, 404, 503)}}},
+    "/v1/sessions/{sid}/events": {"get": {
+        "summary": "The session's events (turns and steps)",
+        "parameters": [SID, AFTER, LIMIT, _param("turn", ID, "query", False)],
+        "responses": {"200": {"description": "a page of events", "content": _json(_ref("Events"))},
+                      **_errors(400, 401, 404, 503)}}},
+    "/v1/sessions/{sid}/checkpoints/{key}": {"put": {
+        "summary": "Store a checkpoint; answered once it is durable", "parameters": [SID, _param("key", NAME)],
+        "requestBody": {"required": True, "content": {"application/octet-stream": {"schema": {
+            "type": "string", "format": "binary"}}}},
+        "responses": {"200": {"description": "durable", "content": _json(_ref("CheckpointSaved"))},
+                      **_errors(400, 401, 413, 503, 507)}}},
+    "/v1/sessions/{sid}/checkpoints/latest": {"get": {
+        "summary": "The newest checkpoint (its bytes)", "parameters": [SID],
+        "responses": {"200": {"description": "the checkpoint; X-Checkpoint-Key and X-Checkpoint-Seq headers",
+                              "content": {"application/octet-stream": {"schema": {"type": "string",
+                                                                                  "format": "binary"}}}},
+                      **_errors(400, 401, 404, 503)}}},
+    "/v1/flows/{flow}/runs": {"post": {
+        "summary": "Start a run of a flow (Idempotency-Key: a repeated start returns the same run)",
+        "parameters": [_param("flow", NAME), _param("Idempotency-Key", {"type": "string", "minLength": 1,
+                                                                         "maxLength": 200}, "header", False)],
+        "requestBody": {"required": True, "content": _json(_ref("RunStart"))},
+        "responses": {"201": {"description": "started", "content": _json(_ref("Run"))},
+                      "200": {"description": "already started", "content": _json(_ref("Run"))},
+                      **_errors(400, 401, 409, 413, 503)}}},
+    "/v1/runs/{run_id}": {"get": {
+        "summary": "A run's status and result",
+        "parameters": [RUN, _param("wait", {"type": "number", "minimum": 0, "maximum": 60}, "query", False,
+                                   "seconds to wait for the run to end")],
+        "responses": {"200": {"description": "the run", "content": _json(_ref("Run"))},
+                      **_errors(400, 401, 404, 503)}}},
+    "/v1/runs/{run_id}:cancel": {"post": {
+        "summary": "Cancel a run", "parameters": [RUN],
+        "responses": {"200": {"description": "the run", "content": _json(_ref("Run"))},
+                      **_errors(400, 401, 404, 503)}}},
+    "/v1/runs/{run_id}/attributes": {"get": {
+        "summary": "Read attributes (no worker involved)",
+        "parameters": [RUN, _param("keys", {"type": "string"}, "query", False, "comma-separated")],
+        "responses": {"200": {"description": "the attributes", "content": _json(_ref("Attributes"))},
+                      **_errors(400, 401, 404, 503)}}},
+    "/v1/runs/{run_id}/attributes/{key}:update": {"post": {
+        "summary": "Update an attribute with a handler, under the run's lock",
+        "parameters": [RUN, _param("key", NAME)],
+        "requestBody": {"required": True, "content": _json(_ref("Update"))},
+        "responses": {"200": {"description": "the new value", "content": _json(_ref("Updated"))},
+                      **_errors(400, 401, 404, 413, 422, 503)}}},
+    "/v1/runs/{run_id}/channels/{channel}": {"post": {
+        "summary": "Publish a message to a run's channel", "parameters": [RUN, _param("channel", NAME)],
+        "requestBody": {"required": True, "content": _json(_ref("Publish"))},
+        "responses": {"202": {"description": "published", "content": _json(_ref("Published"))},
+                      **_errors(400, 401, 404, 409, 413, 503)}}},
+    "/healthz": {"get": {"summary": "The gateway process is up", "security": [], "responses": {
+        "200": {"description": "up", "content": _json({"type": "object", "required": ["ok"]})}}}},
+    "/readyz": {"get": {"summary": "Ready to serve (every role is up, not draining)", "security": [], "responses": {
+        "200": {"description": "ready", "content": _json({"type": "object", "required": ["ready"]})},
+        **_errors(503)}}},
+    "/metrics": {"get": {"summary": "Prometheus metrics of the whole process tree", "security": [], "responses": {
+        "200": {"description": "text exposition format",
+                "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+    "/openapi.json": {"get": {"summary": "This document", "security": [], "responses": {
+        "200": {"description": "OpenAPI 3.1", "content": _json({"type": "object"})}}}},
+}
+
+
+def document(title: str = "Agent OS", version: str = "0.1.0") -> dict[str, Any]:
+    return {"openapi": "3.1.0",
+            "info": {"title": title, "version": version,
+                     "description": "Durable, multi-tenant agent sessions and flows. Errors are "
+                                    "{\"error\": {\"code\", \"message\"}}."},
+            "servers": [{"url": "/"}],
+            "components": {"schemas": SCHEMAS,
+                           "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+                                                          "description": "API key (auth.api_keys); none when "
+                                                                         "no keys are configured"}}},
+            "security": [{"bearer": []}, {}],
+            "paths": PATHS}
