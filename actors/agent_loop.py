@@ -190,12 +190,17 @@ class AgentLoop:
         except orjson.JSONDecodeError:
             return False, f"the arguments of {call.name} are not valid JSON: {call.arguments[:200]!r}"
         future = self.flows.submit_task("tool", call.name, turn.tenant, {"arguments": arguments}, run.run_id)
+        task_id = next(t for t, entry in self.flows.tasks.items() if entry[0] is future)
         try:
-            return True, await asyncio.wait_for(future, TOOL_TIMEOUT_SECS)
+            return True, await asyncio.wait_for(asyncio.shield(future), TOOL_TIMEOUT_SECS)
         except TaskFailed as exc:
             return False, str(exc)
         except asyncio.TimeoutError:
+            self.flows.cancel_task(task_id)
             return False, f"no worker ran tool {call.name!r} within {TOOL_TIMEOUT_SECS:g}s"
+        except asyncio.CancelledError:
+            self.flows.cancel_task(task_id)  # the turn was cancelled: its tool stops too
+            raise
 
 
 def _model_result(answer: dict) -> ModelResult:

@@ -59,7 +59,8 @@ class Flows:
         self.ready = asyncio.Event()
         self.exec_counter = 0
         self.task_counter = 0
-        self.tasks: dict[str, list] = {}       # task id -> [future, submit body, last sign of life]
+        self.tasks: dict[str, list] = {}       # task id -> [future, submit body, last sign of life, worker]
+        self.run_workers: dict[str, str] = {}  # run id -> the worker that reported running it
         self.adopted: set[str] = set()         # runs reloaded after a restart, execution not yet seen
         self.on_open_turn = None               # the actor finishes interrupted turns (flow "turn")
         self.keep_ended_secs = min(ENDED_RETENTION_SECS, retention_secs)
@@ -402,10 +403,23 @@ class Flows:
             run = self.runs.get(run_id)
             if run is not None and (run.exec == exec_ or (run_id in self.adopted and exec_ > run.exec)):
                 run.last_alive = now
+                self.run_workers[run_id] = msg.src
         for task_id in msg.body["tasks"]:
             entry = self.tasks.get(task_id)
             if entry is not None:
                 entry[2] = now
+                entry[3] = msg.src
+
+    def cancel_task(self, task_id: str) -> None:
+        """Stop a task wherever it is: on its worker, or still in the scheduler's queue."""
+        entry = self.tasks.pop(task_id, None)
+        if entry is None:
+            return
+        if entry[3]:
+            self.bus.send(entry[3], Kind.TASK_CANCEL, {"task_id": task_id})
+        self.bus.send(SCHEDULER, Kind.TASK_CANCEL, {"task_id": task_id})
+        if not entry[0].done():
+            entry[0].cancel()
 
     # -- tasks for workers (update handlers, tools) --------------------------------------------
 
@@ -416,7 +430,7 @@ class Flows:
         if run_id:
             body["run_id"] = run_id
         fut = asyncio.get_running_loop().create_future()
-        self.tasks[task_id] = [fut, body, time.monotonic()]
+        self.tasks[task_id] = [fut, body, time.monotonic(), ""]
         fut.add_done_callback(lambda _: self.tasks.pop(task_id, None))
         self.bus.send(SCHEDULER, Kind.TASK_SUBMIT, body, session=run_id)
         return fut
@@ -493,6 +507,9 @@ class Flows:
             return
         if not run.ended:
             await self.end(run, "cancelled", error="cancelled by request")
+            worker = self.run_workers.pop(run.run_id, "")
+            if worker:  # stop its execution now rather than at its next step
+                self.bus.send(worker, Kind.TASK_CANCEL, {"task_id": f"{run.run_id}#{run.exec}"})
         self.bus.reply(msg, Kind.FLOW_RUN, run.summary())
 
     async def on_publish(self, msg: Message) -> None:

@@ -36,7 +36,12 @@ class Scheduler:
                 Kind.PERMIT_SYNC: self.on_sync, Kind.STATS: self.on_stats,
                 Kind.TASK_SUBMIT: self.on_submit, Kind.TASK_DECLINE: self.on_decline, Kind.TASK_DONE: self.on_done,
                 Kind.WORKER_HELLO: self.on_worker_hello, Kind.TIMER_SET: self.on_timer_set,
-                Kind.TOOLS_LIST: self.on_tools_list}
+                Kind.TOOLS_LIST: self.on_tools_list, Kind.TASK_CANCEL: self.on_cancel}
+
+    def on_cancel(self, msg: Message) -> None:
+        worker = self.board.cancel(msg.body["task_id"])
+        if worker is not None:
+            self.bus.send(worker, Kind.TASK_CANCEL, {"task_id": msg.body["task_id"]})
 
     def on_tools_list(self, msg: Message) -> None:
         self.bus.reply(msg, Kind.TOOLS, {"tools": list(self.board.tools().values())})

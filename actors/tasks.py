@@ -124,6 +124,18 @@ class TaskBoard:
                 info.last_seen = now
         return self._match(now, skip=worker)
 
+    def cancel(self, task_id: str) -> str | None:
+        """Drop a queued task; for one already offered, the worker that has it (to be told)."""
+        assigned = self.tasks.get(task_id)
+        if assigned is not None:
+            return assigned[0]
+        for cap, queue in list(self.queues.items()):
+            for key, task in list(queue.items()):
+                if task["task_id"] == task_id:
+                    del queue[key]
+            if not queue:
+                del self.queues[cap]
+
     def done(self, worker: str, task_id: str, now: float) -> list[Offer]:
         self._release(worker, task_id)
         return self._match(now)

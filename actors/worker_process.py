@@ -54,6 +54,7 @@ class WorkerRuntime:
         self.log = log
         self.running: dict[str, tuple[dict, asyncio.Task]] = {}
         bus.on(Kind.TASK_OFFER, self.on_offer)
+        bus.on(Kind.TASK_CANCEL, self.on_cancel)
 
     # -- tasks ----------------------------------------------------------------------------------
 
@@ -67,6 +68,12 @@ class WorkerRuntime:
             self.bus.send(SCHEDULER, Kind.TASK_DECLINE, {"task_id": task["task_id"]})
             return
         self.running[task["task_id"]] = (task, asyncio.ensure_future(self._run(runner, task)))
+
+    def on_cancel(self, msg: Message) -> None:
+        """Its turn or run was cancelled: stop it (a sync function in a thread runs to its end)."""
+        entry = self.running.get(msg.body["task_id"])
+        if entry is not None:
+            entry[1].cancel()
 
     async def _run(self, runner, task: dict) -> None:
         try:

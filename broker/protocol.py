@@ -91,6 +91,7 @@ class Kind(enum.StrEnum):
     TASK_DECLINE = "task.decline"
     TASK_DONE = "task.done"
     TASK_RESULT = "task.result"
+    TASK_CANCEL = "task.cancel"
     WORKER_HELLO = "worker.hello"
     WORKER_ALIVE = "worker.alive"
     TOOLS_LIST = "tools.list"
@@ -198,6 +199,8 @@ SPECS: dict[Kind, Spec] = {
     Kind.TASK_DECLINE: _spec({"task_id": str}),
     Kind.TASK_DONE: _spec({"task_id": str}),
     Kind.TASK_RESULT: _spec({"task_id": str, "ok": bool}, result=object, error=str),
+    # actor -> worker running it (stop it now) and -> scheduler (drop it if still queued)
+    Kind.TASK_CANCEL: _spec({"task_id": str}),
     Kind.WORKER_HELLO: _spec({"slots": int, "running": list, "incarnation": int, "flows": list, "tools": list,
                               "handlers": list}, tool_schemas=list),
     Kind.WORKER_ALIVE: _spec({"runs": list, "tasks": list}),

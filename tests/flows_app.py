@@ -147,6 +147,7 @@ async def search(q):
     if marker:
         effect(marker, f"search {q}")
         await asyncio.sleep(float(os.environ.get("FLOWS_APP_TOOL_DELAY", "0")))
+        effect(marker, f"search done {q}")
     return {"results": [f"result for {q}"]}
 
 

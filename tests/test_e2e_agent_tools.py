@@ -23,7 +23,8 @@ def test_a_turn_with_two_tool_calls_streams_and_records_both_steps(make_server, 
     done = result.data("turn.completed")
     assert done["steps"] == 4 and done["finish_reason"] == "stop"          # model, tool, tool, model
     assert result.text  # the model's final answer streamed after the tools
-    assert sorted(marker.read_text().splitlines()) == ["search what is the weather in Paris",
+    assert sorted(marker.read_text().splitlines()) == ["search done what is the weather in Paris",
+                                                       "search what is the weather in Paris",
                                                        "weather what is the weather in Paris"]
     _, _, transcript = get_json(f"{server.url}/v1/sessions/agent-tools/messages")
     roles = [m["role"] for m in transcript["messages"]]
@@ -53,7 +54,7 @@ def test_a_turn_survives_kill9_of_its_actor_mid_turn(make_server, make_worker, t
     assert result.events[-1][1]["code"] == "resumed_in_background"
 
     def finished():
-        messages = get_json(f"{server.url}/v1/sessions/{sid}/messages")[2]["messages"]
+        messages = get_json(f"{server.url}/v1/sessions/{sid}/messages")[2].get("messages")
         return messages if messages and messages[-1]["role"] == "assistant" and messages[-1]["content"] else None
 
     messages = wait_until(finished, 30, "the resumed turn to finish in the background", interval=0.2)
@@ -63,3 +64,28 @@ def test_a_turn_survives_kill9_of_its_actor_mid_turn(make_server, make_worker, t
     assert 1 <= effects.count("search weather and news") <= 2  # in flight at the kill: run again
     again = turn(server.url, sid, "and now?")
     assert again.terminal == "turn.completed"
+
+
+def test_cancelling_a_turn_stops_its_running_tool(make_server, make_worker, tmp_path):
+    import time
+    marker = tmp_path / "tools.txt"
+    server = make_server()
+    make_worker(server, env={"FLOWS_APP_TOOL_MARKER": str(marker), "FLOWS_APP_TOOL_DELAY": "3"})
+    sid = "agent-cancel"
+
+    async def go():
+        async def on_event(name, result):
+            if name == "tool" and result.events[-1][1] == {**result.events[-1][1], "phase": "call", "name": "search"}:
+                await asyncio.get_running_loop().run_in_executor(None, lambda: wait_until(
+                    lambda: marker.exists() and "search cancel me" in marker.read_text(), 10, "the tool to start"))
+                async with aiohttp.ClientSession() as other:
+                    async with other.delete(f"{server.url}/v1/sessions/{sid}/turns/current") as resp:
+                        assert resp.status == 200
+
+        async with aiohttp.ClientSession() as s:
+            return await run_turn(s, server.url, sid, f"cancel me {TOOLS}", on_event=on_event, timeout=30)
+
+    result = asyncio.run(go())
+    assert result.terminal == "turn.cancelled"
+    time.sleep(3.5)  # past the tool's own 3 s: had it not been stopped, it would have finished by now
+    assert "search done cancel me" not in marker.read_text()
