@@ -1,0 +1,61 @@
+"""End-to-end: the log's disk fills up. SYNC writes fail fast with 507 and a log line, nothing
+acknowledged is lost, and the server recovers by itself when space comes back."""
+import os
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from harness import Server, get_json, turn, wait_until
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs where the write-ahead log lives (set up and torn down by the test)."""
+    wal = tmp_path / "data" / "wal"
+    wal.mkdir(parents=True)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(wal)], capture_output=True, text=True)
+    assert proc.returncode == 0, f"this test mounts a tmpfs (it needs root): {proc.stderr}"
+    yield wal
+    subprocess.run(["umount", "-l", str(wal)], check=False)
+
+
+def put(base, sid, key, payload):
+    return get_json(f"{base}/v1/sessions/{sid}/checkpoints/{key}", method="PUT", body=payload)
+
+
+def test_a_full_disk_fails_fast_with_507_and_recovers(small_disk, tmp_path):
+    server = Server(tmp_path).start()
+    filler = small_disk / "filler"
+    try:
+        for i in range(5):
+            assert put(server.url, f"disk-{i}", "k", f"kept {i}".encode())[0] == 200
+        with open(filler, "wb", buffering=0) as f:   # fill the disk to the last byte
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+            except OSError:
+                pass
+        started = time.monotonic()
+        status, _, body = put(server.url, "disk-x", "k", b"x" * 4096)
+        assert status == 507 and body["error"]["code"] == "insufficient_storage"
+        assert time.monotonic() - started < 5
+        for _ in range(50):  # use up the slack of the log's last page too (tmpfs allocates pages)
+            if put(server.url, "disk-x", "k", b"x" * 100)[0] == 507:
+                break
+        failed = turn(server.url, "disk-chat", "hello")
+        assert failed.terminal == "turn.failed" and failed.data("turn.failed")["error"]["code"] == "disk_full"
+        wait_until(lambda: "disk_full" in server.log(), 5, "the log line")
+
+        filler.unlink()   # space comes back
+        wait_until(lambda: put(server.url, "disk-x", "k", b"after")[0] == 200, 20, "writes to succeed again",
+                   interval=0.3)
+        for i in range(5):   # what was acknowledged before is all there
+            with urllib.request.urlopen(f"{server.url}/v1/sessions/disk-{i}/checkpoints/latest") as resp:
+                assert resp.read() == f"kept {i}".encode()
+        assert turn(server.url, "disk-chat", "hello again").terminal == "turn.completed"
+    finally:
+        if filler.exists():
+            os.unlink(filler)
+        assert server.stop() == 0
