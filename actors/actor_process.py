@@ -24,6 +24,7 @@ from actors.turn import Turn
 from broker.client import Bus
 from broker.protocol import Kind, Message
 from storage.log_client import LogWriteError
+from broker.address import bus_address
 
 
 
@@ -245,7 +246,7 @@ class Actor:
 
 def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> int:
     async def run(stop: asyncio.Event) -> int:
-        actor = Actor(config, index, run_dir.bus_endpoint, log)
+        actor = Actor(config, index, bus_address(config, run_dir), log)
         await actor.provider.start()
         await actor.bus.start()
         tasks = [asyncio.create_task(actor.housekeeping()), asyncio.create_task(actor.permits.sync_loop()),

@@ -17,6 +17,7 @@ from actors.permits import Grant, PermitPool
 from actors.tasks import Offer, TaskBoard, Timers
 from broker.client import Bus
 from broker.protocol import Kind, Message
+from broker.address import bus_address
 
 SCHEDULER = "scheduler"
 
@@ -124,7 +125,7 @@ class Scheduler:
 def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> int:
     async def run(stop: asyncio.Event) -> int:
         scheduler = Scheduler(config, log)
-        bus = Bus(SCHEDULER, run_dir.bus_endpoint, scheduler.handlers(),
+        bus = Bus(SCHEDULER, bus_address(config, run_dir), scheduler.handlers(),
                   heartbeat_secs=config.broker.heartbeat_secs, log=log)
         scheduler.bus = bus
         await bus.start()

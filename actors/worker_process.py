@@ -23,6 +23,7 @@ from agentos.config import Config
 from actors.sdk import App, FlowContext, Superseded, Suspended
 from broker.client import Bus, BusError
 from broker.protocol import Kind, Message
+from broker.address import bus_address
 
 SCHEDULER = "scheduler"
 REQUEST_TIMEOUT_SECS = 300.0
@@ -202,7 +203,7 @@ def main(config: Config, modules: list[str], slots: int, name: str | None, log: 
     service.set_title(worker_name)
 
     async def run(stop: asyncio.Event) -> int:
-        bus = Bus(worker_name, run_dir.bus_endpoint, role="worker", heartbeat_secs=config.broker.heartbeat_secs, log=log)
+        bus = Bus(worker_name, bus_address(config, run_dir), role="worker", heartbeat_secs=config.broker.heartbeat_secs, log=log)
         runtime = WorkerRuntime(app, bus, slots, log)
         await bus.start()
         announcer = asyncio.create_task(runtime.announce())

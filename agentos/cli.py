@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from agentos import config as config_mod
 from agentos import service
@@ -63,6 +64,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return worker_process.main(config, args.modules, args.slots, args.name, log)
 
 
+def cmd_keys(args: argparse.Namespace) -> int:
+    from broker.address import keys_dir, make_keys
+
+    config = _load(args)
+    directory = Path(args.dir) if args.dir else keys_dir(config)
+    made = make_keys(directory, ["client", *args.client])
+    for path in made:
+        print(f"created {path}")
+    print(f"keys in {directory}: give remote workers server.key and their own NAME.key_secret "
+          f"(agent-os keys --client NAME); set broker.transport: tcp")
+    return 0
+
+
 BENCHMARKS = {
     "turns": "bench.turns",
     "loadgen": "bench.loadgen",
@@ -107,6 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--count", type=int, default=0, help="exit after this many lines")
     trace.add_argument("--timeout", type=float, default=0.0, help="exit after this many seconds")
     trace.set_defaults(func=cmd_trace)
+    keys = sub.add_parser("keys", help="CURVE key pairs for broker.transport: tcp")
+    _with_config(keys)
+    keys.add_argument("--dir", help="where (default: broker.keys_dir, else <storage.dir>/keys)")
+    keys.add_argument("--client", action="append", default=[], help="also a key pair for this client name")
+    keys.set_defaults(func=cmd_keys)
     worker = sub.add_parser("worker", help="run user flows, tools and update handlers (MODULE or MODULE:APP)")
     _with_config(worker)
     worker.add_argument("modules", nargs="+", help="modules defining an actors.sdk.App (attribute `app`)")

@@ -102,7 +102,10 @@ class StorageConfig:
 
 @dataclass
 class BrokerConfig:
-    transport: str = "ipc"
+    transport: str = "ipc"              # ipc (one host) or tcp (ZeroMQ CURVE: keys from `agent-os keys`)
+    listen: str = "127.0.0.1:7600"      # with tcp: the bus
+    trace_listen: str = "127.0.0.1:7601"  # with tcp: the trace tap
+    keys_dir: str = ""                  # with tcp: "" = <storage.dir>/keys
     heartbeat_secs: float = 1.0
     peer_timeout_secs: float = 3.0
 
@@ -308,8 +311,10 @@ def validate(config: Config) -> None:
         raise ConfigError(f"storage.log_writers: 1..64, got {config.storage.log_writers}")
     if config.storage.duckdb_memory_limit_mb < 32:
         raise ConfigError(f"storage.duckdb_memory_limit_mb: at least 32, got {config.storage.duckdb_memory_limit_mb}")
-    if config.broker.transport not in ("ipc",):
-        raise ConfigError(f"broker.transport: only 'ipc' is supported so far, got {config.broker.transport!r}")
+    if config.broker.transport not in ("ipc", "tcp"):
+        raise ConfigError(f"broker.transport: ipc or tcp, got {config.broker.transport!r}")
+    parse_listen(config.broker.listen, "broker.listen")
+    parse_listen(config.broker.trace_listen, "broker.trace_listen")
     _positive(config.broker.heartbeat_secs, "broker.heartbeat_secs")
     if config.broker.peer_timeout_secs <= config.broker.heartbeat_secs:
         raise ConfigError("broker.peer_timeout_secs: must be longer than broker.heartbeat_secs")

@@ -16,6 +16,7 @@ from typing import Any
 
 from agentos.config import Config
 from agentos.rundir import RunDir
+from broker.address import bus_address
 from broker.client import Bus, BusError
 from broker.protocol import BROKER, Kind
 
@@ -48,8 +49,8 @@ def tree_memory(pids: list[int]) -> dict[str, int]:
     return total
 
 
-async def query_stats(run_dir: RunDir, names: list[str], timeout: float = 1.5) -> dict[str, Any]:
-    bus = Bus(f"cli/{os.getpid()}", run_dir.bus_endpoint, role="cli")
+async def query_stats(address, names: list[str], timeout: float = 1.5) -> dict[str, Any]:
+    bus = Bus(f"cli/{os.getpid()}", address, role="cli")
     await bus.start()
     try:
         async def one(name: str) -> tuple[str, Any]:
@@ -82,7 +83,7 @@ def collect(config: Config) -> dict[str, Any]:
                      "uptime_secs": round(now - child["started_at"], 1) if child["started_at"] else None,
                      "restarts": child["restarts"], **(proc_memory(pid) if pid else {})})
     bus_names = [c["name"] for c in table["children"] if c["pid"] and c["role"] in ("gateway", "scheduler", "actor", "writer-log", "writer-store")]
-    stats = asyncio.run(query_stats(run_dir, bus_names))
+    stats = asyncio.run(query_stats(bus_address(config, run_dir), bus_names))
     for row in rows:
         row["stats"] = stats.get(row["name"] if row["role"] != "broker" else BROKER, {})
     gateway = stats.get("gateway/0", {})

@@ -17,13 +17,13 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from agentos import metrics, service
 from agentos.child import process_name
 from agentos.config import Config
 from agentos.restart_policy import RestartPolicy, is_crash_loop, next_failure_count, restart_delay
 from agentos.rundir import RunDir
+from broker.address import bus_address
 from broker.client import Bus
 from broker.protocol import Kind
 
@@ -144,8 +144,9 @@ class Supervisor:
                 return
             self.start(child)
             if child.role == "broker":
-                await self.wait_for(child, lambda: Path(self.run_dir.bus_endpoint[6:]).exists(), "its socket")
-                self.bus = Bus("supervisor", self.run_dir.bus_endpoint, heartbeat_secs=self.config.broker.heartbeat_secs)
+                await self.wait_for(child, lambda: bus_address(self.config, self.run_dir).ready(), "its socket")
+                self.bus = Bus("supervisor", bus_address(self.config, self.run_dir),
+                               heartbeat_secs=self.config.broker.heartbeat_secs)
                 await self.bus.start()
             elif child.role == "mock-llm":
                 await self.wait_for(child, lambda: self.run_dir.read_port("mock-llm") is not None, "its port")

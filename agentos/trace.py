@@ -13,6 +13,7 @@ import zmq
 from agentos.config import Config
 from agentos.rundir import RunDir
 from broker import protocol
+from broker.address import bus_address
 from broker.protocol import ProtocolError
 
 
@@ -30,7 +31,9 @@ def main(config: Config, session: str | None = None, kind: str | None = None, tu
     sock = zmq.Context.instance().socket(zmq.SUB)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SUBSCRIBE, (kind or "").encode())
-    sock.connect(run_dir.trace_endpoint)
+    address = bus_address(config, run_dir)
+    address.secure_client(sock)
+    sock.connect(address.trace)
     deadline = time.monotonic() + timeout_secs if timeout_secs else None
     printed = 0
     try:

@@ -32,6 +32,7 @@ from typing import Any, Awaitable, Callable, Mapping
 import zmq
 
 from broker import frames, protocol
+from broker.address import BusAddress
 from broker.protocol import BROKER, REQUESTS, Kind, Message, ProtocolError
 
 Handler = Callable[[Message], "Awaitable[None] | None"]
@@ -61,7 +62,7 @@ class _AttemptTimeout(Exception):
 
 
 class Bus:
-    def __init__(self, name: str, endpoint: str, handlers: Mapping[Kind, Handler] | None = None, *,
+    def __init__(self, name: str, endpoint: "str | BusAddress", handlers: Mapping[Kind, Handler] | None = None, *,
                  role: str | None = None, heartbeat_secs: float = 1.0,
                  log: logging.Logger | None = None) -> None:
         self.name = name
@@ -111,7 +112,11 @@ class Bus:
         sock.setsockopt(zmq.RCVHWM, 100_000)
         sock.setsockopt(zmq.RECONNECT_IVL, 20)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
-        sock.connect(self.endpoint)
+        if isinstance(self.endpoint, BusAddress):
+            self.endpoint.secure_client(sock)
+            sock.connect(self.endpoint.endpoint)
+        else:
+            sock.connect(self.endpoint)
         self._sock = sock
         self._loop.add_reader(sock.getsockopt(zmq.FD), self._drain)
         self.send(BROKER, Kind.HELLO, {"role": self.role, "pid": os.getpid()})

@@ -7,6 +7,7 @@ import signal
 from agentos import service
 from agentos.config import Config
 from agentos.rundir import RunDir
+from broker.address import bus_address, publish_ports
 from broker.server import Broker
 
 
@@ -19,9 +20,11 @@ def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> in
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    broker = Broker(run_dir.bus_endpoint, run_dir.trace_endpoint,
-                    peer_timeout_secs=config.broker.peer_timeout_secs)
-    log.info("routing on %s (trace tap %s)", run_dir.bus_endpoint, run_dir.trace_endpoint)
+    address = bus_address(config, run_dir)
+    broker = Broker(address, peer_timeout_secs=config.broker.peer_timeout_secs)
+    publish_ports(broker.router, broker.tap, run_dir)
+    log.info("routing on %s (trace tap %s%s)", address.bind, address.trace_bind,
+             ", CURVE: authorized keys only" if address.curve else "")
     try:
         broker.run(lambda: stopping)
     finally:

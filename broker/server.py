@@ -21,7 +21,10 @@ import msgpack
 import zmq
 
 from agentos import metrics
+from zmq.auth.thread import ThreadAuthenticator
+
 from broker import frames, protocol
+from broker.address import ZAP_DOMAIN, BusAddress
 from broker.protocol import BROKER, KIND_BYTES, Kind, ProtocolError
 
 log = logging.getLogger("agent-os.broker")
@@ -39,21 +42,30 @@ _pack = msgpack.Packer(use_bin_type=True).pack
 
 
 class Broker:
-    def __init__(self, endpoint: str, trace_endpoint: str, *, peer_timeout_secs: float = 3.0,
+    def __init__(self, endpoint: "str | BusAddress", trace_endpoint: str = "", *, peer_timeout_secs: float = 3.0,
                  context: zmq.Context | None = None) -> None:
         self.peer_timeout = peer_timeout_secs
         self.ctx = context or zmq.Context.instance()
+        self.auth = None
+        address = endpoint if isinstance(endpoint, BusAddress) else BusAddress(endpoint, trace_endpoint, endpoint,
+                                                                               trace_endpoint)
+        if address.curve is not None:  # only peers whose public key is authorized get in
+            self.auth = ThreadAuthenticator(self.ctx)
+            self.auth.start()
+            self.auth.configure_curve(domain=ZAP_DOMAIN, location=address.curve.authorized_dir)
         self.router = self.ctx.socket(zmq.ROUTER)
+        address.secure_server(self.router)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.router.setsockopt(zmq.SNDHWM, 200_000)
         self.router.setsockopt(zmq.RCVHWM, 200_000)
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.setsockopt(zmq.MAXMSGSIZE, 64 << 20)
-        self.router.bind(endpoint)
+        self.router.bind(address.bind)
         self.tap = self.ctx.socket(zmq.XPUB)
         self.tap.setsockopt(zmq.SNDHWM, 10_000)
         self.tap.setsockopt(zmq.LINGER, 0)
-        self.tap.bind(trace_endpoint)
+        address.secure_server(self.tap)
+        self.tap.bind(address.trace_bind)
         self.tap_topics: dict[bytes, int] = {}
         self.identity_of: dict[bytes, bytes] = {}     # name -> identity of its latest incarnation
         self.name_of: dict[bytes, bytes] = {}         # identity -> name
@@ -310,3 +322,5 @@ class Broker:
     def close(self) -> None:
         self.router.close(0)
         self.tap.close(0)
+        if self.auth is not None:
+            self.auth.stop()

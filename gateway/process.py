@@ -14,11 +14,12 @@ from agentos import service
 from agentos.config import Config
 from agentos.rundir import RunDir, write_port_file
 from gateway.app import Gateway
+from broker.address import bus_address
 
 
 def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> int:
     async def run(stop: asyncio.Event) -> int:
-        gateway = Gateway(config, run_dir.bus_endpoint, index, log)
+        gateway = Gateway(config, bus_address(config, run_dir), index, log)
         await gateway.bus.start()
         runner = web.AppRunner(gateway.make_app(), handler_cancellation=True, access_log=None)
         await runner.setup()

@@ -42,6 +42,7 @@ from broker.sharding import STORE
 from storage import compaction, records, segments
 from storage.s3 import ObjectStore, S3Unavailable
 from storage.shipper import Shipper
+from broker.address import bus_address
 
 RECENT_IDS = 500_000
 RECENT_SCAN_BYTES = 128 << 20
@@ -343,7 +344,7 @@ class LogWriter:
 
 def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> int:
     async def run(stop: asyncio.Event) -> int:
-        writer = LogWriter(config, index, run_dir.bus_endpoint, log)
+        writer = LogWriter(config, index, bus_address(config, run_dir), log)
         await writer.open()
         await writer.bus.start()
         committer = asyncio.create_task(writer.commit_loop())

@@ -20,6 +20,7 @@ from broker.client import Bus
 from broker.protocol import Kind, Message
 from broker.sharding import STORE
 from storage.store import Store
+from broker.address import bus_address
 
 SYNC_TIMEOUT_SECS = 30.0
 
@@ -154,7 +155,7 @@ class StoreService:
 
 def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> int:
     async def run(stop: asyncio.Event) -> int:
-        service_ = StoreService(config, run_dir.bus_endpoint, log)
+        service_ = StoreService(config, bus_address(config, run_dir), log)
         await service_.start()
         await service_.bus.start()
         reporter = asyncio.create_task(service_.report())
