@@ -82,6 +82,8 @@ BENCHMARKS = {
     "loadgen": "bench.loadgen",
     "checkpoints": "bench.checkpoints",
     "steps": "bench.steps",
+    "chaos": "bench.chaos",
+    "soak": "bench.soak",
 }
 
 

@@ -78,6 +78,7 @@ class Bus:
             self.on(kind, handler)
         self._counter = 0
         self._pending: dict[int, asyncio.Future] = {}
+        self._pending_dest: dict[int, str] = {}
         self._replied: dict[tuple[str, int], Any] = {}
         self._replied_order: collections.deque[tuple[float, tuple[str, int]]] = collections.deque()
         self._outbox: collections.deque[bytes] = collections.deque()
@@ -250,6 +251,7 @@ class Bus:
         while True:
             fut = loop.create_future()
             self._pending[msg_id] = fut
+            self._pending_dest[msg_id] = dest
             self._send_envelope(dest, envelope)
             handle = loop.call_later(max(0.0, min(attempt_secs, deadline - loop.time())),
                                      _expire_attempt, fut)
@@ -264,9 +266,17 @@ class Bus:
             finally:
                 handle.cancel()
                 self._pending.pop(msg_id, None)
+                self._pending_dest.pop(msg_id, None)
             if loop.time() >= deadline:
                 raise BusTimeout(f"{kind} to {dest}: {last_error} within {timeout:g}s")
             self.retries += 1
+
+    def _resend_to(self, name: str) -> None:
+        """The peer restarted: end the current attempt of every request to it, so it is sent again now."""
+        for msg_id, dest in list(self._pending_dest.items()):
+            fut = self._pending.get(msg_id)
+            if dest == name and fut is not None and not fut.done():
+                fut.set_exception(_AttemptTimeout())
 
     # -- receiving -----------------------------------------------------------------------
 
@@ -311,6 +321,8 @@ class Bus:
             self._dispatch(msg)
 
     def _dispatch(self, msg: Message) -> None:
+        if msg.kind is Kind.PEER_RESTARTED and msg.src == BROKER:
+            self._resend_to(msg.body["name"])
         if msg.kind is Kind.UNDELIVERABLE:
             fut = self._pending.get(msg.id)   # the header is our own request's
             if fut is not None:

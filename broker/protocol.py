@@ -42,6 +42,7 @@ class Kind(enum.StrEnum):
     UNDELIVERABLE = "ctl.undeliverable"
     PEERS = "ctl.peers"
     PEERS_REPLY = "ctl.peers.reply"
+    PEER_RESTARTED = "ctl.peer_restarted"   # broker -> everyone: a name has a new incarnation
     DRAIN = "ctl.drain"
     DRAINED = "ctl.drained"
     STATS = "ctl.stats"
@@ -133,6 +134,7 @@ SPECS: dict[Kind, Spec] = {
     Kind.UNDELIVERABLE: _spec({"dest": str, "kind": str, "reason": str}),
     Kind.PEERS: _spec(),
     Kind.PEERS_REPLY: _spec({"peers": dict}),
+    Kind.PEER_RESTARTED: _spec({"name": str}),
     Kind.DRAIN: _spec({"deadline_secs": _NUM}),
     Kind.DRAINED: _spec({"in_flight": int}),
     Kind.STATS: _spec(),

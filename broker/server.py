@@ -93,10 +93,23 @@ class Broker:
             self.prefix_of.pop(old, None)
             self.last_seen.pop(old, None)
             log.info("peer %s reconnected as a new incarnation", name.decode())
+            self._announce_restart(name, identity)
         self.identity_of[name] = identity
         self.name_of[identity] = name
         self.prefix_of[identity] = protocol.name_prefix(name)
         return name
+
+    def _announce_restart(self, name: bytes, new_identity: bytes) -> None:
+        """Whatever was asked of the old incarnation died with it: its askers re-send now rather
+        than after their attempt timeout (restarts are rare; the broadcast is cheap)."""
+        envelope = protocol.encode(BROKER, Kind.PEER_RESTARTED, {"name": name.decode()})
+        now = time.monotonic()
+        for identity, seen in self.last_seen.items():
+            if identity != new_identity and now - seen <= self.peer_timeout:
+                try:
+                    frames.router_send(self.router, identity, envelope)
+                except zmq.ZMQError:
+                    pass
 
     def _live_identity(self, name: bytes, now: float) -> bytes | None:
         identity = self.identity_of.get(name)

@@ -150,3 +150,30 @@ def test_malformed_input_is_counted_and_dropped(broker):
     assert len(got) == 1 and got[0].id == 5
     assert b.malformed >= 4
     assert malformed_at_peer >= 1
+
+def test_a_request_to_a_peer_that_died_is_resent_when_it_comes_back(broker):
+    """The first incarnation takes the request and dies without answering; the asker re-sends as
+    soon as the broker sees the new incarnation, not after its attempt timeout."""
+    broker_obj, endpoint = broker
+
+    async def go():
+        def answer(msg):
+            second.reply(msg, Kind.STATS_REPLY, {"role": "store", "stats": {"by": "second"}})
+
+        asker = Bus("actor/0", endpoint)
+        first = Bus("writer/store", endpoint, {Kind.STATS: lambda msg: None})   # swallows it
+        await asker.start()
+        await first.start()
+        await registered(broker_obj, b"writer/store")
+        # One attempt would outlast the test's whole 20-second budget (see run()).
+        pending = asyncio.ensure_future(asker.request("writer/store", Kind.STATS, {}, timeout=60, attempt_secs=60))
+        await asyncio.sleep(0.3)
+        await first.close()
+        second = Bus("writer/store", endpoint, {Kind.STATS: answer})
+        await second.start()
+        reply = await pending
+        await asker.close()
+        await second.close()
+        return reply
+
+    assert run(go()).body["stats"] == {"by": "second"}

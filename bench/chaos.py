@@ -1,0 +1,395 @@
+"""`agent-os bench chaos --minutes N`: mixed load while a random role is killed with SIGKILL every
+few seconds, then an accounting done by the load generator itself.
+
+Load: turn clients (SSE, resumed with Last-Event-ID when a connection drops), checkpoint clients
+(numbered PUTs per session) and flow clients (runs of SYNC steps started with an Idempotency-Key)
+on one real process tree with full persistence and one worker process. Every few seconds (jittered)
+one role of the tree — broker, gateway, an actor, the scheduler, a log writer, the store writer or
+the mock model — gets SIGKILL, in a shuffled order that reaches every role once per round; the
+supervisor restarts it.
+
+The accounting, after the kills stop and the tree has settled:
+- lost: acknowledged records that are not there. A completed turn whose assistant message is not
+  in the transcript (or differs from what was streamed); an acknowledged checkpoint that is not in
+  the log; an accepted flow run that never completes with its result.
+- hung: streams that neither ended with a terminal event nor closed cleanly within the deadline.
+- restarts per role, and each process's private memory after warm-up and after the run.
+Exit status 1 if anything was lost or hung.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import os
+import random
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from agentos.status import proc_memory
+from bench.results import ResultsDir, markdown_table, pyplot
+from bench.server_proc import ServerProcess, wait_until
+from bench.sse_client import run_turn
+from bench.steps import start_workers, stop_workers
+from storage import records
+from storage.records import RecordKind
+from storage.segments import SegmentReader
+
+FLOW_STEPS = 5
+
+
+def killable(pids: dict[str, int]) -> list[str]:
+    """Every supervised role but the supervisor itself (its death takes the whole tree)."""
+    return sorted(name for name in pids if name != "supervisor")
+
+
+def memory_by_process(server: ServerProcess) -> dict[str, dict[str, int]]:
+    return {name: {"pid": pid, **proc_memory(pid)} for name, pid in server.pids().items()}
+
+
+class Ledger:
+    """What the server acknowledged, and how every stream ended."""
+
+    def __init__(self) -> None:
+        self.turns = collections.Counter()
+        self.completed: list[tuple[str, str, str]] = []   # (session, turn id, streamed text)
+        self.resumed = 0
+        self.reordered = 0
+        self.checkpoints: dict[str, list[int]] = collections.defaultdict(list)   # session -> acknowledged numbers
+        self.checkpoint_errors = collections.Counter()
+        self.flows: dict[str, str] = {}                   # run id -> idempotency key
+        self.flow_errors = collections.Counter()
+        self.timeline: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+        self.t0 = time.monotonic()
+
+    def tick(self, what: str) -> None:
+        self.timeline[int(time.monotonic() - self.t0)][what] += 1
+
+
+async def turn_client(http, base: str, index: int, ledger: Ledger, stop: asyncio.Event, deadline: float,
+                      pause: float) -> None:
+    session, n = f"chaos-t{index}", 0
+    while not stop.is_set():
+        n += 1
+        out = await run_turn(http, base, session, f"turn {n} of client {index}", deadline)
+        ledger.turns[out.outcome] += 1
+        ledger.resumed += out.resumes > 0
+        ledger.reordered += not out.gapless
+        if out.outcome == "completed":
+            ledger.completed.append((session, out.turn_id, out.text))
+            ledger.tick("turns")
+        await asyncio.sleep(pause if out.outcome not in ("refused", "rejected") else 0.5)
+
+
+async def checkpoint_client(http, base: str, index: int, ledger: Ledger, stop: asyncio.Event, pause: float) -> None:
+    session, n = f"chaos-c{index}", 0
+    padding = os.urandom(1024).hex().encode()
+    while not stop.is_set():
+        n += 1
+        try:
+            async with http.put(f"{base}/v1/sessions/{session}/checkpoints/v{n}", data=b"%d:" % n + padding,
+                                timeout=aiohttp.ClientTimeout(total=30)) as resp:
+                await resp.read()
+                if resp.status == 200:
+                    ledger.checkpoints[session].append(n)
+                    ledger.tick("checkpoints")
+                else:
+                    ledger.checkpoint_errors[resp.status] += 1
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            ledger.checkpoint_errors["connection"] += 1
+            await asyncio.sleep(0.5)
+        await asyncio.sleep(pause)
+
+
+async def flow_client(http, base: str, index: int, ledger: Ledger, stop: asyncio.Event, pause: float) -> None:
+    n = 0
+    while not stop.is_set():
+        n += 1
+        key = f"chaos-f{index}-{n}"
+        for _ in range(20):   # the same key until the server answers: a retry never starts a second run
+            try:
+                async with http.post(f"{base}/v1/flows/sync_steps/runs", json={"input": FLOW_STEPS},
+                                     headers={"Idempotency-Key": key},
+                                     timeout=aiohttp.ClientTimeout(total=30)) as resp:
+                    body = await resp.json(content_type=None)
+                    if resp.status in (200, 201):
+                        ledger.flows[body["run_id"]] = key
+                        ledger.tick("flows")
+                        break
+                    ledger.flow_errors[resp.status] += 1
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+                ledger.flow_errors["connection"] += 1
+            await asyncio.sleep(0.5)
+            if stop.is_set():
+                break
+        await asyncio.sleep(pause)
+
+
+async def killer(server: ServerProcess, every: float, rng: random.Random, stop: asyncio.Event,
+                 kills: list[dict], t0: float, roles: list[str]) -> None:
+    deck: list[str] = []
+    roster: list[str] = []
+    while True:
+        try:
+            await asyncio.wait_for(stop.wait(), every * rng.uniform(0.5, 1.5))
+            return
+        except asyncio.TimeoutError:
+            pass
+        try:
+            pids = server.pids()
+        except (OSError, ValueError):
+            continue
+        roster = roster or [r for r in killable(pids) if not roles or r in roles]
+        if not deck:   # a shuffled deck of the roles: random order, every role once per round
+            deck = list(roster)
+            rng.shuffle(deck)
+            if not deck:
+                continue
+        up = [r for r in deck if r in pids]   # one still restarting from an earlier kill waits its turn
+        if not up:
+            continue
+        role = up[-1]
+        deck.remove(role)
+        try:
+            os.kill(pids[role], signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+        server.seen_pids.add(pids[role])
+        kills.append({"t": round(time.monotonic() - t0, 2), "role": role, "pid": pids[role]})
+        print(f"  {kills[-1]['t']:7.1f}s  SIGKILL {role} (pid {pids[role]})", file=sys.stderr)
+
+
+async def load(server: ServerProcess, args, ledger: Ledger, kills: list[dict]) -> dict:
+    """Warm up, take the memory baseline, run the kills, stop, let every stream finish."""
+    stop_load, stop_kills = asyncio.Event(), asyncio.Event()
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as http:
+        base = server.url
+        tasks = [asyncio.ensure_future(turn_client(http, base, i, ledger, stop_load, args.deadline, args.pause))
+                 for i in range(args.turn_clients)]
+        tasks += [asyncio.ensure_future(checkpoint_client(http, base, i, ledger, stop_load, args.pause))
+                  for i in range(args.checkpoint_clients)]
+        tasks += [asyncio.ensure_future(flow_client(http, base, i, ledger, stop_load, args.pause))
+                  for i in range(args.flow_clients)]
+        await asyncio.sleep(args.warmup)
+        before = memory_by_process(server)
+        chaos_from = time.monotonic() - ledger.t0
+        kill_task = asyncio.ensure_future(killer(server, args.kill_every, random.Random(args.seed), stop_kills,
+                                                 kills, ledger.t0, args.roles))
+        await asyncio.sleep(args.duration)
+        stop_kills.set()
+        await kill_task
+        chaos_to = time.monotonic() - ledger.t0
+        await asyncio.sleep(args.cooldown)     # load goes on while the last restarts finish
+        stop_load.set()
+        await asyncio.gather(*tasks)
+    return {"before": before, "chaos_from": chaos_from, "chaos_to": chaos_to}
+
+
+async def verify(server: ServerProcess, ledger: Ledger, timeout: float) -> dict[str, Any]:
+    """Ask the settled server for everything it acknowledged."""
+    lost: dict[str, list] = {"turns": [], "flows": []}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
+        by_session: dict[str, dict[str, str]] = collections.defaultdict(dict)
+        for session, turn_id, text in ledger.completed:
+            by_session[session][turn_id] = text
+        for session, wanted in by_session.items():
+            stored: dict[str, str] = {}
+            after = -1
+            while after is not None:
+                async with http.get(f"{server.url}/v1/sessions/{session}/messages",
+                                    params={"after": str(after), "limit": "1000"}) as resp:
+                    body = await resp.json()
+                stored.update({m["turn_id"]: m["content"] for m in body["messages"] if m["role"] == "assistant"})
+                after = body["next_after"]
+            lost["turns"] += [(session, t) for t, text in wanted.items() if stored.get(t) != text]
+        deadline = time.monotonic() + timeout
+        pending = dict(ledger.flows)
+        results: collections.Counter = collections.Counter()
+        while pending and time.monotonic() < deadline:
+            for run_id in list(pending):
+                async with http.get(f"{server.url}/v1/runs/{run_id}") as resp:
+                    body = await resp.json()
+                if resp.status == 200 and body.get("status") in ("completed", "failed", "cancelled"):
+                    pending.pop(run_id)
+                    ok = body["status"] == "completed" and body.get("result") == FLOW_STEPS
+                    results["completed" if ok else body["status"]] += 1
+                    if not ok:
+                        lost["flows"].append(run_id)
+                elif resp.status == 404:
+                    pending.pop(run_id)
+                    lost["flows"].append(run_id)
+            if pending:
+                await asyncio.sleep(0.5)
+        lost["flows"] += list(pending)
+        results["unfinished"] = len(pending)
+    return {"lost": lost, "flow_results": dict(results)}
+
+
+def checkpoints_in_log(data_dir: Path) -> dict[str, set[str]]:
+    """(session -> keys) of every checkpoint in the write-ahead logs: read after the server stopped."""
+    found: dict[str, set[str]] = collections.defaultdict(set)
+    for wal in sorted((data_dir / "wal").iterdir()):
+        reader = SegmentReader(wal, 0)
+        while batch := reader.read(8 << 20):
+            for _, kind, _, body, _ in batch:
+                if kind == RecordKind.BLOB:
+                    rec = records.decode_body(body)
+                    found[rec["session"]].add(rec["key"])
+    return found
+
+
+def restarts_by_role(server: ServerProcess) -> dict[str, int]:
+    return {row["name"]: row["restarts"] for row in server.table()["children"]}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="agent-os bench chaos", description=__doc__.split("\n\n")[0])
+    p.add_argument("--minutes", type=float, default=10.0, help="how long roles are killed")
+    p.add_argument("--seconds", type=float, default=None, help="the same in seconds (overrides --minutes)")
+    p.add_argument("--kill-every", type=float, default=5.0, help="mean seconds between kills (jittered ±50%%)")
+    p.add_argument("--warmup", type=float, default=15.0, help="load before the first kill (memory baseline)")
+    p.add_argument("--cooldown", type=float, default=10.0, help="load after the last kill")
+    p.add_argument("--deadline", type=float, default=60.0, help="a stream not ended by then is hung")
+    p.add_argument("--turn-clients", type=int, default=16)
+    p.add_argument("--checkpoint-clients", type=int, default=4)
+    p.add_argument("--flow-clients", type=int, default=4)
+    p.add_argument("--pause", type=float, default=0.05, help="each client's think time between requests")
+    p.add_argument("--roles", type=lambda v: [r for r in v.split(",") if r], default=[],
+                   help="kill only these roles (comma-separated names as `agent-os status` shows them)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--name", default="chaos")
+    p.add_argument("--results-root", default=None, help="where the results folder goes (default bench/results)")
+    args = p.parse_args(argv)
+    args.duration = args.seconds if args.seconds is not None else args.minutes * 60
+    return args
+
+
+def server_config() -> dict[str, Any]:
+    return {"storage": {"durability": "local"},
+            "kernel": {"actors": 2, "max_in_flight_turns": 0, "disconnect_grace_secs": 10},
+            "mock": {"ttft_ms": 50, "tokens": 24, "tps": 400},
+            "provider": {"timeout_secs": 20}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    results = ResultsDir(args.name, Path(args.results_root) if args.results_root else None)
+    results.write_config({"command": "bench chaos", "args": vars(args), "server": server_config()})
+    # SIGTERM (a CI timeout, ^C from a wrapper) still stops the tree: it unwinds through `finally`.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    work = Path(tempfile.mkdtemp(prefix="bench-chaos-"))
+    server = ServerProcess(work, server_config()).start()
+    workers = start_workers(server, 1, 16)
+    ledger, kills = Ledger(), []
+    try:
+        print(f"chaos: {args.duration:.0f}s of kills every ~{args.kill_every}s on {server.url}", file=sys.stderr)
+        phases = asyncio.run(load(server, args, ledger, kills))
+        server.wait_ready(120)
+        wait_until(lambda: all(r["pid"] for r in server.table()["children"]), 60, "every role to be running")
+        checked = asyncio.run(verify(server, ledger, timeout=max(60.0, args.deadline)))
+        time.sleep(2.0)
+        after = memory_by_process(server)
+        restarts = restarts_by_role(server)
+    finally:
+        stop_workers(workers)
+        server.stop()
+    in_log = checkpoints_in_log(work / "data")
+    lost_checkpoints = [(s, n) for s, acked in ledger.checkpoints.items() for n in acked
+                        if f"v{n}" not in in_log.get(s, ())]
+    row = accounting(args, ledger, kills, checked, lost_checkpoints, restarts, phases, after)
+    results.write_rows([row])
+    results.write_rows(kills, "kills.jsonl")
+    results.write_rows([{"t": t, **counts} for t, counts in sorted(ledger.timeline.items())], "timeline.jsonl")
+    write_report(results, row, kills, ledger, phases)
+    print(results.path / "summary.md", file=sys.stderr)
+    print((results.path / "summary.md").read_text())
+    return 0 if row["lost"] == 0 and row["hung"] == 0 else 1
+
+
+def accounting(args, ledger: Ledger, kills: list[dict], checked: dict, lost_checkpoints: list,
+               restarts: dict[str, int], phases: dict, after: dict) -> dict[str, Any]:
+    lost = len(checked["lost"]["turns"]) + len(checked["lost"]["flows"]) + len(lost_checkpoints)
+    before = phases["before"]
+    return {
+        "duration_secs": args.duration, "kills": len(kills),
+        "kills_by_role": dict(collections.Counter(k["role"] for k in kills)),
+        "restarts_by_role": restarts,
+        "lost": lost, "lost_turns": checked["lost"]["turns"][:20], "lost_flows": checked["lost"]["flows"][:20],
+        "lost_checkpoints": lost_checkpoints[:20],
+        "hung": ledger.turns["hung"],
+        "turn_outcomes": dict(ledger.turns), "turns_resumed": ledger.resumed, "streams_with_gaps": ledger.reordered,
+        "acknowledged": {"turns": len(ledger.completed), "checkpoints": sum(map(len, ledger.checkpoints.values())),
+                         "flows": len(ledger.flows)},
+        "checkpoint_errors": {str(k): v for k, v in ledger.checkpoint_errors.items()},
+        "flow_errors": {str(k): v for k, v in ledger.flow_errors.items()},
+        "flow_results": checked["flow_results"],
+        "memory_kib": {name: {"before_private": before.get(name, {}).get("private_kib"),
+                              "after_private": m["private_kib"], "before_rss": before.get(name, {}).get("rss_kib"),
+                              "after_rss": m["rss_kib"], "pid": m["pid"],
+                              "restarted": before.get(name, {}).get("pid") != m["pid"]}
+                       for name, m in after.items()},
+    }
+
+
+def write_report(results: ResultsDir, row: dict, kills: list[dict], ledger: Ledger, phases: dict) -> None:
+    acked = row["acknowledged"]
+    lines = [
+        f"# Chaos: {row['duration_secs']:.0f} s of SIGKILLs ({row['kills']} kills)", "",
+        f"**lost = {row['lost']}**, **hung = {row['hung']}** "
+        f"(acknowledged: {acked['turns']} completed turns, {acked['checkpoints']} checkpoints, "
+        f"{acked['flows']} flow runs)", "",
+        "Lost counts a completed turn whose assistant message is missing from the transcript or differs from "
+        "what was streamed, an acknowledged checkpoint missing from the log, an accepted flow run that did not "
+        "complete with its result. Hung counts streams with neither a terminal event nor a clean close within "
+        "the deadline.", "",
+        "## Turn outcomes", "",
+        markdown_table(["outcome", "turns"], sorted(row["turn_outcomes"].items())), "",
+        f"Streams picked up again with Last-Event-ID after a drop: {row['turns_resumed']}; "
+        f"streams whose event ids had a gap or repeat: {row['streams_with_gaps']}.", "",
+        f"Flow runs: {row['flow_results']}; start errors seen by clients (retried with the same key): "
+        f"{row['flow_errors']}. Checkpoint PUT errors: {row['checkpoint_errors']}.", "",
+        "## Kills and restarts per role", "",
+        markdown_table(["role", "kills", "restarts"],
+                       [(name, row["kills_by_role"].get(name, 0), n) for name, n in sorted(row["restarts_by_role"].items())]),
+        "", "## Memory per process (private KiB)", "",
+        "Before: after warm-up, under load, before the first kill. After: the settled tree after the run "
+        "(a process that was restarted is a new incarnation).", "",
+        markdown_table(["process", "before", "after", "restarted"],
+                       [(name, m["before_private"], m["after_private"], "yes" if m["restarted"] else "")
+                        for name, m in sorted(row["memory_kib"].items())]),
+    ]
+    results.write_summary("\n".join(lines))
+    plt = pyplot()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), gridspec_kw={"height_ratios": [3, 2]})
+    span = range(0, int(max(ledger.timeline or [0])) + 1)
+    for what in ("turns", "checkpoints", "flows"):
+        top.plot(list(span), [ledger.timeline.get(t, {}).get(what, 0) for t in span], label=f"{what} acknowledged/s")
+    for k in kills:
+        top.axvline(k["t"], color="red", alpha=0.25, linewidth=0.8)
+    top.axvspan(phases["chaos_from"], phases["chaos_to"], color="red", alpha=0.04, label="kills (red lines)")
+    top.set_xlabel("seconds")
+    top.legend(loc="upper right", fontsize=8)
+    top.set_title(f"Acknowledged work per second under SIGKILL; lost={row['lost']} hung={row['hung']}")
+    names = sorted(row["memory_kib"])
+    xs = range(len(names))
+    bottom.bar([x - 0.2 for x in xs], [(row["memory_kib"][n]["before_private"] or 0) / 1024 for n in names], 0.4,
+               label="after warm-up")
+    bottom.bar([x + 0.2 for x in xs], [row["memory_kib"][n]["after_private"] / 1024 for n in names], 0.4,
+               label="after the run")
+    bottom.set_xticks(list(xs), names, rotation=30, ha="right", fontsize=8)
+    bottom.set_ylabel("private MiB")
+    bottom.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(results.figure_path("chaos.png"), dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
