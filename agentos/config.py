@@ -97,6 +97,7 @@ class StorageConfig:
     # messages before the next fsync (their acks just went out, they are about to send again).
     commit_window_us: int = 2000
     duckdb_memory_limit_mb: int = 256
+    duckdb_recycle_secs: float = 300.0   # each DuckDB file is reopened this often (its native memory starts over)
     s3: S3Config = field(default_factory=S3Config)
 
 
@@ -309,6 +310,7 @@ def validate(config: Config) -> None:
         raise ConfigError("cluster.lease_ttl_secs: must be at least twice cluster.lease_renew_secs")
     if not 1 <= config.storage.log_writers <= 64:
         raise ConfigError(f"storage.log_writers: 1..64, got {config.storage.log_writers}")
+    _positive(config.storage.duckdb_recycle_secs, "storage.duckdb_recycle_secs", allow_zero=True)
     if config.storage.duckdb_memory_limit_mb < 32:
         raise ConfigError(f"storage.duckdb_memory_limit_mb: at least 32, got {config.storage.duckdb_memory_limit_mb}")
     if config.broker.transport not in ("ipc", "tcp"):

@@ -32,8 +32,8 @@ from typing import Any
 
 import aiohttp
 
-from agentos.status import proc_memory
 from bench.results import ResultsDir, markdown_table, pyplot
+from bench.sampling import memory_by_process
 from bench.server_proc import ServerProcess, wait_until
 from bench.sse_client import run_turn
 from bench.steps import start_workers, stop_workers
@@ -47,10 +47,6 @@ FLOW_STEPS = 5
 def killable(pids: dict[str, int]) -> list[str]:
     """Every supervised role but the supervisor itself (its death takes the whole tree)."""
     return sorted(name for name in pids if name != "supervisor")
-
-
-def memory_by_process(server: ServerProcess) -> dict[str, dict[str, int]]:
-    return {name: {"pid": pid, **proc_memory(pid)} for name, pid in server.pids().items()}
 
 
 class Ledger:

@@ -8,10 +8,15 @@ from __future__ import annotations
 import threading
 from typing import Callable, Iterable
 
-from agentos.status import tree_memory
+from agentos.status import proc_memory, tree_memory
 from bench.server_proc import cpu_seconds
 
 PidsFn = Callable[[], Iterable[int]]
+
+
+def memory_by_process(server) -> dict[str, dict[str, int]]:
+    """{name: {pid, rss_kib, private_kib, ...}} for every live process of a ServerProcess's tree."""
+    return {name: {"pid": pid, **proc_memory(pid)} for name, pid in server.pids().items()}
 
 
 def tree_cpu(pids: Iterable[int]) -> dict[int, float]:

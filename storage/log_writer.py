@@ -44,7 +44,8 @@ from storage.s3 import ObjectStore, S3Unavailable
 from storage.shipper import Shipper
 from broker.address import bus_address
 
-RECENT_IDS = 500_000
+RECENT_IDS = 500_000      # hard cap on remembered record ids ...
+DEDUPE_SECS = 60.0        # ... which are kept this long: twice a sender's append deadline (log_client)
 RECENT_SCAN_BYTES = 128 << 20
 
 
@@ -58,7 +59,7 @@ class LogWriter:
         self.io = ThreadPoolExecutor(1, thread_name_prefix="wal-io")
         self.segments: segments.SegmentLog | None = None
         self.seen: set[bytes] = set()
-        self.seen_order: collections.deque[bytes] = collections.deque()
+        self.seen_order: collections.deque[tuple[float, bytes]] = collections.deque()   # (when, id)
         self.frames: list[bytes] = []
         self.frame_ids: list[bytes] = []
         self.waiting: list[tuple[Message, int]] = []
@@ -87,8 +88,9 @@ class LogWriter:
         if self.object_store is not None:
             await self._level_with_bucket(loop)
         ids = await loop.run_in_executor(self.io, segments.recent_ids, self.directory, RECENT_SCAN_BYTES)
+        now = time.monotonic()   # ids from before a restart: their senders may still retry them
         for record_id in ids[-RECENT_IDS:]:
-            self._remember(record_id)
+            self._remember(record_id, now)
         r = self.segments.recovery
         self.log.info("log %s: %d segment(s), end at position %d, %d records in the last segment%s", self.directory,
                       r.segments, r.end, r.records_in_last,
@@ -172,17 +174,23 @@ class LogWriter:
             self.bus.reply(msg, Kind.ERROR, {"code": "not_active", "message":
                            "this node lost the cluster lease: another node is active"})
 
-    def _remember(self, record_id: bytes) -> None:
+    def _remember(self, record_id: bytes, now: float) -> None:
         self.seen.add(record_id)
-        self.seen_order.append(record_id)
-        if len(self.seen_order) > RECENT_IDS:
-            self.seen.discard(self.seen_order.popleft())
+        self.seen_order.append((now, record_id))
+
+    def _forget_old_ids(self, now: float) -> None:
+        """A retry comes within its sender's deadline: older ids only cost memory (a steady load
+        keeps a steady number of them)."""
+        order, seen, horizon = self.seen_order, self.seen, now - DEDUPE_SECS
+        while order and (order[0][0] < horizon or len(order) > RECENT_IDS):
+            seen.discard(order.popleft()[1])
 
     def on_append(self, msg: Message) -> None:
         if self.lease_lost:
             self._refuse([(msg, 0)])
             return
         new = 0
+        now = time.monotonic()
         for record in msg.body["records"]:
             if not (isinstance(record, list) and len(record) == 3 and record[0] in records.KNOWN_KINDS
                     and isinstance(record[1], bytes) and 0 < len(record[1]) <= 255 and isinstance(record[2], bytes)):
@@ -193,10 +201,11 @@ class LogWriter:
                 self.stats["duplicates"] += 1
                 metrics.inc(metrics.log_duplicates)
                 continue
-            self._remember(record_id)
+            self._remember(record_id, now)
             self.frames.append(records.frame(kind, record_id, body))
             self.frame_ids.append(record_id)
             new += 1
+        self._forget_old_ids(now)
         self.stats["records"] += new
         self.unflushed += new
         metrics.inc(metrics.log_records, new)

@@ -7,6 +7,7 @@ cursors, so a slow query never stops loading. Only this process imports DuckDB.
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 import time
@@ -26,6 +27,7 @@ MAX_LIMIT = 1000
 # Bulk loading: a batch is loaded once this much time passed since the previous one, unless a
 # reader is waiting for it (`urgent`). Each load costs three DuckDB transactions whatever its size.
 BATCH_INTERVAL_SECS = 1.0
+CHECKPOINT_THRESHOLD = "4MB"
 
 
 class Store:
@@ -48,15 +50,15 @@ class Store:
         self.on_loaded: Callable[[dict[int, int], int], None] = lambda positions, rows: None
         self.stats = {"records": 0, "rows": 0, "batches": 0, "bad_records": 0, "load_errors": 0}
         self.backlog = False
+        self.loading = threading.Lock()   # held while a batch loads; a recycle waits for it
 
     # -- opening --------------------------------------------------------------------------
 
     def open(self) -> None:
         self.db_dir.mkdir(parents=True, exist_ok=True)
-        per_db = max(32, self.memory_limit_mb // len(schema.DATABASES))
         last: dict[str, dict[int, int]] = {}
         for db, ddls in schema.DATABASES.items():
-            con = duckdb.connect(str(self.db_dir / f"{db}.db"), config={"memory_limit": f"{per_db}MB"})
+            con = self._connect(db)
             for ddl in ddls:
                 con.execute(ddl)
             self.conns[db] = con
@@ -72,6 +74,30 @@ class Store:
             start = min(last[db].get(writer, 0) for db in self.conns)
             self.readers[writer] = segments.SegmentReader(self.wal_root / str(writer), start)
             self.loaded[writer] = start
+
+    def _connect(self, db: str) -> duckdb.DuckDBPyConnection:
+        per_db = max(32, self.memory_limit_mb // len(schema.DATABASES))
+        con = duckdb.connect(str(self.db_dir / f"{db}.db"), config={"memory_limit": f"{per_db}MB"})
+        # A small WAL: appended rows leave memory for the file sooner, and a restart replays less.
+        con.execute(f"SET checkpoint_threshold = '{CHECKPOINT_THRESHOLD}'")
+        return con
+
+    def recycle(self, db: str) -> None:
+        """Close and reopen one DuckDB file. DuckDB's native memory creeps under a steady insert
+        load (caches, allocator pools) beyond what `memory_limit` accounts for; a reopen starts it
+        over. Runs on the query thread (no query is running) holding the loader's lock (no load is
+        either); the CHECKPOINT makes the reopen quick."""
+        with self.loading:
+            old = self.conns[db]
+            self.cursors[db].close()
+            try:
+                old.execute("CHECKPOINT")
+            finally:
+                old.close()
+                self.conns[db] = self._connect(db)
+                self.cursors[db] = self.conns[db].cursor()
+        self.stats["reopened"] = self.stats.get("reopened", 0) + 1
+        _release_free_memory()
 
     def log_ends(self) -> dict[int, int]:
         """Where each log ends on disk right now."""
@@ -116,6 +142,10 @@ class Store:
             pass
 
     def load_once(self) -> int:
+        with self.loading:
+            return self._load_once()
+
+    def _load_once(self) -> int:
         rows: dict[str, list[tuple]] = {}
         positions: dict[str, dict[int, int]] = {db: {} for db in self.conns}
         scanned: dict[int, int] = {}
@@ -270,6 +300,10 @@ class Store:
         """Delete the rows of these runs, keeping each log's progress (its largest lsn) in place."""
         if not runs:
             return 0
+        with self.loading:   # the loader writes through the same connection
+            return self._purge_runs(runs)
+
+    def _purge_runs(self, runs: list[str]) -> int:
         con = self.conns["flows"]
         con.execute("BEGIN TRANSACTION")
         try:
@@ -304,3 +338,11 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, (bytes, bytearray)):
         return value.decode("utf-8", "replace")
     raise TypeError
+
+
+def _release_free_memory() -> None:
+    """Hand the heap's free pages back to the system (glibc only; elsewhere a no-op)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

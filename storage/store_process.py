@@ -28,6 +28,7 @@ SYNC_TIMEOUT_SECS = 30.0
 class StoreService:
     def __init__(self, config: Config, bus_endpoint: str, log: logging.Logger) -> None:
         self.log = log
+        self.config = config
         self.store = Store(Path(config.storage.dir), config.storage.log_writers, config.storage.duckdb_memory_limit_mb,
                            config.storage.jsonl_dir, log)
         self.queries = ThreadPoolExecutor(1, thread_name_prefix="store-query")
@@ -143,6 +144,20 @@ class StoreService:
             "loaded": {str(k): v for k, v in self.loaded.items()}, "flushed": {str(k): v for k, v in self.flushed.items()},
             "waiting_queries": len(self.waiters), "bus": self.bus.stats()}})
 
+    async def recycle_files(self) -> None:
+        """Reopen the DuckDB files one after the other, each once per `storage.duckdb_recycle_secs`."""
+        period = self.config.storage.duckdb_recycle_secs
+        if not period:
+            return
+        names = list(self.store.conns)
+        while True:
+            for db in names:
+                await asyncio.sleep(period / len(names))
+                try:
+                    await self.loop.run_in_executor(self.queries, self.store.recycle, db)
+                except Exception:   # DuckDB trouble: the next round tries again
+                    self.log.exception("reopening %s.db failed", db)
+
     async def report(self) -> None:
         while True:
             await asyncio.sleep(1.0)
@@ -159,8 +174,10 @@ def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> in
         await service_.start()
         await service_.bus.start()
         reporter = asyncio.create_task(service_.report())
+        recycler = asyncio.create_task(service_.recycle_files())
         await stop.wait()
         reporter.cancel()
+        recycler.cancel()
         await service_.bus.close()
         await service_.stop()
         return service.EXIT_OK
