@@ -16,11 +16,11 @@ from __future__ import annotations
 import json
 import os
 import platform
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
+from bench.npm_install import npm_install
 from bench.opencode_config import peer_env, private_dirs
 
 OPENCODE_VERSION = "1.18.32"  # the version of the reference measurements (section 34.6)
@@ -28,7 +28,6 @@ NPM_PACKAGE = "opencode-ai"
 CACHE_DIR = Path(__file__).resolve().parent / ".cache" / "opencode"
 NPM_INSTALL_TIMEOUT_SECS = 900.0  # the native build is a ~180 MB download
 VERSION_CHECK_TIMEOUT_SECS = 30.0
-ERROR_TAIL_CHARS = 4000
 _NATIVE_MAGIC = (b"\x7fELF", b"\xcf\xfa\xed\xfe")  # ELF, 64-bit Mach-O
 
 
@@ -94,22 +93,7 @@ def ensure_opencode(cache_dir: Path = CACHE_DIR, version: str = OPENCODE_VERSION
     binary = installed_binary(cache_dir, version)
     if binary is not None:
         return binary
-    npm = shutil.which("npm")
-    if npm is None:
-        raise InstallError("npm is not on PATH; it is needed once to install opencode")
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    # --ignore-scripts: the postinstall runs `opencode --version` with the caller's HOME, which
-    # creates opencode folders there; installed_binary picks the native build the same way.
-    cmd = [npm, "install", "--prefix", str(cache_dir), "--ignore-scripts", "--no-audit",
-           "--no-fund", "--save-exact", f"{NPM_PACKAGE}@{version}"]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False,
-                              timeout=NPM_INSTALL_TIMEOUT_SECS)
-    except subprocess.TimeoutExpired as exc:
-        raise InstallError(f"npm install did not finish in {NPM_INSTALL_TIMEOUT_SECS:g}s") from exc
-    if done.returncode != 0:
-        raise InstallError(f"{' '.join(cmd)} failed with {done.returncode}:\n"
-                           f"{done.stderr[-ERROR_TAIL_CHARS:]}")
+    npm_install(cache_dir, f"{NPM_PACKAGE}@{version}", NPM_INSTALL_TIMEOUT_SECS, InstallError)
     binary = installed_binary(cache_dir, version)
     if binary is None:
         raise InstallError(f"npm installed {NPM_PACKAGE}@{version} but left no runnable binary for "

@@ -39,7 +39,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from bench.opencode_config import MODEL_ID, PROVIDER_ID, config_json, config_path, peer_env, private_dirs
 from bench.opencode_install import OPENCODE_VERSION, InstallError, ensure_opencode, installed_binary
@@ -104,6 +104,17 @@ def process_tree(root_pid: int) -> list[int]:
         tree.append(pid)
         todo.extend(p for p in children.get(pid, ()) if stats[p][2] != "Z")
     return tree
+
+
+def check_starting(children: dict[str, subprocess.Popen | None], deadline: float, what: str,
+                   timeout_secs: float, log_tail: Callable[[], str],
+                   error: type[Exception]) -> None:
+    """Raise `error` (with the log tail) if a child died or the deadline passed while starting."""
+    for name, proc in children.items():
+        if proc is not None and proc.poll() is not None:
+            raise error(f"{name} exited with {proc.returncode} before it could {what}{log_tail()}")
+    if time.monotonic() >= deadline:
+        raise error(f"{' and '.join(children)} did not {what} within {timeout_secs:g}s{log_tail()}")
 
 
 def tree_memory_kib(pids: list[int]) -> dict[str, int]:
@@ -357,12 +368,8 @@ class OpencodeServer:
         return url
 
     def _check_alive(self, proc: subprocess.Popen, deadline: float, what: str) -> None:
-        if proc.poll() is not None:
-            raise PeerError(f"opencode exited with {proc.returncode} before it could "
-                            f"{what}{self._log_tail()}")
-        if time.monotonic() >= deadline:
-            raise PeerError(f"opencode did not {what} within {self.start_timeout_secs:g}s"
-                            f"{self._log_tail()}")
+        check_starting({"opencode": proc}, deadline, what, self.start_timeout_secs,
+                       self._log_tail, PeerError)
 
     def _log_tail(self) -> str:
         try:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import opencode_install
+from bench import npm_install, opencode_install
 from bench import peer_opencode as peer
 from bench.opencode_config import (
     MODEL_ID, PROVIDER_ID, PROVIDER_NPM, config_json, config_path, mock_v1_url, opencode_config,
@@ -143,7 +143,7 @@ def test_ensure_is_a_fast_no_op_when_installed(tmp_path, monkeypatch):
 
 
 def test_ensure_without_npm_says_so(tmp_path, monkeypatch):
-    monkeypatch.setattr(opencode_install.shutil, "which", lambda name: None)
+    monkeypatch.setattr(npm_install.shutil, "which", lambda name: None)
     with pytest.raises(InstallError, match="npm is not on PATH"):
         ensure_opencode(tmp_path / "cache", "1.18.32")
 

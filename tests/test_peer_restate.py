@@ -13,6 +13,8 @@ import pytest
 
 from actors.http1 import parse_endpoint
 from bench import peer_restate as peer
+from bench import restate_cli as cli
+from bench import npm_install
 from bench import restate_install as install
 from bench import restate_load as load
 from bench.restate_load import SCENARIOS, Sample, check_args, prebuilt, window_stats
@@ -43,12 +45,12 @@ def test_installed_binary_is_found_only_for_the_pinned_native_build(tmp_path):
 
 def test_ensure_restate_is_a_no_op_when_installed(tmp_path, monkeypatch):
     binary = _fake_install(tmp_path, install.RESTATE_VERSION)
-    monkeypatch.setattr(install.shutil, "which", lambda name: pytest.fail("npm was looked up"))
+    monkeypatch.setattr(npm_install.shutil, "which", lambda name: pytest.fail("npm was looked up"))
     assert install.ensure_restate(tmp_path) == binary
 
 
 def test_ensure_restate_without_npm_says_so(tmp_path, monkeypatch):
-    monkeypatch.setattr(install.shutil, "which", lambda name: None)
+    monkeypatch.setattr(npm_install.shutil, "which", lambda name: None)
     with pytest.raises(install.PeerError, match="npm is not on PATH"):
         install.ensure_restate(tmp_path)
 
@@ -78,6 +80,11 @@ def test_platform_package_refuses_what_is_not_published():
 def test_toml_text_round_trips_through_a_toml_parser():
     settings = {"disable-telemetry": True, "default-num-partitions": 4, "cluster-name": 'a "b"',
                 "worker": {"internal-queue-length": 500, "cleanup-interval": "1h"}}
+    assert tomllib.loads(peer.toml_text(settings)) == settings
+
+
+def test_tuned_settings_render_as_toml():
+    settings = {**peer.DEFAULT_SETTINGS, **peer.TUNED_SETTINGS}
     assert tomllib.loads(peer.toml_text(settings)) == settings
 
 
@@ -144,27 +151,31 @@ def test_group_members_sees_our_own_group():
 
 # ----------------------------------------------------------------------------------- the CLI
 def test_parse_args_defaults_and_lists():
-    args = peer.parse_args(["--scenarios", "sync_steps, flows", "--clients", "16,64",
-                            "--set", "default-num-partitions=4", "--set", "log-filter=warn"])
+    args = cli.parse_args(["--scenarios", "sync_steps, flows", "--clients", "16,64",
+                            "--set", "default-num-partitions=4", "--set", "log-filter=warn",
+                            "--set", "disable-prometheus=true"])
     assert args.scenarios == ["sync_steps", "flows"] and args.clients == [16, 64]
-    assert args.settings == {"default-num-partitions": 4, "log-filter": "warn"}
-    assert peer.parse_args([]).scenarios == list(SCENARIOS)
-    assert peer.parse_args([]).asgi_server == "hypercorn"
-    assert peer.parse_args(["--asgi-server", "granian"]).asgi_server == "granian"
+    assert args.settings == {"default-num-partitions": 4, "log-filter": "warn",
+                             "disable-prometheus": True}
+    assert cli.parse_args([]).scenarios == list(SCENARIOS)
+    assert cli.parse_args([]).asgi_server == "hypercorn"
+    tuned = cli.parse_args(["--tuned", "--set", "default-num-partitions=2"]).settings
+    assert tuned == {**peer.TUNED_SETTINGS, "default-num-partitions": 2}
+    assert cli.parse_args(["--asgi-server", "granian"]).asgi_server == "granian"
 
 
 @pytest.mark.parametrize("argv", [["--scenarios", "nope"], ["--clients", "0"],
                                   ["--clients", "x"], ["--duration", "0"], ["--set", "novalue"]])
 def test_parse_args_rejects(argv, capsys):
     with pytest.raises(SystemExit):
-        peer.parse_args(argv)
+        cli.parse_args(argv)
 
 
 def test_format_table_has_a_row_per_result():
     row = {"scenario": "attr_read", "clients": 64, "ops_per_sec": 1234.5, "unit": "ops/s",
            "p50_ms": 1.25, "p99_ms": None, "errors": 0, "server_cpu_secs": 1.0,
            "service_cpu_secs": 2.0}
-    lines = peer.format_table([row, row]).splitlines()
+    lines = cli.format_table([row, row]).splitlines()
     assert len(lines) == 3 and "1,234" in lines[1] and lines[1].split()[5] == "-"
 
 
@@ -263,6 +274,8 @@ def test_run_scenario_shapes_its_row_against_a_fake_ingress():
         assert key in row
     assert row["scenario"] == "attr_update" and row["clients"] == 3 and row["unit"] == "ops/s"
     assert row["errors"] == 0 and row["ops_per_sec"] > 0 and row["p50_ms"] is not None
-    assert row["machine_busy_secs"] >= row["client_cpu_secs"] >= 0
+    # /proc/stat counts in clock ticks, the driver's own CPU finer: allow one tick per core
+    tick = os.cpu_count() / os.sysconf("SC_CLK_TCK")
+    assert row["machine_busy_secs"] + tick >= row["client_cpu_secs"] >= 0
     assert row["service_cpu_secs"] == 0 and row["window_secs"] == pytest.approx(0.3, abs=0.1)
     assert all(fake.paths.get(f"/Attr/k{k}/incr", 0) >= 2 for k in range(4))  # prepared + run
