@@ -11,6 +11,7 @@ import sys
 from agentos import config as config_mod
 from agentos import service
 from agentos.rundir import RunDir
+from broker.sharding import STORE, log_writer
 
 ROLES = {
     "broker": "broker.process",
@@ -28,9 +29,9 @@ def process_name(role: str, index: int) -> str:
     if role in ("actor", "gateway"):
         return f"{role}/{index}"
     if role == "writer-log":
-        return f"writer/log/{index}"
+        return log_writer(index)
     if role == "writer-store":
-        return "writer/store"
+        return STORE
     return role
 
 

@@ -26,6 +26,7 @@ from agentos.rundir import RunDir
 from broker.address import bus_address
 from broker.client import Bus
 from broker.protocol import Kind
+from broker.sharding import log_writer
 
 STOP_GRACE_SECS = 5.0
 READY_TIMEOUT_SECS = 20.0
@@ -131,7 +132,7 @@ class Supervisor:
         if self.bus is None:
             return
         for i in range(self.config.storage.log_writers):
-            self.bus.send(f"writer/log/{i}", Kind.LEASE, {"epoch": epoch, "valid_secs": max(0.0, valid_secs)})
+            self.bus.send(log_writer(i), Kind.LEASE, {"epoch": epoch, "valid_secs": max(0.0, valid_secs)})
 
     async def _lease_lost(self) -> None:
         self.exit_code = service.EXIT_LEASE_LOST

@@ -19,8 +19,13 @@ def actor_name(session_id: str, shards: int) -> str:
 
 
 STORE = "writer/store"
+LOG_WRITER_PREFIX = "writer/log/"
+
+
+def log_writer(index: int) -> str:
+    return f"{LOG_WRITER_PREFIX}{index}"
 
 
 def writer_name(session_id: str, writers: int) -> str:
     """The writer/log owning a session's records: one writer keeps a session's order."""
-    return f"writer/log/{shard_of(session_id, writers)}"
+    return log_writer(shard_of(session_id, writers))

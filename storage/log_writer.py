@@ -38,7 +38,7 @@ from agentos.config import Config
 from agentos.rundir import RunDir
 from broker.client import Bus
 from broker.protocol import Kind, Message
-from broker.sharding import STORE
+from broker.sharding import STORE, log_writer
 from storage import compaction, records, segments
 from storage.s3 import ObjectStore, S3Unavailable
 from storage.shipper import Shipper
@@ -78,7 +78,7 @@ class LogWriter:
         self.lease_lost = False
         self.awaiting_ship: list[tuple[int, list]] = []
         self.held: list[tuple[list, int]] = []      # acks waiting for the lease to be renewed
-        self.bus = Bus(f"writer/log/{index}", bus_endpoint, {Kind.LOG_APPEND: self.on_append, Kind.STATS: self.on_stats,
+        self.bus = Bus(log_writer(index), bus_endpoint, {Kind.LOG_APPEND: self.on_append, Kind.STATS: self.on_stats,
                                                              Kind.LEASE: self.on_lease},
                        role="writer", heartbeat_secs=config.broker.heartbeat_secs, log=log)
 

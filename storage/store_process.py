@@ -2,7 +2,10 @@
 
 Loading runs on its own thread (`Store.run_loader`), queries on another. The event loop only
 routes: it learns where each log ends from `log.flushed` notices, and holds a `sync` query until
-the loader has passed that point, which gives readers read-your-writes.
+the loader has passed that point, which gives readers read-your-writes. A writer joins the bus
+only once its log is open (restored from the bucket on a fresh node), so a `sync` query also
+waits until every writer has been heard from: before that, the files may end short of what the
+writer is about to restore, and an actor recovering its runs would replay a journal with holes.
 """
 from __future__ import annotations
 
@@ -16,9 +19,9 @@ from pathlib import Path
 from agentos import metrics, service
 from agentos.config import Config
 from agentos.rundir import RunDir
-from broker.client import Bus
+from broker.client import Bus, BusError
 from broker.protocol import Kind, Message
-from broker.sharding import STORE
+from broker.sharding import LOG_WRITER_PREFIX, STORE, log_writer
 from storage.store import Store
 from broker.address import bus_address
 
@@ -35,11 +38,13 @@ class StoreService:
         self.loader: ThreadPoolExecutor | None = None
         self.flushed: dict[int, int] = {}
         self.loaded: dict[int, int] = {}
+        self.writers_open: set[int] = set()   # heard from since it (or this process) last started
         self.pending_flushes: collections.deque[tuple[int, int, int, float]] = collections.deque()
         self.waiters: list[tuple[dict[int, int], asyncio.Future]] = []
         self.loop: asyncio.AbstractEventLoop | None = None
         self.bus = Bus(STORE, bus_endpoint, {Kind.LOG_FLUSHED: self.on_flushed, Kind.STORE_QUERY: self.on_query,
-                                             Kind.STORE_PURGE: self.on_purge, Kind.STATS: self.on_stats},
+                                             Kind.STORE_PURGE: self.on_purge, Kind.STATS: self.on_stats,
+                                             Kind.PEER_RESTARTED: self.on_peer_restarted},
                        role="store", heartbeat_secs=config.broker.heartbeat_secs, log=log)
 
     async def start(self) -> None:
@@ -67,6 +72,7 @@ class StoreService:
 
     def on_flushed(self, msg: Message) -> None:
         writer, position = msg.body["writer"], msg.body["position"]
+        self.writers_open.add(writer)
         if position > self.flushed.get(writer, 0):
             self.flushed[writer] = position
             self.pending_flushes.append((writer, position, int(msg.body.get("count") or 0), time.monotonic()))
@@ -98,9 +104,23 @@ class StoreService:
         self.store.urgent.set()
         await asyncio.wait_for(fut, SYNC_TIMEOUT_SECS)
 
+    def on_peer_restarted(self, msg: Message) -> None:
+        name = str(msg.body.get("name", ""))
+        index = name.removeprefix(LOG_WRITER_PREFIX)
+        if name.startswith(LOG_WRITER_PREFIX) and index.isdigit():
+            self.writers_open.discard(int(index))
+
+    async def writers_opened(self) -> None:
+        """Wait until every log writer answers: a writer is on the bus only once its log is open."""
+        for writer in range(self.config.storage.log_writers):
+            if writer not in self.writers_open:
+                await self.bus.request(log_writer(writer), Kind.STATS, {}, timeout=SYNC_TIMEOUT_SECS)
+                self.writers_open.add(writer)
+
     async def sync_target(self) -> dict[int, int]:
         """Where the logs end now: the writers' notices, or the files if those are further (a
         writer that restored its log from the bucket, a notice lost on the way)."""
+        await self.writers_opened()
         ends = await self.loop.run_in_executor(None, self.store.log_ends)
         return {w: max(self.flushed.get(w, 0), ends.get(w, 0)) for w in set(self.flushed) | set(ends)}
 
@@ -120,7 +140,7 @@ class StoreService:
                 self.queries, lambda: self.store.query(b["query"], b["session"], b.get("tenant"), b.get("turn"),
                                                        int(b.get("after", -1) if b.get("after") is not None else -1),
                                                        int(b.get("limit") or 100)))
-        except asyncio.TimeoutError:
+        except (asyncio.TimeoutError, BusError):
             self.bus.reply(msg, Kind.STORE_ROWS, {"rows": [], "error": "the store is too far behind the log"})
             return
         except ValueError as exc:
