@@ -99,6 +99,8 @@ class Flows:
                 rows = (await self.query("open_runs", "", sync=True))["rows"]
                 mine = [r["run_id"] for r in rows if shard_of(r["run_id"].split("/", 1)[0], self.shards) == self.index]
                 for run_id in mine:
+                    if run_id in self.runs:   # begun by this incarnation while the query ran
+                        continue
                     run = await self._load_run(run_id)
                     if run is None or run.ended:
                         continue
