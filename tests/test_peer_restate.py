@@ -277,5 +277,5 @@ def test_run_scenario_shapes_its_row_against_a_fake_ingress():
     # /proc/stat counts in clock ticks, the driver's own CPU finer: allow one tick per core
     tick = os.cpu_count() / os.sysconf("SC_CLK_TCK")
     assert row["machine_busy_secs"] + tick >= row["client_cpu_secs"] >= 0
-    assert row["service_cpu_secs"] == 0 and row["window_secs"] == pytest.approx(0.3, abs=0.1)
+    assert row["service_cpu_secs"] == 0 and 0.25 <= row["window_secs"] <= 1.5  # a busy machine stretches it
     assert all(fake.paths.get(f"/Attr/k{k}/incr", 0) >= 2 for k in range(4))  # prepared + run
