@@ -96,7 +96,7 @@ class StorageConfig:
     # Group commit: after a batch that served k senders, wait up to this long for about k
     # messages before the next fsync (their acks just went out, they are about to send again).
     commit_window_us: int = 2000
-    duckdb_memory_limit_mb: int = 256
+    duckdb_memory_limit_mb: int = 64
     duckdb_recycle_secs: float = 300.0   # each DuckDB file is reopened this often (its native memory starts over)
     s3: S3Config = field(default_factory=S3Config)
 
@@ -311,8 +311,8 @@ def validate(config: Config) -> None:
     if not 1 <= config.storage.log_writers <= 64:
         raise ConfigError(f"storage.log_writers: 1..64, got {config.storage.log_writers}")
     _positive(config.storage.duckdb_recycle_secs, "storage.duckdb_recycle_secs", allow_zero=True)
-    if config.storage.duckdb_memory_limit_mb < 32:
-        raise ConfigError(f"storage.duckdb_memory_limit_mb: at least 32, got {config.storage.duckdb_memory_limit_mb}")
+    if config.storage.duckdb_memory_limit_mb < 16:
+        raise ConfigError(f"storage.duckdb_memory_limit_mb: at least 16, got {config.storage.duckdb_memory_limit_mb}")
     if config.broker.transport not in ("ipc", "tcp"):
         raise ConfigError(f"broker.transport: ipc or tcp, got {config.broker.transport!r}")
     parse_listen(config.broker.listen, "broker.listen")

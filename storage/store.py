@@ -27,6 +27,7 @@ MAX_LIMIT = 1000
 # Bulk loading: a batch is loaded once this much time passed since the previous one, unless a
 # reader is waiting for it (`urgent`). Each load costs three DuckDB transactions whatever its size.
 BATCH_INTERVAL_SECS = 1.0
+MIN_DB_MEMORY_MB = 16
 CHECKPOINT_THRESHOLD = "4MB"
 
 
@@ -76,7 +77,9 @@ class Store:
             self.loaded[writer] = start
 
     def _connect(self, db: str) -> duckdb.DuckDBPyConnection:
-        per_db = max(32, self.memory_limit_mb // len(schema.DATABASES))
+        # Small on purpose: DuckDB keeps the blocks it wrote in its buffer pool until the limit
+        # presses, so a generous limit reads as memory that grows with the database.
+        per_db = max(MIN_DB_MEMORY_MB, self.memory_limit_mb // len(schema.DATABASES))
         con = duckdb.connect(str(self.db_dir / f"{db}.db"), config={"memory_limit": f"{per_db}MB"})
         # A small WAL: appended rows leave memory for the file sooner, and a restart replays less.
         con.execute(f"SET checkpoint_threshold = '{CHECKPOINT_THRESHOLD}'")
