@@ -23,6 +23,7 @@ import asyncio
 import collections
 import os
 import random
+import shutil
 import signal
 import sys
 import tempfile
@@ -296,7 +297,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stop_workers(workers)
         server.stop()
-    in_log = checkpoints_in_log(work / "data")
+    try:
+        in_log = checkpoints_in_log(work / "data")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     lost_checkpoints = [(s, n) for s, acked in ledger.checkpoints.items() for n in acked
                         if f"v{n}" not in in_log.get(s, ())]
     row = accounting(args, ledger, kills, checked, lost_checkpoints, restarts, phases, after)
