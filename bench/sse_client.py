@@ -37,6 +37,14 @@ class TurnOutcome:
         return self.ids == list(range(self.ids[0], self.ids[0] + len(self.ids))) if self.ids else True
 
 
+def sse_field(line: str) -> tuple[str, str]:
+    """One non-empty SSE line as (field, value); a comment (keep-alive) is ("", "")."""
+    if line.startswith(":"):
+        return "", ""
+    name, _, value = line.partition(":")
+    return name, value[1:] if value.startswith(" ") else value
+
+
 async def read_events(resp: aiohttp.ClientResponse, into: TurnOutcome, stop_after: int | None = None) -> str | None:
     """Consume an SSE body into `into`; the terminal event's outcome, or None if it ended without one.
     With `stop_after`, return None after that many events (the client walks away)."""
@@ -44,15 +52,13 @@ async def read_events(resp: aiohttp.ClientResponse, into: TurnOutcome, stop_afte
     async for raw in resp.content:
         line = raw.decode(errors="replace").rstrip("\r\n")
         if line:
-            if not line.startswith(":"):
-                name, _, value = line.partition(":")
-                value = value[1:] if value.startswith(" ") else value
-                if name == "event":
-                    event = value
-                elif name == "data":
-                    data.append(value)
-                elif name == "id":
-                    ident = value
+            name, value = sse_field(line)
+            if name == "event":
+                event = value
+            elif name == "data":
+                data.append(value)
+            elif name == "id":
+                ident = value
             continue
         if data:
             body = json.loads("\n".join(data))

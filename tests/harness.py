@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 
+from bench.sse_client import sse_field
 from bench.server_proc import REPO, ServerError, ServerProcess, deep_merge, pid_alive, wait_until  # noqa: F401
 
 TEST_DEFAULTS = {
@@ -108,10 +109,7 @@ async def read_sse(resp: aiohttp.ClientResponse, result: TurnResult, on_event=No
                     await on_event(event, result)
             event, data, ident = "message", [], None
             continue
-        if line.startswith(":"):
-            continue
-        name, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
+        name, value = sse_field(line)
         if name == "event":
             event = value
         elif name == "data":
