@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 from actors.flow_runs import run_id_for_key
+from actors.flow_state import WAITABLE  # noqa: F401 — callers of get(until=…) find it here
 from broker.client import Bus, BusError
 from broker.protocol import Kind
 from broker.sharding import actor_name
@@ -60,10 +61,14 @@ class FlowClient:
             body["new"] = True
         return await self._ask(run_id, Kind.FLOW_START, body)
 
-    async def get(self, run_id: str, wait: float = 0.0, tenant: str | None = None) -> dict:
+    async def get(self, run_id: str, wait: float = 0.0, tenant: str | None = None, until: str | None = None) -> dict:
+        """The run's summary; with `wait`, once it ends (or, with `until="suspended"`, once it is
+        suspended: waiting for a message, a timer or a child) or `wait` seconds pass."""
         body: dict[str, Any] = {"run_id": run_id, "tenant": tenant or self.tenant}
         if wait:
             body["wait"] = float(wait)
+        if until:
+            body["until"] = until
         return await self._ask(run_id, Kind.FLOW_GET, body, timeout=self.timeout + wait)
 
     async def cancel(self, run_id: str, tenant: str | None = None) -> dict:

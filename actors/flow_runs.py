@@ -22,7 +22,7 @@ import logging
 import time
 from typing import Any
 
-from actors.flow_state import Op, Run, apply, replay
+from actors.flow_state import WAITABLE, Op, Run, apply, replay
 from broker.client import Bus, BusError
 from broker.protocol import Kind, Message
 from broker.sharding import actor_name, shard_of
@@ -350,10 +350,7 @@ class Flows:
         else:
             fields["error"] = error
         await self.record(run, "run.ended", **fields)
-        for waiter in run.waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-        run.waiters.clear()
+        _wake(run, None)
         if run.parent:
             asyncio.ensure_future(self._notify_parent(run))
 
@@ -492,13 +489,16 @@ class Flows:
                                                 "error": "no such run"})
             return
         wait = float(msg.body.get("wait") or 0.0)
-        if wait and not run.ended:
+        until = msg.body.get("until") if msg.body.get("until") in WAITABLE else None
+        if wait and not run.ended and run.status != until:
             waiter = asyncio.get_running_loop().create_future()
-            run.waiters.append(waiter)
+            run.waiters.append((until, waiter))
             try:
                 await asyncio.wait_for(asyncio.shield(waiter), wait)
             except asyncio.TimeoutError:
                 pass
+            finally:
+                run.waiters = [w for w in run.waiters if w[1] is not waiter]
         self.bus.reply(msg, Kind.FLOW_RUN, run.summary())
 
     async def on_cancel(self, msg: Message) -> None:
@@ -523,10 +523,13 @@ class Flows:
         if run.ended:
             self.bus.reply(msg, Kind.FLOW_ACK, {"ok": False, "code": "ended", "error": f"the run is {run.status}"})
             return
-        await self.record(run, "message", channel=b["channel"], msg_seq=run.msg_counter + 1, message=b.get("message"))
+        # The message and, if a wait is for it, its taking go in one batch (one fsync, not two):
+        # both come from this actor to one writer, in order, so the taking is never durable alone.
+        kept = self.record(run, "message", channel=b["channel"], msg_seq=run.msg_counter + 1, message=b.get("message"))
         waiting = run.ops.get(run.waiting) if run.waiting is not None else None
         if waiting is not None and waiting.channel == b["channel"] and await self._take_message(run, waiting):
             self.dispatch(run)
+        await kept
         self.bus.reply(msg, Kind.FLOW_ACK, {"ok": True})
 
     async def on_attr_get(self, msg: Message) -> None:
@@ -611,7 +614,20 @@ def _park(run: Run) -> str:
     if run.ended:
         return "abort"
     run.status = "suspended"
+    _wake(run, "suspended")
     return "suspend"
+
+
+def _wake(run: Run, status: str | None) -> None:
+    """Answer the callers waiting for this status (None: the run ended — everyone)."""
+    keep = []
+    for until, waiter in run.waiters:
+        if status is None or until == status:
+            if not waiter.done():
+                waiter.set_result(None)
+        else:
+            keep.append((until, waiter))
+    run.waiters = keep
 
 
 def _outcome(op: Op) -> dict[str, Any]:

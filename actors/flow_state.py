@@ -32,6 +32,8 @@ from typing import Any
 
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
 
+WAITABLE = ("suspended",)   # besides its end, what a caller of FLOW_GET may wait for (`until`)
+
 
 class Op:
     __slots__ = ("seq", "op", "name", "attempts", "done", "ok", "result", "error", "heartbeat", "due", "channel",
@@ -88,7 +90,7 @@ class Run:
         self.created_at = time.time()
         self.ended_at = 0.0
         self.msg_counter = 0
-        self.waiters: list = []                # futures of callers waiting for the end
+        self.waiters: list = []                # (status or None, future): callers waiting for the end or that status
 
     @property
     def ended(self) -> bool:

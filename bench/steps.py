@@ -52,6 +52,7 @@ class Scenario:
         self.name = name
         self.per_op = STEPS if name in ("sync_steps", "async_steps") else 1
         self.runs: list[str] = []
+        self.step_samples: list[tuple[float, list[float]]] = []   # (when the flow ended, each step's ms)
 
     async def setup(self) -> None:
         if self.name in ("attr_read", "attr_update", "attr_read_10x16k"):
@@ -75,6 +76,8 @@ class Scenario:
             done = await c.get(run["run_id"], wait=60)
             if done["status"] != "completed":
                 raise RuntimeError(f"{flow} ended {done['status']}: {done.get('error')}")
+            if isinstance(done.get("result"), list):
+                self.step_samples.append((asyncio.get_running_loop().time(), done["result"]))
             return None
         run_id = self.runs[(index + n) % len(self.runs)] if self.runs else ""
         if self.name == "attr_read":
@@ -85,8 +88,8 @@ class Scenario:
             await c.update(run_id, "count", "incr", 1)
         elif self.name == "channel_wake":
             run = await c.start("woken", None)
-            while (await c.get(run["run_id"]))["status"] != "suspended":
-                await asyncio.sleep(0.005)
+            if (await c.get(run["run_id"], wait=60, until="suspended"))["status"] != "suspended":
+                raise RuntimeError("the woken flow did not reach its wait")
             published = time.time()
             await c.publish(run["run_id"], "wake", None)
             done = await c.get(run["run_id"], wait=60)
@@ -108,7 +111,8 @@ def scrape(url: str, name: str) -> float:
 
 async def closed_loop(fn: Callable[[int, int], Awaitable[float | None]], clients: int, warmup: float,
                       duration: float) -> tuple[int, list[float], int, float]:
-    """(operations in the window, latencies ms, errors, window secs)."""
+    """(operations that ended in the window, their latencies ms, errors, window secs). By end time,
+    as the Restate peer's load counts: an operation begun before the window still counts once."""
     loop = asyncio.get_running_loop()
     start = loop.time() + warmup
     end = start + duration
@@ -122,13 +126,13 @@ async def closed_loop(fn: Callable[[int, int], Awaitable[float | None]], clients
             try:
                 measured = await fn(index, n)
             except Exception:  # counted; the loop goes on, as a client would
-                if began >= start:
+                if start <= loop.time() < end:
                     counts[1] += 1
                 await asyncio.sleep(0.05)
                 continue
             finished = loop.time()
             n += 1
-            if began >= start and finished <= end:
+            if start <= finished < end:
                 counts[0] += 1
                 latencies.append(measured if measured is not None else (finished - began) * 1000.0)
 
@@ -137,7 +141,9 @@ async def closed_loop(fn: Callable[[int, int], Awaitable[float | None]], clients
 
 
 async def run_ours(server: ServerProcess, worker_pids: list[int], scenario: str, clients: int, warmup: float,
-                   duration: float) -> dict[str, Any]:
+                   duration: float, s3_pids: list[int] = ()) -> dict[str, Any]:
+    """One closed-loop run; `s3_pids`: the S3 emulator's processes, whose CPU is reported too
+    (on this machine it shares the cores with the server)."""
     bus = Bus(f"bench/{os.getpid()}", f"ipc://{server.rundir}/broker.sock", role="bench")
     await bus.start()
     try:
@@ -151,29 +157,51 @@ async def run_ours(server: ServerProcess, worker_pids: list[int], scenario: str,
 
         async def sampled():
             await asyncio.sleep(warmup)
-            return tree_cpu(server_pids), tree_cpu(worker_pids), time.monotonic()
+            return tree_cpu(server_pids), tree_cpu(worker_pids), tree_cpu(s3_pids), time.monotonic()
 
         sampler = asyncio.create_task(sampled())
+        window_start = asyncio.get_running_loop().time() + warmup
         ops, latencies, errors, window = await closed_loop(sc.op, clients, warmup, duration)
         latencies.sort()
-        server0, workers0, t0 = await sampler
+        steps = sorted(ms for at, took in sc.step_samples if window_start <= at <= window_start + duration
+                       for ms in took)
+        server0, workers0, s3_0, t0 = await sampler
         elapsed = time.monotonic() - t0
         await asyncio.sleep(1.2)  # metrics are flushed about once a second
         fsyncs = scrape(server.url, "agentos_log_fsyncs_total") - fsyncs0
         puts = scrape(server.url, PUTS) - puts0
         server_cpu = cpu_delta(server0, tree_cpu(server_pids))
         worker_cpu = cpu_delta(workers0, tree_cpu(worker_pids))
+        s3_cpu = cpu_delta(s3_0, tree_cpu(s3_pids))
     finally:
         await bus.close()
     return {"system": "agent-os", "scenario": scenario, "clients": clients, "unit": UNITS.get(scenario, "ops/s"),
             "ops_per_sec": round(ops * sc.per_op / window, 1),
             "p50_ms": round(percentile(latencies, 50), 3) if latencies else None,
             "p99_ms": round(percentile(latencies, 99), 3) if latencies else None, "errors": errors, "window_secs": window,
+            "step_p50_ms": round(percentile(steps, 50), 3) if steps else None,
+            "step_p99_ms": round(percentile(steps, 99), 3) if steps else None,
             "server_cpu_percent": round(100 * server_cpu / elapsed, 1),
             "worker_cpu_percent": round(100 * worker_cpu / elapsed, 1),
+            "s3_cpu_percent": round(100 * s3_cpu / elapsed, 1) if s3_pids else None,
             "fsyncs_per_sec": round(fsyncs / (elapsed + 1.2), 1),
             "puts_per_sec": round(puts / (elapsed + 1.2), 1) if puts else None,
             "per_put": round(ops * sc.per_op / window / (puts / (elapsed + 1.2)), 1) if puts else None}
+
+
+def half_peak_clients(server: ServerProcess, worker_pids: list[int], peak: dict, args: argparse.Namespace,
+                      s3_pids: list[int]) -> int:
+    """The client count whose throughput comes nearest half the peak's: one short probe run each
+    of an eighth, a quarter and a half of the peak's clients."""
+    best, best_gap = 1, float("inf")
+    for n in sorted({max(1, peak["clients"] // d) for d in (8, 4, 2)}):
+        probe = asyncio.run(run_ours(server, worker_pids, "async_steps", n, args.warmup, args.duration / 2, s3_pids))
+        gap = abs(probe["ops_per_sec"] / peak["ops_per_sec"] - 0.5)
+        print(f"  half-peak probe c={n}: {probe['ops_per_sec']:.1f} steps/s "
+              f"({100 * probe['ops_per_sec'] / peak['ops_per_sec']:.0f}% of the peak)", file=sys.stderr)
+        if gap < best_gap:
+            best, best_gap = n, gap
+    return best
 
 
 def start_workers(server: ServerProcess, count: int, slots: int) -> list:
@@ -211,12 +239,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=3, help="runs per scenario; the median is reported")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--slots", type=int, default=256)
-    p.add_argument("--durability", default="local", choices=["local", "none", "s3"])
-    p.add_argument("--half-peak", action="store_true", help="also run async_steps at a quarter of the clients")
+    p.add_argument("--durability", default="local", type=_durabilities,
+                   help="local, none or s3; several (local,s3) run one after the other, compared in the summary")
+    p.add_argument("--half-peak", action="store_true",
+                   help="also run async_steps at the client count nearest half its peak throughput")
     p.add_argument("--peer", default="", help="also run the scenarios against: restate")
     p.add_argument("--name", default="steps")
     p.add_argument("--results-root", default=None)
     return p.parse_args(argv)
+
+
+def _durabilities(text: str) -> str:
+    modes = [m for m in text.split(",") if m]
+    if not modes or any(m not in ("local", "none", "s3") for m in modes):
+        raise argparse.ArgumentTypeError("a comma-separated list of local, none, s3")
+    return ",".join(modes)
 
 
 def median_row(rows: list[dict]) -> dict:
@@ -224,6 +261,52 @@ def median_row(rows: list[dict]) -> dict:
     row = dict(ordered[len(ordered) // 2])
     row["runs"] = [r["ops_per_sec"] for r in rows]
     return row
+
+
+def run_agentos(durability: str, args: argparse.Namespace, scenarios: list[str], clients: dict[str, int],
+                results: ResultsDir, rows: list[dict]) -> None:
+    """Every scenario against a fresh process tree with this durability (and, for s3, a fresh
+    moto server); appends a row per point to `rows` and the results folder."""
+    work = Path(tempfile.mkdtemp(prefix="bench-steps-"))
+    config: dict[str, Any] = {"storage": {"durability": durability}, "mock": {"ttft_ms": 10}}
+    env = None
+    s3 = None
+    if durability == "s3":
+        from bench.s3_local import CREDENTIALS, S3Server
+        s3 = S3Server()  # moto's S3 server on loopback, started for this run
+        config.update(s3.storage_config(s3.new_bucket(), direct=True))
+        config["cluster"] = {}
+        env = CREDENTIALS
+    server = ServerProcess(work, config, env).start()
+    workers = start_workers(server, args.workers, args.slots)
+    try:
+        worker_pids = [p.pid for p in workers]
+        s3_pids = [s3.proc.pid] if s3 is not None else []
+
+        def measure(scenario: str, n: int, label: str = "", **extra: Any) -> dict:
+            runs = []
+            for i in range(args.runs):
+                row = asyncio.run(run_ours(server, worker_pids, scenario, n, args.warmup, args.duration, s3_pids))
+                runs.append(row)
+                print(f"  agent-os/{durability} {scenario + label:<17} c={n:<4} run {i + 1}: "
+                      f"{row['ops_per_sec']:>9.1f} {row['unit']}  p50 {row['p50_ms'] or 0:.2f} ms  "
+                      f"p99 {row['p99_ms'] or 0:.2f} ms  step p50 {row['step_p50_ms'] or 0:.3f} ms  "
+                      f"errors {row['errors']}", file=sys.stderr)
+            row = {**median_row(runs), "durability": durability, **extra}
+            rows.append(row)
+            results.append_row(row)
+            return row
+
+        for scenario in scenarios:
+            peak = measure(scenario, clients[scenario])
+            if args.half_peak and scenario == "async_steps":
+                n = half_peak_clients(server, worker_pids, peak, args, s3_pids)
+                measure(scenario, n, " (half)", half_peak_of=peak["ops_per_sec"])
+    finally:
+        stop_workers(workers)
+        server.stop()
+        if s3 is not None:
+            s3.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -239,39 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     results.write_config({"command": "bench steps", "args": vars(args), "clients": clients})
     (results.path / "rows.jsonl").unlink(missing_ok=True)
     rows: list[dict] = []
-    work = Path(tempfile.mkdtemp(prefix="bench-steps-"))
-    config: dict[str, Any] = {"storage": {"durability": args.durability}, "mock": {"ttft_ms": 10}}
-    env = None
-    s3 = None
-    if args.durability == "s3":
-        from bench.s3_local import CREDENTIALS, S3Server
-        s3 = S3Server()  # moto's S3 server on loopback, started for this run
-        config.update(s3.storage_config(s3.new_bucket(), direct=True))
-        config["cluster"] = {}
-        env = CREDENTIALS
-    server = ServerProcess(work, config, env).start()
-    workers = start_workers(server, args.workers, args.slots)
-    try:
-        worker_pids = [p.pid for p in workers]
-        plan = [(s, clients[s]) for s in scenarios]
-        if args.half_peak and "async_steps" in scenarios:
-            plan.append(("async_steps", max(1, clients["async_steps"] // 4)))
-        for scenario, n in plan:
-            runs = []
-            for i in range(args.runs):
-                row = asyncio.run(run_ours(server, worker_pids, scenario, n, args.warmup, args.duration))
-                runs.append(row)
-                print(f"  agent-os {scenario:<17} c={n:<4} run {i + 1}: {row['ops_per_sec']:>9.1f} {row['unit']}  "
-                      f"p50 {row['p50_ms'] or 0:.2f} ms  p99 {row['p99_ms'] or 0:.2f} ms  errors {row['errors']}",
-                      file=sys.stderr)
-            row = median_row(runs)
-            rows.append(row)
-            results.append_row(row)
-    finally:
-        stop_workers(workers)
-        server.stop()
-        if s3 is not None:
-            s3.stop()
+    for durability in args.durability.split(","):
+        run_agentos(durability, args, scenarios, clients, results, rows)
     if args.peer == "restate":
         from bench.peer_restate import RestateServer, run_scenario
         with RestateServer() as restate:

@@ -7,23 +7,22 @@ from bench.results import ResultsDir, markdown_table, pyplot
 
 
 def write_report(results: ResultsDir, rows: list[dict], args: Any, reference: dict, targets: dict) -> None:
-    ours = [r for r in rows if r["system"] == "agent-os"]
     peer = {r["scenario"]: r for r in rows if r["system"] == "restate"}
-    table = markdown_table(
-        ["scenario", "clients", "Agent OS", "unit", "p50 ms", "p99 ms", "server CPU %", "worker CPU %", "fsyncs/s",
-         "PUTs/s", "per PUT", "target", "Dex c7gd.large", "Restate (same run)"],
-        [[r["scenario"], r["clients"], r["ops_per_sec"], r["unit"], r["p50_ms"], r["p99_ms"], r["server_cpu_percent"],
-          r["worker_cpu_percent"], r["fsyncs_per_sec"], r.get("puts_per_sec"), r.get("per_put"),
-          targets.get(r["scenario"]), reference.get(r["scenario"]),
-          peer[r["scenario"]]["ops_per_sec"] if r["scenario"] in peer else None] for r in ours])
+    modes = args.durability.split(",")
+    by_mode = {m: [r for r in rows if r["system"] == "agent-os" and r.get("durability", modes[0]) == m] for m in modes}
     text = (f"# Step benchmark\n\nDurability `{args.durability}`; {args.workers} worker processes; "
             f"{args.warmup:g} s warm-up and {args.duration:g} s measured per run; median of {args.runs} runs "
             "(each run's figure is in rows.jsonl). Everything — server, workers, load (a bus client in the "
             "benchmark process) — on this machine's cores; the Dex figures were measured with the load on another "
             "machine. p50/p99 are per operation: a whole flow for the step scenarios (10 steps), the publish-to-"
-            "woken-step time for channel_wake.\n\n" + table + "\n")
+            "woken-step time for channel_wake; a step's own latency is as its flow saw it (call to result).\n")
+    for mode, ours in by_mode.items():
+        text += f"\n## Durability `{mode}`\n\n" + _table(ours, peer, reference, targets) + "\n"
+    if "local" in by_mode and "s3" in by_mode:
+        text += "\n## s3 against local, same run\n\n" + _s3_vs_local(by_mode["local"], by_mode["s3"]) + "\n"
     results.write_summary(text)
     plt = pyplot()
+    ours = [r for r in by_mode["local" if "local" in by_mode else modes[0]] if not r.get("half_peak_of")]
     names = [r["scenario"] for r in ours]
     fig, ax = plt.subplots(figsize=(11, 5))
     xs = range(len(names))
@@ -42,3 +41,44 @@ def write_report(results: ResultsDir, rows: list[dict], args: Any, reference: di
     fig.tight_layout()
     fig.savefig(results.figure_path("steps.png"), dpi=110)
     plt.close(fig)
+
+
+def _step_latency(row: dict) -> str | None:
+    """One step as its flow saw it (call to result), for the step scenarios."""
+    if row.get("step_p50_ms") is None:
+        return None
+    return f"{row['step_p50_ms']:.3f} / {row['step_p99_ms']:.3f}"
+
+
+def _table(ours: list[dict], peer: dict, reference: dict, targets: dict) -> str:
+    ours = sorted(ours, key=lambda r: bool(r.get("half_peak_of")))
+    table = markdown_table(
+        ["scenario", "clients", "Agent OS", "unit", "p50 ms", "p99 ms", "step p50 / p99 ms", "server CPU %",
+         "worker CPU %", "S3 CPU %", "fsyncs/s", "PUTs/s", "per PUT", "target", "Dex c7gd.large",
+         "Restate (same run)"],
+        [[r["scenario"] + (" (half peak)" if r.get("half_peak_of") else ""), r["clients"], r["ops_per_sec"], r["unit"],
+          r["p50_ms"], r["p99_ms"], _step_latency(r), r["server_cpu_percent"],
+          r["worker_cpu_percent"], r.get("s3_cpu_percent"), r["fsyncs_per_sec"], r.get("puts_per_sec"), r.get("per_put"),
+          None if r.get("half_peak_of") else targets.get(r["scenario"]), reference.get(r["scenario"]),
+          peer[r["scenario"]]["ops_per_sec"] if r["scenario"] in peer and not r.get("half_peak_of") else None]
+         for r in ours])
+    for r in ours:
+        if r.get("half_peak_of"):
+            table += (f"\n\nASYNC steps at half the peak load: c={r['clients']} ran {r['ops_per_sec']:,.0f} steps/s, "
+                      f"{100 * r['ops_per_sec'] / r['half_peak_of']:.0f}% of the peak's {r['half_peak_of']:,.0f}; "
+                      f"one step took {_step_latency(r)} ms (p50 / p99; target: p50 ≤ 1.3 ms).\n")
+    return table
+
+
+def _s3_vs_local(local: list[dict], s3: list[dict]) -> str:
+    """Targets of the object-storage tier: SYNC steps/s in s3 mode ≥ 80% of local at the same
+    client count, ≥ 20 SYNC steps per PUT at peak."""
+    base = {(r["scenario"], r["clients"]): r for r in local}
+    lines = []
+    for r in s3:
+        other = base.get((r["scenario"], r["clients"]))
+        if other and other["ops_per_sec"]:
+            lines.append([r["scenario"], r["clients"], other["ops_per_sec"], r["ops_per_sec"],
+                          f"{100 * r['ops_per_sec'] / other['ops_per_sec']:.0f}%", r.get("per_put"),
+                          r.get("s3_cpu_percent")])
+    return markdown_table(["scenario", "clients", "local", "s3", "s3 / local", "per PUT", "S3 server CPU %"], lines)

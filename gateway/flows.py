@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from actors.flow_client import FlowClient, FlowError
+from actors.flow_client import WAITABLE, FlowClient, FlowError
 from gateway.errors import ApiError, json_response
 from gateway.tenancy import external, internal
 
@@ -69,8 +69,12 @@ class FlowRoutes:
             raise ApiError(400, "invalid_parameter", "wait must be a number of seconds") from None
         if not 0 <= wait <= 60:
             raise ApiError(400, "invalid_parameter", "wait must be between 0 and 60 seconds")
+        until = request.query.get("until")
+        if until is not None and until not in WAITABLE:
+            raise ApiError(400, "invalid_parameter", f"until must be one of: {', '.join(WAITABLE)}")
         try:
-            return json_response(_outward(await self.client.get(run_id, wait=wait, tenant=tenant), tenant))
+            return json_response(_outward(await self.client.get(run_id, wait=wait, tenant=tenant, until=until),
+                                          tenant))
         except FlowError as exc:
             raise _error(exc) from None
 

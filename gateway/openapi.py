@@ -152,7 +152,10 @@ PATHS: dict[str, dict] = {
     "/v1/runs/{run_id}": {"get": {
         "summary": "A run's status and result",
         "parameters": [RUN, _param("wait", {"type": "number", "minimum": 0, "maximum": 60}, "query", False,
-                                   "seconds to wait for the run to end")],
+                                   "seconds to wait for the run to end"),
+                       _param("until", {"type": "string", "enum": ["suspended"]}, "query", False,
+                              "with wait: answer as soon as the run is suspended (waiting for a message, "
+                              "a timer or a child) rather than only when it ends")],
         "responses": {"200": {"description": "the run", "content": _json(_ref("Run"))},
                       **_errors(400, 401, 404, 503)}}},
     "/v1/runs/{run_id}:cancel": {"post": {

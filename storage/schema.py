@@ -12,10 +12,13 @@ events.db
 messages.db
   messages(session, tenant, idx, turn, role, content, extra JSON text, ts, writer, lsn)
       the transcript: message `idx` of a session (tool calls and ids in `extra`)
-  checkpoints(session, tenant, kind, key, seq, is_full, first_idx, payload, ts, writer, lsn)
+  checkpoints(session, tenant, kind, key, seq, is_full, first_idx, payload, ts, writer, lsn,
+              payload_at, payload_len)
       kind 'agent': an agent session's state (payload = msgpack list of messages, starting at
       message index `first_idx`; `is_full` marks a complete snapshot); kind 'blob': an external
-      runtime's checkpoint under `key` (payload = its bytes)
+      runtime's checkpoint under `key` (payload = its bytes). The payload itself lives in
+      messages.payloads (storage/payload_file.py) at [payload_at, payload_at + payload_len);
+      the `payload` column is NULL except in rows written before that file existed.
 access.db
   access(ts, method, route, status, tenant, session, duration_ms, writer, lsn)
 flows.db
@@ -35,7 +38,11 @@ DATABASES: dict[str, list[str]] = {
         "CREATE TABLE IF NOT EXISTS messages (session VARCHAR, tenant VARCHAR, idx INTEGER, turn VARCHAR, "
         "role VARCHAR, content VARCHAR, extra VARCHAR, ts DOUBLE, writer SMALLINT, lsn BIGINT)",
         "CREATE TABLE IF NOT EXISTS checkpoints (session VARCHAR, tenant VARCHAR, kind VARCHAR, key VARCHAR, "
-        "seq BIGINT, is_full BOOLEAN, first_idx INTEGER, payload BLOB, ts DOUBLE, writer SMALLINT, lsn BIGINT)",
+        "seq BIGINT, is_full BOOLEAN, first_idx INTEGER, payload BLOB, ts DOUBLE, writer SMALLINT, lsn BIGINT, "
+        "payload_at BIGINT, payload_len INTEGER)",
+        # files made before payloads moved out of DuckDB: the same columns, at the same places
+        "ALTER TABLE checkpoints ADD COLUMN IF NOT EXISTS payload_at BIGINT",
+        "ALTER TABLE checkpoints ADD COLUMN IF NOT EXISTS payload_len INTEGER",
     ],
     "flows": [
         "CREATE TABLE IF NOT EXISTS flow_records (run VARCHAR, tenant VARCHAR, type VARCHAR, seq INTEGER, "

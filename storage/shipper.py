@@ -24,7 +24,7 @@ MAX_PUT_BYTES = 16 << 20
 
 class Shipper:
     def __init__(self, store: ObjectStore, writer: int, epoch: int, shipped: int,
-                 on_shipped: Callable[[int], None], log: logging.Logger, max_inflight: int = 4) -> None:
+                 on_shipped: Callable[[int], None], log: logging.Logger, max_inflight: int = 1) -> None:
         self.store = store
         self.writer = writer
         self.epoch = epoch

@@ -20,9 +20,12 @@ import orjson
 
 from agentos import metrics
 from storage import records, schema, segments
+from storage.payload_file import PayloadFile
 from storage.projection import project
 
-READ_BYTES = 8 << 20
+READ_BYTES = 8 << 20          # per log and batch, at most; halved after a batch DuckDB could not take
+MIN_READ_BYTES = 256 << 10
+PAYLOAD_COLUMN = 7            # of a checkpoints row as projected: its bytes go to the payload file
 MAX_LIMIT = 1000
 # Bulk loading: a batch is loaded once this much time passed since the previous one, unless a
 # reader is waiting for it (`urgent`). Each load costs three DuckDB transactions whatever its size.
@@ -52,6 +55,8 @@ class Store:
         self.stats = {"records": 0, "rows": 0, "batches": 0, "bad_records": 0, "load_errors": 0}
         self.backlog = False
         self.loading = threading.Lock()   # held while a batch loads; a recycle waits for it
+        self.payloads = PayloadFile(self.db_dir / "messages.payloads")
+        self.read_bytes = READ_BYTES
 
     # -- opening --------------------------------------------------------------------------
 
@@ -71,6 +76,14 @@ class Store:
                         last[db][writer] = max(last[db].get(writer, -1), lsn)
             # Records before this position are in the file (the one at `lsn` itself included).
             self.progress[db] = {w: lsn + 1 for w, lsn in last[db].items()}
+        end = self.conns["messages"].execute(
+            "SELECT coalesce(max(payload_at + payload_len), 0) FROM checkpoints").fetchone()[0]
+        cut = self.payloads.open(end)
+        if cut > 0:
+            self.log.info("dropped %d bytes of payloads no committed row names (loaded again from the log)", cut)
+        elif cut < 0:
+            self.log.error("%s is %d bytes short of what DuckDB's rows name: those checkpoints cannot be read",
+                           self.payloads.path, -cut)
         for writer in range(self.writers):
             start = min(last[db].get(writer, 0) for db in self.conns)
             self.readers[writer] = segments.SegmentReader(self.wal_root / str(writer), start)
@@ -115,6 +128,7 @@ class Store:
             cur.close()
         for con in self.conns.values():
             con.close()
+        self.payloads.close()
 
     # -- loading --------------------------------------------------------------------------
 
@@ -156,9 +170,10 @@ class Store:
         events_for_jsonl: list[dict] = []
         count = 0
         self.backlog = False
+        payloads_end = self.payloads.end
         for writer, reader in self.readers.items():
-            batch = reader.read(READ_BYTES)
-            if batch and batch[-1][4] - batch[0][0] > READ_BYTES // 2:
+            batch = reader.read(self.read_bytes)
+            if batch and batch[-1][4] - batch[0][0] > self.read_bytes // 2:
                 self.backlog = True
             for position, kind, _, body, nxt in batch:
                 db = schema.KIND_DB.get(kind)
@@ -168,6 +183,8 @@ class Store:
                 try:
                     decoded = records.decode_body(body)
                     for table, row in project(kind, decoded, writer, position):
+                        if table == "checkpoints":
+                            row = self._payload_out(row)
                         rows.setdefault(table, []).append(row)
                 except (ValueError, KeyError, TypeError, msgpack.ExtraData) as exc:
                     self.stats["bad_records"] += 1
@@ -182,6 +199,7 @@ class Store:
             return 0
         started = time.monotonic()
         try:
+            self.payloads.sync()   # before the rows that point into it commit
             for db in self.conns:
                 tables = {t: r for t, r in rows.items() if schema.TABLE_DB[t] == db}
                 if tables or positions[db]:
@@ -189,7 +207,12 @@ class Store:
         except Exception:
             for writer, start in starts.items():
                 self.readers[writer].position = start  # re-read; files already committed skip by progress
+            if not self._committed(positions["messages"]):
+                self.payloads.rewind(payloads_end)
+            # DuckDB may have refused the batch for want of memory: try a smaller one next time
+            self.read_bytes = max(MIN_READ_BYTES, self.read_bytes // 2)
             raise
+        self.read_bytes = min(READ_BYTES, self.read_bytes * 2)
         self._write_jsonl(events_for_jsonl)
         total_rows = sum(len(r) for r in rows.values())
         for table, table_rows in rows.items():
@@ -202,6 +225,18 @@ class Store:
         self.on_loaded(dict(self.loaded), count)
         return count
 
+    def _payload_out(self, row: tuple) -> tuple:
+        """A checkpoints row with its payload moved to the payload file: (…, NULL, …, at, len)."""
+        at, length = self.payloads.append(row[PAYLOAD_COLUMN])
+        return row[:PAYLOAD_COLUMN] + (None,) + row[PAYLOAD_COLUMN + 1:] + (at, length)
+
+    def _committed(self, positions: dict[int, int]) -> bool:
+        """Whether messages.db took this batch (its progress reached every position in it)."""
+        return all(self.progress["messages"].get(w, 0) >= p for w, p in positions.items())
+
+    def _payload(self, inline: bytes | None, at: int | None, length: int | None) -> bytes:
+        return bytes(inline) if at is None else self.payloads.read(at, length)
+
     def _commit(self, db: str, tables: dict[str, list[tuple]], positions: dict[int, int]) -> None:
         con = self.conns[db]
         con.execute("BEGIN TRANSACTION")
@@ -212,7 +247,10 @@ class Store:
                 appender.flush()
             con.execute("COMMIT")
         except Exception:
-            con.execute("ROLLBACK")
+            try:
+                con.execute("ROLLBACK")
+            except duckdb.TransactionException:
+                pass  # a failed COMMIT already ended the transaction
             raise
         self.progress[db].update(positions)
 
@@ -268,17 +306,18 @@ class Store:
         clause, args = self._tenant_clause(tenant)
         base = cur.execute("SELECT max(seq) FROM checkpoints WHERE session = ? AND kind = 'agent' AND is_full" + clause,
                            [session, *args]).fetchone()[0]
-        rows = cur.execute("SELECT seq, first_idx, is_full, payload FROM checkpoints WHERE session = ? AND kind = 'agent' "
-                           "AND seq >= ?" + clause + " ORDER BY seq", [session, base or 0, *args]).fetchall()
-        return [{"seq": seq, "first": first, "full": full, "messages": msgpack.unpackb(payload)}
-                for seq, first, full, payload in rows], None
+        rows = cur.execute("SELECT seq, first_idx, is_full, payload, payload_at, payload_len FROM checkpoints "
+                           "WHERE session = ? AND kind = 'agent' AND seq >= ?" + clause + " ORDER BY seq",
+                           [session, base or 0, *args]).fetchall()
+        return [{"seq": seq, "first": first, "full": full, "messages": msgpack.unpackb(self._payload(*payload))}
+                for seq, first, full, *payload in rows], None
 
     def q_blob_latest(self, session, tenant, turn, after, limit):
         clause, args = self._tenant_clause(tenant)
         row = self.cursors["messages"].execute(
-            "SELECT key, seq, payload FROM checkpoints WHERE session = ? AND kind = 'blob'" + clause +
-            " ORDER BY seq DESC LIMIT 1", [session, *args]).fetchone()
-        return ([{"key": row[0], "seq": row[1], "payload": bytes(row[2])}] if row else []), None
+            "SELECT key, seq, payload, payload_at, payload_len FROM checkpoints WHERE session = ? AND kind = 'blob'"
+            + clause + " ORDER BY seq DESC LIMIT 1", [session, *args]).fetchone()
+        return ([{"key": row[0], "seq": row[1], "payload": self._payload(*row[2:])}] if row else []), None
 
     def q_flow_records(self, session, tenant, turn, after, limit):
         """The whole journal of run `session`, in log order."""

@@ -152,6 +152,10 @@ def test_failures_children_cancel_and_non_determinism(make_server, make_worker, 
     assert result(base, start(base, "flaky", {"file": str(tmp_path / "flaky")})[2]["run_id"])["result"] == 2
     assert result(base, start(base, "parent", 3)[2]["run_id"])["result"] == 6 + 8
     waiting = start(base, "waiter", {})[2]["run_id"]
+    began = time.monotonic()
+    suspended = get_json(f"{base}/v1/runs/{waiting}?wait=30&until=suspended")[2]
+    assert suspended["status"] == "suspended" and time.monotonic() - began < 25  # answered at the wait, not the end
+    assert get_json(f"{base}/v1/runs/{waiting}?wait=1&until=sleeping")[0] == 400
     cancelled = get_json(f"{base}/v1/runs/{waiting}:cancel", method="POST")
     assert cancelled[2]["status"] == "cancelled"
     marker = tmp_path / "branch"

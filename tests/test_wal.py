@@ -157,3 +157,98 @@ def test_reopening_the_duckdb_files_mid_load_keeps_every_row_and_the_progress(tm
     assert again.query("count", "")[0][0]["events"] == 300
     again.close()
     log.close()
+
+
+def blob(session, seq, payload):
+    return records.encode_body({"session": session, "tenant": "t", "key": f"k{seq}", "seq": seq, "payload": payload,
+                                "at": 1.0})
+
+
+def test_checkpoints_larger_than_duckdbs_memory_limit_still_load(tmp_path):
+    """16 MB of checkpoint payloads in one batch, with DuckDB held to 16 MB per file: the payloads
+    go to the payload file, DuckDB only gets their places, and every one reads back."""
+    log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=64 << 20)
+    payloads = {i: os.urandom(40_000) for i in range(400)}
+    log.write(b"".join(records.frame(RecordKind.BLOB, f"b{i}".encode(), blob(f"s{i % 40}", i, p))
+                       for i, p in payloads.items()), sync=True)
+    log.close()
+    store = Store(tmp_path, writers=1, memory_limit_mb=64)
+    store.open()
+    store.load_all()
+    assert store.stats["load_errors"] == 0
+    assert store.query("count", "")[0][0]["checkpoints"] == 400
+    for s in range(40):
+        latest = store.query("blob_latest", f"s{s}")[0][0]
+        assert latest["seq"] == 360 + s and latest["payload"] == payloads[360 + s]
+    store.close()
+
+
+def test_payloads_no_committed_row_names_are_cut_off_on_open_and_loaded_again(tmp_path):
+    """A crash between writing a batch's payloads and committing its rows: on restart the stray
+    bytes go, the records load again from the log, and each payload reads back whole."""
+    log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=1 << 20)
+    log.write(records.frame(RecordKind.BLOB, b"b1", blob("s", 1, b"first")), sync=True)
+    store = Store(tmp_path, writers=1, memory_limit_mb=64)
+    store.open()
+    store.load_all()
+    store.close()
+    log.write(records.frame(RecordKind.BLOB, b"b2", blob("s", 2, b"second")), sync=True)
+    log.close()
+    with open(tmp_path / "db" / "messages.payloads", "ab") as f:
+        f.write(b"half-written payload of a batch that never committed")
+    store = Store(tmp_path, writers=1, memory_limit_mb=64)
+    store.open()
+    assert store.payloads.end == len(b"first")
+    store.load_all()
+    assert store.query("blob_latest", "s")[0] == [{"key": "k2", "seq": 2, "payload": b"second"}]
+    assert (tmp_path / "db" / "messages.payloads").read_bytes() == b"firstsecond"
+    store.close()
+
+
+def test_a_batch_duckdb_refuses_is_retried_smaller_and_its_payloads_are_rewritten(tmp_path, monkeypatch):
+    log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=1 << 20)
+    log.write(b"".join(records.frame(RecordKind.BLOB, f"b{i}".encode(), blob("s", i, bytes([i]) * 10))
+                       for i in range(5)), sync=True)
+    log.close()
+    store = Store(tmp_path, writers=1, memory_limit_mb=64)
+    store.open()
+    real_commit, failures = store._commit, []
+
+    def refuse_once(db, tables, positions):
+        if db == "messages" and not failures:
+            failures.append(db)
+            raise MemoryError("out of memory (simulated)")
+        real_commit(db, tables, positions)
+
+    monkeypatch.setattr(store, "_commit", refuse_once)
+    with pytest.raises(MemoryError):
+        store.load_once()
+    assert store.read_bytes < 8 << 20 and store.payloads.end == 0
+    store.load_all()
+    assert store.query("count", "")[0][0]["checkpoints"] == 5
+    assert store.query("blob_latest", "s")[0][0]["payload"] == bytes([4]) * 10
+    assert (tmp_path / "db" / "messages.payloads").stat().st_size == 50
+    store.close()
+
+
+def test_checkpoint_rows_from_before_the_payload_file_still_read(tmp_path):
+    """A messages.db written when payloads were BLOB columns: the old rows keep reading, new ones
+    go to the file."""
+    import duckdb
+
+    (tmp_path / "db").mkdir()
+    con = duckdb.connect(str(tmp_path / "db" / "messages.db"))
+    con.execute("CREATE TABLE checkpoints (session VARCHAR, tenant VARCHAR, kind VARCHAR, key VARCHAR, seq BIGINT, "
+                "is_full BOOLEAN, first_idx INTEGER, payload BLOB, ts DOUBLE, writer SMALLINT, lsn BIGINT)")
+    con.execute("INSERT INTO checkpoints VALUES ('old', 't', 'blob', 'k', 1, true, 0, 'inline'::BLOB, 1.0, 0, 0)")
+    con.close()
+    log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=1 << 20)
+    log.write(b"".join(frames(1)), sync=True)   # position 0: the old row's lsn
+    log.write(records.frame(RecordKind.BLOB, b"b1", blob("new", 1, b"outside")), sync=True)
+    log.close()
+    store = Store(tmp_path, writers=1, memory_limit_mb=64)
+    store.open()
+    store.load_all()
+    assert store.query("blob_latest", "old")[0][0]["payload"] == b"inline"
+    assert store.query("blob_latest", "new")[0][0]["payload"] == b"outside"
+    store.close()

@@ -1,0 +1,74 @@
+"""Checkpoint payloads beside DuckDB: one append-only file, rows hold (offset, length).
+
+Why not BLOB columns: a checkpoint is 2–64 KB, and DuckDB copies every blob through its buffer
+pool on insert, so a bulk load of checkpoints costs most of writer/store's CPU and, under a small
+`memory_limit`, cannot commit at all (a batch of blobs does not fit). Here a payload costs one
+buffered write; DuckDB keeps only small fixed-size columns.
+
+Consistency with DuckDB: the loader appends a batch's payloads, `sync()`s the file (fdatasync),
+then commits the rows that point into it. So every committed row points at bytes on disk. Bytes
+past the last committed row (a crash between the two) are garbage; `open(end)` cuts them off,
+and the records are loaded again from the log, appending their payloads anew.
+
+The file only grows, like the table beside it; nothing deletes checkpoints yet.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+class PayloadFile:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = -1
+        self.end = 0
+        self.pending: list[bytes] = []
+
+    def open(self, committed_end: int) -> int:
+        """Open for appending after `committed_end` (the largest offset+length the rows name).
+        Returns how many stray bytes past it were cut off; negative: the file was short (lost
+        or cut by hand) — the missing range reads as zeros, so the caller must say so loudly."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        size = os.fstat(self.fd).st_size
+        if size != committed_end:
+            os.ftruncate(self.fd, committed_end)
+            os.fsync(self.fd)
+        self.end = committed_end
+        return size - committed_end
+
+    def append(self, data: bytes) -> tuple[int, int]:
+        """(offset, length) of `data`, written on the next `sync()`."""
+        offset = self.end
+        self.pending.append(data)
+        self.end += len(data)
+        return offset, len(data)
+
+    def sync(self) -> None:
+        """Write what was appended and make it durable (before the rows naming it commit)."""
+        if not self.pending:
+            return
+        data, self.pending = b"".join(self.pending), []
+        start = self.end - len(data)
+        view = memoryview(data)
+        while view:
+            written = os.pwrite(self.fd, view, start)
+            view, start = view[written:], start + written
+        os.fdatasync(self.fd)
+
+    def rewind(self, end: int) -> None:
+        """After a failed commit: the next appends overwrite from `end` again."""
+        self.pending = []
+        self.end = end
+
+    def read(self, offset: int, length: int) -> bytes:
+        data = os.pread(self.fd, length, offset)
+        if len(data) != length:
+            raise OSError(f"{self.path}: {length} bytes at {offset} expected, {len(data)} there")
+        return data
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
