@@ -1,0 +1,145 @@
+"""What callers ask of the runs an actor owns: start one (a repeated start returns the same run),
+read its status (optionally waiting for its end or its suspension), cancel it, publish to one of
+its channels, read its attributes, and lock-and-update one attribute.
+
+A mixin of `actors.flow_runs.Flows`, which owns the runs, their journal and their executions;
+this module only answers requests about them, through what `Flows` provides (`find`, `record`,
+`end`, `dispatch`, `submit_task`, `_take_message`, `_load_run`, `_create`'s state). It never
+runs flow code and never talks to workers except through a task.
+"""
+from __future__ import annotations
+
+import asyncio
+
+from actors.flow_state import WAITABLE, Run
+from broker.protocol import Kind, Message
+
+
+class TaskFailed(RuntimeError):
+    """A task (an update handler, a tool) failed on its worker, after its retries."""
+
+
+class RunRequests:
+    async def on_start(self, msg: Message) -> None:
+        await self.ready.wait()
+        b = msg.body
+        run_id = b["run_id"]
+        run = self.runs.get(run_id)
+        if run is None:
+            pending = self.starting.get(run_id)
+            if pending is not None:
+                await asyncio.shield(pending)
+                run = self.runs.get(run_id)
+            else:
+                fut = self.starting[run_id] = asyncio.get_running_loop().create_future()
+                try:
+                    run = await self._load_run(run_id) if not b.get("new") else None
+                    if run is None:
+                        run = await self._create(b)
+                        self.bus.reply(msg, Kind.FLOW_RUN, {**run.summary(), "created": True})
+                        return
+                finally:
+                    del self.starting[run_id]
+                    fut.set_result(None)
+        if run.tenant != b["tenant"]:
+            self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": run_id, "status": "error", "code": "conflict",
+                                                "error": "this run id belongs to another tenant"})
+            return
+        self.bus.reply(msg, Kind.FLOW_RUN, {**run.summary(), "created": False})
+
+    async def _create(self, b: dict) -> Run:
+        run = Run(b["run_id"], b["flow"], b["tenant"])
+        self.runs[run.run_id] = run
+        fields = {"flow": b["flow"], "input": b.get("input")}
+        if b.get("parent"):
+            fields.update(parent=b["parent"], parent_seq=b["parent_seq"], parent_actor=b.get("parent_actor", ""))
+        await self.record(run, "run.started", **fields)
+        self.dispatch(run)
+        return run
+
+    async def on_get(self, msg: Message) -> None:
+        run = await self.find(msg.body["run_id"], msg.body["tenant"])
+        if run is None:
+            self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": msg.body["run_id"], "status": "unknown", "code": "not_found",
+                                                "error": "no such run"})
+            return
+        wait = float(msg.body.get("wait") or 0.0)
+        until = msg.body.get("until") if msg.body.get("until") in WAITABLE else None
+        if wait and not run.ended and run.status != until:
+            waiter = asyncio.get_running_loop().create_future()
+            run.waiters.append((until, waiter))
+            try:
+                await asyncio.wait_for(asyncio.shield(waiter), wait)
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                run.waiters = [w for w in run.waiters if w[1] is not waiter]
+        self.bus.reply(msg, Kind.FLOW_RUN, run.summary())
+
+    async def on_cancel(self, msg: Message) -> None:
+        run = await self.find(msg.body["run_id"], msg.body["tenant"])
+        if run is None:
+            self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": msg.body["run_id"], "status": "unknown", "code": "not_found",
+                                                "error": "no such run"})
+            return
+        if not run.ended:
+            await self.end(run, "cancelled", error="cancelled by request")
+            worker = self.run_workers.pop(run.run_id, "")
+            if worker:  # stop its execution now rather than at its next step
+                self.bus.send(worker, Kind.TASK_CANCEL, {"task_id": f"{run.run_id}#{run.exec}"})
+        self.bus.reply(msg, Kind.FLOW_RUN, run.summary())
+
+    async def on_publish(self, msg: Message) -> None:
+        b = msg.body
+        run = await self.find(b["run_id"], b["tenant"])
+        if run is None:
+            self.bus.reply(msg, Kind.FLOW_ACK, {"ok": False, "code": "not_found", "error": "no such run"})
+            return
+        if run.ended:
+            self.bus.reply(msg, Kind.FLOW_ACK, {"ok": False, "code": "ended", "error": f"the run is {run.status}"})
+            return
+        # The message and, if a wait is for it, its taking go in one batch (one fsync, not two):
+        # both come from this actor to one writer, in order, so the taking is never durable alone.
+        kept = self.record(run, "message", channel=b["channel"], msg_seq=run.msg_counter + 1, message=b.get("message"))
+        waiting = run.ops.get(run.waiting) if run.waiting is not None else None
+        if waiting is not None and waiting.channel == b["channel"] and await self._take_message(run, waiting):
+            self.dispatch(run)
+        await kept
+        self.bus.reply(msg, Kind.FLOW_ACK, {"ok": True})
+
+    async def on_attr_get(self, msg: Message) -> None:
+        run = await self.find(msg.body["run_id"], msg.body["tenant"])
+        if run is None:
+            self.bus.reply(msg, Kind.ATTR_VALUES, {"found": False, "code": "not_found", "error": "no such run"})
+            return
+        keys = msg.body.get("keys")
+        values = run.attrs if not keys else {k: run.attrs[k] for k in keys if k in run.attrs}
+        self.bus.reply(msg, Kind.ATTR_VALUES, {"found": True, "values": values})
+
+    async def on_attr_update(self, msg: Message) -> None:
+        run = await self.find(msg.body["run_id"], msg.body["tenant"])
+        if run is None:
+            self.bus.reply(msg, Kind.ATTR_VALUES, {"found": False, "code": "not_found", "error": "no such run"})
+            return
+        run.updates.append(msg)
+        if run.updating:
+            return
+        run.updating = True
+        try:
+            while run.updates:
+                await self._update(run, run.updates.popleft())
+        finally:
+            run.updating = False
+
+    async def _update(self, run: Run, msg: Message) -> None:
+        """One read-modify-write under the run's lock (the loop in on_attr_update)."""
+        b = msg.body
+        key = b["key"]
+        try:
+            value = await self.submit_task("update", b["handler"], run.tenant,
+                                           {"key": key, "value": run.attrs.get(key), "arg": b.get("arg")}, run.run_id)
+        except TaskFailed as exc:
+            self.bus.reply(msg, Kind.ATTR_VALUES, {"found": True, "code": "handler_failed", "error": str(exc)})
+            return
+        await self.record(run, "attr.set", key=key, value=value, seq=-1)
+        self.bus.reply(msg, Kind.ATTR_VALUES, {"found": True, "values": {key: value}})

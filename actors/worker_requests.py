@@ -1,0 +1,263 @@
+"""What workers ask of the runs an actor owns while executing them: may this step start (or
+here is its recorded outcome), its result, heartbeats, the run's completion, a child's end, a
+timer that fired, and which executions are still alive.
+
+A mixin of `actors.flow_runs.Flows`, which owns the runs, their journal and their executions:
+this module journals each operation through `record` (SYNC: before answering; ASYNC: after) and
+answers `abort` to a superseded execution. A run that sleeps, waits or has a child parks: its
+execution ends and it is dispatched again when what it waits for happens. It never answers
+callers (actors.run_requests does).
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from actors.flow_state import Op, Run
+from broker.client import BusError
+from broker.protocol import Kind, Message
+from broker.sharding import actor_name
+
+
+class WorkerRequests:
+    async def on_step_start(self, msg: Message) -> None:
+        await self.ready.wait()
+        run = self._current(msg)
+        if run is None:
+            self.bus.reply(msg, Kind.STEP_GO, {"action": "abort"})
+            return
+        b = msg.body
+        seq, kind, name = b["seq"], b["op"], b["name"]
+        op = run.ops.get(seq)
+        if op is not None and (op.op != kind or op.name != name):
+            self.bus.reply(msg, Kind.STEP_GO, {"action": "fail", "error": (
+                f"non-deterministic flow: operation {seq} was {op.op} {op.name!r} when the run first executed, "
+                f"and the code now asks for {kind} {name!r}; flow code must take the same path on replay")})
+            return
+        if op is not None and op.done:
+            self.bus.reply(msg, Kind.STEP_GO, {"action": "replay", **_outcome(op)})
+            return
+        handler = {"step": self._start_step, "sleep": self._start_sleep, "wait": self._start_wait,
+                   "child": self._start_child, "attr_set": self._start_attr}.get(kind)
+        if handler is None:
+            self.bus.reply(msg, Kind.STEP_GO, {"action": "fail", "error": f"unknown operation {kind!r}"})
+            return
+        await handler(msg, run, seq, op)
+
+    async def _start_step(self, msg: Message, run: Run, seq: int, op: Op | None) -> None:
+        b = msg.body
+        attempts = op.attempts if op is not None else 0
+        limit = int(b.get("max_attempts") or 1)
+        if attempts >= limit:
+            ack = self.record(run, "step.done", seq=seq, name=b["name"], ok=False, attempt=attempts,
+                              error=f"retries spent: {attempts} attempts failed ({op.error if op else ''})")
+            await ack
+            self.bus.reply(msg, Kind.STEP_GO, {"action": "replay", **_outcome(run.ops[seq])})
+            return
+        ack = self.record(run, "step.started", sync=bool(b.get("sync", True)), seq=seq, name=b["name"],
+                          attempt=attempts + 1)
+        if ack is not None:
+            await ack
+        body = {"action": "run", "attempt": attempts + 1}
+        if run.ops[seq].heartbeat is not None:
+            body["heartbeat"] = run.ops[seq].heartbeat
+        self.bus.reply(msg, Kind.STEP_GO, body)
+
+    async def _start_sleep(self, msg: Message, run: Run, seq: int, op: Op | None) -> None:
+        if op is None:
+            await self.record(run, "sleep", seq=seq, name=msg.body["name"], due=float(msg.body.get("due") or 0))
+            op = run.ops[seq]
+        if time.time() >= op.due:
+            await self.record(run, "op.done", seq=seq, op="sleep", ok=True)
+            self.bus.reply(msg, Kind.STEP_GO, {"action": "continue"})
+            return
+        self.set_timer(run, op)
+        self.bus.reply(msg, Kind.STEP_GO, {"action": _park(run)})
+
+    async def _start_wait(self, msg: Message, run: Run, seq: int, op: Op | None) -> None:
+        b = msg.body
+        if op is None:
+            timeout = b.get("timeout")
+            await self.record(run, "wait", seq=seq, name=b["name"], channel=b["channel"],
+                              due=time.time() + float(timeout) if timeout else 0.0)
+            op = run.ops[seq]
+        if await self._take_message(run, op):
+            self.bus.reply(msg, Kind.STEP_GO, {"action": "continue", **_outcome(op)})
+            return
+        if op.due:
+            self.set_timer(run, op)
+        self.bus.reply(msg, Kind.STEP_GO, {"action": _park(run)})
+
+    async def _take_message(self, run: Run, op: Op) -> bool:
+        queue = run.channels.get(op.channel)
+        if not queue or op.done:
+            return False
+        msg_seq, message = queue[0]
+        first = self.record(run, "message.taken", seq=op.seq, channel=op.channel, msg_seq=msg_seq)
+        await asyncio.gather(first, self.record(run, "op.done", seq=op.seq, op="wait", ok=True, result=message))
+        return True
+
+    async def _start_child(self, msg: Message, run: Run, seq: int, op: Op | None) -> None:
+        b = msg.body
+        if op is None:
+            child = b.get("child") or f"{run.run_id}.{seq}"
+            await self.record(run, "child.started", seq=seq, name=b["name"], child=child)
+            op = run.ops[seq]
+        self.bus.reply(msg, Kind.STEP_GO, {"action": _park(run)})
+        asyncio.ensure_future(self._start_child_run(run, op, b.get("input")))
+
+    async def _start_child_run(self, run: Run, op: Op, child_input: Any) -> None:
+        try:
+            reply = await self.bus.request(actor_name(op.child, self.shards), Kind.FLOW_START, {
+                "flow": op.name, "run_id": op.child, "tenant": run.tenant, "input": child_input,
+                "parent": run.run_id, "parent_seq": op.seq, "parent_actor": self.bus.name}, timeout=30.0)
+        except BusError as exc:
+            self.log.warning("could not start child %s of %s: %s (retried on the next dispatch)", op.child,
+                             run.run_id, exc)
+            return
+        status = reply.body["status"]
+        if status in ("completed", "failed", "cancelled") and not op.done:
+            await self._child_ended(run, op.seq, status == "completed", reply.body.get("result"),
+                                    reply.body.get("error", f"child flow {status}"))
+
+    async def _start_attr(self, msg: Message, run: Run, seq: int, op: Op | None) -> None:
+        b = msg.body
+        first = self.record(run, "attr.set", key=b["key"], value=b.get("value"), seq=seq)
+        await asyncio.gather(first, self.record(run, "op.done", seq=seq, op="attr_set", name=b["name"], ok=True))
+        self.bus.reply(msg, Kind.STEP_GO, {"action": "continue"})
+
+    async def on_step_result(self, msg: Message) -> None:
+        await self.ready.wait()
+        run = self._current(msg)
+        if run is None:
+            self.bus.reply(msg, Kind.FLOW_ACK, {"ok": False, "code": "superseded"})
+            return
+        b = msg.body
+        sync = bool(b.get("sync", True))
+        if b["ok"]:
+            ack = self.record(run, "step.done", sync, seq=b["seq"], name=b.get("name", ""), ok=True,
+                              result=b.get("result"), attempt=b["attempt"])
+        elif b.get("final"):
+            ack = self.record(run, "step.done", sync, seq=b["seq"], name=b.get("name", ""), ok=False,
+                              error=b.get("error", ""), attempt=b["attempt"])
+        else:
+            ack = self.record(run, "step.failed", sync, seq=b["seq"], attempt=b["attempt"], error=b.get("error", ""))
+        if ack is not None:
+            await ack
+        self.bus.reply(msg, Kind.FLOW_ACK, {"ok": True})
+
+    def on_heartbeat(self, msg: Message) -> None:
+        run = self.runs.get(msg.body["run_id"])
+        if run is not None and run.exec == msg.body["exec"] and not run.ended:
+            run.last_alive = time.monotonic()
+            self.record(run, "step.heartbeat", sync=False, seq=msg.body["seq"], attempt=msg.body["attempt"],
+                        value=msg.body.get("value"))
+
+    async def on_complete(self, msg: Message) -> None:
+        await self.ready.wait()
+        run = self._current(msg)
+        if run is None:
+            self.bus.reply(msg, Kind.FLOW_ACK, {"ok": False, "code": "superseded"})
+            return
+        if run.pending:  # the run's own end waits for its ASYNC commits
+            await asyncio.gather(*list(run.pending), return_exceptions=True)
+        b = msg.body
+        if b["ok"]:
+            await self.end(run, "completed", result=b.get("result"))
+        else:
+            await self.end(run, "failed", error=b.get("error") or "the flow raised an error")
+        self.bus.reply(msg, Kind.FLOW_ACK, {"ok": True})
+
+    async def end(self, run: Run, status: str, result: Any = None, error: str = "") -> None:
+        fields: dict[str, Any] = {"status": status}
+        if status == "completed":
+            fields["result"] = result
+        else:
+            fields["error"] = error
+        await self.record(run, "run.ended", **fields)
+        _wake(run, None)
+        if run.parent:
+            asyncio.ensure_future(self._notify_parent(run))
+
+    async def _notify_parent(self, run: Run) -> None:
+        body = {"run_id": run.parent, "seq": run.parent_seq, "child": run.run_id, "ok": run.status == "completed"}
+        if run.status == "completed":
+            body["result"] = run.result
+        else:
+            body["error"] = run.error or f"child flow {run.status}"
+        try:
+            await self.bus.request(run.parent_actor or actor_name(run.parent, self.shards), Kind.FLOW_CHILD_DONE,
+                                   body, timeout=60.0, session=run.parent)
+        except BusError as exc:
+            self.log.warning("parent %s of %s did not hear the child ended: %s", run.parent, run.run_id, exc)
+
+    async def on_child_done(self, msg: Message) -> None:
+        await self.ready.wait()
+        b = msg.body
+        run = self.runs.get(b["run_id"]) or await self._load_run(b["run_id"])
+        if run is not None and not run.ended:
+            await self._child_ended(run, b["seq"], b["ok"], b.get("result"), b.get("error", ""))
+        self.bus.reply(msg, Kind.FLOW_ACK, {"ok": True})
+
+    async def _child_ended(self, run: Run, seq: int, ok: bool, result: Any, error: str) -> None:
+        op = run.ops.get(seq)
+        if op is None or op.done:
+            return
+        await self.record(run, "op.done", seq=seq, op="child", ok=ok, result=result, error=error)
+        self.dispatch(run)
+
+    def on_timer_fire(self, msg: Message) -> None:
+        run = self.runs.get(msg.body["run_id"])
+        if run is not None:
+            asyncio.ensure_future(self._timer_fired(run, int(msg.body["timer_id"].rsplit(":", 1)[1])))
+
+    async def _timer_fired(self, run: Run, seq: int) -> None:
+        op = run.ops.get(seq)
+        if run.ended or op is None or op.done or time.time() < op.due:
+            return
+        if op.op == "sleep":
+            await self.record(run, "op.done", seq=seq, op="sleep", ok=True)
+        else:
+            await self.record(run, "op.done", seq=seq, op="wait", ok=False, error="timeout")
+        self.dispatch(run)
+
+    def on_alive(self, msg: Message) -> None:
+        now = time.monotonic()
+        for run_id, exec_ in msg.body["runs"]:
+            run = self.runs.get(run_id)
+            if run is not None and (run.exec == exec_ or (run_id in self.adopted and exec_ > run.exec)):
+                run.last_alive = now
+                self.run_workers[run_id] = msg.src
+        for task_id in msg.body["tasks"]:
+            entry = self.tasks.get(task_id)
+            if entry is not None:
+                entry[2] = now
+                entry[3] = msg.src
+
+
+def _park(run: Run) -> str:
+    """The run waits for a timer, a message or a child: this execution ends (unless the run was
+    cancelled meanwhile, in which case it is simply over)."""
+    if run.ended:
+        return "abort"
+    run.status = "suspended"
+    _wake(run, "suspended")
+    return "suspend"
+
+
+def _wake(run: Run, status: str | None) -> None:
+    """Answer the callers waiting for this status (None: the run ended — everyone)."""
+    keep = []
+    for until, waiter in run.waiters:
+        if status is None or until == status:
+            if not waiter.done():
+                waiter.set_result(None)
+        else:
+            keep.append((until, waiter))
+    run.waiters = keep
+
+
+def _outcome(op: Op) -> dict[str, Any]:
+    return {"ok": True, "result": op.result} if op.ok else {"ok": False, "error": op.error}
+
