@@ -216,7 +216,10 @@ async def verify(server: ServerProcess, ledger: Ledger, timeout: float) -> dict[
                 if resp.status == 200 and body.get("status") in ("completed", "failed", "cancelled"):
                     pending.pop(run_id)
                     ok = body["status"] == "completed" and body.get("result") == FLOW_STEPS
-                    results["completed" if ok else body["status"]] += 1
+                    outcome = body["status"]
+                    if outcome == "completed" and not ok:
+                        outcome = "completed with a wrong result"
+                    results[outcome] += 1
                     if not ok:
                         lost["flows"].append(run_id)
                 elif resp.status == 404:

@@ -71,7 +71,7 @@ class Scenario:
         """One operation; returns its latency in ms (None: timed by the operation itself)."""
         c = self.client
         if self.name in ("sync_steps", "async_steps", "flows"):
-            flow = {"sync_steps": "sync_steps", "async_steps": "async_steps", "flows": "one_step"}[self.name]
+            flow = {"sync_steps": "timed_sync_steps", "async_steps": "timed_async_steps", "flows": "one_step"}[self.name]
             run = await c.start(flow, STEPS)
             done = await c.get(run["run_id"], wait=60)
             if done["status"] != "completed":

@@ -27,10 +27,22 @@ async def _timed_steps(ctx, n, durability):
 
 
 async def sync_steps(ctx, n):
-    return await _timed_steps(ctx, n, "sync")
+    """n SYNC steps; returns n (the chaos run checks it)."""
+    await _timed_steps(ctx, n, "sync")
+    return n
 
 
 async def async_steps(ctx, n):
+    await _timed_steps(ctx, n, "async")
+    return n
+
+
+async def timed_sync_steps(ctx, n):
+    """As sync_steps, returning each step's latency (the step benchmark's flows)."""
+    return await _timed_steps(ctx, n, "sync")
+
+
+async def timed_async_steps(ctx, n):
     return await _timed_steps(ctx, n, "async")
 
 
@@ -55,5 +67,6 @@ def incr(value, arg):
     return (value or 0) + (arg or 1)
 
 
-app = App(flows=[sync_steps, async_steps, one_step, holder, woken], updates={"incr": incr})
+app = App(flows=[sync_steps, async_steps, timed_sync_steps, timed_async_steps, one_step, holder, woken],
+          updates={"incr": incr})
 _ = BIG
