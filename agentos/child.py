@@ -9,7 +9,7 @@ import importlib
 import sys
 
 from agentos import config as config_mod
-from agentos import service
+from agentos import native_memory, service
 from agentos.rundir import RunDir
 from broker.sharding import STORE, log_writer
 
@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         return service.EXIT_CONFIG
     role, index, run_dir, parent = args[0], int(args[1]), RunDir(args[2]), int(args[3])
     name = process_name(role, index)
+    native_memory.limit_arenas()   # before any thread starts
     service.set_title(name)
     service.die_with_parent(parent)
     log = service.setup_logging(name)

@@ -7,7 +7,6 @@ cursors, so a slow query never stops loading. Only this process imports DuckDB.
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import threading
 import time
@@ -18,7 +17,7 @@ import duckdb
 import msgpack
 import orjson
 
-from agentos import metrics
+from agentos import metrics, native_memory
 from storage import records, schema, segments
 from storage.payload_file import PayloadFile
 from storage.projection import project
@@ -113,7 +112,7 @@ class Store:
                 self.conns[db] = self._connect(db)
                 self.cursors[db] = self.conns[db].cursor()
         self.stats["reopened"] = self.stats.get("reopened", 0) + 1
-        _release_free_memory()
+        native_memory.release_free_memory()
 
     def log_ends(self) -> dict[int, int]:
         """Where each log ends on disk right now."""
@@ -380,11 +379,3 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, (bytes, bytearray)):
         return value.decode("utf-8", "replace")
     raise TypeError
-
-
-def _release_free_memory() -> None:
-    """Hand the heap's free pages back to the system (glibc only; elsewhere a no-op)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
