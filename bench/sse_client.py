@@ -45,10 +45,10 @@ def sse_field(line: str) -> tuple[str, str]:
     return name, value[1:] if value.startswith(" ") else value
 
 
-async def read_events(resp: aiohttp.ClientResponse, into: TurnOutcome, stop_after: int | None = None) -> str | None:
-    """Consume an SSE body into `into`; the terminal event's outcome, or None if it ended without one.
-    With `stop_after`, return None after that many events (the client walks away)."""
-    event, data, ident, seen = "message", [], None, 0
+async def sse_events(resp: aiohttp.ClientResponse):
+    """The events of an SSE body as (event, decoded JSON data, id or None); events without data
+    (keep-alives) are skipped. The one SSE parser of the benchmarks and the tests."""
+    event, data, ident = "message", [], None
     async for raw in resp.content:
         line = raw.decode(errors="replace").rstrip("\r\n")
         if line:
@@ -58,23 +58,30 @@ async def read_events(resp: aiohttp.ClientResponse, into: TurnOutcome, stop_afte
             elif name == "data":
                 data.append(value)
             elif name == "id":
-                ident = value
+                ident = int(value)
             continue
         if data:
-            body = json.loads("\n".join(data))
-            if ident is not None and int(ident) > into.last_id:
-                into.last_id = int(ident)
-                into.ids.append(int(ident))
-                if event == "turn.started":
-                    into.turn_id = body.get("turn_id")
-                elif event == "delta":
-                    into.text += body.get("text", "")
-                elif event in TERMINAL:
-                    return TERMINAL[event]
-            seen += 1
-            if stop_after is not None and seen >= stop_after:
-                return None
+            yield event, json.loads("\n".join(data)), ident
         event, data, ident = "message", [], None
+
+
+async def read_events(resp: aiohttp.ClientResponse, into: TurnOutcome, stop_after: int | None = None) -> str | None:
+    """Consume an SSE body into `into`; the terminal event's outcome, or None if it ended without one.
+    With `stop_after`, return None after that many events (the client walks away)."""
+    seen = 0
+    async for event, body, ident in sse_events(resp):
+        if ident is not None and ident > into.last_id:
+            into.last_id = ident
+            into.ids.append(ident)
+            if event == "turn.started":
+                into.turn_id = body.get("turn_id")
+            elif event == "delta":
+                into.text += body.get("text", "")
+            elif event in TERMINAL:
+                return TERMINAL[event]
+        seen += 1
+        if stop_after is not None and seen >= stop_after:
+            return None
     return None
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.sse_client import sse_field
+from bench.sse_client import sse_events
 from bench.server_proc import REPO, ServerError, ServerProcess, deep_merge, pid_alive, wait_until  # noqa: F401
 
 TEST_DEFAULTS = {
@@ -97,25 +97,12 @@ class TurnResult:
 
 
 async def read_sse(resp: aiohttp.ClientResponse, result: TurnResult, on_event=None) -> None:
-    event, data, ident = "message", [], None
-    async for raw in resp.content:
-        line = raw.decode().rstrip("\r\n")
-        if not line:
-            if data:
-                result.events.append((event, json.loads("\n".join(data))))
-                if ident is not None:
-                    result.ids.append(int(ident))
-                if on_event is not None:
-                    await on_event(event, result)
-            event, data, ident = "message", [], None
-            continue
-        name, value = sse_field(line)
-        if name == "event":
-            event = value
-        elif name == "data":
-            data.append(value)
-        elif name == "id":
-            ident = value
+    async for event, body, ident in sse_events(resp):
+        result.events.append((event, body))
+        if ident is not None:
+            result.ids.append(ident)
+        if on_event is not None:
+            await on_event(event, result)
 
 
 async def run_turn(session: aiohttp.ClientSession, base: str, sid: str, text: str, headers=None,
