@@ -49,7 +49,6 @@ class Actor:
             self.bus.on(kind, handler)
         for kind, handler in {Kind.TURN_START: self.on_turn_start, Kind.TURN_CANCEL: self.on_turn_cancel,
                               Kind.TURN_RESUME: self.on_turn_resume, Kind.PERMIT_GRANT: self.permits.on_grant,
-                              Kind.CHECKPOINT_PUT: self.on_checkpoint_put, Kind.CHECKPOINT_GET: self.on_checkpoint_get,
                               Kind.STATS: self.on_stats}.items():
             self.bus.on(kind, handler)
 
@@ -102,41 +101,6 @@ class Actor:
             turn.pending_cancel = None
         turn.replay(msg.body["after"], msg.src)
         self.bus.reply(msg, Kind.TURN_STATUS, {"turn_id": turn.turn_id, "state": "ended" if turn.ended else "running"})
-
-    def _session_for(self, msg: Message) -> Session | None:
-        """The session a request names, if the requesting tenant may see it."""
-        session = self.sessions.open(msg.body["session"], msg.body["tenant"])
-        return session if session.tenant == msg.body["tenant"] else None
-
-    def on_checkpoint_put(self, msg: Message) -> None:
-        """A checkpoint the gateway made durable: remember it as the session's latest."""
-        session = self._session_for(msg)
-        if session is not None:
-            b = msg.body
-            session.blob_seq = max(session.blob_seq, b["seq"])
-            if session.blob is None or b["seq"] > session.blob[1]:
-                session.blob = (b["key"], b["seq"], b["payload"])
-            session.last_used = time.monotonic()
-
-    async def on_checkpoint_get(self, msg: Message) -> None:
-        session = self._session_for(msg)
-        if session is None:
-            self.bus.reply(msg, Kind.CHECKPOINT_DATA, {"found": False})
-            return
-        session.busy += 1
-        try:
-            latest = await self.persistence.latest_blob(session)
-        except StorageUnavailable as exc:
-            self.bus.reply(msg, Kind.CHECKPOINT_DATA, {"found": False, "error": str(exc)})
-            return
-        finally:
-            session.busy -= 1
-            session.last_used = time.monotonic()
-        if latest is None:
-            self.bus.reply(msg, Kind.CHECKPOINT_DATA, {"found": False})
-        else:
-            key, seq, payload = latest
-            self.bus.reply(msg, Kind.CHECKPOINT_DATA, {"found": True, "key": key, "seq": seq, "payload": payload})
 
     def on_stats(self, msg: Message) -> None:
         running = sum(1 for t in self.turns.values() if not t.ended)

@@ -6,8 +6,8 @@
 - Turn events (started, step completed, ended) are ASYNC records.
 - A session is loaded from its latest checkpoint chain (the last full snapshot and the deltas
   after it) with a `sync` store query, so it sees every checkpoint acknowledged before.
-- External runtimes' checkpoints (blobs under a key) are written by the gateway (SYNC) and
-  reported to the actor, which keeps the latest one per session in memory for reads.
+- External runtimes' checkpoints (blobs under a key) never pass through an actor: the gateway
+  writes them (SYNC) and serves the latest (gateway/latest_checkpoints.py).
 """
 from __future__ import annotations
 
@@ -96,12 +96,3 @@ class Persistence:
                                                   "turn": turn.turn_id, "seq": turn.seq, "type": kind,
                                                   "data": data, "at": time.time()}, turn.session_id)
 
-    async def latest_blob(self, session: Session) -> tuple[str, int, bytes] | None:
-        if session.blob is None:
-            rows = (await self.query("blob_latest", session.id, tenant=session.tenant, sync=True))["rows"]
-            if rows:
-                row = rows[0]
-                if session.blob is None or row["seq"] > session.blob[1]:
-                    session.blob = (row["key"], row["seq"], row["payload"])
-                    session.blob_seq = max(session.blob_seq, row["seq"])
-        return session.blob

@@ -15,7 +15,7 @@ from actors.turn import Turn
 
 class Session:
     __slots__ = ("id", "tenant", "messages", "active", "last_used", "loading", "checkpoint_seq", "checkpointed",
-                 "since_full", "blob", "blob_seq", "busy")
+                 "since_full")
 
     def __init__(self, session_id: str, tenant: str) -> None:
         self.id = session_id
@@ -27,9 +27,6 @@ class Session:
         self.checkpoint_seq = 0      # seq of the last agent checkpoint written
         self.checkpointed = 0        # messages[:checkpointed] are in a checkpoint
         self.since_full = 0          # checkpoints since the last full snapshot
-        self.blob: tuple[str, int, bytes] | None = None   # latest external checkpoint, if known
-        self.blob_seq = 0
-        self.busy = 0                # requests in progress (not evictable meanwhile)
 
 
 class SessionTable:
@@ -52,7 +49,7 @@ class SessionTable:
 
     def evict_idle(self, now: float) -> int:
         idle = [sid for sid, s in self.sessions.items()
-                if s.active is None and not s.busy and now - s.last_used > self.ttl_secs]
+                if s.active is None and now - s.last_used > self.ttl_secs]
         for sid in idle:
             del self.sessions[sid]
         return len(idle)

@@ -29,6 +29,7 @@ class GatewayConfig:
     max_body_bytes: int = 1 << 20
     max_input_chars: int = 200_000
     retry_after_secs: int = 1
+    checkpoint_cache_mb: int = 64     # newest checkpoint per session, kept for GET …/checkpoints/latest
     # A turn whose actor stays silent this long is probed (resume request) so a lost
     # message or a dead actor never leaves a stream hanging.
     turn_probe_secs: float = 5.0
@@ -276,6 +277,7 @@ def validate(config: Config) -> None:
     _positive(config.gateway.max_body_bytes, "gateway.max_body_bytes")
     _positive(config.gateway.max_input_chars, "gateway.max_input_chars")
     _positive(config.gateway.retry_after_secs, "gateway.retry_after_secs")
+    _positive(config.gateway.checkpoint_cache_mb, "gateway.checkpoint_cache_mb", allow_zero=True)
     _positive(config.gateway.turn_probe_secs, "gateway.turn_probe_secs")
     _positive(config.kernel.actors, "kernel.actors", allow_zero=True)
     if config.kernel.actors > 256:

@@ -106,9 +106,6 @@ class Kind(enum.StrEnum):
     ATTR_UPDATE = "attr.update"
     ATTR_VALUES = "attr.values"
     # checkpoint.*: gateway <-> session actor (external runtimes' checkpoints)
-    CHECKPOINT_PUT = "checkpoint.put"
-    CHECKPOINT_GET = "checkpoint.get"
-    CHECKPOINT_DATA = "checkpoint.data"
 
 
 # Required and optional body fields per kind: name -> accepted type(s).
@@ -215,9 +212,6 @@ SPECS: dict[Kind, Spec] = {
     Kind.ATTR_UPDATE: _spec({"run_id": str, "tenant": str, "key": str, "handler": str}, arg=object),
     Kind.ATTR_VALUES: _spec({"found": bool}, values=dict, error=str, code=str),
     # A checkpoint the gateway has made durable: the session's actor keeps the latest for reads.
-    Kind.CHECKPOINT_PUT: _spec({"session": str, "tenant": str, "key": str, "seq": int, "payload": bytes}),
-    Kind.CHECKPOINT_GET: _spec({"session": str, "tenant": str}),
-    Kind.CHECKPOINT_DATA: _spec({"found": bool}, key=str, seq=int, payload=bytes, error=str),
 }
 
 # Requests and the kind of their reply. Receivers de-duplicate these by (sender, id): a re-sent
@@ -232,7 +226,6 @@ REQUESTS: dict[Kind, Kind] = {
     Kind.LOG_APPEND: Kind.LOG_ACK,
     Kind.STORE_QUERY: Kind.STORE_ROWS,
     Kind.STORE_PURGE: Kind.STORE_ROWS,
-    Kind.CHECKPOINT_GET: Kind.CHECKPOINT_DATA,
     Kind.TOOLS_LIST: Kind.TOOLS,
     Kind.FLOW_START: Kind.FLOW_RUN,
     Kind.FLOW_GET: Kind.FLOW_RUN,

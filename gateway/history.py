@@ -2,8 +2,8 @@
 
 Reads of transcripts and events go to writer/store with `sync`, so they include everything
 acknowledged before the request. A checkpoint PUT is appended to the log by the gateway itself
-(answered once durable), then handed to the session's actor, which keeps the latest one in
-memory for reads.
+(answered once durable); the newest one per session is kept here for reads
+(gateway/latest_checkpoints.py), and the store answers the rest.
 """
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from aiohttp import web
 
 from broker.client import BusError
 from broker.protocol import Kind
-from broker.sharding import STORE, actor_name
+from broker.sharding import STORE
 from gateway.errors import ApiError, json_response
+from gateway.latest_checkpoints import Checkpoint, LatestCheckpoints
 from storage.log_client import LogWriteError
 from storage.records import RecordKind
 
@@ -45,6 +46,7 @@ class HistoryRoutes:
     def __init__(self, gateway: "Gateway") -> None:
         self.gw = gateway
         self._seq = 0
+        self.latest = LatestCheckpoints(gateway.config.gateway.checkpoint_cache_mb << 20)
 
     async def _query(self, body: dict) -> dict:
         try:
@@ -94,9 +96,7 @@ class HistoryRoutes:
         except LogWriteError as exc:
             status, code = WRITE_ERRORS.get(exc.code, (503, "storage_error"))
             raise ApiError(status, code, f"checkpoint not saved: {exc}") from None
-        # Sent before the response: a read that follows reaches the actor after this on the bus.
-        self.gw.bus.send(actor_name(sid, self.gw.shards), Kind.CHECKPOINT_PUT,
-                         {"session": sid, "tenant": tenant, "key": key, "seq": seq, "payload": payload}, session=sid)
+        self.latest.offer(sid, Checkpoint(key, seq, payload))
         return json_response({"session_id": external_sid, "key": key, "seq": seq,
                               "durability": self.gw.config.storage.durability})
 
@@ -106,16 +106,14 @@ class HistoryRoutes:
         return self._seq
 
     async def get_latest_checkpoint(self, request: web.Request) -> web.Response:
-        tenant, sid, external_sid = self.gw.session_of(request)
-        try:
-            reply = await self.gw.bus.request(actor_name(sid, self.gw.shards), Kind.CHECKPOINT_GET,
-                                              {"session": sid, "tenant": tenant}, timeout=35.0, attempt_secs=12.0,
-                                              session=sid)
-        except BusError as exc:
-            raise ApiError(503, "actor_unavailable", f"the session's actor did not answer: {exc}") from None
-        if reply.body.get("error"):
-            raise ApiError(503, "storage_unavailable", reply.body["error"])
-        if not reply.body["found"]:
-            raise ApiError(404, "not_found", "this session has no checkpoint")
-        return web.Response(body=reply.body["payload"], content_type="application/octet-stream",
-                            headers={"X-Checkpoint-Key": reply.body["key"], "X-Checkpoint-Seq": str(reply.body["seq"])})
+        tenant, sid, _ = self.gw.session_of(request)
+        latest = self.latest.get(sid)
+        if latest is None:
+            rows = (await self._query({"query": "blob_latest", "session": sid, "tenant": tenant, "sync": True}))["rows"]
+            if not rows:
+                raise ApiError(404, "not_found", "this session has no checkpoint")
+            # A PUT acknowledged while the store answered is newer: offer() keeps whichever is.
+            row = rows[0]
+            latest = self.latest.offer(sid, Checkpoint(row["key"], row["seq"], row["payload"]))
+        return web.Response(body=latest.payload, content_type="application/octet-stream",
+                            headers={"X-Checkpoint-Key": latest.key, "X-Checkpoint-Seq": str(latest.seq)})

@@ -1,7 +1,9 @@
 """The sending side of the write-ahead log, used by every process that writes records.
 
 Records appended within one event-loop iteration to the same writer travel as one
-`log.append` message. A SYNC append returns once its record is durable (the writer's ack);
+`log.append` message. ASYNC records alone linger up to `ASYNC_LINGER_SECS` so that they ride
+the next SYNC append (an access row rides the next request's checkpoint) instead of costing a
+message and an ack of their own. A SYNC append returns once its record is durable (the writer's ack);
 an ASYNC one returns at once and the record waits in this process's outbox until acked. The
 outbox is bounded: when it is full, appends wait for room — nothing durable is ever dropped.
 A message is re-sent with the same record ids until a writer acknowledges it (the writer
@@ -22,6 +24,7 @@ from storage import records
 MAX_OUTSTANDING = 20_000
 MAX_MESSAGE_BYTES = 4 << 20
 ATTEMPT_SECS = 3.0
+ASYNC_LINGER_SECS = 0.005
 
 
 class LogWriteError(RuntimeError):
@@ -44,6 +47,7 @@ class LogClient:
         self._counter = 0
         self._batches: dict[str, list[tuple[list, asyncio.Future | None]]] = {}
         self._flush_scheduled = False
+        self._linger: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task] = set()
 
     def new_id(self) -> bytes:
@@ -71,12 +75,23 @@ class LogClient:
     def _enqueue(self, writer: str, record: list, fut: asyncio.Future | None) -> None:
         self._batches.setdefault(writer, []).append((record, fut))
         self.outstanding += 1
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+        if self._flush_scheduled:
+            return
+        if fut is None:
+            if self._linger is None:
+                self._linger = asyncio.get_running_loop().call_later(ASYNC_LINGER_SECS, self._flush)
+            return
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
+        self._flush_scheduled = True
+        asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
         batches, self._batches = self._batches, {}
         for writer, items in batches.items():
             chunk: list = []

@@ -74,6 +74,15 @@ def parse(buf: bytes | memoryview, offset: int) -> tuple[int, bytes, bytes, int]
     return kind, payload[2:2 + id_len], payload[2 + id_len:], end
 
 
+def claimed_length(buf: bytes | memoryview, offset: int) -> int | None:
+    """The bytes the record at `offset` says it takes, or None if its header is impossible
+    (zeros, garbage) or not all there."""
+    if len(buf) - offset < HEADER_BYTES:
+        return HEADER_BYTES if len(buf) > offset and any(bytes(buf[offset:])) else None
+    length = struct.unpack_from("<I", buf, offset)[0]
+    return 8 + length if 2 <= length <= MAX_RECORD_BYTES else None
+
+
 def scan(buf: bytes | memoryview, offset: int = 0) -> Iterator[tuple[int, int, bytes, bytes, int]]:
     """(offset, kind, id, body, next offset) of every whole record; stops at the first torn one."""
     while offset < len(buf):

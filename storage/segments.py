@@ -3,8 +3,17 @@
 A log is a directory of segment files named by the global byte position where each starts
 (`00000000000000000000.seg`), so a record's position is stable across rotation and the
 store can resume from a position. A new segment's file and directory entry are fsync'd
-before anything is acknowledged from it. Opening a log scans its last segment and truncates
+before anything is acknowledged from it. Opening a log scans its last segment and clears
 a torn tail back to the last whole record.
+
+Segments are pre-zeroed to their full size when created (as PostgreSQL does with its WAL): an
+append then overwrites allocated blocks without changing the file's size, so its fdatasync
+flushes only those blocks and does not wait for a journal commit — which on ext4 also carries
+every other file's pending data (DuckDB's, the payload file's). Measured on this disk with a
+second process appending and syncing 2 MB every 60 ms: a 100 KB append + fdatasync took p50
+0.68 ms / p99 5.6 ms, the same write into a zeroed file 0.34 / 1.1 ms. So a segment's data
+ends at its first non-whole record, not at the file's size: zero bytes never parse as one.
+The next segment is zeroed ahead of time on a background thread (`spare.zero`).
 
 Blocking calls only: the writer runs them on its I/O thread, never on an event loop.
 """
@@ -12,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +29,9 @@ from storage import records
 
 log = logging.getLogger("agent-os.storage")
 SUFFIX = ".seg"
+SPARE = "spare.zero"
+ZERO_CHUNK = 1 << 20
+FIRST_READ = 64 << 10   # a read first looks this far: past the data a zeroed tail costs one small read
 
 
 def segment_name(position: int) -> str:
@@ -33,6 +46,48 @@ def list_segments(directory: Path) -> list[tuple[int, Path]]:
         except ValueError:
             continue
     return sorted(out)
+
+
+def zero_file(path: Path, size: int) -> None:
+    """`path` as `size` zero bytes, written (not a hole, not unwritten extents) and fsync'd."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        chunk = bytes(min(size, ZERO_CHUNK))
+        done = 0
+        while done < size:
+            done += os.write(fd, chunk[:size - done])
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+
+
+def whole_records(f, offset: int, max_bytes: int, keep: bool = True):
+    """(records, bytes consumed, at_end) of the whole records in open file `f` from `offset`,
+    reading at most about `max_bytes`. Records are (offset from `offset`, kind, id, body, next
+    offset); at_end says nothing whole follows (a zeroed tail, a torn record, the file's end)
+    as opposed to the read limit cutting a record."""
+    out: list = []
+    consumed = 0
+    want = min(max_bytes, FIRST_READ)
+    while True:
+        f.seek(offset + consumed)
+        data = f.read(want)
+        got = 0
+        for off, kind, record_id, body, end in records.scan(data):
+            if keep:
+                out.append((consumed + off, kind, record_id, body, consumed + end))
+            got = end
+        consumed += got
+        if len(data) < want:
+            return out, consumed, True          # the file ends here
+        if consumed >= max_bytes:
+            return out, consumed, False
+        needed = records.claimed_length(data, got)
+        if needed is None:
+            return out, consumed, True         # zeros or garbage: the data ends here
+        if got + needed <= len(data):
+            return out, consumed, True         # a record that claims to fit yet did not parse: torn
+        want = min(max(want * 8, needed), max(max_bytes - consumed, needed))
 
 
 def fsync_dir(directory: Path) -> None:
@@ -54,13 +109,15 @@ class Recovery:
 class SegmentLog:
     """The writing end. Not thread-safe: one I/O thread owns it."""
 
-    def __init__(self, directory: Path, segment_bytes: int) -> None:
+    def __init__(self, directory: Path, segment_bytes: int, preallocate: bool = True) -> None:
         self.directory = directory
         self.segment_bytes = segment_bytes
+        self.preallocate = preallocate
         self.directory.mkdir(parents=True, exist_ok=True)
         self.fd = -1
         self.start = 0      # position of the current segment's first byte
-        self.size = 0       # bytes in the current segment
+        self.size = 0       # bytes of records in the current segment
+        self.spare: threading.Thread | None = None
         self.recovery = self._open()
 
     @property
@@ -78,24 +135,60 @@ class SegmentLog:
         for _, _, _, _, nxt in records.scan(data):
             count += 1
             good = nxt
-        torn = len(data) - good
-        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        torn = len(data.rstrip(b"\0")) - good if len(data) > good else 0
+        torn = max(torn, 0)
+        self.fd = os.open(path, os.O_WRONLY)
         if torn:
-            os.ftruncate(self.fd, good)
+            # Zeros, not a shorter file: the segment stays allocated, and a later shorter record
+            # never leaves a stale tail that could read as whole.
+            os.pwrite(self.fd, bytes(torn), good)
             os.fsync(self.fd)
             log.warning("log %s: truncated a torn tail of %d bytes at position %d", self.directory, torn,
                         self.start + good)
         self.size = good
+        self._prepare_spare()
         return Recovery(len(segments), self.start + good, count, torn)
 
     def _create(self, position: int) -> None:
         path = self.directory / segment_name(position)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        spare = self.directory / SPARE
+        if self.spare is not None:
+            self.spare.join()
+            self.spare = None
+        if self.preallocate:
+            try:
+                if not (spare.exists() and spare.stat().st_size == self.segment_bytes):
+                    zero_file(spare, self.segment_bytes)
+                os.replace(spare, path)
+            except OSError as exc:
+                # No room for a whole zeroed segment (a full disk): append to a plain file instead,
+                # which fails only when the disk cannot take the records themselves.
+                spare.unlink(missing_ok=True)
+                log.warning("log %s: could not zero a %d-byte segment (%s); appending to a plain one",
+                            self.directory, self.segment_bytes, exc.strerror)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         os.fsync(fd)
         fsync_dir(self.directory)
         if self.fd >= 0:
             os.close(self.fd)
         self.fd, self.start, self.size = fd, position, 0
+        self._prepare_spare()
+
+    def _prepare_spare(self) -> None:
+        """Zero the next segment's file now, off the I/O thread, so a rotation only renames it."""
+        spare = self.directory / SPARE
+        if not self.preallocate or (spare.exists() and spare.stat().st_size == self.segment_bytes):
+            return
+
+        def zero() -> None:
+            try:
+                zero_file(spare, self.segment_bytes)
+            except OSError as exc:
+                spare.unlink(missing_ok=True)
+                log.warning("log %s: could not zero the next segment (%s); it will be zeroed when needed",
+                            self.directory, exc)
+        self.spare = threading.Thread(target=zero, name="wal-spare", daemon=True)
+        self.spare.start()
 
     def jump_to(self, position: int) -> None:
         """Continue the log at a later position (a range compacted away in the bucket)."""
@@ -112,13 +205,17 @@ class SegmentLog:
     def read_range(self, start: int, end: int) -> bytes:
         """The bytes of [start, end) from the local segments (to ship what the bucket lacks)."""
         out = []
-        for seg_start, path in list_segments(self.directory):
-            size = path.stat().st_size
-            if seg_start + size <= start or seg_start >= end:
+        segs = list_segments(self.directory)
+        for index, (seg_start, path) in enumerate(segs):
+            # A sealed segment's data ends where the next begins; the rest of its file is zeros.
+            seg_end = seg_start + path.stat().st_size
+            if index + 1 < len(segs):
+                seg_end = min(seg_end, segs[index + 1][0])
+            if seg_end <= start or seg_start >= end:
                 continue
             with open(path, "rb") as f:
                 f.seek(max(0, start - seg_start))
-                out.append(f.read(min(end, seg_start + size) - max(start, seg_start)))
+                out.append(f.read(min(end, seg_end) - max(start, seg_start)))
         return b"".join(out)
 
     def write(self, data: bytes, sync: bool) -> int:
@@ -128,16 +225,18 @@ class SegmentLog:
                 os.fdatasync(self.fd)
             self._create(self.end)
         view = memoryview(data)
+        at = self.size
         try:
             while view:
-                written = os.write(self.fd, view)
+                written = os.pwrite(self.fd, view, at)
                 view = view[written:]
+                at += written
             if sync:
                 os.fdatasync(self.fd)
         except OSError:
             # Leave the segment ending on a whole record (a full disk may have taken half a frame).
             try:
-                os.ftruncate(self.fd, self.size)
+                os.pwrite(self.fd, bytes(at - self.size), self.size)
             except OSError:
                 pass
             raise
@@ -145,6 +244,9 @@ class SegmentLog:
         return self.end
 
     def close(self) -> None:
+        if self.spare is not None:
+            self.spare.join()
+            self.spare = None
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -163,6 +265,19 @@ def recent_ids(directory: Path, max_bytes: int) -> list[bytes]:
     for path in reversed(chosen):
         ids.extend(record_id for _, _, record_id, _, _ in records.scan(path.read_bytes()))
     return ids
+
+
+def log_end(directory: Path, hint: int = 0) -> int:
+    """Where the log's records end on disk now; `hint`, a record boundary at or before the end
+    (what a reader has read), saves scanning from the last segment's start."""
+    segs = list_segments(directory)
+    if not segs:
+        return 0
+    start, path = segs[-1]
+    offset = hint - start if hint >= start else 0
+    with open(path, "rb") as f:
+        _, consumed, _ = whole_records(f, offset, 1 << 62, keep=False)
+    return start + offset + consumed
 
 
 class SegmentReader:
@@ -191,14 +306,11 @@ class SegmentReader:
                             self.directory, start + size, self.position)
                 self.position = start + size
             with open(path, "rb") as f:
-                f.seek(self.position - start)
-                data = f.read(max_bytes)
-            consumed = 0
-            for offset, kind, record_id, body, end in records.scan(data):
-                out.append((self.position + offset, kind, record_id, body, self.position + end))
-                consumed = end
+                found, consumed, at_end = whole_records(f, self.position - start, max_bytes)
+            out = [(self.position + off, kind, record_id, body, self.position + end)
+                   for off, kind, record_id, body, end in found]
             self.position += consumed
-            if out or nxt is None or consumed < len(data):
+            if out or nxt is None or not at_end:
                 return out
             # This segment is exhausted and a newer one exists: move on.
             self.position = nxt

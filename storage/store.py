@@ -118,8 +118,8 @@ class Store:
         """Where each log ends on disk right now."""
         ends = {}
         for writer in range(self.writers):
-            segs = segments.list_segments(self.wal_root / str(writer))
-            ends[writer] = segs[-1][0] + segs[-1][1].stat().st_size if segs else 0
+            reader = self.readers.get(writer)
+            ends[writer] = segments.log_end(self.wal_root / str(writer), reader.position if reader else 0)
         return ends
 
     def close(self) -> None:

@@ -24,7 +24,7 @@ def test_frame_round_trip_and_corruption_is_detected():
     assert [r[2] for r in records.scan(f + f + f[:-3])] == [b"rid", b"rid"]
 
 
-def test_segments_rotate_and_a_torn_tail_is_truncated_on_open(tmp_path):
+def test_segments_rotate_and_a_torn_tail_is_cleared_on_open(tmp_path):
     log = segments.SegmentLog(tmp_path, segment_bytes=2000)
     data = frames(40)
     for i in range(0, 40, 4):
@@ -33,9 +33,12 @@ def test_segments_rotate_and_a_torn_tail_is_truncated_on_open(tmp_path):
     log.close()
     segs = segments.list_segments(tmp_path)
     assert len(segs) > 3 and segs[0][0] == 0
-    # A write torn half-way through its last record.
+    assert all(path.stat().st_size == 2000 for _, path in segs)     # pre-zeroed, whatever they hold
+    # A write torn half-way through its last record: its last 7 bytes never reached the disk.
     last = segs[-1][1]
-    os.truncate(last, last.stat().st_size - 7)
+    with open(last, "r+b") as f:
+        f.seek(end - segs[-1][0] - 7)
+        f.write(bytes(7))
     reopened = segments.SegmentLog(tmp_path, segment_bytes=2000)
     assert reopened.recovery.truncated_bytes == len(data[-1]) - 7
     assert reopened.end == end - len(data[-1])
@@ -53,6 +56,20 @@ def test_segments_rotate_and_a_torn_tail_is_truncated_on_open(tmp_path):
     assert read and read[0][0] == 0
 
 
+def test_zeroed_segments_end_at_their_last_whole_record(tmp_path):
+    log = segments.SegmentLog(tmp_path, segment_bytes=1500)
+    data = frames(30)
+    for i in range(0, 30, 3):
+        log.write(b"".join(data[i:i + 3]), sync=True)
+    assert (tmp_path / segments.SPARE).stat().st_size == 1500      # the next segment, zeroed ahead
+    assert segments.log_end(tmp_path) == log.end
+    assert segments.log_end(tmp_path, hint=log.end - len(data[-1])) == log.end
+    assert segments.log_end(tmp_path, hint=log.end) == log.end
+    # Shipping a range that spans sealed segments carries their records, never their zero tails.
+    assert log.read_range(0, log.end) == b"".join(data)
+    log.close()
+
+
 def test_reader_resumes_mid_log_and_clamps_after_a_truncation(tmp_path):
     log = segments.SegmentLog(tmp_path, segment_bytes=1 << 20)
     data = frames(10)
@@ -60,6 +77,7 @@ def test_reader_resumes_mid_log_and_clamps_after_a_truncation(tmp_path):
     middle = sum(len(f) for f in data[:5])
     assert [r[2] for r in segments.SegmentReader(tmp_path, middle).read(1 << 20)] == \
         [f"id-{i}".encode() for i in range(5, 10)]
+    os.truncate(segments.list_segments(tmp_path)[-1][1], log.end)   # an old, unzeroed segment
     reader = segments.SegmentReader(tmp_path, log.end + 500)   # beyond the end: a truncated tail
     assert reader.read(1 << 20) == [] and reader.position == log.end
     log.write(b"".join(frames(2, start=10)), sync=True)

@@ -1,0 +1,53 @@
+"""The newest checkpoint of each recently written session, in the gateway's memory.
+
+The gateway is the one process that writes external runtimes' checkpoints (it appends them to the
+log and answers once they are durable), so what it wrote last is, while it lives, exactly what a
+read must return. Serving `GET …/checkpoints/latest` from here costs no bus message at all, and a
+PUT no longer hands its payload on to the session's actor. A miss (a session not written since this
+gateway started, or pushed out by the byte bound) reads the store with `sync`, which includes every
+acknowledged write, so the answer is the same either way. Holds only while there is a single
+gateway process: a second one would have to route each session's checkpoints to one of them.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import NamedTuple
+
+
+class Checkpoint(NamedTuple):
+    key: str
+    seq: int
+    payload: bytes
+
+
+class LatestCheckpoints:
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self.entries: OrderedDict[str, Checkpoint] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, session: str) -> Checkpoint | None:
+        found = self.entries.get(session)
+        if found is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self.entries.move_to_end(session)
+        return found
+
+    def offer(self, session: str, checkpoint: Checkpoint) -> Checkpoint:
+        """Keep `checkpoint` unless a newer one is known; returns the newest."""
+        old = self.entries.get(session)
+        if old is not None:
+            if old.seq >= checkpoint.seq:
+                return old
+            self.bytes -= len(old.payload)
+        self.entries[session] = checkpoint
+        self.entries.move_to_end(session)
+        self.bytes += len(checkpoint.payload)
+        while self.bytes > self.max_bytes and self.entries:
+            _, evicted = self.entries.popitem(last=False)
+            self.bytes -= len(evicted.payload)
+        return checkpoint

@@ -1,0 +1,27 @@
+"""The gateway's memory of each session's newest checkpoint (gateway/latest_checkpoints.py)."""
+from gateway.latest_checkpoints import Checkpoint, LatestCheckpoints
+
+
+def test_keeps_the_newest_checkpoint_whatever_order_they_arrive_in():
+    latest = LatestCheckpoints(max_bytes=1 << 20)
+    assert latest.get("s") is None
+    latest.offer("s", Checkpoint("k2", 2, b"two"))
+    # A store read that raced a PUT returns an older one: it must not replace the newer.
+    assert latest.offer("s", Checkpoint("k1", 1, b"one")) == Checkpoint("k2", 2, b"two")
+    assert latest.get("s") == Checkpoint("k2", 2, b"two")
+    latest.offer("s", Checkpoint("k3", 3, b"three"))
+    assert latest.get("s").key == "k3" and latest.bytes == len(b"three")
+
+
+def test_the_byte_bound_drops_the_least_recently_used_sessions():
+    latest = LatestCheckpoints(max_bytes=25)
+    for name in "abc":
+        latest.offer(name, Checkpoint("k", 1, b"x" * 10))
+    assert latest.get("a") is None                      # 30 bytes > 25: the oldest went
+    assert latest.get("b") is not None                  # ... and b is now the most recent
+    latest.offer("d", Checkpoint("k", 1, b"y" * 10))
+    assert latest.get("c") is None and latest.get("b") is not None and latest.get("d") is not None
+    assert latest.bytes == 20
+    empty = LatestCheckpoints(max_bytes=0)               # cache off: every read goes to the store
+    empty.offer("s", Checkpoint("k", 1, b"z"))
+    assert empty.get("s") is None and empty.bytes == 0
