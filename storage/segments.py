@@ -10,12 +10,14 @@ Segments are pre-zeroed to their full size when created (as PostgreSQL does with
 append then overwrites allocated blocks without changing the file's size, so its fdatasync
 flushes only those blocks and does not wait for a journal commit — which on ext4 also carries
 every other file's pending data (DuckDB's, the payload file's). Measured on this disk with a
-second process appending and syncing 2 MB every 60 ms: a 100 KB append + fdatasync took p50
-0.68 ms / p99 5.6 ms, the same write into a zeroed file 0.34 / 1.1 ms. So a segment's data
+second process appending and syncing 2 MB every 60 ms (four alternating runs of 400 writes): a
+100 KB pwrite + fdatasync at the end of a file took p50 0.63-0.70 ms / p99 4.3-4.8 ms, the same
+into a zeroed file 0.38-0.46 / 1.2-2.3 ms. So a segment's data
 ends at its first non-whole record, not at the file's size: zero bytes never parse as one.
 The next segment is zeroed ahead of time on a background thread (`spare.zero`).
 
-Blocking calls only: the writer runs them on its I/O thread, never on an event loop.
+Blocking calls only. writer/log calls `SegmentLog.write` on its event loop's thread (the loop has
+nothing else to do while a batch is written) and everything else on its I/O thread, one at a time.
 """
 from __future__ import annotations
 
@@ -56,7 +58,9 @@ def zero_file(path: Path, size: int) -> None:
         done = 0
         while done < size:
             done += os.write(fd, chunk[:size - done])
-        os.fdatasync(fd)
+            # A chunk at a time: 64 MB of dirty zeros flushed at once would queue ahead of the
+            # log's own small writes and stall their fdatasync for tens of milliseconds.
+            os.fdatasync(fd)
     finally:
         os.close(fd)
 
@@ -107,7 +111,7 @@ class Recovery:
 
 
 class SegmentLog:
-    """The writing end. Not thread-safe: one I/O thread owns it."""
+    """The writing end. Not thread-safe: one thread at a time."""
 
     def __init__(self, directory: Path, segment_bytes: int, preallocate: bool = True) -> None:
         self.directory = directory
