@@ -132,7 +132,7 @@ class Bus:
                 await task
             except (asyncio.CancelledError, Exception):
                 pass
-        for fut in self._pending.values():
+        for fut in list(self._pending.values()):
             if not fut.done():
                 fut.set_exception(BusError("bus closed"))
         if self._sock is not None and self._loop is not None:
@@ -242,34 +242,29 @@ class Bus:
     async def request(self, dest: str, kind: Kind, body: dict[str, Any], *, timeout: float = 5.0,
                       attempt_secs: float = 1.0, session: str = "", turn: str = "") -> Message:
         """Send and wait for the reply; re-send the same id until `timeout` runs out."""
-        loop = self._loop
+        fut = self._loop.create_future()
+
+        def done(reply: Message | None, error: BaseException | None) -> None:
+            if not fut.done():
+                fut.set_result(reply) if error is None else fut.set_exception(error)
+        attempts = self.request_callback(dest, kind, body, done, timeout=timeout, attempt_secs=attempt_secs,
+                                         session=session, turn=turn)
+        try:
+            return await fut
+        finally:
+            attempts.cancel()
+
+    def request_callback(self, dest: str, kind: Kind, body: dict[str, Any],
+                         done: Callable[[Message | None, BaseException | None], None], *, timeout: float = 5.0,
+                         attempt_secs: float = 1.0, session: str = "", turn: str = "") -> "_Attempts":
+        """`request` without a coroutine: `done(reply, None)` or `done(None, BusTimeout)` is called
+        from the receive path itself. A hot path (the log client) saves the two loop iterations a
+        task costs: one to start sending, one to wake on the reply."""
         msg_id = self.new_id()
-        deadline = loop.time() + timeout
-        backoff = 0.02
         envelope = protocol.encode(dest, kind, body, id=msg_id, session=session, turn=turn)
-        last_error = "no reply"
-        while True:
-            fut = loop.create_future()
-            self._pending[msg_id] = fut
-            self._pending_dest[msg_id] = dest
-            self._send_envelope(dest, envelope)
-            handle = loop.call_later(max(0.0, min(attempt_secs, deadline - loop.time())),
-                                     _expire_attempt, fut)
-            try:
-                return await fut
-            except _AttemptTimeout:
-                last_error = "no reply"
-            except Undeliverable as exc:
-                last_error = str(exc)
-                await asyncio.sleep(max(0.0, min(backoff, deadline - loop.time())))
-                backoff = min(backoff * 2, 0.5)
-            finally:
-                handle.cancel()
-                self._pending.pop(msg_id, None)
-                self._pending_dest.pop(msg_id, None)
-            if loop.time() >= deadline:
-                raise BusTimeout(f"{kind} to {dest}: {last_error} within {timeout:g}s")
-            self.retries += 1
+        attempts = _Attempts(self, dest, kind, msg_id, envelope, done, timeout, attempt_secs)
+        attempts.send()
+        return attempts
 
     def _resend_to(self, name: str) -> None:
         """The peer restarted: end the current attempt of every request to it, so it is sent again now."""
@@ -384,6 +379,78 @@ class Bus:
                 "pending_requests": len(self._pending), "outbox": len(self._outbox)}
 
 
-def _expire_attempt(fut: asyncio.Future) -> None:
+def _expire_attempt(fut) -> None:
     if not fut.done():
         fut.set_exception(_AttemptTimeout())
+
+
+class _Attempts:
+    """One request's attempts: the same id re-sent after each `attempt_secs` without a reply (or
+    sooner, after a back-off, when the broker could not deliver it) until `timeout`. The bus sees
+    each attempt as a pending future (`done`, `set_result`, `set_exception`), answered in place."""
+    __slots__ = ("bus", "dest", "kind", "envelope", "msg_id", "done_cb", "timeout", "deadline", "attempt_secs",
+                 "backoff", "last_error", "timer", "finished")
+
+    def __init__(self, bus: Bus, dest: str, kind: Kind, msg_id: int, envelope: bytes,
+                 done: Callable[[Message | None, BaseException | None], None], timeout: float,
+                 attempt_secs: float) -> None:
+        self.bus, self.dest, self.kind, self.msg_id, self.envelope = bus, dest, kind, msg_id, envelope
+        self.done_cb = done
+        self.timeout = timeout
+        self.deadline = bus._loop.time() + timeout
+        self.attempt_secs = attempt_secs
+        self.backoff = 0.02
+        self.last_error = "no reply"
+        self.timer: asyncio.TimerHandle | None = None
+        self.finished = False
+
+    def send(self) -> None:
+        bus, loop = self.bus, self.bus._loop
+        bus._pending[self.msg_id] = self
+        bus._pending_dest[self.msg_id] = self.dest
+        bus._send_envelope(self.dest, self.envelope)
+        self.timer = loop.call_later(max(0.0, min(self.attempt_secs, self.deadline - loop.time())),
+                                     _expire_attempt, self)
+
+    # -- the pending-future face the bus's receive path uses --
+    def done(self) -> bool:
+        return self.finished
+
+    def set_result(self, reply: Message) -> None:
+        self._stop()
+        self.finished = True
+        self.done_cb(reply, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._stop()
+        loop = self.bus._loop
+        if isinstance(exc, Undeliverable):
+            self.last_error = str(exc)
+            self.timer = loop.call_later(max(0.0, min(self.backoff, self.deadline - loop.time())), self._retry)
+            self.backoff = min(self.backoff * 2, 0.5)
+        elif isinstance(exc, _AttemptTimeout):
+            self.last_error = "no reply"
+            self._retry()
+        else:
+            self.finished = True
+            self.done_cb(None, exc)
+
+    def _retry(self) -> None:
+        self.timer = None
+        if self.bus._loop.time() >= self.deadline:
+            self.finished = True
+            self.done_cb(None, BusTimeout(f"{self.kind} to {self.dest}: {self.last_error} within {self.timeout:g}s"))
+            return
+        self.bus.retries += 1
+        self.send()
+
+    def cancel(self) -> None:
+        self._stop()
+        self.finished = True
+
+    def _stop(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.bus._pending.pop(self.msg_id, None)
+        self.bus._pending_dest.pop(self.msg_id, None)

@@ -17,7 +17,7 @@ import time
 
 from agentos import metrics
 from broker.client import Bus, BusTimeout
-from broker.protocol import Kind
+from broker.protocol import Kind, Message
 from broker.sharding import writer_name
 from storage import records
 
@@ -48,7 +48,6 @@ class LogClient:
         self._batches: dict[str, list[tuple[list, asyncio.Future | None]]] = {}
         self._flush_scheduled = False
         self._linger: asyncio.TimerHandle | None = None
-        self._tasks: set[asyncio.Task] = set()
 
     def new_id(self) -> bytes:
         self._counter += 1
@@ -100,51 +99,45 @@ class LogClient:
                 chunk.append(item)
                 size += len(item[0][2]) + 64
                 if size >= MAX_MESSAGE_BYTES:
-                    self._spawn(self._ship(writer, chunk))
+                    self._ship(writer, chunk)
                     chunk, size = [], 0
             if chunk:
-                self._spawn(self._ship(writer, chunk))
+                self._ship(writer, chunk)
 
-    def _spawn(self, coro) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _ship(self, writer: str, items: list[tuple[list, asyncio.Future | None]]) -> None:
-        """Until acknowledged: SYNC records fail fast on a writer error, ASYNC ones wait and retry."""
-        backoff = 0.5
-        try:
-            while items:
-                reply = await self._request(writer, items)
-                if reply.kind is not Kind.ERROR:
-                    position = reply.body["position"]
-                    for _, fut in items:
-                        if fut is not None and not fut.done():
-                            fut.set_result(position)
-                    return
-                error = LogWriteError(reply.body["code"], reply.body["message"])
+    def _ship(self, writer: str, items: list[tuple[list, asyncio.Future | None]], backoff: float = 0.5) -> None:
+        """Until acknowledged: SYNC records fail fast on a writer error, ASYNC ones wait and retry.
+        Callbacks rather than a task: the message leaves in this loop iteration and the records'
+        futures resolve in the one its ack arrives in (a task costs one iteration each way)."""
+        def acked(reply: Message | None, error: BaseException | None) -> None:
+            if isinstance(error, BusTimeout):
+                self.log.warning("%s has not acknowledged %d records yet (%s); still trying", writer, len(items), error)
+                self._ship(writer, items, backoff)   # the same record ids: the writer keeps one copy
+                return
+            if error is None and reply.kind is not Kind.ERROR:
+                position = reply.body["position"]
                 for _, fut in items:
                     if fut is not None and not fut.done():
-                        fut.set_exception(error)
-                done = len(items)
-                items = [item for item in items if item[1] is None]
-                self.outstanding -= done - len(items)
-                if items:
-                    self.log.warning("%s refused %d ASYNC records (%s); retrying in %.1fs", writer, len(items),
-                                     error, backoff)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 10.0)
-        finally:
-            self.outstanding -= len(items)
-            self.room.set()
+                        fut.set_result(position)
+                self._release(len(items))
+                return
+            if error is None:
+                error = LogWriteError(reply.body["code"], reply.body["message"])
+            for _, fut in items:
+                if fut is not None and not fut.done():
+                    fut.set_exception(error)
+            rest = [item for item in items if item[1] is None] if isinstance(error, LogWriteError) else []
+            self._release(len(items) - len(rest))
+            if rest:
+                self.log.warning("%s refused %d ASYNC records (%s); retrying in %.1fs", writer, len(rest), error,
+                                 backoff)
+                asyncio.get_running_loop().call_later(backoff, self._ship, writer, rest, min(backoff * 2, 10.0))
 
-    async def _request(self, writer: str, items: list[tuple[list, asyncio.Future | None]]):
         body = {"records": [record for record, _ in items], "sync": any(fut is not None for _, fut in items)}
-        while True:
-            try:
-                return await self.bus.request(writer, Kind.LOG_APPEND, body, timeout=30.0, attempt_secs=ATTEMPT_SECS)
-            except BusTimeout as exc:
-                self.log.warning("%s has not acknowledged %d records yet (%s); still trying", writer, len(items), exc)
+        self.bus.request_callback(writer, Kind.LOG_APPEND, body, acked, timeout=30.0, attempt_secs=ATTEMPT_SECS)
+
+    def _release(self, count: int) -> None:
+        self.outstanding -= count
+        self.room.set()
 
     async def drain(self, timeout: float) -> bool:
         """Wait until every record in the outbox is acknowledged (for a clean shutdown)."""
