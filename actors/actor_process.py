@@ -206,6 +206,7 @@ class Actor:
         if running:
             await asyncio.wait([t.task for t in running], timeout=2.0)
         await self.persistence.log.drain(5.0)
+        await self.persistence.log.close()
 
 
 def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> int:

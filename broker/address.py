@@ -65,6 +65,15 @@ class BusAddress:
             return False
 
 
+def direct_log_endpoint(bus_endpoint: "str | BusAddress", index: int) -> str | None:
+    """Where log writer `index` takes appends straight from its senders, beside the broker's
+    socket in the run directory; None over tcp (there every message goes through the broker)."""
+    endpoint = bus_endpoint.endpoint if isinstance(bus_endpoint, BusAddress) else bus_endpoint
+    if not endpoint.startswith("ipc://"):
+        return None
+    return f"{endpoint.rpartition('/')[0]}/log-{index}.sock"
+
+
 def keys_dir(config: Config) -> Path:
     return Path(config.broker.keys_dir or Path(config.storage.dir) / "keys")
 

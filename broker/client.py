@@ -94,6 +94,7 @@ class Bus:
         self.malformed = 0
         self.retries = 0
         self.handler_errors = 0
+        self.restart_hooks: list[Callable[[str], None]] = []   # told of each peer the broker saw restart
 
     def on(self, kind: Kind, handler: Handler) -> None:
         self._handlers[kind] = handler
@@ -105,6 +106,10 @@ class Bus:
     # -- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
+        self.open()
+
+    def open(self) -> None:
+        """`start` for callers that cannot await (it does not block)."""
         self._loop = asyncio.get_running_loop()
         sock = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.ROUTING_ID, self.identity)
@@ -318,6 +323,8 @@ class Bus:
     def _dispatch(self, msg: Message) -> None:
         if msg.kind is Kind.PEER_RESTARTED and msg.src == BROKER:
             self._resend_to(msg.body["name"])
+            for hook in self.restart_hooks:
+                hook(msg.body["name"])
         if msg.kind is Kind.UNDELIVERABLE:
             fut = self._pending.get(msg.id)   # the header is our own request's
             if fut is not None:

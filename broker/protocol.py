@@ -17,12 +17,16 @@ these machines (enum conversions per part), a single frame under 1 µs.
 from __future__ import annotations
 
 import enum
+import re
 import struct
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+
+# A peer's socket identity: NAME#INCARNATION (hex), which the broker and the log inboxes check.
+IDENTITY = re.compile(rb"^[a-z][a-z0-9_.\-/]{0,62}#[0-9a-f]{1,16}$")
 
 PROTO = b"AOS/1"          # protocol id and major version, the first frame of every message
 PROTO_FAMILY = b"AOS/"

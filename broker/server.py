@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import re
 import struct
 import time
 from typing import Callable
@@ -29,7 +28,6 @@ from broker.protocol import BROKER, KIND_BYTES, Kind, ProtocolError
 
 log = logging.getLogger("agent-os.broker")
 
-_IDENTITY = re.compile(rb"^[a-z][a-z0-9_.\-/]{0,62}#[0-9a-f]{1,16}$")
 _BROKER_NAME = BROKER.encode()
 _UNDELIVERABLE = KIND_BYTES[Kind.UNDELIVERABLE]
 _UNDELIVERABLE_PREFIX = bytes([len(_UNDELIVERABLE)]) + _UNDELIVERABLE
@@ -84,7 +82,7 @@ class Broker:
     # -- peers ---------------------------------------------------------------------------
 
     def _register(self, identity: bytes) -> bytes | None:
-        if not _IDENTITY.match(identity):
+        if not protocol.IDENTITY.match(identity):
             return None
         name = identity.partition(b"#")[0]
         old = self.identity_of.get(name)

@@ -42,6 +42,7 @@ def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> in
         watcher.cancel()
         await runner.cleanup()
         await gateway.log_client.drain(5.0)
+        await gateway.log_client.close()
         await gateway.bus.close()
         return service.EXIT_OK
 

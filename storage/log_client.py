@@ -8,6 +8,9 @@ an ASYNC one returns at once and the record waits in this process's outbox until
 outbox is bounded: when it is full, appends wait for room — nothing durable is ever dropped.
 A message is re-sent with the same record ids until a writer acknowledges it (the writer
 writes a re-sent record once), so a writer restart delays appends but loses none.
+
+Appends go to each writer's direct inbox (storage/log_inbox.py) over a second bus client of
+this process, not through the broker; over tcp they take the broker like everything else.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import logging
 import time
 
 from agentos import metrics
+from broker.address import direct_log_endpoint
 from broker.client import Bus, BusTimeout
 from broker.protocol import Kind, Message
 from broker.sharding import writer_name
@@ -48,6 +52,8 @@ class LogClient:
         self._batches: dict[str, list[tuple[list, asyncio.Future | None]]] = {}
         self._flush_scheduled = False
         self._linger: asyncio.TimerHandle | None = None
+        self._links: dict[str, Bus] = {}            # writer -> a bus client connected to its inbox
+        bus.restart_hooks.append(self._peer_restarted)
 
     def new_id(self) -> bytes:
         self._counter += 1
@@ -133,7 +139,30 @@ class LogClient:
                 asyncio.get_running_loop().call_later(backoff, self._ship, writer, rest, min(backoff * 2, 10.0))
 
         body = {"records": [record for record, _ in items], "sync": any(fut is not None for _, fut in items)}
-        self.bus.request_callback(writer, Kind.LOG_APPEND, body, acked, timeout=30.0, attempt_secs=ATTEMPT_SECS)
+        self._link(writer).request_callback(writer, Kind.LOG_APPEND, body, acked, timeout=30.0, attempt_secs=ATTEMPT_SECS)
+
+    def _link(self, writer: str) -> Bus:
+        link = self._links.get(writer)
+        if link is None:
+            endpoint = direct_log_endpoint(self.bus.endpoint, int(writer.rpartition("/")[2]))
+            if endpoint is None:
+                return self.bus
+            link = Bus(self.bus.name, endpoint, role=self.bus.role, heartbeat_secs=self.bus.heartbeat_secs,
+                       log=self.log)
+            link.open()
+            self._links[writer] = link
+        return link
+
+    def _peer_restarted(self, name: str) -> None:
+        """A writer came back: send what waits for its ack again now, not after the attempt timeout."""
+        link = self._links.get(name)
+        if link is not None:
+            link._resend_to(name)
+
+    async def close(self) -> None:
+        for link in self._links.values():
+            await link.close()
+        self._links.clear()
 
     def _release(self, count: int) -> None:
         self.outstanding -= count

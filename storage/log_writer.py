@@ -46,7 +46,8 @@ from broker.sharding import STORE, log_writer
 from storage import compaction, records, segments
 from storage.s3 import ObjectStore, S3Unavailable
 from storage.shipper import Shipper
-from broker.address import bus_address
+from broker.address import bus_address, direct_log_endpoint
+from storage.log_inbox import LogInbox
 
 RECENT_IDS = 500_000      # hard cap on remembered record ids ...
 DEDUPE_SECS = 60.0        # ... which are kept this long: twice a sender's append deadline (log_client)
@@ -86,6 +87,8 @@ class LogWriter:
         self.notice: list[int] = [0, 0]             # (position, records) the store has not been told of
         self.notice_timer: asyncio.TimerHandle | None = None
         self.notice_sent_at = 0.0
+        endpoint = direct_log_endpoint(bus_endpoint, index)
+        self.inbox = LogInbox(log_writer(index), endpoint, self.on_append, log) if endpoint else None
         self.bus = Bus(log_writer(index), bus_endpoint, {Kind.LOG_APPEND: self.on_append, Kind.STATS: self.on_stats,
                                                              Kind.LEASE: self.on_lease},
                        role="writer", heartbeat_secs=config.broker.heartbeat_secs, log=log)
@@ -179,7 +182,7 @@ class LogWriter:
 
     def _refuse(self, waiting: list[tuple[Message, int]]) -> None:
         for msg, _ in waiting:
-            self.bus.reply(msg, Kind.ERROR, {"code": "not_active", "message":
+            self._reply(msg, Kind.ERROR, {"code": "not_active", "message":
                            "this node lost the cluster lease: another node is active"})
 
     def _remember(self, record_id: bytes, now: float) -> None:
@@ -202,7 +205,7 @@ class LogWriter:
         for record in msg.body["records"]:
             if not (isinstance(record, list) and len(record) == 3 and record[0] in records.KNOWN_KINDS
                     and isinstance(record[1], bytes) and 0 < len(record[1]) <= 255 and isinstance(record[2], bytes)):
-                self.bus.reply(msg, Kind.ERROR, {"code": "bad_record", "message": "a record is not [kind, id, body]"})
+                self._reply(msg, Kind.ERROR, {"code": "bad_record", "message": "a record is not [kind, id, body]"})
                 return
             kind, record_id, body = record
             if record_id in self.seen:
@@ -223,7 +226,7 @@ class LogWriter:
             if not self.expected:
                 self.enough.set()
         else:
-            self.bus.reply(msg, Kind.LOG_ACK, {"position": self.segments.end, "count": new})
+            self._reply(msg, Kind.LOG_ACK, {"position": self.segments.end, "count": new})
         self.wake.set()
 
     async def commit_loop(self) -> None:
@@ -293,7 +296,7 @@ class LogWriter:
             return
         acked_at = time.monotonic()
         for msg, n in waiting:
-            self.bus.reply(msg, Kind.LOG_ACK, {"position": end, "count": n})
+            self._reply(msg, Kind.LOG_ACK, {"position": end, "count": n})
             if msg.body.get("sync"):
                 self.sync_senders[msg.src] = acked_at
 
@@ -322,7 +325,7 @@ class LogWriter:
         for record_id in ids:
             self.seen.discard(record_id)  # not written: the senders' retries must get in
         for msg, _ in waiting:
-            self.bus.reply(msg, Kind.ERROR, {"code": code, "message": f"log write failed: {exc.strerror}"})
+            self._reply(msg, Kind.ERROR, {"code": code, "message": f"log write failed: {exc.strerror}"})
 
     async def compaction_loop(self) -> None:
         """Every `storage.compaction_interval_secs`: drop closed runs past the retention window."""
@@ -370,6 +373,11 @@ class LogWriter:
         self.object_store.delete(old)
         metrics.s3_requests.labels("put", "compaction").inc()
 
+    def _reply(self, msg: Message, kind: Kind, body: dict) -> None:
+        """On the path the append came by: the direct inbox, or the broker."""
+        if self.inbox is None or not self.inbox.reply(msg, kind, body, self.bus.new_id()):
+            self.bus.reply(msg, kind, body)
+
     def on_stats(self, msg: Message) -> None:
         shipper = self.shipper.stats if self.shipper else {}
         self.bus.reply(msg, Kind.STATS_REPLY, {"role": "writer", "stats": {
@@ -377,7 +385,8 @@ class LogWriter:
                                  "pending_bytes": self.shipper.pending_bytes if self.shipper else 0,
                                  "failing": bool(self.shipper and self.shipper.failing_since)},
             "active": self._active(), "queued_records": len(self.frames), "waiting_messages": len(self.waiting),
-            "end": self.segments.end if self.segments else 0, "fsync": self.fsync, "bus": self.bus.stats()}})
+            "end": self.segments.end if self.segments else 0, "fsync": self.fsync, "bus": self.bus.stats(),
+            "direct": {"received": self.inbox.received, "malformed": self.inbox.malformed} if self.inbox else None}})
 
 
 def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> int:
@@ -385,6 +394,8 @@ def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> in
         writer = LogWriter(config, index, bus_address(config, run_dir), log)
         await writer.open()
         await writer.bus.start()
+        if writer.inbox is not None:
+            writer.inbox.open()
         committer = asyncio.create_task(writer.commit_loop())
         compactor = asyncio.create_task(writer.compaction_loop())
         await stop.wait()
@@ -397,6 +408,8 @@ def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> in
         compactor.cancel()
         if writer.shipper is not None:
             await asyncio.get_running_loop().run_in_executor(None, writer.shipper.stop)
+        if writer.inbox is not None:
+            writer.inbox.close()
         await writer.bus.close()
         writer.io.submit(writer.segments.close).result()
         writer.io.shutdown()

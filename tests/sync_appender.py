@@ -15,6 +15,7 @@ async def main(endpoint: str, name: str, count: int) -> None:
     for n in range(count):
         await log.append(RecordKind.EVENT, {"session": name, "tenant": "t", "turn": "", "seq": n, "type": "test",
                                             "data": None, "at": 0.0}, name, sync=True)
+    await log.close()
     await bus.close()
     print("done", count, flush=True)
 
