@@ -89,7 +89,11 @@ BENCHMARKS = {
 
 def cmd_bench(args: argparse.Namespace) -> int:
     import importlib
+    import signal
 
+    # SIGTERM unwinds like Ctrl-C: the benchmark's `finally` blocks stop the server trees and peers
+    # it started (in sessions of their own, so nothing else would), instead of leaving them running.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     return importlib.import_module(BENCHMARKS[args.which]).main(args.rest)
 
 

@@ -75,15 +75,20 @@ def run_loadgen(url: str, concurrency: int, duration: float, warmup: float, pref
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     cpu0 = cpu1 = None
     started = time.monotonic()
-    with PeakMemory(pids_fn) as memory:
-        while proc.poll() is None:
-            elapsed = time.monotonic() - started
-            if cpu0 is None and elapsed >= warmup:
-                cpu0, t0 = tree_cpu(pids_fn()), time.monotonic()
-            if cpu1 is None and elapsed >= warmup + duration:
-                cpu1, t1 = tree_cpu(pids_fn()), time.monotonic()
-            progress.tick()
-            time.sleep(0.25)
+    try:
+        with PeakMemory(pids_fn) as memory:
+            while proc.poll() is None:
+                elapsed = time.monotonic() - started
+                if cpu0 is None and elapsed >= warmup:
+                    cpu0, t0 = tree_cpu(pids_fn()), time.monotonic()
+                if cpu1 is None and elapsed >= warmup + duration:
+                    cpu1, t1 = tree_cpu(pids_fn()), time.monotonic()
+                progress.tick()
+                time.sleep(0.25)
+    finally:
+        if proc.poll() is None:   # interrupted (SIGTERM, ^C): the load stops with us
+            proc.kill()
+            proc.wait()
     if proc.returncode != 0:
         raise RuntimeError(f"loadgen failed ({proc.returncode}): {proc.stderr.read().decode()[-2000:]}")
     if cpu1 is None:
