@@ -34,6 +34,9 @@ import zmq
 from broker import frames, protocol
 from broker.address import BusAddress
 from broker.protocol import BROKER, REQUESTS, Kind, Message, ProtocolError
+from broker.requests import Attempts, AttemptTimeout, BusError, BusTimeout, Undeliverable
+
+__all__ = ["Bus", "BusError", "BusTimeout", "Undeliverable", "Handler"]
 
 Handler = Callable[[Message], "Awaitable[None] | None"]
 
@@ -43,22 +46,6 @@ _DEDUPE_MAX = 50_000
 _CACHE_REPLY_MAX_BYTES = 4096
 _PENDING = object()   # request seen, reply not yet sent
 _RERUN = object()     # reply sent but too large to keep: a duplicate simply runs again
-
-
-class BusError(RuntimeError):
-    pass
-
-
-class BusTimeout(BusError):
-    """No reply before the request's deadline."""
-
-
-class Undeliverable(BusError):
-    """The broker could not deliver to the destination (unknown, dead or full)."""
-
-
-class _AttemptTimeout(Exception):
-    pass
 
 
 class Bus:
@@ -261,13 +248,13 @@ class Bus:
 
     def request_callback(self, dest: str, kind: Kind, body: dict[str, Any],
                          done: Callable[[Message | None, BaseException | None], None], *, timeout: float = 5.0,
-                         attempt_secs: float = 1.0, session: str = "", turn: str = "") -> "_Attempts":
+                         attempt_secs: float = 1.0, session: str = "", turn: str = "") -> "Attempts":
         """`request` without a coroutine: `done(reply, None)` or `done(None, BusTimeout)` is called
         from the receive path itself. A hot path (the log client) saves the two loop iterations a
         task costs: one to start sending, one to wake on the reply."""
         msg_id = self.new_id()
         envelope = protocol.encode(dest, kind, body, id=msg_id, session=session, turn=turn)
-        attempts = _Attempts(self, dest, kind, msg_id, envelope, done, timeout, attempt_secs)
+        attempts = Attempts(self, dest, kind, msg_id, envelope, done, timeout, attempt_secs)
         attempts.send()
         return attempts
 
@@ -276,7 +263,7 @@ class Bus:
         for msg_id, dest in list(self._pending_dest.items()):
             fut = self._pending.get(msg_id)
             if dest == name and fut is not None and not fut.done():
-                fut.set_exception(_AttemptTimeout())
+                fut.set_exception(AttemptTimeout())
 
     # -- receiving -----------------------------------------------------------------------
 
@@ -384,80 +371,3 @@ class Bus:
         return {"sent": self.sent, "received": self.received, "malformed": self.malformed,
                 "retries": self.retries, "handler_errors": self.handler_errors,
                 "pending_requests": len(self._pending), "outbox": len(self._outbox)}
-
-
-def _expire_attempt(fut) -> None:
-    if not fut.done():
-        fut.set_exception(_AttemptTimeout())
-
-
-class _Attempts:
-    """One request's attempts: the same id re-sent after each `attempt_secs` without a reply (or
-    sooner, after a back-off, when the broker could not deliver it) until `timeout`. The bus sees
-    each attempt as a pending future (`done`, `set_result`, `set_exception`), answered in place."""
-    __slots__ = ("bus", "dest", "kind", "envelope", "msg_id", "done_cb", "timeout", "deadline", "attempt_secs",
-                 "backoff", "last_error", "timer", "finished")
-
-    def __init__(self, bus: Bus, dest: str, kind: Kind, msg_id: int, envelope: bytes,
-                 done: Callable[[Message | None, BaseException | None], None], timeout: float,
-                 attempt_secs: float) -> None:
-        self.bus, self.dest, self.kind, self.msg_id, self.envelope = bus, dest, kind, msg_id, envelope
-        self.done_cb = done
-        self.timeout = timeout
-        self.deadline = bus._loop.time() + timeout
-        self.attempt_secs = attempt_secs
-        self.backoff = 0.02
-        self.last_error = "no reply"
-        self.timer: asyncio.TimerHandle | None = None
-        self.finished = False
-
-    def send(self) -> None:
-        bus, loop = self.bus, self.bus._loop
-        bus._pending[self.msg_id] = self
-        bus._pending_dest[self.msg_id] = self.dest
-        bus._send_envelope(self.dest, self.envelope)
-        self.timer = loop.call_later(max(0.0, min(self.attempt_secs, self.deadline - loop.time())),
-                                     _expire_attempt, self)
-
-    # -- the pending-future face the bus's receive path uses --
-    def done(self) -> bool:
-        return self.finished
-
-    def set_result(self, reply: Message) -> None:
-        self._stop()
-        self.finished = True
-        self.done_cb(reply, None)
-
-    def set_exception(self, exc: BaseException) -> None:
-        self._stop()
-        loop = self.bus._loop
-        if isinstance(exc, Undeliverable):
-            self.last_error = str(exc)
-            self.timer = loop.call_later(max(0.0, min(self.backoff, self.deadline - loop.time())), self._retry)
-            self.backoff = min(self.backoff * 2, 0.5)
-        elif isinstance(exc, _AttemptTimeout):
-            self.last_error = "no reply"
-            self._retry()
-        else:
-            self.finished = True
-            self.done_cb(None, exc)
-
-    def _retry(self) -> None:
-        self.timer = None
-        if self.bus._loop.time() >= self.deadline:
-            self.finished = True
-            self.done_cb(None, BusTimeout(f"{self.kind} to {self.dest}: {self.last_error} within {self.timeout:g}s"))
-            return
-        self.bus.retries += 1
-        self.send()
-
-    def cancel(self) -> None:
-        self._stop()
-        self.finished = True
-
-    def _stop(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        self.bus._pending.pop(self.msg_id, None)
-        self.bus._pending_dest.pop(self.msg_id, None)
