@@ -1,7 +1,8 @@
 """The supervisor: starts the process tree, restarts what dies, drains and stops on a signal.
 
 Children start in dependency order (broker, mock model, scheduler, actors, gateway), each a
-separate OS process in its own session, and stop in reverse order: SIGTERM, a grace period,
+separate OS process in its own session, forked from a fork server that has their modules
+imported already (agentos/forkserver.py), and stop in reverse order: SIGTERM, a grace period,
 then SIGKILL to its process group. On SIGTERM or SIGINT the gateway drains first (no new turns,
 in-flight turns get `kernel.drain_secs`); a second signal skips the wait. The signal handlers
 only set an event. The live process table is written to the run directory for `agent-os status`.
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from agentos import metrics, service
 from agentos.child import process_name
 from agentos.config import Config
+from agentos.forkserver import ForkedProcess, ForkServer
 from agentos.restart_policy import RestartPolicy, is_crash_loop, next_failure_count, restart_delay
 from agentos.rundir import RunDir
 from broker.address import bus_address
@@ -38,7 +40,7 @@ class Child:
     role: str
     index: int = 0
     name: str = ""
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen | ForkedProcess | None = None
     started_at: float = 0.0
     started_wall: float = 0.0
     restarts: int = 0
@@ -74,6 +76,7 @@ class Supervisor:
         self.standby = standby
         self.lease_keeper = None
         self.exit_code = service.EXIT_OK
+        self.forks = ForkServer(self.env, log)
 
     def plan(self) -> list[Child]:
         children = [Child("broker")]
@@ -99,17 +102,20 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self.on_signal)
         loop.add_signal_handler(signal.SIGINT, self.on_signal)
+        self.forks.launch()  # it imports while the lease is taken
         keeper_task = None
         if self.config.storage.s3.bucket:
             from agentos.lease import LeaseKeeper, node_id
             self.config.cluster.node_id = node_id(self.config)
             self.lease_keeper = LeaseKeeper(self.config)
             if not await self.lease_keeper.acquire(self.stop_event, self.standby):
+                self.forks.close()
                 return service.EXIT_OK
             self.config.cluster.epoch = self.lease_keeper.lease.epoch
             keeper_task = asyncio.create_task(self.lease_keeper.keep(self._lease_renewed, self._lease_lost))
         elif self.standby:
             log.error("--standby needs storage.s3: the lease lives in the bucket")
+            self.forks.close()
             return service.EXIT_CONFIG
         self.write_config()
         try:
@@ -140,6 +146,7 @@ class Supervisor:
         self.stop_event.set()
 
     async def start_all(self) -> None:
+        await self.forks.wait_ready(READY_TIMEOUT_SECS)
         for child in self.children:
             if self.stop_event.is_set():
                 return
@@ -173,9 +180,10 @@ class Supervisor:
             await asyncio.sleep(0.02)
 
     def start(self, child: Child) -> None:
-        cmd = [sys.executable, "-m", "agentos.child", child.role, str(child.index), str(self.run_dir.path),
-               str(os.getpid())]
-        child.proc = subprocess.Popen(cmd, env=self.env, stdin=subprocess.DEVNULL, start_new_session=True)
+        args = [child.role, str(child.index), str(self.run_dir.path), str(os.getpid())]
+        child.proc = self.forks.spawn(args) or subprocess.Popen(
+            [sys.executable, "-m", "agentos.child", *args], env=self.env, stdin=subprocess.DEVNULL,
+            start_new_session=True)
         child.started_at = time.monotonic()
         child.started_wall = time.time()
         child.restart_at = 0.0
@@ -192,6 +200,35 @@ class Supervisor:
                 elif child.proc is None and child.restart_at and now >= child.restart_at:
                     log.info("restarting %s (restart #%d)", child.name, child.restarts)
                     self.start(child)
+            self.keep_fork_server()
+            self.reap_strangers()
+
+    def keep_fork_server(self) -> None:
+        forks = self.forks
+        if forks.proc is not None and forks.proc.poll() is not None:
+            log.warning("the fork server (pid %d) exited with code %d; starting a new one", forks.proc.pid,
+                        forks.proc.returncode)
+            metrics.mark_dead(forks.proc.pid)
+            forks.launch()
+            self.write_table()
+        forks.poll_ready()
+
+    def reap_strangers(self) -> None:
+        """As a subreaper we inherit any orphan of the tree: reap those that are not our children."""
+        ours = {c.proc.pid for c in self.children if c.proc is not None}
+        if self.forks.proc is not None:
+            ours.add(self.forks.proc.pid)
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None or info.si_pid in ours:
+                return  # ours are reaped by their own poll()
+            try:
+                os.waitpid(info.si_pid, 0)
+            except ChildProcessError:
+                return
 
     def on_exit(self, child: Child, now: float) -> None:
         code = child.proc.returncode
@@ -247,6 +284,9 @@ class Supervisor:
                 await self.bus.close()
                 self.bus = None
             await self.stop_child(child, grace)
+        if self.forks.proc is not None:
+            metrics.mark_dead(self.forks.proc.pid)
+        self.forks.close()
         self.write_table()
 
     async def stop_child(self, child: Child, grace: float) -> None:
@@ -276,6 +316,8 @@ class Supervisor:
                  "crash_loop": c.in_crash_loop} for c in self.children]
         self.run_dir.write_json(self.run_dir.processes_path, {
             "supervisor": {"pid": os.getpid(), "started_at": _STARTED_AT},
+            "forkserver": {"pid": self.forks.proc.pid if self.forks.proc else None,
+                           "restarts": max(0, self.forks.launches - 1)},
             "listen": self.config.gateway.listen, "gateway_port": self.run_dir.read_port("gateway"),
             "stopping": self.stopping, "children": rows})
 

@@ -246,7 +246,11 @@ def checkpoints_in_log(data_dir: Path) -> dict[str, set[str]]:
 
 
 def restarts_by_role(server: ServerProcess) -> dict[str, int]:
-    return {row["name"]: row["restarts"] for row in server.table()["children"]}
+    table = server.table()
+    out = {row["name"]: row["restarts"] for row in table["children"]}
+    if "forkserver" in table:
+        out["forkserver"] = table["forkserver"]["restarts"]
+    return out
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -194,6 +194,8 @@ class ServerProcess:
         """Every live process of the tree by name, the supervisor included."""
         table = self.table()
         out = {"supervisor": table["supervisor"]["pid"]}
+        if (table.get("forkserver") or {}).get("pid"):
+            out["forkserver"] = table["forkserver"]["pid"]
         out.update({r["name"]: r["pid"] for r in table["children"] if r["pid"]})
         return out
 
@@ -206,6 +208,8 @@ class ServerProcess:
         except (OSError, ValueError):
             return
         self.seen_pids.update(r["pid"] for r in table["children"] if r["pid"])
+        if (table.get("forkserver") or {}).get("pid"):
+            self.seen_pids.add(table["forkserver"]["pid"])
 
     def kill9(self, name: str, timeout: float = 20.0) -> None:
         """kill -9 one process and wait until the supervisor has restarted it."""

@@ -9,7 +9,8 @@ import sys
 from bench.server_proc import pid_alive
 from harness import REPO
 
-ROLES = {"broker", "gateway/0", "actor/0", "actor/1", "scheduler", "writer/log/0", "writer/store", "mock-llm"}
+ROLES = {"broker", "gateway/0", "actor/0", "actor/1", "scheduler", "writer/log/0", "writer/store", "mock-llm",
+         "forkserver"}   # its death only means the supervisor starts a new one
 
 
 def test_twenty_seconds_of_sigkills_lose_nothing_acknowledged(tmp_path):

@@ -31,6 +31,27 @@ def test_kill9_of_an_actor_then_the_next_turn_of_its_session_succeeds(server):
     assert server.restarts(name) == restarts + 1
 
 
+def test_children_are_adopted_by_the_supervisor_and_a_killed_fork_server_is_replaced(server):
+    table = server.table()
+    supervisor, forks = table["supervisor"]["pid"], table["forkserver"]["pid"]
+    # Forked twice, each child is the supervisor's own: it waits for it and it dies with it.
+    assert {_parent_of(row["pid"]) for row in table["children"]} == {supervisor}
+    server.remember_pids()
+    os.kill(forks, signal.SIGKILL)
+    wait_until(lambda: server.table()["forkserver"]["pid"] not in (None, forks), 10, "a new fork server")
+    assert server.table()["forkserver"]["restarts"] == 1
+    server.remember_pids()
+    server.kill9("actor/0")
+    assert _parent_of(server.pid("actor/0")) == supervisor
+    sid = next(f"fork-{i}" for i in range(100) if shard_of(f"fork-{i}", 2) == 0)
+    assert turn(server.url, sid, "after a new fork server").terminal == "turn.completed"
+
+
+def _parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
 def test_kill9_of_the_broker_then_peers_reconnect_and_the_next_turn_succeeds(server):
     assert turn(server.url, "fault-broker", "before").terminal == "turn.completed"
     server.kill9("broker")
@@ -120,7 +141,8 @@ def test_kill9_of_the_supervisor_leaves_no_orphans(make_server):
     server = make_server()
     server.remember_pids()
     children = set(server.seen_pids)
-    assert len(children) == 8
+    assert server.table()["forkserver"]["pid"] in children
+    assert len(children) == 9   # eight children and the fork server they were forked from
     os.kill(server.proc.pid, signal.SIGKILL)
     server.proc.wait(10)
     # Children die with their parent (PR_SET_PDEATHSIG), they are not left to init.
