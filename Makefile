@@ -18,8 +18,12 @@ install: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/agent-os serve $(if $(CONFIG),--config $(CONFIG))
 
+# The suite mostly waits on real process trees, so it runs on TEST_WORKERS pytest-xdist workers
+# (TEST_WORKERS=0 runs it in this process, in order).
+TEST_WORKERS ?= 4
+
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
