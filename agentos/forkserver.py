@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import gc
 import importlib
 import json
 import os
@@ -244,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     from agentos.child import ROLES
     for module in ROLES.values():
         importlib.import_module(module)
+    # Out of the collector's sight: a child's full collections then do not walk the modules of
+    # other roles, and do not write to (and so copy) the pages it shares with this process.
+    gc.freeze()
     sock = socket.socket(fileno=fd)
     sock.send(json.dumps({"ready": True, "pid": os.getpid()}).encode())
     child_args = _serve(sock)

@@ -258,7 +258,7 @@ class Bus:
         attempts.send()
         return attempts
 
-    def _resend_to(self, name: str) -> None:
+    def resend_to(self, name: str) -> None:
         """The peer restarted: end the current attempt of every request to it, so it is sent again now."""
         for msg_id, dest in list(self._pending_dest.items()):
             fut = self._pending.get(msg_id)
@@ -309,7 +309,7 @@ class Bus:
 
     def _dispatch(self, msg: Message) -> None:
         if msg.kind is Kind.PEER_RESTARTED and msg.src == BROKER:
-            self._resend_to(msg.body["name"])
+            self.resend_to(msg.body["name"])
             for hook in self.restart_hooks:
                 hook(msg.body["name"])
         if msg.kind is Kind.UNDELIVERABLE:

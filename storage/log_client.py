@@ -157,7 +157,7 @@ class LogClient:
         """A writer came back: send what waits for its ack again now, not after the attempt timeout."""
         link = self._links.get(name)
         if link is not None:
-            link._resend_to(name)
+            link.resend_to(name)
 
     async def close(self) -> None:
         for link in self._links.values():
