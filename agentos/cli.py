@@ -84,6 +84,7 @@ BENCHMARKS = {
     "steps": "bench.steps",
     "chaos": "bench.chaos",
     "soak": "bench.soak",
+    "startup": "bench.startup",
 }
 
 

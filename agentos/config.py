@@ -52,6 +52,9 @@ class KernelConfig:
     # After a turn's first token goes out, later tokens are merged into one delta per window:
     # fewer messages and SSE writes, no change to time to first token.
     delta_window_ms: float = 50.0
+    # Fork children from a process that has their modules imported (agentos/forkserver.py);
+    # false: each child starts with `python -m agentos.child` and imports its own.
+    fork_server: bool = True
 
 
 @dataclass

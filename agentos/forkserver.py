@@ -69,15 +69,15 @@ class ForkedProcess:
 class ForkServer:
     """The supervisor's handle on its fork server."""
 
-    def __init__(self, env: dict[str, str], log) -> None:
+    def __init__(self, env: dict[str, str], log, enabled: bool = True) -> None:
         self.env = env
         self.log = log
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
         self.pid = 0            # the server's pid once it said it is ready
         self.launches = 0
-        self.enabled = _become_subreaper()
-        if not self.enabled:
+        self.enabled = enabled and _become_subreaper()
+        if enabled and not self.enabled:
             log.info("the kernel refused PR_SET_CHILD_SUBREAPER: children start with python -m agentos.child")
 
     def launch(self) -> None:

@@ -76,7 +76,7 @@ class Supervisor:
         self.standby = standby
         self.lease_keeper = None
         self.exit_code = service.EXIT_OK
-        self.forks = ForkServer(self.env, log)
+        self.forks = ForkServer(self.env, log, enabled=config.kernel.fork_server)
 
     def plan(self) -> list[Child]:
         children = [Child("broker")]

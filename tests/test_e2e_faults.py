@@ -158,3 +158,14 @@ def test_idle_sessions_leave_memory_after_their_ttl(make_server):
     wait_until(lambda: scrape(server.url).get("agentos_sessions_evicted_total", 0) == 3, 20, "TTL eviction")
     assert scrape(server.url)["agentos_active_sessions"] == 0
     assert turn(server.url, "ttl-0", "back again").terminal == "turn.completed"
+
+
+def test_without_the_fork_server_children_start_on_their_own(make_server):
+    server = make_server({"kernel": {"fork_server": False}})
+    table = server.table()
+    assert table["forkserver"]["pid"] is None
+    assert {_parent_of(row["pid"]) for row in table["children"]} == {table["supervisor"]["pid"]}
+    assert turn(server.url, "no-forks", "hello").terminal == "turn.completed"
+    server.kill9("actor/1")   # restarted the same way
+    sid = next(f"no-forks-{i}" for i in range(100) if shard_of(f"no-forks-{i}", 2) == 1)
+    assert turn(server.url, sid, "hello").terminal == "turn.completed"
