@@ -9,8 +9,9 @@ outbox is bounded: when it is full, appends wait for room — nothing durable is
 A message is re-sent with the same record ids until a writer acknowledges it (the writer
 writes a re-sent record once), so a writer restart delays appends but loses none.
 
-Appends go to each writer's direct inbox (storage/log_inbox.py) over a second bus client of
-this process, not through the broker; over tcp they take the broker like everything else.
+Appends go to each writer's direct inbox (storage/log_inbox.py) over a Unix socket of their
+own (storage/log_link.py), not through the broker; over tcp they take the broker like
+everything else.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from broker.client import Bus, BusTimeout
 from broker.protocol import Kind, Message
 from broker.sharding import writer_name
 from storage import records
+from storage.log_link import LogLink
 
 MAX_OUTSTANDING = 20_000
 MAX_MESSAGE_BYTES = 4 << 20
@@ -52,7 +54,7 @@ class LogClient:
         self._batches: dict[str, list[tuple[list, asyncio.Future | None]]] = {}
         self._flush_scheduled = False
         self._linger: asyncio.TimerHandle | None = None
-        self._links: dict[str, Bus] = {}            # writer -> a bus client connected to its inbox
+        self._links: dict[str, LogLink] = {}        # writer -> the connection to its inbox
         bus.restart_hooks.append(self._peer_restarted)
 
     def new_id(self) -> bytes:
@@ -147,8 +149,7 @@ class LogClient:
             endpoint = direct_log_endpoint(self.bus.endpoint, int(writer.rpartition("/")[2]))
             if endpoint is None:
                 return self.bus
-            link = Bus(self.bus.name, endpoint, role=self.bus.role, heartbeat_secs=self.bus.heartbeat_secs,
-                       log=self.log)
+            link = LogLink(self.bus.name, writer, endpoint, self.log)
             link.open()
             self._links[writer] = link
         return link

@@ -302,7 +302,8 @@ class LogWriter:
 
     async def _gather(self) -> None:
         now = time.monotonic()
-        recent = {s for s, t in self.sync_senders.items() if now - t < 0.005}
+        # "About to send again": acked within the window this fsync may wait (5 ms at least).
+        recent = {s for s, t in self.sync_senders.items() if now - t < max(0.005, self.window)}
         if len(self.sync_senders) > 1000:
             self.sync_senders = {s: self.sync_senders[s] for s in recent}
         self.expected = recent - {msg.src for msg, _ in self.waiting}
@@ -395,7 +396,7 @@ def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> in
         await writer.open()
         await writer.bus.start()
         if writer.inbox is not None:
-            writer.inbox.open()
+            await writer.inbox.open()
         committer = asyncio.create_task(writer.commit_loop())
         compactor = asyncio.create_task(writer.compaction_loop())
         await stop.wait()

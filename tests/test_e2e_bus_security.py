@@ -13,6 +13,7 @@ import zmq.auth
 from broker import protocol
 from broker.protocol import Kind
 from harness import REPO, get_json, turn, wait_until
+from storage.log_inbox import frame
 
 ROLES = ["gateway/0", "actor/0", "actor/1", "scheduler", "writer/log/0", "writer/store"]
 
@@ -95,3 +96,30 @@ def test_random_and_oversized_frames_to_every_role(make_server):
     rows = wait_until(counted, 20, "every role to count the malformed messages", interval=0.5)
     assert {name: rows[name]["pid"] for name in before} == before   # nobody crashed or restarted
     assert turn(server.url, "after-fuzz", "still fine?").terminal == "turn.completed"
+
+
+def test_garbage_on_a_writers_direct_inbox_closes_that_connection_only(make_server):
+    import socket
+    server = make_server()
+    pid = server.pid("writer/log/0")
+    path = str(server.rundir / "log-0.sock")
+    rng = random.Random(11)
+    attempts = [b"\x00\x00\x00\x05hello",                                   # not a bus identity
+                (70 << 20).to_bytes(4, "big"),                              # a frame over 64 MiB
+                frame(b"fuzz/0#1") + frame(os.urandom(40)),                  # a bad envelope
+                frame(b"fuzz/0#1") + frame(protocol.encode("writer/log/1", Kind.LOG_APPEND, {"records": []}, id=1)),
+                os.urandom(300)]
+    attempts += [bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 200))) for _ in range(20)]
+    for data in attempts:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(5)
+            sock.connect(path)
+            sock.sendall(data)
+            sock.shutdown(socket.SHUT_WR)
+            assert sock.recv(100) == b""   # nothing answered; closed (at once, or at our EOF)
+    rows = {r["name"]: r for r in json.loads(server.cli("status", "--json").stdout)["processes"]}
+    assert rows["writer/log/0"]["pid"] == pid and rows["writer/log/0"]["stats"]["direct"]["malformed"] >= 4
+    # Real appends still take the direct path.
+    assert turn(server.url, "after-inbox-fuzz", "still fine?").terminal == "turn.completed"
+    rows = {r["name"]: r for r in json.loads(server.cli("status", "--json").stdout)["processes"]}
+    assert rows["writer/log/0"]["stats"]["direct"]["received"] > 0
