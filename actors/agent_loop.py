@@ -127,8 +127,10 @@ class AgentLoop:
                      "total_ms": round((now - turn.started_at) * 1000.0, 3)}
         self.persistence.event_nowait(turn, "turn.completed", {"outcome": "completed", "usage": usage,
                                                               "durations": durations, "steps": seq})
-        await self.persistence.checkpoint(session, turn)
+        # The run's end rides in the batch of the last checkpoint (same writer: the session's), so
+        # a turn whose end the client saw is never resumed after a crash and completed twice.
         self.flows.record(run, "run.ended", sync=False, status="completed", result={"steps": seq})
+        await self.persistence.checkpoint(session, turn)
         metrics.inc(metrics.tokens_prompt, usage["prompt_tokens"])
         metrics.inc(metrics.tokens_completion, usage["completion_tokens"])
         if ttft_ms is not None:

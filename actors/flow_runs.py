@@ -82,7 +82,8 @@ class Flows(WorkerRequests, RunRequests):
         """Apply a record to the run now and append it; SYNC returns the future of its ack."""
         body = {"run": run.run_id, "tenant": run.tenant, "type": kind, "at": time.time(), "exec": run.exec, **fields}
         apply(run, body)
-        coro = self.journal_log.append(RecordKind.FLOW, body, run.run_id, sync=True)
+        # Routed like the run's actor: a turn's run (`session/turn`) goes to its session's writer.
+        coro = self.journal_log.append(RecordKind.FLOW, body, run.run_id.split("/", 1)[0], sync=True)
         fut = asyncio.ensure_future(coro)
         if not sync:
             run.pending.add(fut)
