@@ -247,10 +247,7 @@ def checkpoints_in_log(data_dir: Path) -> dict[str, set[str]]:
 
 def restarts_by_role(server: ServerProcess) -> dict[str, int]:
     table = server.table()
-    out = {row["name"]: row["restarts"] for row in table["children"]}
-    if "forkserver" in table:
-        out["forkserver"] = table["forkserver"]["restarts"]
-    return out
+    return {**{row["name"]: row["restarts"] for row in table["children"]}, "forkserver": table["forkserver"]["restarts"]}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

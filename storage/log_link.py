@@ -54,7 +54,6 @@ class LogLink(Bus):
         self.writer = writer
         self.path = socket_path(endpoint)
         self.transport: asyncio.Transport | None = None
-        self.connections = 0
 
     def open(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -75,7 +74,6 @@ class LogLink(Bus):
 
     def connected(self, transport: asyncio.Transport) -> None:
         self.transport = transport
-        self.connections += 1
         transport.write(frame(self.identity))
         self.resend_to(self.writer)
 
