@@ -76,6 +76,7 @@ class ForkServer:
         self.sock: socket.socket | None = None
         self.pid = 0            # the server's pid once it said it is ready
         self.launches = 0
+        self.started_wall = 0.0
         self.enabled = enabled and _become_subreaper()
         if enabled and not self.enabled:
             log.info("the kernel refused PR_SET_CHILD_SUBREAPER: children start with python -m agentos.child")
@@ -85,6 +86,7 @@ class ForkServer:
             return
         self.close()
         self.launches += 1
+        self.started_wall = time.time()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
             self.proc = subprocess.Popen(

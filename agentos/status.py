@@ -77,6 +77,11 @@ def collect(config: Config) -> dict[str, Any]:
     rows = [{"name": "supervisor", "role": "supervisor", "pid": supervisor_pid,
              "uptime_secs": round(now - table["supervisor"]["started_at"], 1), "restarts": 0,
              **proc_memory(supervisor_pid)}]
+    forks = table.get("forkserver") or {}
+    if forks.get("pid"):
+        rows.append({"name": "forkserver", "role": "forkserver", "pid": forks["pid"],
+                     "uptime_secs": round(now - forks["started_at"], 1) if forks.get("started_at") else None,
+                     "restarts": forks.get("restarts", 0), **proc_memory(forks["pid"])})
     for child in table["children"]:
         pid = child["pid"]
         rows.append({"name": child["name"], "role": child["role"], "pid": pid,

@@ -317,7 +317,7 @@ class Supervisor:
         self.run_dir.write_json(self.run_dir.processes_path, {
             "supervisor": {"pid": os.getpid(), "started_at": _STARTED_AT},
             "forkserver": {"pid": self.forks.proc.pid if self.forks.proc else None,
-                           "restarts": max(0, self.forks.launches - 1)},
+                           "restarts": max(0, self.forks.launches - 1), "started_at": self.forks.started_wall},
             "listen": self.config.gateway.listen, "gateway_port": self.run_dir.read_port("gateway"),
             "stopping": self.stopping, "children": rows})
 

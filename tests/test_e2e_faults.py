@@ -40,6 +40,8 @@ def test_children_are_adopted_by_the_supervisor_and_a_killed_fork_server_is_repl
     os.kill(forks, signal.SIGKILL)
     wait_until(lambda: server.table()["forkserver"]["pid"] not in (None, forks), 10, "a new fork server")
     assert server.table()["forkserver"]["restarts"] == 1
+    rows = {r["name"]: r for r in json.loads(server.cli("status", "--json").stdout)["processes"]}
+    assert rows["forkserver"]["pid"] == server.table()["forkserver"]["pid"] and rows["forkserver"]["restarts"] == 1
     server.remember_pids()
     server.kill9("actor/0")
     assert _parent_of(server.pid("actor/0")) == supervisor
@@ -97,8 +99,8 @@ def test_status_lists_every_role_with_a_pid(server):
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     names = {r["name"]: r for r in data["processes"]}
-    assert set(names) == {"supervisor", "broker", "mock-llm", "writer/log/0", "writer/store", "scheduler", "actor/0",
-                          "actor/1", "gateway/0"}
+    assert set(names) == {"supervisor", "forkserver", "broker", "mock-llm", "writer/log/0", "writer/store", "scheduler",
+                          "actor/0", "actor/1", "gateway/0"}
     for row in names.values():
         assert row["pid"] and pid_alive(row["pid"])
         assert row["rss_kib"] > 0 and row["private_dirty_kib"] > 0
