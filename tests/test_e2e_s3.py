@@ -123,7 +123,10 @@ def test_kill9_of_the_active_node_and_the_standby_takes_over(make_s3_server, mak
 
 
 def test_s3_outage_holds_s3_acks_and_local_mode_goes_on(make_s3_server, s3):
-    node = make_s3_server(s3.new_bucket(), "s3mode")
+    # The lease outlives the outage by far: this test is about acks, not about losing the lease
+    # (on a loaded machine a 3 s lease could lapse during a 2.5 s outage).
+    lasting = {"cluster": {"lease_ttl_secs": 15.0}}
+    node = make_s3_server(s3.new_bucket(), "s3mode", lasting)
     assert put(node.url, "outage", "before", b"before") == 200
     s3.proxy.set("503")
     results = {}
@@ -138,7 +141,7 @@ def test_s3_outage_holds_s3_acks_and_local_mode_goes_on(make_s3_server, s3):
     assert latest(node.url, "outage") == b"during"
     assert "object storage unavailable" in node.log() and "object storage is back" in node.log()
 
-    local = make_s3_server(s3.new_bucket(), "localmode", durability="local")
+    local = make_s3_server(s3.new_bucket(), "localmode", lasting, durability="local")
     s3.proxy.set("refuse")
     try:
         started = time.monotonic()
