@@ -101,9 +101,9 @@ class ForkServer:
             return False
         try:
             data = await asyncio.wait_for(asyncio.get_running_loop().sock_recv(self.sock, 4096), timeout)
-            self.pid = int(json.loads(data)["pid"]) if data else 0
-        except (asyncio.TimeoutError, OSError, ValueError, KeyError, TypeError):
-            self.pid = 0
+        except (asyncio.TimeoutError, OSError):
+            data = b""
+        self.pid = _ready_pid(data)
         if not self.pid:
             self.log.warning("the fork server did not start; children start with python -m agentos.child")
             self.close()
@@ -149,10 +149,7 @@ class ForkServer:
             return
         except OSError:
             data = b""
-        try:
-            self.pid = int(json.loads(data)["pid"]) if data else 0
-        except (ValueError, KeyError, TypeError):
-            self.pid = 0
+        self.pid = _ready_pid(data)
         if not self.pid:
             self.close()
 
@@ -167,6 +164,14 @@ class ForkServer:
             self.proc.wait()
             self.proc = None
         self.pid = 0
+
+
+def _ready_pid(data: bytes) -> int:
+    """The server's pid from its ready message; 0 for anything else (EOF, garbage)."""
+    try:
+        return int(json.loads(data)["pid"]) if data else 0
+    except (ValueError, KeyError, TypeError):
+        return 0
 
 
 def _become_subreaper() -> bool:
