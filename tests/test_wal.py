@@ -273,3 +273,22 @@ def test_checkpoint_rows_from_before_the_payload_file_still_read(tmp_path):
     assert store.query("blob_latest", "old")[0][0]["payload"] == b"inline"
     assert store.query("blob_latest", "new")[0][0]["payload"] == b"outside"
     store.close()
+
+
+def test_payload_file_syncs_in_chunks_and_reads_back_every_byte(tmp_path, monkeypatch):
+    """A sync larger than one flush chunk writes it all, at the offsets append() promised."""
+    from storage import payload_file
+
+    monkeypatch.setattr(payload_file, "SYNC_CHUNK", 1000)
+    synced = []
+    real_fdatasync = os.fdatasync
+    monkeypatch.setattr(payload_file.os, "fdatasync", lambda fd: (synced.append(fd), real_fdatasync(fd)))
+    f = payload_file.PayloadFile(tmp_path / "p")
+    assert f.open(0) == 0
+    parts = [bytes([i]) * (700 + 300 * i) for i in range(6)]
+    spots = [f.append(p) for p in parts]
+    f.sync()
+    assert len(synced) == -(-sum(map(len, parts)) // 1000)   # one flush per chunk, none larger
+    assert [f.read(at, n) for at, n in spots] == parts
+    f.close()
+    assert (tmp_path / "p").stat().st_size == sum(map(len, parts))
