@@ -30,6 +30,9 @@ class GatewayConfig:
     max_input_chars: int = 200_000
     retry_after_secs: int = 1
     checkpoint_cache_mb: int = 64     # newest checkpoint per session, kept for GET …/checkpoints/latest
+    # Serve the two checkpoint routes on a lean HTTP/1.1 path (gateway/fast_path.py); every other
+    # request, and any unusual one, is aiohttp's either way.
+    fast_checkpoints: bool = True
     # A turn whose actor stays silent this long is probed (resume request) so a lost
     # message or a dead actor never leaves a stream hanging.
     turn_probe_secs: float = 5.0

@@ -36,15 +36,19 @@ def access_middleware(log: LogClient | None):
             raise
         finally:
             info = request.match_info.route.resource
-            route = info.canonical if info is not None else "unmatched"
-            metrics.inc(_requests_counter(route, status))
-            if log is not None:
-                session = request.match_info.get("sid", "")
-                body = {"at": time.time(), "method": request.method, "route": route, "status": status,
-                        "tenant": request.get("tenant", ""), "session": session,
-                        "duration_ms": round((time.monotonic() - started) * 1000.0, 3)}
-                log.append_nowait(RecordKind.ACCESS, body, session)
+            record(log, request.method, info.canonical if info is not None else "unmatched", status,
+                   request.get("tenant", ""), request.match_info.get("sid", ""), started)
     return middleware
+
+
+def record(log: LogClient | None, method: str, route: str, status: int, tenant: str, session: str,
+           started: float) -> None:
+    """Count one answered request and append its access row (`started`: time.monotonic())."""
+    metrics.inc(_requests_counter(route, status))
+    if log is not None:
+        body = {"at": time.time(), "method": method, "route": route, "status": status, "tenant": tenant,
+                "session": session, "duration_ms": round((time.monotonic() - started) * 1000.0, 3)}
+        log.append_nowait(RecordKind.ACCESS, body, session)
 
 
 _COUNTERS: dict[tuple[str, int], object] = {}

@@ -35,6 +35,13 @@ START_TIMEOUT_SECS = 10.0
 MAX_FAILED_PROBES = 6
 
 
+def check_session_id(sid: str) -> str:
+    if not SESSION_ID.match(sid):
+        raise ApiError(400, "invalid_session_id",
+                       "session id must be 1-128 characters of letters, digits and . _ : - (starting alphanumeric)")
+    return sid
+
+
 class SseResponse(web.StreamResponse):
     # The status line and headers go out with the first event instead of in a write of their own
     # (aiohttp's documented opt-in for buffering the headers).
@@ -99,23 +106,21 @@ class Gateway:
     # -- helpers --------------------------------------------------------------------------
 
     def tenant_of(self, request: web.Request) -> str:
+        tenant = request["tenant"] = self.tenant_for(request.headers.get("Authorization", ""))
+        return tenant
+
+    def tenant_for(self, authorization: str) -> str:
+        """The tenant an `Authorization` header value names (any, when no API keys are set)."""
         if not self.api_keys:
-            request["tenant"] = DEFAULT_TENANT
             return DEFAULT_TENANT
-        header = request.headers.get("Authorization", "")
-        scheme, _, key = header.partition(" ")
+        scheme, _, key = authorization.partition(" ")
         tenant = self.api_keys.get(key.strip()) if scheme.lower() == "bearer" else None
         if tenant is None:
             raise ApiError(401, "unauthorized", "missing or unknown API key (Authorization: Bearer KEY)")
-        request["tenant"] = tenant
         return tenant
 
     def session_id(self, request: web.Request) -> str:
-        sid = request.match_info["sid"]
-        if not SESSION_ID.match(sid):
-            raise ApiError(400, "invalid_session_id",
-                           "session id must be 1-128 characters of letters, digits and . _ : - (starting alphanumeric)")
-        return sid
+        return check_session_id(request.match_info["sid"])
 
     def session_of(self, request: web.Request) -> tuple[str, str, str]:
         """(tenant, session id inside the server, session id as the client names it)."""

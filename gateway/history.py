@@ -82,13 +82,15 @@ class HistoryRoutes:
 
     async def put_checkpoint(self, request: web.Request) -> web.Response:
         tenant, sid, external_sid = self.gw.session_of(request)
-        key = request.match_info["key"]
-        if not CHECKPOINT_KEY.match(key):
-            raise ApiError(400, "invalid_key", "checkpoint key must be 1-200 characters of letters, digits and . _ : -")
+        key = check_key(request.match_info["key"])
         limit = self.gw.config.storage.max_checkpoint_bytes
         if request.content_length is not None and request.content_length > limit:
             raise ApiError(413, "checkpoint_too_large", f"checkpoint over {limit} bytes")
         payload = await self.gw.read_body(request, limit, "checkpoint_too_large")
+        return json_response(await self.save_checkpoint(tenant, sid, external_sid, key, payload))
+
+    async def save_checkpoint(self, tenant: str, sid: str, external_sid: str, key: str, payload: bytes) -> dict:
+        """Append a checkpoint and return, once it is durable, the answer's JSON body."""
         seq = self._next_seq()
         try:
             await self.gw.log_client.append(RecordKind.BLOB, {"session": sid, "tenant": tenant, "key": key, "seq": seq,
@@ -97,8 +99,7 @@ class HistoryRoutes:
             status, code = WRITE_ERRORS.get(exc.code, (503, "storage_error"))
             raise ApiError(status, code, f"checkpoint not saved: {exc}") from None
         self.latest.offer(sid, Checkpoint(key, seq, payload))
-        return json_response({"session_id": external_sid, "key": key, "seq": seq,
-                              "durability": self.gw.config.storage.durability})
+        return {"session_id": external_sid, "key": key, "seq": seq, "durability": self.gw.config.storage.durability}
 
     def _next_seq(self) -> int:
         """Checkpoint numbers: microseconds since the epoch, strictly increasing in this process."""
@@ -107,6 +108,11 @@ class HistoryRoutes:
 
     async def get_latest_checkpoint(self, request: web.Request) -> web.Response:
         tenant, sid, _ = self.gw.session_of(request)
+        latest = await self.latest_checkpoint(tenant, sid)
+        return web.Response(body=latest.payload, content_type="application/octet-stream",
+                            headers={"X-Checkpoint-Key": latest.key, "X-Checkpoint-Seq": str(latest.seq)})
+
+    async def latest_checkpoint(self, tenant: str, sid: str) -> Checkpoint:
         latest = self.latest.get(sid)
         if latest is None:
             rows = (await self._query({"query": "blob_latest", "session": sid, "tenant": tenant, "sync": True}))["rows"]
@@ -115,5 +121,10 @@ class HistoryRoutes:
             # A PUT acknowledged while the store answered is newer: offer() keeps whichever is.
             row = rows[0]
             latest = self.latest.offer(sid, Checkpoint(row["key"], row["seq"], row["payload"]))
-        return web.Response(body=latest.payload, content_type="application/octet-stream",
-                            headers={"X-Checkpoint-Key": latest.key, "X-Checkpoint-Seq": str(latest.seq)})
+        return latest
+
+
+def check_key(key: str) -> str:
+    if not CHECKPOINT_KEY.match(key):
+        raise ApiError(400, "invalid_key", "checkpoint key must be 1-200 characters of letters, digits and . _ : -")
+    return key

@@ -14,6 +14,7 @@ from agentos import service
 from agentos.config import Config
 from agentos.rundir import RunDir, write_port_file
 from gateway.app import Gateway
+from gateway.fast_path import FrontServer
 from broker.address import bus_address
 
 
@@ -26,20 +27,26 @@ def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> in
         host, port = config.listen_host_port
         if port == 0:
             port = run_dir.read_port("gateway") or 0
+        front = FrontServer(gateway, runner.server) if config.gateway.fast_checkpoints else None
         site = web.TCPSite(runner, host, port, backlog=4096)
         try:
-            await site.start()
+            if front is not None:
+                bound = await front.start(host, port, backlog=4096)
+            else:
+                await site.start()
+                bound = site._server.sockets[0].getsockname()[1]  # aiohttp exposes no public accessor
         except OSError as exc:
             log.error("cannot listen on %s:%d: %s", host, port, exc.strerror)
             await runner.cleanup()
             await gateway.bus.close()
             return service.EXIT_CONFIG
-        bound = site._server.sockets[0].getsockname()[1]  # aiohttp exposes no public accessor
         write_port_file(run_dir.port_file("gateway"), bound)
         log.info("listening on http://%s:%d", host, bound)
         watcher = asyncio.create_task(gateway.watch())
         await stop.wait()
         watcher.cancel()
+        if front is not None:
+            await front.close()
         await runner.cleanup()
         await gateway.log_client.drain(5.0)
         await gateway.log_client.close()

@@ -1,0 +1,279 @@
+"""The checkpoint routes without aiohttp: a front protocol on every gateway connection.
+
+`PUT /v1/sessions/{sid}/checkpoints/{key}` and `GET /v1/sessions/{sid}/checkpoints/latest` are
+what an external agent runtime calls after every step, so their cost per request bounds the
+checkpoint rate on a small machine. Measured here (a PUT of 21 KB answered with a small JSON body,
+10 keep-alive connections): aiohttp's server took 170–220 µs of CPU per request, a bare
+asyncio.Protocol about 40 µs. So each connection starts on `FrontConnection`, which parses plain
+requests itself and serves those two routes with the same checks, answers, access rows and
+metrics as the aiohttp handlers (they share gateway/history.py and gateway/access.py).
+
+Anything else — another route, a query string, a percent-escape, chunked bodies, `Expect`,
+`Upgrade`, `Connection: close`, HTTP/1.0, a body over the checkpoint limit, a head we cannot
+parse — goes to aiohttp on the same connection: the front hands its transport, with the bytes it
+holds, to an aiohttp request handler, which serves that connection from then on. So aiohttp
+remains the one place that answers malformed or unusual HTTP.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from email.utils import formatdate
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Callable
+
+import orjson
+
+from gateway import access
+from gateway.app import check_session_id
+from gateway.errors import ApiError
+from gateway.history import check_key
+from gateway.tenancy import internal
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+ROUTE_PUT = "/v1/sessions/{sid}/checkpoints/{key}"
+ROUTE_LATEST = "/v1/sessions/{sid}/checkpoints/latest"
+_TARGET = re.compile(r"/v1/sessions/([^/?#%]+)/checkpoints/([^/?#%]+)")
+MAX_HEAD_BYTES = 8190                      # aiohttp's own limit: a longer head is its to refuse
+IDLE_SECS = 75.0                           # aiohttp's keep-alive timeout
+SWEEP_SECS = 15.0
+_PREFIXES = (b"PUT /v1/sessions/", b"GET /v1/sessions/")
+_HAND_OVER_HEADERS = frozenset({"transfer-encoding", "expect", "upgrade"})
+
+log = logging.getLogger("agent-os.gateway")
+
+
+class _Request:
+    __slots__ = ("method", "route", "sid", "key", "authorization", "length", "started")
+
+    def __init__(self, method: str, route: str, sid: str, key: str, authorization: str, length: int) -> None:
+        self.method, self.route, self.sid, self.key = method, route, sid, key
+        self.authorization, self.length = authorization, length
+        self.started = time.monotonic()
+
+
+class FrontServer:
+    """The gateway's listening socket: connections start on the fast path (see the module doc)."""
+
+    def __init__(self, gateway: "Gateway", aiohttp_factory: Callable[[], asyncio.Protocol]) -> None:
+        self.gateway = gateway
+        self.aiohttp_factory = aiohttp_factory
+        self.connections: set[FrontConnection] = set()
+        self.server: asyncio.AbstractServer | None = None
+        self._sweeper: asyncio.Task | None = None
+        self._date = (0, "")
+
+    async def start(self, host: str, port: int, backlog: int) -> int:
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(lambda: FrontConnection(self), host, port, backlog=backlog,
+                                               reuse_address=True)
+        self._sweeper = asyncio.create_task(self._sweep())
+        return self.server.sockets[0].getsockname()[1]
+
+    async def close(self, grace_secs: float = 5.0) -> None:
+        """Stop listening; close idle connections now and busy ones once answered (or after the grace)."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        if self.server is not None:
+            self.server.close()
+        deadline = time.monotonic() + grace_secs
+        while True:
+            for conn in list(self.connections):
+                if conn.request is None:
+                    conn.close()
+            if not self.connections or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.02)
+        for conn in list(self.connections):
+            conn.close()
+
+    def date(self) -> str:
+        now = int(time.time())
+        if self._date[0] != now:
+            self._date = (now, formatdate(now, usegmt=True))
+        return self._date[1]
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_SECS)
+            cutoff = time.monotonic() - IDLE_SECS
+            for conn in list(self.connections):
+                if conn.request is None and conn.last_active < cutoff:
+                    conn.close()
+
+
+class FrontConnection(asyncio.Protocol):
+    def __init__(self, front: FrontServer) -> None:
+        self.front = front
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.head: _Request | None = None      # parsed, waiting for its body
+        self.request: _Request | None = None   # being answered
+        self.paused = False
+        self.eof = False
+        self.write_paused = False
+        self.last_active = time.monotonic()
+
+    # -- asyncio.Protocol -------------------------------------------------------------------
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.front.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        self.last_active = time.monotonic()
+        if self.request is None and not self.write_paused:
+            self._next()
+        if (not self.paused and self.transport is not None
+                and len(self.buf) > self.front.gateway.config.storage.max_checkpoint_bytes + MAX_HEAD_BYTES):
+            self.paused = True            # pipelined requests pile up: let TCP push back
+            self.transport.pause_reading()
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        return self.request is not None   # half-closed: still answer the request in hand, then close
+
+    def pause_writing(self) -> None:
+        self.write_paused = True          # a client not reading its answers: read no more requests
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self.request is None:
+            self._next()
+
+    def connection_lost(self, exc) -> None:
+        self.front.connections.discard(self)
+        self.transport = None
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def _next(self) -> None:
+        """Take the next whole request off the buffer: answer it here or hand the connection over."""
+        if self.paused and self.transport is not None and not self.write_paused:
+            self.paused = False
+            self.transport.resume_reading()
+        while self.request is None and self.transport is not None and not self.write_paused:
+            if self.head is None:
+                start = bytes(self.buf[:len(_PREFIXES[0])])
+                if not any(prefix.startswith(start) for prefix in _PREFIXES):
+                    self._hand_over()     # not ours (or not HTTP): aiohttp answers it at once
+                    return
+                end = self.buf.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES + 4)
+                if end < 0:
+                    if len(self.buf) > MAX_HEAD_BYTES:
+                        self._hand_over()
+                    return
+                self.head = self._parse_head(bytes(self.buf[:end]))
+                if self.head is None:
+                    self._hand_over()
+                    return
+                del self.buf[:end + 4]
+            if len(self.buf) < self.head.length:
+                return
+            payload = bytes(self.buf[:self.head.length])
+            del self.buf[:self.head.length]
+            self.request, self.head = self.head, None
+            asyncio.ensure_future(self._answer(self.request, payload))
+
+    def _parse_head(self, raw: bytes) -> _Request | None:
+        """The request if it is one of ours in its plain form, else None (aiohttp's to serve)."""
+        try:
+            text = raw.decode("ascii")
+        except UnicodeDecodeError:
+            return None
+        lines = text.split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3 or parts[2] != "HTTP/1.1" or parts[0] not in ("PUT", "GET"):
+            return None
+        method, target = parts[0], parts[1]
+        match = _TARGET.fullmatch(target)
+        if match is None:
+            return None
+        sid, key = match.group(1), match.group(2)
+        if method == "GET" and key != "latest":
+            return None
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            name = name.lower()
+            if not sep or not name or name != name.strip() or name in headers or name in _HAND_OVER_HEADERS:
+                return None
+            headers[name] = value.strip()
+        connection = headers.get("connection")
+        if connection is not None and connection.lower() != "keep-alive":
+            return None
+        raw_length = headers.get("content-length", "0" if method == "GET" else "")
+        if not raw_length.isdigit() or len(raw_length) > 12:
+            return None
+        length = int(raw_length)
+        if length > (self.front.gateway.config.storage.max_checkpoint_bytes if method == "PUT" else 0):
+            return None
+        return _Request(method, ROUTE_PUT if method == "PUT" else ROUTE_LATEST, sid, key,
+                        headers.get("authorization", ""), length)
+
+    async def _answer(self, request: _Request, payload: bytes) -> None:
+        gateway = self.front.gateway
+        tenant = ""
+        status = access.CLIENT_CLOSED    # unless answered below (a cancelled task is not)
+        try:
+            try:
+                tenant = gateway.tenant_for(request.authorization)
+                sid = internal(tenant, check_session_id(request.sid))
+                if request.method == "PUT":
+                    body = await gateway.history.save_checkpoint(tenant, sid, request.sid, check_key(request.key),
+                                                                 payload)
+                    status, response = 200, self._response(200, "application/json", orjson.dumps(body))
+                else:
+                    latest = await gateway.history.latest_checkpoint(tenant, sid)
+                    status, response = 200, self._response(
+                        200, "application/octet-stream", latest.payload,
+                        f"X-Checkpoint-Key: {latest.key}\r\nX-Checkpoint-Seq: {latest.seq}\r\n")
+            except ApiError as exc:
+                status = exc.status
+                extra = "".join(f"{name}: {value}\r\n" for name, value in exc.headers.items())
+                response = self._response(exc.status, "application/json", orjson.dumps(
+                    {"error": {"code": exc.code, "message": exc.message}}), extra)
+            except Exception:
+                log.exception("unhandled error in %s %s/%s", request.method, request.sid, request.key)
+                status, response = 500, self._response(500, "application/json", orjson.dumps(
+                    {"error": {"code": "internal", "message": "internal error"}}))
+            if self.transport is None or self.transport.is_closing():
+                status = access.CLIENT_CLOSED
+            else:
+                self.transport.write(response)
+        finally:
+            access.record(gateway.log_client, request.method, request.route, status, tenant, request.sid,
+                          request.started)
+            self.request = None
+            self.last_active = time.monotonic()
+        if self.eof:
+            self.close()
+        elif not self.write_paused and self.transport is not None and not self.transport.is_closing():
+            self._next()
+
+    def _response(self, status: int, content_type: str, body: bytes, extra: str = "") -> bytes:
+        head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: {content_type}\r\n"
+                f"Content-Length: {len(body)}\r\nDate: {self.front.date()}\r\nServer: agent-os\r\n{extra}\r\n")
+        return head.encode("latin-1") + body
+
+    def _hand_over(self) -> None:
+        """From here on aiohttp serves this connection, starting with the bytes held here."""
+        transport, data = self.transport, bytes(self.buf)
+        self.front.connections.discard(self)
+        self.transport, self.buf = None, bytearray()
+        if self.paused:
+            transport.resume_reading()
+        handler = self.front.aiohttp_factory()
+        transport.set_protocol(handler)
+        handler.connection_made(transport)
+        if data:
+            handler.data_received(data)
