@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 import orjson
 
-from actors.http1 import (Endpoint, HttpConnection, HttpProtocolError, ResponseSink, SSEParser, build_request,
-                          open_connection, parse_endpoint)
+from actors.http1 import Endpoint, HttpConnection, ResponseSink, build_request, open_connection, parse_endpoint
+from actors.http_wire import HttpProtocolError, SSEParser
 from agentos.config import ProviderConfig
 MAX_IDLE_CONNECTIONS = 2048
 MAX_ERROR_BODY = 2048

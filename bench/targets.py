@@ -14,9 +14,9 @@ from urllib.parse import quote
 import orjson
 
 from actors.http1 import (
-    BufferedResponse, Endpoint, HttpConnection, ResponseSink, SSEParser, build_request,
-    open_connection, parse_endpoint,
+    BufferedResponse, Endpoint, HttpConnection, ResponseSink, build_request, open_connection, parse_endpoint,
 )
+from actors.http_wire import SSEParser
 from bench.stats import Attempt
 
 if TYPE_CHECKING:

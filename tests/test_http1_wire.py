@@ -1,4 +1,4 @@
-"""Tests for the HTTP/1.1 wire decoders of actors/http1.py: the SSE parser and the chunked
+"""Tests for the HTTP/1.1 wire decoders of actors/http_wire.py: the SSE parser and the chunked
 body decoder, each fed whole, byte by byte and at random split points."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from actors.http1 import ChunkedDecoder, HttpProtocolError, SSEParser
+from actors.http_wire import ChunkedDecoder, HttpProtocolError, SSEParser
 
 
 def splits(data: bytes, rng: random.Random) -> list[bytes]:
