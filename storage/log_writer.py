@@ -328,52 +328,6 @@ class LogWriter:
         for msg, _ in waiting:
             self._reply(msg, Kind.ERROR, {"code": code, "message": f"log write failed: {exc.strerror}"})
 
-    async def compaction_loop(self) -> None:
-        """Every `storage.compaction_interval_secs`: drop closed runs past the retention window."""
-        while True:
-            await asyncio.sleep(self.config.storage.compaction_interval_secs)
-            try:
-                await self.compact_once()
-            except Exception:  # never fatal: the next pass tries again
-                self.log.exception("compaction pass failed")
-
-    async def compact_once(self) -> int:
-        loop = asyncio.get_running_loop()
-        cutoff = time.time() - self.config.storage.retention_secs
-        reply = await self.bus.request(STORE, Kind.STORE_QUERY, {"query": "expired_runs", "session": "",
-                                                                 "after": int(cutoff)}, timeout=30.0)
-        if reply.body.get("error") or not reply.body["rows"]:
-            return 0
-        info = reply.body["rows"][0]
-        runs = set(info["runs"])
-        if not runs:
-            return 0
-        loaded = int(info["loaded"].get(str(self.index), 0))
-        shipped = self.shipper.shipped if self.shipper is not None else None
-        dropped = 0
-        for start, end, path in compaction.sealed_segments(self.directory):
-            if end > loaded or (shipped is not None and end > shipped):
-                break  # not loaded by the store or not in the bucket yet: a later pass
-            result = await loop.run_in_executor(self.io, lambda p=path: compaction.compact(p.read_bytes(), runs))
-            if result is None:
-                continue
-            data, count = result
-            await loop.run_in_executor(self.io, compaction.replace_segment, path, data)
-            if self.object_store is not None:
-                await loop.run_in_executor(self.io, self._replace_objects, start, end, data)
-            dropped += count
-        if dropped:
-            await self.bus.request(STORE, Kind.STORE_PURGE, {"runs": sorted(runs)}, timeout=60.0)
-            self.log.info("retention: dropped %d records of %d runs closed before the window", dropped, len(runs))
-        return dropped
-
-    def _replace_objects(self, start: int, end: int, data: bytes) -> None:
-        key = self.object_store.put_batch(self.index, start, end, self.config.cluster.epoch, data)
-        old = [b.key for b in self.object_store.batches(self.index)
-               if b.start >= start and b.end <= end and b.key != key]
-        self.object_store.delete(old)
-        metrics.s3_requests.labels("put", "compaction").inc()
-
     def _reply(self, msg: Message, kind: Kind, body: dict) -> None:
         """On the path the append came by: the direct inbox, or the broker."""
         if self.inbox is None or not self.inbox.reply(msg, kind, body, self.bus.new_id()):
@@ -398,7 +352,7 @@ def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> in
         if writer.inbox is not None:
             await writer.inbox.open()
         committer = asyncio.create_task(writer.commit_loop())
-        compactor = asyncio.create_task(writer.compaction_loop())
+        compactor = asyncio.create_task(compaction.compaction_loop(writer))
         await stop.wait()
         # Finish what was received: every message that got here is written before we exit.
         writer.wake.set()
