@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 
 SYNC_CHUNK = 512 << 10
+MAX_IOV = 1024                 # IOV_MAX on Linux
 
 
 class PayloadFile:
@@ -48,21 +49,36 @@ class PayloadFile:
         return offset, len(data)
 
     def sync(self) -> None:
-        """Write what was appended and make it durable (before the rows naming it commit)."""
+        """Write what was appended and make it durable (before the rows naming it commit).
+
+        At most SYNC_CHUNK per flush: the disk is shared with writer/log, whose fdatasync
+        otherwise queues behind megabytes of these bytes (10k checkpoints: commit p99 about
+        24.7 ms with one flush per batch, 16.5 ms in chunks). Each chunk goes out as one
+        vectored write of the payloads themselves, without first joining them into one copy."""
         if not self.pending:
             return
-        data, self.pending = b"".join(self.pending), []
-        start = self.end - len(data)
-        view = memoryview(data)
-        # At most SYNC_CHUNK per flush: the disk is shared with writer/log, whose fdatasync
-        # otherwise queues behind megabytes of these bytes (10k checkpoints: commit p99 about
-        # 24.7 ms with one flush per batch, 16.5 ms in chunks).
-        while view:
-            chunk = view[:SYNC_CHUNK]
-            while chunk:
-                written = os.pwrite(self.fd, chunk, start)
-                chunk, view, start = chunk[written:], view[written:], start + written
-            os.fdatasync(self.fd)
+        pending, self.pending = self.pending, []
+        at = self.end - sum(map(len, pending))
+        chunk: list[bytes] = []
+        size = 0
+        for data in pending:
+            chunk.append(data)
+            size += len(data)
+            if size >= SYNC_CHUNK or len(chunk) >= MAX_IOV:
+                at = self._write(chunk, size, at)
+                chunk, size = [], 0
+        if chunk:
+            self._write(chunk, size, at)
+
+    def _write(self, parts: list[bytes], size: int, at: int) -> int:
+        written = os.pwritev(self.fd, parts, at)
+        if written < size:      # a short write (rare): the rest the plain way
+            rest = memoryview(b"".join(parts))[written:]
+            while rest:
+                n = os.pwrite(self.fd, rest, at + written)
+                rest, written = rest[n:], written + n
+        os.fdatasync(self.fd)
+        return at + size
 
     def rewind(self, end: int) -> None:
         """After a failed commit: the next appends overwrite from `end` again."""

@@ -276,19 +276,24 @@ def test_checkpoint_rows_from_before_the_payload_file_still_read(tmp_path):
 
 
 def test_payload_file_syncs_in_chunks_and_reads_back_every_byte(tmp_path, monkeypatch):
-    """A sync larger than one flush chunk writes it all, at the offsets append() promised."""
+    """A sync larger than one flush chunk is flushed in pieces of whole payloads, each at most the
+    chunk size plus one payload, and every byte lands where append() promised."""
     from storage import payload_file
 
     monkeypatch.setattr(payload_file, "SYNC_CHUNK", 1000)
-    synced = []
-    real_fdatasync = os.fdatasync
-    monkeypatch.setattr(payload_file.os, "fdatasync", lambda fd: (synced.append(fd), real_fdatasync(fd)))
+    flushed = []
+    real_pwritev, real_fdatasync = os.pwritev, os.fdatasync
+    monkeypatch.setattr(payload_file.os, "pwritev",
+                        lambda fd, parts, at: (flushed.append(sum(map(len, parts))), real_pwritev(fd, parts, at))[1])
+    syncs = []
+    monkeypatch.setattr(payload_file.os, "fdatasync", lambda fd: (syncs.append(fd), real_fdatasync(fd)))
     f = payload_file.PayloadFile(tmp_path / "p")
     assert f.open(0) == 0
-    parts = [bytes([i]) * (700 + 300 * i) for i in range(6)]
+    parts = [bytes([i]) * (300 + 300 * i) for i in range(8)]
     spots = [f.append(p) for p in parts]
     f.sync()
-    assert len(synced) == -(-sum(map(len, parts)) // 1000)   # one flush per chunk, none larger
+    assert len(flushed) == len(syncs) > 1 and sum(flushed) == sum(map(len, parts))
+    assert max(flushed) < 1000 + max(map(len, parts))
     assert [f.read(at, n) for at, n in spots] == parts
     f.close()
     assert (tmp_path / "p").stat().st_size == sum(map(len, parts))
