@@ -243,6 +243,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="local, none or s3; several (local,s3) run one after the other, compared in the summary")
     p.add_argument("--half-peak", action="store_true",
                    help="also run async_steps at the client count nearest half its peak throughput")
+    p.add_argument("--s3-max-inflight", type=int, default=0,
+                   help="storage.s3.max_inflight_puts of the s3 runs (0: the server's default)")
     p.add_argument("--peer", default="", help="also run the scenarios against: restate")
     p.add_argument("--name", default="steps")
     p.add_argument("--results-root", default=None)
@@ -275,6 +277,8 @@ def run_agentos(durability: str, args: argparse.Namespace, scenarios: list[str],
         from bench.s3_local import CREDENTIALS, S3Server
         s3 = S3Server()  # moto's S3 server on loopback, started for this run
         config.update(s3.storage_config(s3.new_bucket(), direct=True))
+        if args.s3_max_inflight:
+            config["storage"]["s3"]["max_inflight_puts"] = args.s3_max_inflight
         config["cluster"] = {}
         env = CREDENTIALS
     server = ServerProcess(work, config, env).start()
