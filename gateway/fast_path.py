@@ -47,6 +47,13 @@ _HAND_OVER_HEADERS = frozenset({"transfer-encoding", "expect", "upgrade"})
 log = logging.getLogger("agent-os.gateway")
 
 
+def _phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Unknown"
+
+
 class _Request:
     __slots__ = ("method", "route", "sid", "key", "authorization", "length", "started")
 
@@ -261,7 +268,7 @@ class FrontConnection(asyncio.Protocol):
             self._next()
 
     def _response(self, status: int, content_type: str, body: bytes, extra: str = "") -> bytes:
-        head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: {content_type}\r\n"
+        head = (f"HTTP/1.1 {status} {_phrase(status)}\r\nContent-Type: {content_type}\r\n"
                 f"Content-Length: {len(body)}\r\nDate: {self.front.date()}\r\nServer: agent-os\r\n{extra}\r\n")
         return head.encode("latin-1") + body
 
