@@ -120,6 +120,7 @@ class FrontConnection(asyncio.Protocol):
         self.buf = bytearray()
         self.head: _Request | None = None      # parsed, waiting for its body
         self.request: _Request | None = None   # being answered
+        self.task: asyncio.Future | None = None
         self.paused = False
         self.eof = False
         self.write_paused = False
@@ -189,7 +190,7 @@ class FrontConnection(asyncio.Protocol):
             payload = bytes(self.buf[:self.head.length])
             del self.buf[:self.head.length]
             self.request, self.head = self.head, None
-            asyncio.ensure_future(self._answer(self.request, payload))
+            self.task = asyncio.ensure_future(self._answer(self.request, payload))  # held: the loop keeps weak refs
 
     def _parse_head(self, raw: bytes) -> _Request | None:
         """The request if it is one of ours in its plain form, else None (aiohttp's to serve)."""
