@@ -28,11 +28,11 @@ def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> in
         if port == 0:
             port = run_dir.read_port("gateway") or 0
         front = FrontServer(gateway, runner.server) if config.gateway.fast_checkpoints else None
-        site = web.TCPSite(runner, host, port, backlog=4096)
         try:
             if front is not None:
                 bound = await front.start(host, port, backlog=4096)
             else:
+                site = web.TCPSite(runner, host, port, backlog=4096)
                 await site.start()
                 bound = site._server.sockets[0].getsockname()[1]  # aiohttp exposes no public accessor
         except OSError as exc:
