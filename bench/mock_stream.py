@@ -4,7 +4,8 @@ This module owns the bytes the mock sends: OpenAI `chat.completion.chunk` SSE ev
 non-stream `chat.completion` body, OpenAI-style error bodies, the loop that releases stream
 events on schedule, and the two connection faults that live inside a reply (a stream cut
 mid-way, a stream that never ends). It never parses requests, keeps statistics or decides
-which fault a request gets: bench/mock_llm.py hands it a finished Plan.
+which fault a request gets: bench/mock_plan.py decides the Plan and bench/mock_llm.py hands
+it over finished.
 
 Why pre-encoded templates: the mock is the load source of every benchmark and shares two cores
 with the server under test, so a streamed token must cost a bytes concatenation, not a
@@ -247,7 +248,7 @@ class Pacer:
 # Replies
 
 class Plan(NamedTuple):
-    """Everything about one reply, decided before the first byte (by mock_llm.plan_reply).
+    """Everything about one reply, decided before the first byte (by mock_plan.plan_reply).
     A NamedTuple rather than a frozen dataclass: built once per request, and tuple creation
     is several times cheaper than a frozen dataclass's __init__."""
 

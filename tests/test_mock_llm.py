@@ -1,8 +1,9 @@
-"""The mock model server (bench/mock_llm.py) as a real process, plus its profile parsing in-process.
+"""The mock model server (bench/mock_llm.py) as a real process.
 
 One mock is started per module (port 0 read back from a port file) and stopped, then killed if
 need be, at the end; each test resets /stats when it checks counters. Tests wait with deadlines,
-never with a bare sleep.
+never with a bare sleep. How a request is read and its reply planned (bench/mock_plan.py) is
+tested in test_mock_plan.py, with the process and client helpers of this module.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import aiohttp
 import orjson
 import pytest
 
-from bench.mock_llm import MockProfile, expected_text
+from bench.mock_llm import expected_text
 
 REPO = Path(__file__).resolve().parents[1]
 START_TIMEOUT_SECS = 10.0
@@ -90,8 +91,8 @@ def stop_mock(mock: Mock, sig: int = signal.SIGTERM) -> int:
     return mock.proc.returncode
 
 
-@pytest.fixture(scope="module")
-def mock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mock]:
+@pytest.fixture(scope="module", name="mock")
+def fixture_mock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mock]:
     proc = start_mock(tmp_path_factory.mktemp("mock"))
     try:
         yield proc
@@ -192,12 +193,6 @@ def test_usage_chunk_comes_last_when_asked_for(mock: Mock) -> None:
                                    "total_tokens": prompt + 5}
 
 
-def test_marker_overrides_token_count(mock: Mock) -> None:
-    _, _, raw = run(post(mock.url, chat("short [[mock tokens=2 tps=5000 ttft_ms=0]]")))
-    chunks, _ = stream_chunks(raw)
-    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == expected_text(2)
-
-
 def test_non_stream_completion(mock: Mock) -> None:
     status, _, raw = run(post(mock.url, chat("hi", stream=False)))
     assert status == 200
@@ -206,17 +201,6 @@ def test_non_stream_completion(mock: Mock) -> None:
     assert body["choices"] == [{"index": 0, "finish_reason": "stop",
                                 "message": {"role": "assistant", "content": expected_text(5)}}]
     assert body["usage"] == {"prompt_tokens": 1, "completion_tokens": 5, "total_tokens": 6}
-
-
-def test_prompt_tokens_count_all_message_text(mock: Mock) -> None:
-    system = "You are a terse assistant."
-    parts = [{"type": "text", "text": "first part, "}, {"type": "text", "text": "second part"}]
-    body = {"model": "m", "messages": [{"role": "system", "content": system},
-                                       {"role": "user", "content": parts}]}
-    status, _, raw = run(post(mock.url, body))
-    assert status == 200
-    chars = len(system) + sum(len(p["text"]) for p in parts)
-    assert orjson.loads(raw)["usage"]["prompt_tokens"] == chars // 4
 
 
 def test_models_and_healthz(mock: Mock) -> None:
@@ -387,24 +371,6 @@ def test_tool_calls_non_stream_and_unknown_tool(mock: Mock) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Bad requests
-
-@pytest.mark.parametrize(("body", "needle"), [
-    (b"{not json", "JSON"),
-    (orjson.dumps({"model": "m"}), "messages"),
-    (orjson.dumps(chat("x [[mock colour=blue]]")), "colour"),
-    (orjson.dumps(chat("x [[mock tps=fast]]")), "tps"),
-    (orjson.dumps(chat("x [[mock error=explode]]")), "error"),
-])
-def test_bad_requests_get_400(mock: Mock, body: bytes, needle: str) -> None:
-    status, _, raw = run(post(mock.url, body))
-    assert status == 400
-    error = orjson.loads(raw)["error"]
-    assert error["type"] == "invalid_request_error"
-    assert needle in error["message"]
-
-
-# ---------------------------------------------------------------------------------------------
 # Process behaviour
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -417,50 +383,3 @@ def test_start_line_and_clean_exit_on_signal(tmp_path: Path, sig: int) -> None:
     assert line == (f"mock-llm listening on http://127.0.0.1:{proc.port} "
                     "(ttft=20ms tps=1000 tokens=5 error_rate=0)")
     assert code == 0
-
-
-def test_error_rate_applies_the_profile_error_kind(tmp_path: Path) -> None:
-    proc = start_mock(tmp_path, {"MOCK_ERROR_RATE": "1", "MOCK_ERROR_KIND": "429",
-                                 "MOCK_RETRY_AFTER_SECS": "3"})
-    try:
-        status, headers, _ = run(post(proc.url, chat("plain request")))
-        stats = run(get_json(proc.url, "/stats"))
-    finally:
-        code = stop_mock(proc)
-    assert (status, headers["Retry-After"]) == (429, "3")
-    assert stats["errors"] == {"429": 1}
-    assert code == 0
-
-
-def test_bad_environment_refuses_to_start(tmp_path: Path) -> None:
-    with pytest.raises(RuntimeError, match="MOCK_TPS"):
-        start_mock(tmp_path, {"MOCK_TPS": "fast"})
-
-
-# ---------------------------------------------------------------------------------------------
-# Profile (in-process)
-
-def test_profile_defaults_and_env() -> None:
-    assert MockProfile.from_env({}) == MockProfile(ttft_ms=2000, tps=200, tokens=8, error_rate=0.0,
-                                                   error_kind="500", retry_after_secs=1)
-    profile = MockProfile.from_env({"MOCK_TTFT_MS": "20", "MOCK_TPS": "1000", "MOCK_TOKENS": "5",
-                                    "MOCK_ERROR_RATE": "0.25", "MOCK_ERROR_KIND": "disconnect",
-                                    "MOCK_RETRY_AFTER_SECS": "7", "UNRELATED": "x"})
-    assert profile == MockProfile(20, 1000, 5, 0.25, "disconnect", 7)
-
-
-@pytest.mark.parametrize(("var", "value"), [
-    ("MOCK_TTFT_MS", "soon"),
-    ("MOCK_TTFT_MS", "-1"),
-    ("MOCK_TPS", "0"),
-    ("MOCK_TPS", "nan"),
-    ("MOCK_TOKENS", "2.5"),
-    ("MOCK_TOKENS", "-3"),
-    ("MOCK_ERROR_RATE", "1.5"),
-    ("MOCK_ERROR_RATE", "-0.1"),
-    ("MOCK_ERROR_KIND", "explode"),
-    ("MOCK_RETRY_AFTER_SECS", "-1"),
-])
-def test_profile_rejects_bad_values_naming_the_variable(var: str, value: str) -> None:
-    with pytest.raises(ValueError, match=var):
-        MockProfile.from_env({var: value})
