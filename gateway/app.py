@@ -24,7 +24,7 @@ from gateway.access import access_middleware
 from gateway.errors import ApiError, error_response, json_response
 from gateway import openapi
 from gateway.flows import FlowRoutes
-from gateway.history import HistoryRoutes
+from gateway.history import LATEST_ROUTE, PUT_ROUTE, HistoryRoutes
 from gateway.streams import TurnStream
 from gateway.tenancy import DEFAULT_TENANT, internal
 from storage.log_client import LogClient
@@ -83,8 +83,8 @@ class Gateway:
             web.get("/v1/sessions/{sid}/turns/{turn_id}/events", self.resume_turn),
             web.get("/v1/sessions/{sid}/messages", self.history.get_messages),
             web.get("/v1/sessions/{sid}/events", self.history.get_events),
-            web.put("/v1/sessions/{sid}/checkpoints/{key}", self.history.put_checkpoint),
-            web.get("/v1/sessions/{sid}/checkpoints/latest", self.history.get_latest_checkpoint),
+            web.put(PUT_ROUTE, self.history.put_checkpoint),
+            web.get(LATEST_ROUTE, self.history.get_latest_checkpoint),
             web.post("/v1/flows/{flow}/runs", self.flow_routes.start),
             web.get("/v1/runs/{run_id:[^/:]+}", self.flow_routes.get),
             web.post("/v1/runs/{run_id:[^/:]+}:cancel", self.flow_routes.cancel),

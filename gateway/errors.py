@@ -25,9 +25,14 @@ class ApiError(Exception):
         self.headers = headers or {}
 
 
+def error_body(code: str, message: str) -> bytes:
+    """The error shape's bytes (also written by gateway/fast_path.py, which has no web.Response)."""
+    return orjson.dumps({"error": {"code": code, "message": message}})
+
+
 def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps({"error": {"code": code, "message": message}}),
-                        content_type="application/json", headers=headers)
+    return web.Response(status=status, body=error_body(code, message), content_type="application/json",
+                        headers=headers)
 
 
 def json_response(data, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:

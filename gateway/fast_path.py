@@ -28,15 +28,13 @@ import orjson
 
 from gateway import access
 from gateway.app import check_session_id
-from gateway.errors import ApiError
-from gateway.history import check_key
+from gateway.errors import ApiError, error_body
+from gateway.history import LATEST_ROUTE, PUT_ROUTE, check_key
 from gateway.tenancy import internal
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
 
-ROUTE_PUT = "/v1/sessions/{sid}/checkpoints/{key}"
-ROUTE_LATEST = "/v1/sessions/{sid}/checkpoints/latest"
 _TARGET = re.compile(r"/v1/sessions/([^/?#%]+)/checkpoints/([^/?#%]+)")
 MAX_HEAD_BYTES = 8190                      # aiohttp's own limit: a longer head is its to refuse
 IDLE_SECS = 75.0                           # aiohttp's keep-alive timeout
@@ -144,7 +142,7 @@ class FrontConnection(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         self.eof = True
-        return self.request is not None   # half-closed: still answer the request in hand, then close
+        return self.request is not None   # half-closed: answer what is in hand and queued, then close
 
     def pause_writing(self) -> None:
         self.write_paused = True          # a client not reading its answers: read no more requests
@@ -225,7 +223,7 @@ class FrontConnection(asyncio.Protocol):
         length = int(raw_length)
         if length > (self.front.gateway.config.storage.max_checkpoint_bytes if method == "PUT" else 0):
             return None
-        return _Request(method, ROUTE_PUT if method == "PUT" else ROUTE_LATEST, sid, key,
+        return _Request(method, PUT_ROUTE if method == "PUT" else LATEST_ROUTE, sid, key,
                         headers.get("authorization", ""), length)
 
     async def _answer(self, request: _Request, payload: bytes) -> None:
@@ -248,12 +246,11 @@ class FrontConnection(asyncio.Protocol):
             except ApiError as exc:
                 status = exc.status
                 extra = "".join(f"{name}: {value}\r\n" for name, value in exc.headers.items())
-                response = self._response(exc.status, "application/json", orjson.dumps(
-                    {"error": {"code": exc.code, "message": exc.message}}), extra)
+                response = self._response(exc.status, "application/json", error_body(exc.code, exc.message), extra)
             except Exception:
                 log.exception("unhandled error in %s %s/%s", request.method, request.sid, request.key)
-                status, response = 500, self._response(500, "application/json", orjson.dumps(
-                    {"error": {"code": "internal", "message": "internal error"}}))
+                status = 500
+                response = self._response(500, "application/json", error_body("internal", "internal error"))
             if self.transport is None or self.transport.is_closing():
                 status = access.CLIENT_CLOSED
             else:
@@ -263,10 +260,12 @@ class FrontConnection(asyncio.Protocol):
                           request.started)
             self.request = None
             self.last_active = time.monotonic()
-        if self.eof:
-            self.close()
-        elif not self.write_paused and self.transport is not None and not self.transport.is_closing():
-            self._next()
+        if self.transport is None or self.transport.is_closing():
+            return
+        if not self.write_paused:
+            self._next()          # requests that came in behind this one, a half-closed client's too
+        if self.eof and self.request is None:
+            self.close()          # half-closed and nothing left whole to answer
 
     def _response(self, status: int, content_type: str, body: bytes, extra: str = "") -> bytes:
         head = (f"HTTP/1.1 {status} {_phrase(status)}\r\nContent-Type: {content_type}\r\n"

@@ -24,6 +24,10 @@ from storage.records import RecordKind
 if TYPE_CHECKING:
     from gateway.app import Gateway
 
+# The checkpoint routes' paths: aiohttp's route table and the fast path (gateway/fast_path.py)
+# both serve them, and both label metrics and access rows with these.
+PUT_ROUTE = "/v1/sessions/{sid}/checkpoints/{key}"
+LATEST_ROUTE = "/v1/sessions/{sid}/checkpoints/latest"
 CHECKPOINT_KEY = re.compile(r"^[A-Za-z0-9._:\-]{1,200}$")
 WRITE_ERRORS = {"disk_full": (507, "insufficient_storage"), "io_error": (503, "storage_error"),
                 "not_found": (404, "not_found")}

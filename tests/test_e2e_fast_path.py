@@ -74,8 +74,11 @@ def test_a_request_in_small_pieces_and_a_half_closed_connection(shared_server):
     data = put_request("fp-split", "k", payload)
     with connect(shared_server) as sock:
         for i in range(0, len(data), 4000):
+            if i:
+                time.sleep(0.01)
             sock.sendall(data[i:i + 4000])
-            time.sleep(0.01)
+        # At once, while the PUT is still being made durable: the GET and the half-close must
+        # wait for it, not cut the connection after it.
         sock.sendall(get_request("/v1/sessions/fp-split/checkpoints/latest"))
         sock.shutdown(socket.SHUT_WR)
         responses = Responses(sock)
