@@ -110,14 +110,19 @@ def scrape(url: str, name: str) -> float:
 
 
 async def closed_loop(fn: Callable[[int, int], Awaitable[float | None]], clients: int, warmup: float,
-                      duration: float) -> tuple[int, list[float], int, float]:
-    """(operations that ended in the window, their latencies ms, errors, window secs). By end time,
-    as the Restate peer's load counts: an operation begun before the window still counts once."""
+                      duration: float) -> tuple[int, list[float], int, float, float]:
+    """(operations that ended in the window, their latencies ms, errors, window secs, work in the
+    window). Counted by end time, as the Restate peer's load counts: an operation begun before the
+    window still counts once. `work` instead counts each operation by the share of its span that
+    fell inside the window (the last ones, begun before the window closed, are awaited), so a
+    10-step flow that straddles an edge counts for part: with many clients started together, whole
+    flows end in waves, and counting them by end time swings by a wave's worth."""
     loop = asyncio.get_running_loop()
     start = loop.time() + warmup
     end = start + duration
     latencies: list[float] = []
     counts = [0, 0]
+    work = [0.0]
 
     async def client(index: int) -> None:
         n = 0
@@ -132,12 +137,15 @@ async def closed_loop(fn: Callable[[int, int], Awaitable[float | None]], clients
                 continue
             finished = loop.time()
             n += 1
+            inside = min(finished, end) - max(began, start)
+            if inside > 0:
+                work[0] += inside / (finished - began)
             if start <= finished < end:
                 counts[0] += 1
                 latencies.append(measured if measured is not None else (finished - began) * 1000.0)
 
     await asyncio.gather(*(client(i) for i in range(clients)))
-    return counts[0], latencies, counts[1], duration
+    return counts[0], latencies, counts[1], duration, work[0]
 
 
 async def run_ours(server: ServerProcess, worker_pids: list[int], scenario: str, clients: int, warmup: float,
@@ -161,7 +169,9 @@ async def run_ours(server: ServerProcess, worker_pids: list[int], scenario: str,
 
         sampler = asyncio.create_task(sampled())
         window_start = asyncio.get_running_loop().time() + warmup
-        ops, latencies, errors, window = await closed_loop(sc.op, clients, warmup, duration)
+        ops, latencies, errors, window, work = await closed_loop(sc.op, clients, warmup, duration)
+        if sc.per_op > 1:
+            ops = work   # steps by the share of each flow inside the window (see closed_loop)
         latencies.sort()
         steps = sorted(ms for at, took in sc.step_samples if window_start <= at <= window_start + duration
                        for ms in took)
@@ -233,12 +243,14 @@ def stop_workers(procs: list) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="agent-os bench steps", description=__doc__.splitlines()[0])
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
-    p.add_argument("--clients", default="", help="SCENARIO=N,... (defaults per scenario)")
+    p.add_argument("--clients", default="",
+                   help="SCENARIO=N,... (defaults per scenario); N/N/... measures each count in turn")
     p.add_argument("--duration", type=float, default=10.0)
     p.add_argument("--warmup", type=float, default=3.0)
     p.add_argument("--runs", type=int, default=3, help="runs per scenario; the median is reported")
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--slots", type=int, default=256)
+    p.add_argument("--slots", type=int, default=0,
+                   help="steps each worker runs at once (0: enough for the largest client count, at least 256)")
     p.add_argument("--durability", default="local", type=_durabilities,
                    help="local, none or s3; several (local,s3) run one after the other, compared in the summary")
     p.add_argument("--half-peak", action="store_true",
@@ -302,7 +314,8 @@ def run_agentos(durability: str, args: argparse.Namespace, scenarios: list[str],
             return row
 
         for scenario in scenarios:
-            peak = measure(scenario, clients[scenario])
+            points = [measure(scenario, n) for n in clients[scenario]]
+            peak = max(points, key=lambda r: r["ops_per_sec"])
             if args.half_peak and scenario == "async_steps":
                 n = half_peak_clients(server, worker_pids, peak, args, s3_pids)
                 measure(scenario, n, " (half)", half_peak_of=peak["ops_per_sec"])
@@ -317,10 +330,13 @@ def main(argv: list[str] | None = None) -> int:
     from bench.steps_report import write_report
 
     args = parse_args(argv)
-    clients = dict(DEFAULT_CLIENTS)
+    clients = {name: [n] for name, n in DEFAULT_CLIENTS.items()}
     for item in filter(None, args.clients.split(",")):
         name, _, value = item.partition("=")
-        clients[name] = int(value)
+        clients[name] = [int(v) for v in value.split("/")]
+    if not args.slots:  # every client's step can be running at once
+        most = max(n for s in args.scenarios.split(",") if s for n in clients.get(s, [0]))
+        args.slots = max(256, -(-most // args.workers))
     scenarios = [s for s in args.scenarios.split(",") if s]
     results = ResultsDir(args.name, Path(args.results_root) if args.results_root else None)
     results.write_config({"command": "bench steps", "args": vars(args), "clients": clients})
@@ -332,14 +348,14 @@ def main(argv: list[str] | None = None) -> int:
         from bench.peer_restate import RestateServer, run_scenario
         with RestateServer() as restate:
             for scenario in scenarios:
-                runs = [run_scenario(restate, scenario, clients[scenario], args.warmup, args.duration)
-                        for _ in range(args.runs)]
-                for r in runs:
-                    r["system"] = "restate"
-                row = median_row([{**r, "ops_per_sec": r["ops_per_sec"]} for r in runs])
-                rows.append(row)
-                results.append_row(row)
-                print(f"  restate  {scenario:<17} {row['ops_per_sec']:>9.1f}", file=sys.stderr)
+                for n in clients[scenario]:
+                    runs = [run_scenario(restate, scenario, n, args.warmup, args.duration) for _ in range(args.runs)]
+                    for r in runs:
+                        r["system"] = "restate"
+                    row = median_row([{**r, "ops_per_sec": r["ops_per_sec"]} for r in runs])
+                    rows.append(row)
+                    results.append_row(row)
+                    print(f"  restate  {scenario:<17} c={n:<4} {row['ops_per_sec']:>9.1f}", file=sys.stderr)
     write_report(results, rows, args, REFERENCE, TARGETS)
     print(f"results: {results.path}", file=sys.stderr)
     return 0
