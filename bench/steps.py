@@ -252,7 +252,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--slots", type=int, default=0,
                    help="steps each worker runs at once (0: enough for the largest client count, at least 256)")
     p.add_argument("--durability", default="local", type=_durabilities,
-                   help="local, none or s3; several (local,s3) run one after the other, compared in the summary")
+                   help="local, none or s3; several (local,s3): a tree each, side by side, taking turns run by run; "
+                        "compared in the summary")
     p.add_argument("--half-peak", action="store_true",
                    help="also run async_steps at the client count nearest half its peak throughput")
     p.add_argument("--s3-max-inflight", type=int, default=0,
@@ -277,53 +278,94 @@ def median_row(rows: list[dict]) -> dict:
     return row
 
 
-def run_agentos(durability: str, args: argparse.Namespace, scenarios: list[str], clients: dict[str, int],
-                results: ResultsDir, rows: list[dict]) -> None:
-    """Every scenario against a fresh process tree with this durability (and, for s3, a fresh
-    moto server); appends a row per point to `rows` and the results folder."""
-    work = Path(tempfile.mkdtemp(prefix="bench-steps-"))
-    config: dict[str, Any] = {"storage": {"durability": durability}, "mock": {"ttft_ms": 10}}
-    env = None
-    s3 = None
-    if durability == "s3":
-        from bench.s3_local import CREDENTIALS, S3Server
-        s3 = S3Server()  # moto's S3 server on loopback, started for this run
-        config.update(s3.storage_config(s3.new_bucket(), direct=True))
-        if args.s3_max_inflight:
-            config["storage"]["s3"]["max_inflight_puts"] = args.s3_max_inflight
-        config["cluster"] = {}
-        env = CREDENTIALS
-    server = ServerProcess(work, config, env).start()
-    workers = start_workers(server, args.workers, args.slots)
-    try:
-        worker_pids = [p.pid for p in workers]
-        s3_pids = [s3.proc.pid] if s3 is not None else []
+class Tree:
+    """A process tree of one durability (for s3, with its own moto server) and its workers."""
 
-        def measure(scenario: str, n: int, label: str = "", **extra: Any) -> dict:
-            runs = []
-            for i in range(args.runs):
-                row = asyncio.run(run_ours(server, worker_pids, scenario, n, args.warmup, args.duration, s3_pids))
-                runs.append(row)
-                print(f"  agent-os/{durability} {scenario + label:<17} c={n:<4} run {i + 1}: "
-                      f"{row['ops_per_sec']:>9.1f} {row['unit']}  p50 {row['p50_ms'] or 0:.2f} ms  "
-                      f"p99 {row['p99_ms'] or 0:.2f} ms  step p50 {row['step_p50_ms'] or 0:.3f} ms  "
-                      f"errors {row['errors']}", file=sys.stderr)
-            row = {**median_row(runs), "durability": durability, **extra}
+    def __init__(self, durability: str, args: argparse.Namespace) -> None:
+        self.durability = durability
+        self.args = args
+        config: dict[str, Any] = {"storage": {"durability": durability}, "mock": {"ttft_ms": 10}}
+        env = None
+        self.s3 = None
+        self.server: ServerProcess | None = None
+        self.workers: list = []
+        if durability == "s3":
+            from bench.s3_local import CREDENTIALS, S3Server
+            self.s3 = S3Server()  # moto's S3 server on loopback, started for this tree
+            config.update(self.s3.storage_config(self.s3.new_bucket(), direct=True))
+            if args.s3_max_inflight:
+                config["storage"]["s3"]["max_inflight_puts"] = args.s3_max_inflight
+            config["cluster"] = {}
+            env = CREDENTIALS
+        try:
+            self.server = ServerProcess(Path(tempfile.mkdtemp(prefix=f"bench-steps-{durability}-")), config,
+                                        env).start()
+            self.workers = start_workers(self.server, args.workers, args.slots)
+        except BaseException:
+            self.close()
+            raise
+        self.worker_pids = [p.pid for p in self.workers]
+        self.s3_pids = [self.s3.proc.pid] if self.s3 is not None else []
+
+    def run(self, scenario: str, n: int, label: str = "", index: int = 0) -> dict:
+        row = asyncio.run(run_ours(self.server, self.worker_pids, scenario, n, self.args.warmup, self.args.duration,
+                                   self.s3_pids))
+        print(f"  agent-os/{self.durability} {scenario + label:<17} c={n:<4} run {index + 1}: "
+              f"{row['ops_per_sec']:>9.1f} {row['unit']}  p50 {row['p50_ms'] or 0:.2f} ms  "
+              f"p99 {row['p99_ms'] or 0:.2f} ms  step p50 {row['step_p50_ms'] or 0:.3f} ms  "
+              f"errors {row['errors']}", file=sys.stderr)
+        return row
+
+    def close(self) -> None:
+        stop_workers(self.workers)
+        if self.server is not None:
+            self.server.stop()
+        if self.s3 is not None:
+            self.s3.stop()
+
+
+def run_agentos(args: argparse.Namespace, scenarios: list[str], clients: dict[str, list[int]],
+                results: ResultsDir, rows: list[dict]) -> None:
+    """Every point against a tree of each durability. The trees stand side by side (an idle one
+    costs next to nothing) and every run of a point goes through them in turn, in reverse order
+    every other time, so the machine's drift over the command falls on each durability alike.
+    Appends a row per point and durability (the median of its runs) to `rows` and the folder."""
+    modes = args.durability.split(",")
+    trees: dict[str, Tree] = {}
+    turn = 0
+
+    def point(scenario: str, counts: dict[str, int], label: str = "", **extra: Any) -> dict[str, dict]:
+        nonlocal turn
+        runs: dict[str, list[dict]] = {m: [] for m in counts}
+        for i in range(args.runs):
+            for mode in (modes if turn % 2 == 0 else modes[::-1]):
+                if mode in counts:
+                    runs[mode].append(trees[mode].run(scenario, counts[mode], label, i))
+            turn += 1
+        out = {}
+        for mode, got in runs.items():
+            out[mode] = row = {**median_row(got), "durability": mode, **extra}
             rows.append(row)
             results.append_row(row)
-            return row
+        return out
 
+    try:
+        for mode in modes:
+            trees[mode] = Tree(mode, args)
         for scenario in scenarios:
-            points = [measure(scenario, n) for n in clients[scenario]]
-            peak = max(points, key=lambda r: r["ops_per_sec"])
+            peaks: dict[str, dict] = {}
+            for n in clients[scenario]:
+                for mode, row in point(scenario, {m: n for m in modes}).items():
+                    if mode not in peaks or row["ops_per_sec"] > peaks[mode]["ops_per_sec"]:
+                        peaks[mode] = row
             if args.half_peak and scenario == "async_steps":
-                n = half_peak_clients(server, worker_pids, peak, args, s3_pids)
-                measure(scenario, n, " (half)", half_peak_of=peak["ops_per_sec"])
+                for mode, peak in peaks.items():
+                    tree = trees[mode]
+                    n = half_peak_clients(tree.server, tree.worker_pids, peak, args, tree.s3_pids)
+                    point(scenario, {mode: n}, " (half)", half_peak_of=peak["ops_per_sec"])
     finally:
-        stop_workers(workers)
-        server.stop()
-        if s3 is not None:
-            s3.stop()
+        for tree in trees.values():
+            tree.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -342,8 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     results.write_config({"command": "bench steps", "args": vars(args), "clients": clients})
     (results.path / "rows.jsonl").unlink(missing_ok=True)
     rows: list[dict] = []
-    for durability in args.durability.split(","):
-        run_agentos(durability, args, scenarios, clients, results, rows)
+    run_agentos(args, scenarios, clients, results, rows)
     if args.peer == "restate":
         from bench.peer_restate import RestateServer, run_scenario
         with RestateServer() as restate:

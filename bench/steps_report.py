@@ -17,6 +17,9 @@ def write_report(results: ResultsDir, rows: list[dict], args: Any, reference: di
             "machine. p50/p99 are per operation: a whole flow for the step scenarios (10 steps), the publish-to-"
             "woken-step time for channel_wake; a step's own latency is as its flow saw it (call to result). "
             "Steps/s of the step scenarios count each flow by the share of its span inside the window.\n")
+    if len(modes) > 1:
+        text += ("\nEach durability ran on its own process tree; the trees stood side by side, and every run of a "
+                 "point went through them in turn, in reverse order every other time.\n")
     for mode, ours in by_mode.items():
         text += f"\n## Durability `{mode}`\n\n" + _table(ours, peer, reference, targets) + "\n"
     if "local" in by_mode and "s3" in by_mode:

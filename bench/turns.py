@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import aiohttp
 
@@ -229,12 +229,29 @@ def _recovery_secs(url: str, since: float, timeout: float = 60.0) -> float | Non
 
 # -- the command ------------------------------------------------------------------------------
 
+def run_profile(profile: str, rnd: int, sweep: list[int], mock, args, work: Path, keep: Callable[[dict], None]) -> None:
+    """Every point of the sweep against a fresh server of this profile."""
+    server = ServerProcess(work / f"{profile}-{rnd}", bench_config(profile, mock.url, max(sweep), args.actors)).start()
+    pids = lambda: server.pids().values()  # noqa: E731
+    label = profile if args.repeat == 1 else f"{profile} round {rnd}"
+    try:
+        for c in sweep:
+            mock.reset_stats()
+            result = run_loadgen(server.url, c, args.duration, args.warmup, f"{profile}-{rnd}-c{c}",
+                                 work / f"{profile}-{rnd}-{c}.json", pids, f"{label} c={c}")
+            keep({**point_row(profile, c, result, mock.stats()), "round": rnd})
+    finally:
+        server.stop()
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="agent-os bench turns", description=__doc__.splitlines()[0])
     p.add_argument("--sweep", default=DEFAULT_SWEEP, help="concurrency points, comma-separated")
     p.add_argument("--duration", type=float, default=15.0, help="measured seconds per point")
     p.add_argument("--warmup", type=float, default=3.0, help="warm-up seconds per point")
     p.add_argument("--profiles", default="core,persist", help="server profiles: core, persist")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="rounds of the profiles, each round in the reverse order of the one before")
     p.add_argument("--peer", default="", help="also run the sweep against a peer: opencode")
     p.add_argument("--peer-sweep", default="", help="points for the peer (default: --sweep)")
     p.add_argument("--mock-ttft-ms", type=float, default=2000.0)
@@ -269,17 +286,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mock model at {mock.url} (ttft {args.mock_ttft_ms:g} ms, {args.mock_tps:g} tok/s, "
               f"{args.mock_tokens} tokens); results in {results.path}", file=sys.stderr)
         keep(mock_direct(mock.url))
+        for rnd in range(1, args.repeat + 1):
+            # Rounds alternate the order, so the machine's drift over the command falls on both.
+            for profile in (profiles if rnd % 2 else profiles[::-1]):
+                run_profile(profile, rnd, sweep, mock, args, work, keep)
         for profile in profiles:
-            server = ServerProcess(work / profile, bench_config(profile, mock.url, max(sweep), args.actors)).start()
-            pids = lambda s=server: s.pids().values()  # noqa: E731
-            try:
-                for c in sweep:
-                    mock.reset_stats()
-                    result = run_loadgen(server.url, c, args.duration, args.warmup, f"{profile}-c{c}",
-                                         work / f"{profile}-{c}.json", pids, f"{profile} c={c}")
-                    keep(point_row(profile, c, result, mock.stats()))
-            finally:
-                server.stop()
             if args.memory:
                 server = ServerProcess(work / f"{profile}-memory",
                                        bench_config(profile, mock.url, 1000, args.actors)).start()

@@ -9,9 +9,11 @@ PROFILE_NAMES = {"core": "Agent OS, bare core (durability none)", "persist": "Ag
                  "opencode": "opencode serve"}
 
 
-def _points(rows: list[dict], profile: str) -> list[dict]:
+def _points(rows: list[dict], profile: str, first_round: bool = False) -> list[dict]:
+    """The sweep points of a profile, by concurrency then round (`first_round`: round 1 only)."""
     return sorted((r for r in rows if r.get("profile") == profile and "turns_per_sec" in r and
-                   r.get("kind") != "overload"), key=lambda r: r["concurrency"])
+                   r.get("kind") != "overload" and not (first_round and r.get("round", 1) != 1)),
+                  key=lambda r: (r["concurrency"], r.get("round", 1)))
 
 
 def _ms(stats: dict | None, key: str) -> float | None:
@@ -23,7 +25,8 @@ def _errors(row: dict) -> int:
 
 
 def sweep_table(points: list[dict]) -> str:
-    return markdown_table(
+    rounds = len({r.get("round", 1) for r in points}) > 1
+    table = markdown_table(
         ["c", "turns/s", "TTFT p50 ms", "TTFT p99 ms", "turn p50 ms", "turn p95 ms", "turn p99 ms", "ok", "errors",
          "mock max conc.", "server CPU %", "loadgen CPU %", "tree private MiB"],
         [[r["concurrency"], r["turns_per_sec"], _ms(r["ttft_ms"], "p50"), _ms(r["ttft_ms"], "p99"),
@@ -31,6 +34,12 @@ def sweep_table(points: list[dict]) -> str:
           r.get("mock_max_concurrent"), r.get("server_cpu_percent"), r.get("loadgen_cpu_percent"),
           round(r["server_private_dirty_kib"] / 1024, 1) if r.get("server_private_dirty_kib") else None]
          for r in points])
+    if not rounds:
+        return table
+    # one more first column: the round
+    lines = table.split("\n")
+    head = ["| round " + lines[0], "|---:" + lines[1]]
+    return "\n".join(head + [f"| {r.get('round', 1)} " + line for r, line in zip(points, lines[2:])])
 
 
 def write_report(results: ResultsDir, rows: list[dict], args: Any) -> None:
@@ -43,10 +52,10 @@ def write_report(results: ResultsDir, rows: list[dict], args: Any) -> None:
         parts.append(f"The mock on its own (median of {direct['turns']} sequential turns): TTFT "
                      f"{direct['ttft_ms']['p50']:.1f} ms, whole turn {direct['turn_ms']['p50']:.1f} ms.\n")
     for profile in ("core", "persist", "opencode"):
-        points = _points(rows, profile)
-        if not points:
+        if not _points(rows, profile):
             continue
-        parts.append(f"## {PROFILE_NAMES[profile]}\n\n{sweep_table(points)}\n")
+        parts.append(f"## {PROFILE_NAMES[profile]}\n\n{sweep_table(_points(rows, profile))}\n")
+        points = _points(rows, profile, first_round=True)
         one = next((p for p in points if p["concurrency"] == 1), None)
         if one and direct and one["turn_ms"].get("p50"):
             added_turn = one["turn_ms"]["p50"] - direct["turn_ms"]["p50"]
@@ -58,6 +67,9 @@ def write_report(results: ResultsDir, rows: list[dict], args: Any) -> None:
         if one and top is not one and one["turn_ms"].get("p50") and top["turn_ms"].get("p50"):
             parts.append(f"p50 at c={top['concurrency']} is {top['turn_ms']['p50'] - one['turn_ms']['p50']:+.1f} ms "
                          f"from c=1; {top['turns_per_sec']:.1f} turns/s.\n")
+    cost = _persistence_cost(rows)
+    if cost:
+        parts.append(cost)
     side_by_side = _comparison(rows)
     if side_by_side:
         parts.append(side_by_side)
@@ -86,8 +98,33 @@ def write_report(results: ResultsDir, rows: list[dict], args: Any) -> None:
     _plots(results, rows)
 
 
+def _persistence_cost(rows: list[dict]) -> str:
+    """turns/s with full persistence against the bare core at each concurrency (target at c=1000:
+    persistence costs ≤ 5%), over every round; rounds alternate which profile ran first."""
+    core, persist = _points(rows, "core"), _points(rows, "persist")
+    lines = []
+    for c in sorted({r["concurrency"] for r in core} & {r["concurrency"] for r in persist}):
+        a = [r for r in core if r["concurrency"] == c]
+        b = [r for r in persist if r["concurrency"] == c]
+        mean_a = sum(r["turns_per_sec"] for r in a) / len(a)
+        mean_b = sum(r["turns_per_sec"] for r in b) / len(b)
+        lines.append([c, " / ".join(f"{r['turns_per_sec']:.1f}" for r in a),
+                      " / ".join(f"{r['turns_per_sec']:.1f}" for r in b), round(mean_a, 1), round(mean_b, 1),
+                      f"{100 * (1 - mean_b / mean_a):.1f}%" if mean_a else None,
+                      f"{sum(_errors(r) for r in a)} / {sum(_errors(r) for r in b)}"])
+    if not lines:
+        return ""
+    rounds = max(r.get("round", 1) for r in core + persist)
+    order = ("Each round ran every profile on a fresh server; rounds alternate which profile ran first. "
+             if rounds > 1 else "")
+    return ("## What full persistence costs\n\n" + order + "Turns/s of each round, their mean, and how much "
+            "less the persistence profile did (target at c=1000: ≤ 5%, nothing dropped).\n\n" + markdown_table(
+                ["c", "core turns/s", "persist turns/s", "core mean", "persist mean", "persistence cost",
+                 "errors core / persist"], lines) + "\n")
+
+
 def _comparison(rows: list[dict]) -> str:
-    ours = {r["concurrency"]: r for r in _points(rows, "persist")}
+    ours = {r["concurrency"]: r for r in _points(rows, "persist", first_round=True)}
     peer = {r["concurrency"]: r for r in _points(rows, "opencode")}
     if not ours or not peer:
         return ""
@@ -105,7 +142,7 @@ def _plots(results: ResultsDir, rows: list[dict]) -> None:
     profiles = [p for p in ("core", "persist", "opencode") if _points(rows, p)]
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     for profile in profiles:
-        pts = _points(rows, profile)
+        pts = _points(rows, profile, first_round=True)
         xs = [p["concurrency"] for p in pts]
         for key, style in (("p50", "-o"), ("p99", "--")):
             ys = [_ms(p["turn_ms"], key) for p in pts]
@@ -127,7 +164,7 @@ def _plots(results: ResultsDir, rows: list[dict]) -> None:
     fig, ax = plt.subplots(figsize=(7, 5))
     ideal = next((r for r in rows if r.get("profile") == "mock-direct"), None)
     for profile in profiles:
-        pts = _points(rows, profile)
+        pts = _points(rows, profile, first_round=True)
         ax.plot([p["concurrency"] for p in pts], [p["turns_per_sec"] for p in pts], "-o", label=profile)
     if ideal and profiles:
         xs = sorted({p["concurrency"] for pr in profiles for p in _points(rows, pr)})

@@ -1,5 +1,6 @@
-"""The step benchmark's own arithmetic: how a closed loop counts work in its window, and how the
-summary sets s3 against local over a sweep of client counts (unit tests, no server)."""
+"""The benchmarks' own arithmetic (unit tests, no server): how the step benchmark's closed loop
+counts work in its window, how its summary sets s3 against local over a sweep of client counts,
+and how the turn benchmark's summary prices full persistence over alternating rounds."""
 from __future__ import annotations
 
 import asyncio
@@ -8,6 +9,7 @@ import types
 from bench.results import ResultsDir
 from bench.steps import closed_loop
 from bench.steps_report import write_report
+from bench.turns_report import write_report as write_turns_report
 
 
 def test_closed_loop_counts_each_operation_by_its_share_of_the_window():
@@ -40,3 +42,21 @@ def test_summary_sets_s3_against_local_at_each_client_count_and_peak_against_pea
     assert "| sync_steps | 1024 | 2,800.0 | 2,520.0 | 90% | 60.0 |" in text
     assert "peak against peak: s3 2,520.0 at c=1024 (60.0 per PUT), local 3,000.0 at c=512: 84%." in text
     assert (results.path / "steps.png").stat().st_size > 0
+
+
+def _turn_row(profile: str, rnd: int, c: int, turns_per_sec: float, failed: int = 0) -> dict:
+    return {"profile": profile, "round": rnd, "concurrency": c, "turns_per_sec": turns_per_sec,
+            "ttft_ms": {"p50": 2000.0, "p99": 2100.0}, "turn_ms": {"p50": 2040.0, "p95": 2080.0, "p99": 2100.0},
+            "counts": {"ok": 100, "failed": failed, "rejected_429": 0}, "server_private_dirty_kib": 2048}
+
+
+def test_turn_summary_prices_persistence_over_alternating_rounds(tmp_path):
+    results = ResultsDir("turns", tmp_path)
+    rows = [_turn_row("core", 1, 1000, 340.0), _turn_row("persist", 1, 1000, 320.0),
+            _turn_row("persist", 2, 1000, 330.0), _turn_row("core", 2, 1000, 310.0, failed=2)]
+    args = types.SimpleNamespace(mock_ttft_ms=2000.0, mock_tps=200.0, mock_tokens=8, warmup=3.0, duration=15.0)
+    write_turns_report(results, rows, args)
+    text = (results.path / "summary.md").read_text()
+    # means 325.0 and 325.0: no cost, though each round alone said +6% and -6%
+    assert "| 1000 | 340.0 / 310.0 | 320.0 / 330.0 | 325.0 | 325.0 | 0.0% | 2 / 0 |" in text
+    assert "| round | c | turns/s" in text and "| 2 | 1000 | 310.0 |" in text
