@@ -109,6 +109,28 @@ def scrape(url: str, name: str) -> float:
     return 0.0
 
 
+def scrape_family(url: str, name: str) -> dict[str, float]:
+    """Every sample of a metric on /metrics: its labels as written (`op="put",purpose="wal"`) -> value."""
+    out = {}
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith(name + "{"):
+                labels, _, value = line[len(name) + 1:].rpartition("} ")
+                out[labels] = float(value)
+    return out
+
+
+def idle_requests(url: str, secs: float) -> dict[str, Any]:
+    """Object-storage requests per second of a node with nothing to do, by operation and purpose."""
+    before = scrape_family(url, "agentos_s3_requests_total")
+    time.sleep(secs)
+    after = scrape_family(url, "agentos_s3_requests_total")
+    rates = {k: round((after[k] - before.get(k, 0.0)) / secs, 3) for k in sorted(after)
+             if after[k] > before.get(k, 0.0)}
+    return {"system": "idle", "idle_secs": secs, "requests_per_sec": rates,
+            "puts_per_sec": round(sum(v for k, v in rates.items() if 'op="put"' in k), 3)}
+
+
 async def closed_loop(fn: Callable[[int, int], Awaitable[float | None]], clients: int, warmup: float,
                       duration: float) -> tuple[int, list[float], int, float, float]:
     """(operations that ended in the window, their latencies ms, errors, window secs, work in the
@@ -258,6 +280,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="also run async_steps at the client count nearest half its peak throughput")
     p.add_argument("--s3-max-inflight", type=int, default=0,
                    help="storage.s3.max_inflight_puts of the s3 runs (0: the server's default)")
+    p.add_argument("--idle-secs", type=float, default=20.0,
+                   help="with s3: first measure the object-storage requests of the idle node this long (0: skip)")
     p.add_argument("--peer", default="", help="also run the scenarios against: restate")
     p.add_argument("--name", default="steps")
     p.add_argument("--results-root", default=None)
@@ -352,6 +376,13 @@ def run_agentos(args: argparse.Namespace, scenarios: list[str], clients: dict[st
     try:
         for mode in modes:
             trees[mode] = Tree(mode, args)
+        if "s3" in trees and args.idle_secs:
+            time.sleep(2.0)   # past the start's own requests
+            row = {**idle_requests(trees["s3"].server.url, args.idle_secs), "durability": "s3"}
+            print(f"  agent-os/s3 idle for {args.idle_secs:g} s: {row['puts_per_sec']} PUTs/s "
+                  f"{row['requests_per_sec']}", file=sys.stderr)
+            rows.append(row)
+            results.append_row(row)
         for scenario in scenarios:
             peaks: dict[str, dict] = {}
             for n in clients[scenario]:

@@ -20,8 +20,14 @@ def write_report(results: ResultsDir, rows: list[dict], args: Any, reference: di
     if len(modes) > 1:
         text += ("\nEach durability ran on its own process tree; the trees stood side by side, and every run of a "
                  "point went through them in turn, in reverse order every other time.\n")
+    idle = next((r for r in rows if r["system"] == "idle"), None)
     for mode, ours in by_mode.items():
         text += f"\n## Durability `{mode}`\n\n" + _table(ours, peer, reference, targets) + "\n"
+        if mode == "s3" and idle:
+            text += (f"\nThe idle node ({idle['idle_secs']:g} s with no load, before the runs): "
+                     f"{idle['puts_per_sec']} PUTs/s (target ≤ 0.3); every request per second, by operation "
+                     "and purpose: " + (", ".join(f"{k} {v}" for k, v in idle["requests_per_sec"].items()) or "none")
+                     + ".\n")
     if "local" in by_mode and "s3" in by_mode:
         text += "\n## s3 against local, same run\n\n" + _s3_vs_local(by_mode["local"], by_mode["s3"]) + "\n"
     results.write_summary(text)

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agentos import metrics
 from broker.protocol import Kind
 from broker.sharding import STORE
 from storage import records, segments
@@ -97,8 +96,7 @@ async def compact_once(writer: "LogWriter") -> int:
 
 
 def _replace_objects(writer: "LogWriter", start: int, end: int, data: bytes) -> None:
-    key = writer.object_store.put_batch(writer.index, start, end, writer.config.cluster.epoch, data)
-    old = [b.key for b in writer.object_store.batches(writer.index)
+    key = writer.object_store.put_batch(writer.index, start, end, writer.config.cluster.epoch, data, "compaction")
+    old = [b.key for b in writer.object_store.batches(writer.index, "compaction")
            if b.start >= start and b.end <= end and b.key != key]
     writer.object_store.delete(old)
-    metrics.s3_requests.labels("put", "compaction").inc()

@@ -25,6 +25,7 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
+from agentos import metrics
 from agentos.config import S3Config
 
 _BATCH = re.compile(r"wal/(\d{3})/(\d{20})-(\d{20})-e(\d+)\.log$")
@@ -74,6 +75,9 @@ def _precondition(exc: Exception) -> bool:
 
 
 class ObjectStore:
+    """Every request is counted in `agentos_s3_requests_total` by operation (put, get, list,
+    delete) and purpose: wal (shipping), compaction, recovery (rebuilding the log), lease."""
+
     def __init__(self, config: S3Config, s3=None) -> None:
         self.bucket = config.bucket
         self.prefix = config.prefix.rstrip("/") + "/" if config.prefix else ""
@@ -81,13 +85,18 @@ class ObjectStore:
         self.puts = 0
         self.gets = 0
 
+    @staticmethod
+    def _count(op: str, purpose: str) -> None:
+        metrics.s3_requests.labels(op, purpose).inc()
+
     # -- the log -----------------------------------------------------------------------------
 
     def batch_key(self, writer: int, start: int, end: int, epoch: int) -> str:
         return f"{self.prefix}wal/{writer:03d}/{start:020d}-{end:020d}-e{epoch}.log"
 
-    def put_batch(self, writer: int, start: int, end: int, epoch: int, data: bytes) -> str:
+    def put_batch(self, writer: int, start: int, end: int, epoch: int, data: bytes, purpose: str = "wal") -> str:
         key = self.batch_key(writer, start, end, epoch)
+        self._count("put", purpose)
         try:
             self.s3.put_object(Bucket=self.bucket, Key=key, Body=data)
         except Exception as exc:
@@ -97,13 +106,14 @@ class ObjectStore:
         self.puts += 1
         return key
 
-    def batches(self, writer: int) -> list[BatchObject]:
+    def batches(self, writer: int, purpose: str = "recovery") -> list[BatchObject]:
         """Every batch object of a log, in log order."""
         out = []
         prefix = f"{self.prefix}wal/{writer:03d}/"
         try:
             for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
                 self.gets += 1
+                self._count("list", purpose)
                 for item in page.get("Contents", ()):
                     match = _BATCH.search(item["Key"])
                     if match:
@@ -131,18 +141,20 @@ class ObjectStore:
             end = batch.end
         return out
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, purpose: str = "recovery") -> bytes:
         try:
             self.gets += 1
+            self._count("get", purpose)
             return self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
         except Exception as exc:
             if _failed(exc):
                 raise S3Unavailable(f"GET {key}: {exc}") from None
             raise
 
-    def delete(self, keys: list[str]) -> None:
+    def delete(self, keys: list[str], purpose: str = "compaction") -> None:
         for i in range(0, len(keys), 1000):
             chunk = keys[i:i + 1000]
+            self._count("delete", purpose)
             try:
                 self.s3.delete_objects(Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in chunk]})
             except Exception as exc:
@@ -159,6 +171,7 @@ class ObjectStore:
     def read_lease(self) -> Lease | None:
         try:
             self.gets += 1
+            self._count("get", "lease")
             obj = self.s3.get_object(Bucket=self.bucket, Key=self.lease_key)
         except botocore.exceptions.ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
@@ -176,6 +189,7 @@ class ObjectStore:
         expires_at = time.time() + ttl_secs
         body = json.dumps({"node": node, "epoch": epoch, "expires_at": expires_at}).encode()
         condition = {"IfMatch": etag} if etag else {"IfNoneMatch": "*"}
+        self._count("put", "lease")
         try:
             reply = self.s3.put_object(Bucket=self.bucket, Key=self.lease_key, Body=body,
                                        ContentType="application/json", **condition)
@@ -191,6 +205,7 @@ class ObjectStore:
     def release(self, lease: Lease) -> None:
         """Hand the lease back on a clean stop, so a standby need not wait for it to expire."""
         body = json.dumps({"node": lease.node, "epoch": lease.epoch, "expires_at": 0}).encode()
+        self._count("put", "lease")
         try:
             self.s3.put_object(Bucket=self.bucket, Key=self.lease_key, Body=body, IfMatch=lease.etag)
             self.puts += 1

@@ -121,7 +121,6 @@ class Shipper:
         self.stats["puts"] += 1
         self.stats["bytes"] += len(data)
         self.stats["batches"] += count
-        metrics.s3_requests.labels("put", "wal").inc()
         metrics.s3_put_ms.observe((time.monotonic() - began) * 1000.0)
         metrics.s3_bytes.inc(len(data))
         metrics.s3_batches_per_put.observe(count)

@@ -34,13 +34,17 @@ def _row(durability: str, clients: int, steps: float, per_put: float | None = No
 def test_summary_sets_s3_against_local_at_each_client_count_and_peak_against_peak(tmp_path):
     results = ResultsDir("sweep", tmp_path)
     rows = [_row("local", 512, 3000.0), _row("local", 1024, 2800.0),
-            _row("s3", 512, 1800.0, 45.0), _row("s3", 1024, 2520.0, 60.0)]
+            _row("s3", 512, 1800.0, 45.0), _row("s3", 1024, 2520.0, 60.0),
+            {"system": "idle", "durability": "s3", "idle_secs": 20.0, "puts_per_sec": 0.25,
+             "requests_per_sec": {'op="put",purpose="lease"': 0.25}}]
     args = types.SimpleNamespace(durability="local,s3", workers=2, warmup=3.0, duration=10.0, runs=1)
     write_report(results, rows, args, {"sync_steps": 1772}, {"sync_steps": 2700})
     text = (results.path / "summary.md").read_text()
     assert "| sync_steps | 512 | 3,000.0 | 1,800.0 | 60% | 45.0 |" in text
     assert "| sync_steps | 1024 | 2,800.0 | 2,520.0 | 90% | 60.0 |" in text
     assert "peak against peak: s3 2,520.0 at c=1024 (60.0 per PUT), local 3,000.0 at c=512: 84%." in text
+    assert "The idle node (20 s with no load, before the runs): 0.25 PUTs/s (target ≤ 0.3)" in text
+    assert 'op="put",purpose="lease" 0.25.' in text
     assert (results.path / "steps.png").stat().st_size > 0
 
 

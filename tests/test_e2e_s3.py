@@ -10,7 +10,7 @@ import urllib.request
 
 import duckdb
 
-from harness import get_json, pid_alive, turn, wait_until
+from harness import get_json, pid_alive, scrape, turn, wait_until
 from bench.s3_local import CREDENTIALS
 
 
@@ -54,11 +54,17 @@ def test_a_fresh_node_with_an_empty_disk_recovers_everything_from_the_bucket(mak
     assert answer.terminal == "turn.completed"
     run = start_flow(a.url, "five_steps", {"file": str(tmp_path / "fx"), "delay": 0.01})
     assert run_result(a.url, run["run_id"])["result"] == 100
+    requests = 'agentos_s3_requests_total{{op="{}",purpose="{}"}}'
+    counted = scrape(a.url)
+    assert counted[requests.format("put", "wal")] >= 1
+    assert counted[requests.format("put", "lease")] >= 1 and counted[requests.format("get", "lease")] >= 1
     assert a.stop() == 0
     keys = [o["Key"] for o in s3.client().list_objects_v2(Bucket=bucket)["Contents"]]
     assert any(k.startswith("wal/000/") for k in keys) and "lease.json" in keys
 
     b = make_s3_server(bucket, "b")   # another data directory: empty
+    counted = scrape(b.url)           # it listed the log's objects and read them back
+    assert counted[requests.format("list", "recovery")] >= 1 and counted[requests.format("get", "recovery")] >= 1
     assert [latest(b.url, f"fresh-{i}") for i in range(10)] == [f"state {i}".encode() for i in range(10)]
     messages = get_json(f"{b.url}/v1/sessions/fresh-chat/messages")[2]["messages"]
     assert [m["content"] for m in messages] == ["remember this", answer.text]
