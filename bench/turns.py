@@ -1,8 +1,9 @@
 """`agent-os bench turns`: the turn sweep, idle-session memory, overload, and peers side by side.
 
-For each server profile (`core`: storage.durability none; `persist`: the full write path), a fresh
+For each server profile (`core`: storage.durability none; `persist`: the full write path), a
 process tree runs against one mock model (TTFT 2000 ms, 200 tok/s, 8 tokens by default) with the
-admission gate off and `concurrency_limit` above the largest point. Each point runs the closed-loop
+admission gate off and `concurrency_limit` above the largest point; the profiles' trees stand side
+by side and take turns point by point (`--repeat N`: N rounds of each point). Each point runs the closed-loop
 load generator in its own process, samples the server tree's CPU and memory, and reads the mock's
 `/stats` (max_concurrent proves the provider limit held). Then: memory of an idle tree and its
 increment per idle session (1,000 and 10,000 sessions), an overload point with the gate on, and,
@@ -229,19 +230,31 @@ def _recovery_secs(url: str, since: float, timeout: float = 60.0) -> float | Non
 
 # -- the command ------------------------------------------------------------------------------
 
-def run_profile(profile: str, rnd: int, sweep: list[int], mock, args, work: Path, keep: Callable[[dict], None]) -> None:
-    """Every point of the sweep against a fresh server of this profile."""
-    server = ServerProcess(work / f"{profile}-{rnd}", bench_config(profile, mock.url, max(sweep), args.actors)).start()
-    pids = lambda: server.pids().values()  # noqa: E731
-    label = profile if args.repeat == 1 else f"{profile} round {rnd}"
+def run_sweep(profiles: list[str], sweep: list[int], mock, args, work: Path, keep: Callable[[dict], None]) -> None:
+    """Every point against a server of each profile. The servers stand side by side (an idle one
+    costs next to nothing) and, at each concurrency, each round runs every profile in turn, the
+    order reversed every other time, so the machine's drift over the command falls on each
+    profile alike (on this shared machine it moved turns/s by a fifth within minutes)."""
+    servers: dict[str, ServerProcess] = {}
+    turn = 0
     try:
+        for profile in profiles:
+            servers[profile] = ServerProcess(work / profile,
+                                             bench_config(profile, mock.url, max(sweep), args.actors)).start()
         for c in sweep:
-            mock.reset_stats()
-            result = run_loadgen(server.url, c, args.duration, args.warmup, f"{profile}-{rnd}-c{c}",
-                                 work / f"{profile}-{rnd}-{c}.json", pids, f"{label} c={c}")
-            keep({**point_row(profile, c, result, mock.stats()), "round": rnd})
+            for rnd in range(1, args.repeat + 1):
+                for profile in (profiles if turn % 2 == 0 else profiles[::-1]):
+                    server = servers[profile]
+                    label = profile if args.repeat == 1 else f"{profile} round {rnd}"
+                    mock.reset_stats()
+                    result = run_loadgen(server.url, c, args.duration, args.warmup, f"{profile}-{rnd}-c{c}",
+                                         work / f"{profile}-{rnd}-{c}.json", lambda s=server: s.pids().values(),
+                                         f"{label} c={c}")
+                    keep({**point_row(profile, c, result, mock.stats()), "round": rnd})
+                turn += 1
     finally:
-        server.stop()
+        for server in servers.values():
+            server.stop()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -251,7 +264,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=3.0, help="warm-up seconds per point")
     p.add_argument("--profiles", default="core,persist", help="server profiles: core, persist")
     p.add_argument("--repeat", type=int, default=1,
-                   help="rounds of the profiles, each round in the reverse order of the one before")
+                   help="rounds of every point, each running the profiles in the reverse order of the one before")
     p.add_argument("--peer", default="", help="also run the sweep against a peer: opencode")
     p.add_argument("--peer-sweep", default="", help="points for the peer (default: --sweep)")
     p.add_argument("--mock-ttft-ms", type=float, default=2000.0)
@@ -286,10 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mock model at {mock.url} (ttft {args.mock_ttft_ms:g} ms, {args.mock_tps:g} tok/s, "
               f"{args.mock_tokens} tokens); results in {results.path}", file=sys.stderr)
         keep(mock_direct(mock.url))
-        for rnd in range(1, args.repeat + 1):
-            # Rounds alternate the order, so the machine's drift over the command falls on both.
-            for profile in (profiles if rnd % 2 else profiles[::-1]):
-                run_profile(profile, rnd, sweep, mock, args, work, keep)
+        run_sweep(profiles, sweep, mock, args, work, keep)
         for profile in profiles:
             if args.memory:
                 server = ServerProcess(work / f"{profile}-memory",

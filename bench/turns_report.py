@@ -115,8 +115,8 @@ def _persistence_cost(rows: list[dict]) -> str:
     if not lines:
         return ""
     rounds = max(r.get("round", 1) for r in core + persist)
-    order = ("Each round ran every profile on a fresh server; rounds alternate which profile ran first. "
-             if rounds > 1 else "")
+    order = ("The profiles' servers stood side by side; at each concurrency every round ran each profile in turn, "
+             "the order reversed each time. " if rounds > 1 else "")
     return ("## What full persistence costs\n\n" + order + "Turns/s of each round, their mean, and how much "
             "less the persistence profile did (target at c=1000: ≤ 5%, nothing dropped).\n\n" + markdown_table(
                 ["c", "core turns/s", "persist turns/s", "core mean", "persist mean", "persistence cost",
