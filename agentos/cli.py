@@ -85,6 +85,7 @@ BENCHMARKS = {
     "chaos": "bench.chaos",
     "soak": "bench.soak",
     "startup": "bench.startup",
+    "failover": "bench.failover",
 }
 
 

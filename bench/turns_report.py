@@ -110,7 +110,7 @@ def _persistence_cost(rows: list[dict]) -> str:
         mean_b = sum(r["turns_per_sec"] for r in b) / len(b)
         lines.append([c, " / ".join(f"{r['turns_per_sec']:.1f}" for r in a),
                       " / ".join(f"{r['turns_per_sec']:.1f}" for r in b), round(mean_a, 1), round(mean_b, 1),
-                      f"{100 * (1 - mean_b / mean_a):.1f}%" if mean_a else None,
+                      f"{round(100 * (1 - mean_b / mean_a), 1) + 0.0:.1f}%" if mean_a else None,
                       f"{sum(_errors(r) for r in a)} / {sum(_errors(r) for r in b)}"])
     if not lines:
         return ""

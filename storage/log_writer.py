@@ -52,6 +52,7 @@ from storage.log_inbox import LogInbox
 RECENT_IDS = 500_000      # hard cap on remembered record ids ...
 DEDUPE_SECS = 60.0        # ... which are kept this long: twice a sender's append deadline (log_client)
 RECENT_SCAN_BYTES = 128 << 20
+RESTORE_FETCHERS = 8      # GETs in flight while a node rebuilds its log from the bucket
 FLUSHED_EVERY_SECS = 0.01  # at most one `log.flushed` notice per this: the store loads in big batches anyway
 
 
@@ -135,18 +136,27 @@ class LogWriter:
             self.shipper.submit(bucket_end, self.segments.end, data)
 
     def _restore(self, chain, local_end: int) -> int:
-        count = 0
-        for batch in chain:
-            if batch.end <= local_end:
-                continue
-            data = self.object_store.get(batch.key)
-            if batch.start > self.segments.end:
-                self.segments.jump_to(batch.start)
-            skip = self.segments.end - batch.start
-            self.segments.write(data[skip:], sync=False)
-            count += 1
+        """Write the bucket's objects past `local_end` into the log, in order. They are fetched
+        RESTORE_FETCHERS at a time (one by one, 260 objects took 3.1 s of a 4.7 s takeover), with
+        at most twice that many held in memory."""
+        wanted = [batch for batch in chain if batch.end > local_end]
+        ahead: collections.deque = collections.deque()
+        with ThreadPoolExecutor(RESTORE_FETCHERS, thread_name_prefix="wal-restore") as fetchers:
+            for batch in wanted:
+                ahead.append((batch, fetchers.submit(self.object_store.get, batch.key)))
+                if len(ahead) >= 2 * RESTORE_FETCHERS:
+                    self._restore_one(*ahead.popleft())
+            while ahead:
+                self._restore_one(*ahead.popleft())
         self.segments.write(b"", sync=True)
-        return count
+        return len(wanted)
+
+    def _restore_one(self, batch, fetched) -> None:
+        data = fetched.result()
+        if batch.start > self.segments.end:
+            self.segments.jump_to(batch.start)
+        skip = self.segments.end - batch.start
+        self.segments.write(data[skip:], sync=False)
 
     def _shipped_threadsafe(self, end: int) -> None:
         self.bus._loop.call_soon_threadsafe(self._shipped, end)

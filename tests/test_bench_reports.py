@@ -64,3 +64,20 @@ def test_turn_summary_prices_persistence_over_alternating_rounds(tmp_path):
     # means 325.0 and 325.0: no cost, though each round alone said +6% and -6%
     assert "| 1000 | 340.0 / 310.0 | 320.0 / 330.0 | 325.0 | 325.0 | 0.0% | 2 / 0 |" in text
     assert "| round | c | turns/s" in text and "| 2 | 1000 | 310.0 |" in text
+
+
+def test_failover_report_splits_lease_wait_and_rebuild(tmp_path):
+    from bench.failover import parse_args, takeover_time, write_report as write_failover_report
+    log = ("2026-11-30 18:00:01,250 agentos.lease INFO standby: node b watches\n"
+           "2026-11-30 18:00:09,750 agentos.lease WARNING took over the cluster lease from a (epoch 1 -> 2)\n")
+    assert takeover_time(log) - takeover_time(log.splitlines()[1].replace("09,750", "01,250")) == 8.5
+    assert takeover_time("no such line\n") is None
+    results = ResultsDir("failover", tmp_path)
+    rows = [{"run": 1, "load_secs": 6.5, "acked": 900, "failover_secs": 14.0, "lease_wait_secs": 12.5, "rebuild_secs": 1.5,
+             "acked_missing": 0, "acked_twice": 0, "sessions_older_than_acked": 0},
+            {"run": 2, "load_secs": 7.25, "acked": 950, "failover_secs": 13.0, "lease_wait_secs": 11.0, "rebuild_secs": 2.0,
+             "acked_missing": 0, "acked_twice": 0, "sessions_older_than_acked": 0}]
+    write_failover_report(results, rows, parse_args(["--runs", "2"]))
+    text = (results.path / "summary.md").read_text()
+    assert "| 2 | 7.25 | 950 | 13.0 | 11.0 | 2.00 | 0 | 0 | 0 |" in text
+    assert "Median failover 13.50 s (min 13.00, max 14.00)" in text
