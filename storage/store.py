@@ -19,6 +19,7 @@ import orjson
 
 from agentos import metrics, native_memory
 from storage import records, schema, segments
+from storage.bloom import BloomFilter
 from storage.payload_file import PayloadFile
 from storage.projection import project
 
@@ -56,6 +57,8 @@ class Store:
         self.loading = threading.Lock()   # held while a batch loads; a recycle waits for it
         self.payloads = PayloadFile(self.db_dir / "messages.payloads")
         self.read_bytes = READ_BYTES
+        # "kind:session" of every checkpoint loaded: a session not in it has none (storage/bloom.py)
+        self.checkpointed = BloomFilter()
 
     # -- opening --------------------------------------------------------------------------
 
@@ -75,6 +78,8 @@ class Store:
                         last[db][writer] = max(last[db].get(writer, -1), lsn)
             # Records before this position are in the file (the one at `lsn` itself included).
             self.progress[db] = {w: lsn + 1 for w, lsn in last[db].items()}
+        for kind, session in self.conns["messages"].execute("SELECT DISTINCT kind, session FROM checkpoints").fetchall():
+            self.checkpointed.add(f"{kind}:{session}")
         end = self.conns["messages"].execute(
             "SELECT coalesce(max(payload_at + payload_len), 0) FROM checkpoints").fetchone()[0]
         cut = self.payloads.open(end)
@@ -184,6 +189,8 @@ class Store:
                     for table, row in project(kind, decoded, writer, position):
                         if table == "checkpoints":
                             row = self._payload_out(row)
+                            # before the commit: a query can only see the row once this is set
+                            self.checkpointed.add(f"{row[2]}:{row[0]}")
                         rows.setdefault(table, []).append(row)
                 except (ValueError, KeyError, TypeError, msgpack.ExtraData) as exc:
                     self.stats["bad_records"] += 1
@@ -301,17 +308,31 @@ class Store:
         return out, (out[-1]["cursor"] if len(rows) > limit else None)
 
     def q_checkpoint_chain(self, session, tenant, turn, after, limit):
-        cur = self.cursors["messages"]
+        """The last full snapshot of an agent session and the deltas after it, in order."""
+        if f"agent:{session}" not in self.checkpointed:
+            return [], None
         clause, args = self._tenant_clause(tenant)
-        base = cur.execute("SELECT max(seq) FROM checkpoints WHERE session = ? AND kind = 'agent' AND is_full" + clause,
-                           [session, *args]).fetchone()[0]
-        rows = cur.execute("SELECT seq, first_idx, is_full, payload, payload_at, payload_len FROM checkpoints "
-                           "WHERE session = ? AND kind = 'agent' AND seq >= ?" + clause + " ORDER BY seq",
-                           [session, base or 0, *args]).fetchall()
-        return [{"seq": seq, "first": first, "full": full, "messages": msgpack.unpackb(self._payload(*payload))}
-                for seq, first, full, *payload in rows], None
+        # One scan for the session's rows (without payloads); only the chain's payloads are read.
+        rows = self.cursors["messages"].execute(
+            "SELECT seq, first_idx, is_full, payload_at, payload_len, payload IS NULL FROM checkpoints "
+            "WHERE session = ? AND kind = 'agent'" + clause + " ORDER BY seq", [session, *args]).fetchall()
+        fulls = [i for i, row in enumerate(rows) if row[2]]
+        chain = rows[fulls[-1]:] if fulls else rows
+        return [{"seq": seq, "first": first, "full": full,
+                 "messages": msgpack.unpackb(self._chain_payload(session, seq, at, length, in_file))}
+                for seq, first, full, at, length, in_file in chain], None
+
+    def _chain_payload(self, session: str, seq: int, at: int | None, length: int | None, in_file: bool) -> bytes:
+        if in_file and at is not None:
+            return self.payloads.read(at, length)
+        # a row from before payloads moved out of DuckDB
+        (inline,) = self.cursors["messages"].execute(
+            "SELECT payload FROM checkpoints WHERE session = ? AND kind = 'agent' AND seq = ?", [session, seq]).fetchone()
+        return bytes(inline)
 
     def q_blob_latest(self, session, tenant, turn, after, limit):
+        if f"blob:{session}" not in self.checkpointed:
+            return [], None
         clause, args = self._tenant_clause(tenant)
         row = self.cursors["messages"].execute(
             "SELECT key, seq, payload, payload_at, payload_len FROM checkpoints WHERE session = ? AND kind = 'blob'"

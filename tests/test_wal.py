@@ -1,6 +1,7 @@
 """The write-ahead log on disk and its DuckDB projection, in-process (no bus)."""
 import os
 
+import msgpack
 import pytest
 
 from storage import records, segments
@@ -113,6 +114,18 @@ def test_store_loads_exactly_once_across_a_restart_and_rebuilds_checkpoint_chain
     store.open()
     assert store.load_once() == 7
     assert store.load_once() == 0
+    assert [r["seq"] for r in store.query("checkpoint_chain", "s")[0]] == [1, 2]
+    assert store.query("checkpoint_chain", "never-checkpointed")[0] == []
+    assert store.query("blob_latest", "s")[0] == []   # it has agent checkpoints, no blob
+    real = store.cursors["messages"]
+
+    class NoScans:
+        def execute(self, *args):
+            raise AssertionError("a session with no checkpoint must not cost a scan")
+
+    store.cursors["messages"] = NoScans()
+    assert store.query("checkpoint_chain", "new-session")[0] == []
+    store.cursors["messages"] = real
     store.close()
     # More records, one of them a full snapshot, then a new store process: nothing twice.
     log.write(records.frame(RecordKind.CHECKPOINT, b"c3", agent_checkpoint("s", 3, 0, 4, m[:6], True)), sync=True)
@@ -262,6 +275,8 @@ def test_checkpoint_rows_from_before_the_payload_file_still_read(tmp_path):
     con.execute("CREATE TABLE checkpoints (session VARCHAR, tenant VARCHAR, kind VARCHAR, key VARCHAR, seq BIGINT, "
                 "is_full BOOLEAN, first_idx INTEGER, payload BLOB, ts DOUBLE, writer SMALLINT, lsn BIGINT)")
     con.execute("INSERT INTO checkpoints VALUES ('old', 't', 'blob', 'k', 1, true, 0, 'inline'::BLOB, 1.0, 0, 0)")
+    con.execute("INSERT INTO checkpoints VALUES ('old', 't', 'agent', '', 1, true, 0, ?, 1.0, 0, 0)",
+                [msgpack.packb([{"role": "user", "content": "kept inline"}])])
     con.close()
     log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=1 << 20)
     log.write(b"".join(frames(1)), sync=True)   # position 0: the old row's lsn
@@ -271,6 +286,7 @@ def test_checkpoint_rows_from_before_the_payload_file_still_read(tmp_path):
     store.open()
     store.load_all()
     assert store.query("blob_latest", "old")[0][0]["payload"] == b"inline"
+    assert store.query("checkpoint_chain", "old")[0][0]["messages"] == [{"role": "user", "content": "kept inline"}]
     assert store.query("blob_latest", "new")[0][0]["payload"] == b"outside"
     store.close()
 

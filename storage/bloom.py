@@ -1,0 +1,34 @@
+"""A Bloom filter: a fixed-size set that can answer "certainly not in it".
+
+writer/store keeps one of the sessions that have checkpoints, so loading a session that never
+had one (every new session: sessions come into being with their first turn) answers at once
+instead of scanning the checkpoints table, whose size grows with all history in the retention
+window. A false "maybe" only costs that scan; the filter never says "no" to a member.
+"""
+from __future__ import annotations
+
+import hashlib
+
+DEFAULT_BITS = 1 << 23      # 1 MiB: about 1% false positives at 870k members, more beyond
+
+
+class BloomFilter:
+    def __init__(self, bits: int = DEFAULT_BITS, hashes: int = 7) -> None:
+        if bits < 8 or not 1 <= hashes <= 8:
+            raise ValueError("a Bloom filter needs at least 8 bits and 1 to 8 hashes")
+        self.bits = bits
+        self.hashes = hashes
+        self.array = bytearray((bits + 7) // 8)
+        self.members = 0    # additions, duplicates included
+
+    def _positions(self, key: str) -> list[int]:
+        digest = hashlib.blake2b(key.encode(), digest_size=32).digest()
+        return [int.from_bytes(digest[i * 4:i * 4 + 4], "little") % self.bits for i in range(self.hashes)]
+
+    def add(self, key: str) -> None:
+        for bit in self._positions(key):
+            self.array[bit >> 3] |= 1 << (bit & 7)
+        self.members += 1
+
+    def __contains__(self, key: str) -> bool:
+        return all(self.array[bit >> 3] & (1 << (bit & 7)) for bit in self._positions(key))

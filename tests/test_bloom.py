@@ -1,0 +1,23 @@
+"""The Bloom filter writer/store uses to answer "no checkpoint" without a scan."""
+import pytest
+
+from storage.bloom import BloomFilter
+
+
+def test_a_member_is_always_found_and_most_strangers_are_not():
+    bloom = BloomFilter(bits=1 << 16, hashes=7)
+    members = [f"agent:s{i:05d}" for i in range(5000)]
+    for key in members:
+        bloom.add(key)
+    assert all(key in bloom for key in members)
+    strangers = sum(f"agent:t{i:05d}" in bloom for i in range(20000))
+    # 5,000 members in 65,536 bits with 7 hashes: about 1.4% of strangers answer "maybe"
+    assert strangers < 20000 * 0.04
+    assert "agent:" not in BloomFilter()
+
+
+def test_bad_shapes_are_refused():
+    with pytest.raises(ValueError):
+        BloomFilter(bits=4)
+    with pytest.raises(ValueError):
+        BloomFilter(hashes=9)
