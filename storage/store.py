@@ -2,8 +2,9 @@
 
 The loader (its own thread) reads whole records from every log, turns them into rows and loads
 them with DuckDB's appender in one transaction per file, together with that file's progress.
-Under overload it falls behind; it never drops. Queries run on a separate thread with their own
-cursors, so a slow query never stops loading. Only this process imports DuckDB.
+Under overload it falls behind; it never drops. Queries (storage/store_queries.py) run on a
+separate thread with their own cursors, so a slow query never stops loading. Only this process
+imports DuckDB.
 """
 from __future__ import annotations
 
@@ -22,11 +23,11 @@ from storage import records, schema, segments
 from storage.bloom import BloomFilter
 from storage.payload_file import PayloadFile
 from storage.projection import project
+from storage.store_queries import StoreQueries
 
 READ_BYTES = 8 << 20          # per log and batch, at most; halved after a batch DuckDB could not take
 MIN_READ_BYTES = 256 << 10
 PAYLOAD_COLUMN = 7            # of a checkpoints row as projected: its bytes go to the payload file
-MAX_LIMIT = 1000
 # Bulk loading: a batch is loaded once this much time passed since the previous one, unless a
 # reader is waiting for it (`urgent`). Each load costs three DuckDB transactions whatever its size.
 BATCH_INTERVAL_SECS = 1.0
@@ -34,7 +35,7 @@ MIN_DB_MEMORY_MB = 16
 CHECKPOINT_THRESHOLD = "4MB"
 
 
-class Store:
+class Store(StoreQueries):
     def __init__(self, data_dir: Path, writers: int, memory_limit_mb: int, jsonl_dir: str = "",
                  log: logging.Logger | None = None) -> None:
         self.db_dir = data_dir / "db"
@@ -240,9 +241,6 @@ class Store:
         """Whether messages.db took this batch (its progress reached every position in it)."""
         return all(self.progress["messages"].get(w, 0) >= p for w, p in positions.items())
 
-    def _payload(self, inline: bytes | None, at: int | None, length: int | None) -> bytes:
-        return bytes(inline) if at is None else self.payloads.read(at, length)
-
     def _commit(self, db: str, tables: dict[str, list[tuple]], positions: dict[int, int]) -> None:
         con = self.conns[db]
         con.execute("BEGIN TRANSACTION")
@@ -267,97 +265,6 @@ class Store:
         with open(self.jsonl_path, "ab") as f:
             f.write(b"".join(orjson.dumps(e, default=_jsonable) + b"\n" for e in events))
 
-    # -- queries (the query thread) ---------------------------------------------------------
-
-    def query(self, name: str, session: str, tenant: str | None = None, turn: str | None = None,
-              after: int = -1, limit: int = 100) -> tuple[list[dict[str, Any]], int | None]:
-        """(rows, cursor for the next page or None)."""
-        limit = max(1, min(limit, MAX_LIMIT))
-        handler = QUERIES.get(name)
-        if handler is None:
-            raise ValueError(f"unknown query {name!r}")
-        return handler(self, session, tenant, turn, after, limit)
-
-    def _tenant_clause(self, tenant: str | None) -> tuple[str, list]:
-        return (" AND tenant = ?", [tenant]) if tenant else ("", [])
-
-    def q_messages(self, session, tenant, turn, after, limit):
-        clause, args = self._tenant_clause(tenant)
-        rows = self.cursors["messages"].execute(
-            "SELECT idx, turn, role, content, extra, ts FROM messages WHERE session = ? AND idx > ?" + clause +
-            " ORDER BY idx LIMIT ?", [session, after, *args, limit + 1]).fetchall()
-        out = []
-        for idx, turn_id, role, content, extra, at in rows[:limit]:
-            row = {"index": idx, "turn_id": turn_id, "role": role, "content": content, "at": at}
-            if extra:
-                row.update(orjson.loads(extra))
-            out.append(row)
-        return out, (out[-1]["index"] if len(rows) > limit else None)
-
-    def q_events(self, session, tenant, turn, after, limit):
-        clause, args = self._tenant_clause(tenant)
-        if turn:
-            clause += " AND turn = ?"
-            args.append(turn)
-        rows = self.cursors["events"].execute(
-            "SELECT lsn, turn, seq, type, data, ts FROM events WHERE session = ? AND lsn > ?" + clause +
-            " ORDER BY lsn LIMIT ?", [session, after, *args, limit + 1]).fetchall()
-        out = [{"cursor": lsn, "turn_id": turn_id, "seq": seq, "type": kind,
-                "data": orjson.loads(data) if data else None, "at": at}
-               for lsn, turn_id, seq, kind, data, at in rows[:limit]]
-        return out, (out[-1]["cursor"] if len(rows) > limit else None)
-
-    def q_checkpoint_chain(self, session, tenant, turn, after, limit):
-        """The last full snapshot of an agent session and the deltas after it, in order."""
-        if f"agent:{session}" not in self.checkpointed:
-            return [], None
-        clause, args = self._tenant_clause(tenant)
-        # One scan for the session's rows (without payloads); only the chain's payloads are read.
-        rows = self.cursors["messages"].execute(
-            "SELECT seq, first_idx, is_full, payload_at, payload_len, payload IS NULL FROM checkpoints "
-            "WHERE session = ? AND kind = 'agent'" + clause + " ORDER BY seq", [session, *args]).fetchall()
-        fulls = [i for i, row in enumerate(rows) if row[2]]
-        chain = rows[fulls[-1]:] if fulls else rows
-        return [{"seq": seq, "first": first, "full": full,
-                 "messages": msgpack.unpackb(self._chain_payload(session, seq, at, length, in_file))}
-                for seq, first, full, at, length, in_file in chain], None
-
-    def _chain_payload(self, session: str, seq: int, at: int | None, length: int | None, in_file: bool) -> bytes:
-        if in_file and at is not None:
-            return self.payloads.read(at, length)
-        # a row from before payloads moved out of DuckDB
-        (inline,) = self.cursors["messages"].execute(
-            "SELECT payload FROM checkpoints WHERE session = ? AND kind = 'agent' AND seq = ?", [session, seq]).fetchone()
-        return bytes(inline)
-
-    def q_blob_latest(self, session, tenant, turn, after, limit):
-        if f"blob:{session}" not in self.checkpointed:
-            return [], None
-        clause, args = self._tenant_clause(tenant)
-        row = self.cursors["messages"].execute(
-            "SELECT key, seq, payload, payload_at, payload_len FROM checkpoints WHERE session = ? AND kind = 'blob'"
-            + clause + " ORDER BY seq DESC LIMIT 1", [session, *args]).fetchone()
-        return ([{"key": row[0], "seq": row[1], "payload": self._payload(*row[2:])}] if row else []), None
-
-    def q_flow_records(self, session, tenant, turn, after, limit):
-        """The whole journal of run `session`, in log order."""
-        rows = self.cursors["flows"].execute("SELECT body FROM flow_records WHERE run = ? ORDER BY writer, lsn",
-                                             [session]).fetchall()
-        return [msgpack.unpackb(body) for (body,) in rows], None
-
-    def q_open_runs(self, session, tenant, turn, after, limit):
-        """Runs started and not ended (every shard's: the caller keeps its own)."""
-        rows = self.cursors["flows"].execute(
-            "SELECT DISTINCT run FROM flow_records WHERE type = 'run.started' AND run NOT IN "
-            "(SELECT run FROM flow_records WHERE type = 'run.ended')").fetchall()
-        return [{"run_id": run} for (run,) in rows], None
-
-    def q_expired_runs(self, session, tenant, turn, after, limit):
-        """Runs that ended before `after` (UNIX seconds), with how far each log has been loaded."""
-        rows = self.cursors["flows"].execute(
-            "SELECT DISTINCT run FROM flow_records WHERE type = 'run.ended' AND ts < ?", [float(after)]).fetchall()
-        return [{"runs": [run for (run,) in rows], "loaded": {str(w): p for w, p in self.loaded.items()}}], None
-
     def purge_runs(self, runs: list[str]) -> int:
         """Delete the rows of these runs, keeping each log's progress (its largest lsn) in place."""
         if not runs:
@@ -381,19 +288,6 @@ class Store:
             con.execute("ROLLBACK")
             raise
         return count
-
-    def q_count(self, session, tenant, turn, after, limit):
-        """Rows per table (for tests and operators; `session` "" counts everything)."""
-        out = {}
-        for table, db in schema.TABLE_DB.items():
-            sql = f"SELECT count(*) FROM {table}" + (" WHERE session = ?" if session else "")
-            out[table] = self.cursors[db].execute(sql, [session] if session else []).fetchone()[0]
-        return [out], None
-
-
-QUERIES = {"messages": Store.q_messages, "events": Store.q_events, "checkpoint_chain": Store.q_checkpoint_chain,
-           "blob_latest": Store.q_blob_latest, "count": Store.q_count, "flow_records": Store.q_flow_records,
-           "open_runs": Store.q_open_runs, "expired_runs": Store.q_expired_runs}
 
 
 def _jsonable(value: Any) -> Any:

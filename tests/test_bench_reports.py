@@ -7,7 +7,7 @@ import asyncio
 import types
 
 from bench.results import ResultsDir
-from bench.steps import closed_loop
+from bench.steps_measure import closed_loop
 from bench.steps_report import write_report
 from bench.turns_report import write_report as write_turns_report
 

@@ -1,0 +1,123 @@
+"""The read queries writer/store answers over the bus, one method each, on the query thread with
+its own cursors (a slow query never stops the loader). `Store` (storage/store.py) mixes them in.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import orjson
+
+from storage import schema
+
+MAX_LIMIT = 1000
+
+
+class StoreQueries:
+    """Needs: `cursors` (one per DuckDB file), `payloads`, `checkpointed` and `loaded` of a Store."""
+
+    def query(self, name: str, session: str, tenant: str | None = None, turn: str | None = None,
+              after: int = -1, limit: int = 100) -> tuple[list[dict[str, Any]], int | None]:
+        """(rows, cursor for the next page or None)."""
+        limit = max(1, min(limit, MAX_LIMIT))
+        handler = QUERIES.get(name)
+        if handler is None:
+            raise ValueError(f"unknown query {name!r}")
+        return handler(self, session, tenant, turn, after, limit)
+
+    def _tenant_clause(self, tenant: str | None) -> tuple[str, list]:
+        return (" AND tenant = ?", [tenant]) if tenant else ("", [])
+
+    def q_messages(self, session, tenant, turn, after, limit):
+        clause, args = self._tenant_clause(tenant)
+        rows = self.cursors["messages"].execute(
+            "SELECT idx, turn, role, content, extra, ts FROM messages WHERE session = ? AND idx > ?" + clause +
+            " ORDER BY idx LIMIT ?", [session, after, *args, limit + 1]).fetchall()
+        out = []
+        for idx, turn_id, role, content, extra, at in rows[:limit]:
+            row = {"index": idx, "turn_id": turn_id, "role": role, "content": content, "at": at}
+            if extra:
+                row.update(orjson.loads(extra))
+            out.append(row)
+        return out, (out[-1]["index"] if len(rows) > limit else None)
+
+    def q_events(self, session, tenant, turn, after, limit):
+        clause, args = self._tenant_clause(tenant)
+        if turn:
+            clause += " AND turn = ?"
+            args.append(turn)
+        rows = self.cursors["events"].execute(
+            "SELECT lsn, turn, seq, type, data, ts FROM events WHERE session = ? AND lsn > ?" + clause +
+            " ORDER BY lsn LIMIT ?", [session, after, *args, limit + 1]).fetchall()
+        out = [{"cursor": lsn, "turn_id": turn_id, "seq": seq, "type": kind,
+                "data": orjson.loads(data) if data else None, "at": at}
+               for lsn, turn_id, seq, kind, data, at in rows[:limit]]
+        return out, (out[-1]["cursor"] if len(rows) > limit else None)
+
+    def q_checkpoint_chain(self, session, tenant, turn, after, limit):
+        """The last full snapshot of an agent session and the deltas after it, in order."""
+        if f"agent:{session}" not in self.checkpointed:
+            return [], None
+        clause, args = self._tenant_clause(tenant)
+        # One scan for the session's rows (without payloads); only the chain's payloads are read.
+        rows = self.cursors["messages"].execute(
+            "SELECT seq, first_idx, is_full, payload_at, payload_len, payload IS NULL FROM checkpoints "
+            "WHERE session = ? AND kind = 'agent'" + clause + " ORDER BY seq", [session, *args]).fetchall()
+        fulls = [i for i, row in enumerate(rows) if row[2]]
+        chain = rows[fulls[-1]:] if fulls else rows
+        return [{"seq": seq, "first": first, "full": full,
+                 "messages": msgpack.unpackb(self._chain_payload(session, seq, at, length, in_file))}
+                for seq, first, full, at, length, in_file in chain], None
+
+    def _chain_payload(self, session: str, seq: int, at: int | None, length: int | None, in_file: bool) -> bytes:
+        if in_file and at is not None:
+            return self.payloads.read(at, length)
+        # a row from before payloads moved out of DuckDB
+        (inline,) = self.cursors["messages"].execute(
+            "SELECT payload FROM checkpoints WHERE session = ? AND kind = 'agent' AND seq = ?", [session, seq]).fetchone()
+        return bytes(inline)
+
+    def q_blob_latest(self, session, tenant, turn, after, limit):
+        if f"blob:{session}" not in self.checkpointed:
+            return [], None
+        clause, args = self._tenant_clause(tenant)
+        row = self.cursors["messages"].execute(
+            "SELECT key, seq, payload, payload_at, payload_len FROM checkpoints WHERE session = ? AND kind = 'blob'"
+            + clause + " ORDER BY seq DESC LIMIT 1", [session, *args]).fetchone()
+        return ([{"key": row[0], "seq": row[1], "payload": self._payload(*row[2:])}] if row else []), None
+
+    def q_flow_records(self, session, tenant, turn, after, limit):
+        """The whole journal of run `session`, in log order."""
+        rows = self.cursors["flows"].execute("SELECT body FROM flow_records WHERE run = ? ORDER BY writer, lsn",
+                                             [session]).fetchall()
+        return [msgpack.unpackb(body) for (body,) in rows], None
+
+    def q_open_runs(self, session, tenant, turn, after, limit):
+        """Runs started and not ended (every shard's: the caller keeps its own)."""
+        rows = self.cursors["flows"].execute(
+            "SELECT DISTINCT run FROM flow_records WHERE type = 'run.started' AND run NOT IN "
+            "(SELECT run FROM flow_records WHERE type = 'run.ended')").fetchall()
+        return [{"run_id": run} for (run,) in rows], None
+
+    def q_expired_runs(self, session, tenant, turn, after, limit):
+        """Runs that ended before `after` (UNIX seconds), with how far each log has been loaded."""
+        rows = self.cursors["flows"].execute(
+            "SELECT DISTINCT run FROM flow_records WHERE type = 'run.ended' AND ts < ?", [float(after)]).fetchall()
+        return [{"runs": [run for (run,) in rows], "loaded": {str(w): p for w, p in self.loaded.items()}}], None
+
+    def _payload(self, inline: bytes | None, at: int | None, length: int | None) -> bytes:
+        return bytes(inline) if at is None else self.payloads.read(at, length)
+
+    def q_count(self, session, tenant, turn, after, limit):
+        """Rows per table (for tests and operators; `session` "" counts everything)."""
+        out = {}
+        for table, db in schema.TABLE_DB.items():
+            sql = f"SELECT count(*) FROM {table}" + (" WHERE session = ?" if session else "")
+            out[table] = self.cursors[db].execute(sql, [session] if session else []).fetchone()[0]
+        return [out], None
+
+
+QUERIES = {"messages": StoreQueries.q_messages, "events": StoreQueries.q_events,
+           "checkpoint_chain": StoreQueries.q_checkpoint_chain, "blob_latest": StoreQueries.q_blob_latest,
+           "count": StoreQueries.q_count, "flow_records": StoreQueries.q_flow_records,
+           "open_runs": StoreQueries.q_open_runs, "expired_runs": StoreQueries.q_expired_runs}
