@@ -19,7 +19,6 @@ class BloomFilter:
         self.bits = bits
         self.hashes = hashes
         self.array = bytearray((bits + 7) // 8)
-        self.members = 0    # additions, duplicates included
 
     def _positions(self, key: str) -> list[int]:
         digest = hashlib.blake2b(key.encode(), digest_size=32).digest()
@@ -28,7 +27,6 @@ class BloomFilter:
     def add(self, key: str) -> None:
         for bit in self._positions(key):
             self.array[bit >> 3] |= 1 << (bit & 7)
-        self.members += 1
 
     def __contains__(self, key: str) -> bool:
         return all(self.array[bit >> 3] & (1 << (bit & 7)) for bit in self._positions(key))
