@@ -10,23 +10,23 @@ from typing import Any, Awaitable, Callable
 PUTS = 'agentos_s3_requests_total{op="put",purpose="wal"}'
 
 
+def _metric_lines(url: str) -> list[str]:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        return resp.read().decode().splitlines()
+
+
 def scrape(url: str, name: str) -> float:
     """One sample of /metrics, by its exact name and labels (0 if absent)."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
-        for line in resp.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[-1])
-    return 0.0
+    return next((float(line.split()[-1]) for line in _metric_lines(url) if line.startswith(name + " ")), 0.0)
 
 
 def scrape_family(url: str, name: str) -> dict[str, float]:
     """Every sample of a metric on /metrics: its labels as written (`op="put",purpose="wal"`) -> value."""
     out = {}
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
-        for line in resp.read().decode().splitlines():
-            if line.startswith(name + "{"):
-                labels, _, value = line[len(name) + 1:].rpartition("} ")
-                out[labels] = float(value)
+    for line in _metric_lines(url):
+        if line.startswith(name + "{"):
+            labels, _, value = line[len(name) + 1:].rpartition("} ")
+            out[labels] = float(value)
     return out
 
 

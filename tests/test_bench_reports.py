@@ -81,3 +81,15 @@ def test_failover_report_splits_lease_wait_and_rebuild(tmp_path):
     text = (results.path / "summary.md").read_text()
     assert "| 2 | 7.25 | 950 | 13.0 | 11.0 | 2.00 | 0 | 0 | 0 |" in text
     assert "Median failover 13.50 s (min 13.00, max 14.00)" in text
+
+
+def test_metric_samples_by_exact_name_and_by_family(monkeypatch):
+    import bench.steps_measure as measure
+    monkeypatch.setattr(measure, "_metric_lines", lambda url: [
+        "# HELP agentos_log_fsyncs_total x", "agentos_log_fsyncs_total 12.0",
+        'agentos_s3_requests_total{op="put",purpose="lease"} 3.0',
+        'agentos_s3_requests_total{op="put",purpose="wal"} 7.0'])
+    assert measure.scrape("u", "agentos_log_fsyncs_total") == 12.0
+    assert measure.scrape("u", measure.PUTS) == 7.0 and measure.scrape("u", "absent") == 0.0
+    assert measure.scrape_family("u", "agentos_s3_requests_total") == {
+        'op="put",purpose="lease"': 3.0, 'op="put",purpose="wal"': 7.0}
