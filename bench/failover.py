@@ -20,7 +20,6 @@ import datetime as _dt
 import os
 import random
 import re
-import signal
 import statistics
 import sys
 import tempfile
@@ -39,7 +38,8 @@ SESSIONS = 16
 TAKEOVER = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*took over the cluster lease")
 
 
-def put(url: str, sid: str, key: str, body: bytes, timeout: float = 5.0) -> int | None:
+def put(url: str, sid: str, key: str, body: bytes, timeout: float = 30.0) -> int | None:
+    """PUT a checkpoint; its HTTP status, or None if there was no answer."""
     req = urllib.request.Request(f"{url}/v1/sessions/{sid}/checkpoints/{key}", data=body, method="PUT")
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
@@ -82,7 +82,7 @@ class Load:
                 n = next(self.counter)
             sid = f"fo-{n % SESSIONS}"
             # the key carries n, so the payload (and the key) tell which write a node kept
-            if put(self.url, sid, f"k{n}", b"%d:" % n + body) == 200:
+            if put(self.url, sid, f"k{n}", b"%d:" % n + body, timeout=5.0) == 200:
                 with self.lock:
                     self.acked.append((sid, n))
 
@@ -95,15 +95,6 @@ class Load:
         self.stopping.set()
         for t in self.threads:
             t.join(10)
-
-
-def kill_tree(server: ServerProcess) -> None:
-    server.remember_pids()
-    for pid in [server.proc.pid, *server.seen_pids]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def count_checkpoints(db: Path) -> collections.Counter:
@@ -128,7 +119,7 @@ def one_run(index: int, s3, args: argparse.Namespace, work: Path) -> dict[str, A
         with Load(a.url, args.threads) as load:
             time.sleep(loaded)
             killed_at = time.time()
-            kill_tree(a)
+            a.crash()
         acked = list(load.acked)
         b.wait_ready(args.lease_ttl_secs + 120)
         serving_at = time.time()

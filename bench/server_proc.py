@@ -136,6 +136,17 @@ class ServerProcess:
         self.kill_all()
         return code
 
+    def crash(self) -> None:
+        """SIGKILL to the supervisor and every process of its tree at once, as a machine or
+        container dies: nothing gets to flush, hand over or release its lease."""
+        self.remember_pids()
+        for pid in [self.proc.pid, *self.seen_pids]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(10)
+
     def kill_all(self) -> None:
         for pid in [self.proc.pid, *self.seen_pids]:
             try:

@@ -3,7 +3,6 @@ exactly once; the log recovers from a torn tail; sessions come back whole."""
 import asyncio
 import collections
 import os
-import signal
 from pathlib import Path
 
 import aiohttp
@@ -96,16 +95,6 @@ def wal_records(data_dir: Path) -> list[tuple[int, bytes, bytes]]:
     return out
 
 
-def kill_tree(server: Server) -> None:
-    server.remember_pids()
-    for pid in [server.proc.pid, *server.seen_pids]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    server.proc.wait(10)
-
-
 def test_acknowledged_records_survive_kill9_of_writers_and_tree_exactly_once(tmp_path):
     config = {"kernel": {"concurrency_limit": 64}}
     server = Server(tmp_path, config).start()
@@ -146,7 +135,7 @@ def test_acknowledged_records_survive_kill9_of_writers_and_tree_exactly_once(tmp
             await asyncio.sleep(1.5)
             await loop.run_in_executor(None, server.kill9, "writer/store")
             await asyncio.sleep(1.5)
-            await loop.run_in_executor(None, kill_tree, server)
+            await loop.run_in_executor(None, server.crash)
             stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
 

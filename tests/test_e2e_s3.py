@@ -3,31 +3,14 @@ node rebuilt from it on an empty disk, a standby that takes over, S3 outages, an
 import collections
 import json
 import os
-import signal
 import threading
 import time
-import urllib.request
 
 import duckdb
 
 from harness import get_json, pid_alive, scrape, turn, wait_until
+from bench.failover import latest_key as latest, put
 from bench.s3_local import CREDENTIALS
-
-
-def put(base, sid, key, payload: bytes, timeout=30):
-    req = urllib.request.Request(f"{base}/v1/sessions/{sid}/checkpoints/{key}", data=payload, method="PUT")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return None
-
-
-def latest(base, sid):
-    with urllib.request.urlopen(f"{base}/v1/sessions/{sid}/checkpoints/latest", timeout=30) as resp:
-        return resp.read()
 
 
 def start_flow(base, flow, input):
@@ -97,12 +80,7 @@ def test_kill9_of_the_active_node_and_the_standby_takes_over(make_s3_server, mak
     wait_until(lambda: len(acked) >= 30 and "step 1" in (effects.read_text() if effects.exists() else ""), 30,
                "load and flow progress")
     killed_at = time.monotonic()
-    a.remember_pids()
-    for pid in [a.proc.pid, *a.seen_pids]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    a.crash()
     stop.set()
     loader.join()
     b.wait_ready(60)
