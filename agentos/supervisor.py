@@ -32,6 +32,8 @@ from broker.sharding import log_writer
 
 STOP_GRACE_SECS = 5.0
 READY_TIMEOUT_SECS = 20.0
+MONITOR_IDLE_SECS = 1.0     # a backstop: exits are noticed at once through SIGCHLD
+MONITOR_BUSY_SECS = 0.05
 log = logging.getLogger("agent-os.supervisor")
 
 
@@ -48,6 +50,7 @@ class Child:
     restart_at: float = 0.0
     restart_times: list[float] = field(default_factory=list)
     in_crash_loop: bool = False
+    exit_fd: int = -1           # a pidfd: readable once the process has exited
 
     def __post_init__(self) -> None:
         self.name = self.name or process_name(self.role, self.index)
@@ -77,6 +80,7 @@ class Supervisor:
         self.lease_keeper = None
         self.exit_code = service.EXIT_OK
         self.forks = ForkServer(self.env, log, enabled=config.kernel.fork_server)
+        self.exited = asyncio.Event()   # a child's pidfd turned readable: the monitor looks now
 
     def plan(self) -> list[Child]:
         children = [Child("broker")]
@@ -187,21 +191,53 @@ class Supervisor:
         child.started_at = time.monotonic()
         child.started_wall = time.time()
         child.restart_at = 0.0
+        self._watch_exit(child)
         metrics.processes_up.inc()
         self.write_table()
 
     async def monitor(self) -> None:
+        """Woken when a child exits (its pidfd; uvloop keeps SIGCHLD to itself); otherwise it
+        looks once a second, or sooner while a restart is due or a relaunched fork server has not
+        said it is ready."""
         while True:
-            await asyncio.sleep(0.05)
-            now = time.monotonic()
-            for child in self.children:
-                if child.proc is not None and child.proc.poll() is not None:
-                    self.on_exit(child, now)
-                elif child.proc is None and child.restart_at and now >= child.restart_at:
-                    log.info("restarting %s (restart #%d)", child.name, child.restarts)
-                    self.start(child)
-            self.keep_fork_server()
-            self.reap_strangers()
+            try:
+                await asyncio.wait_for(self.exited.wait(), self._monitor_wait())
+            except asyncio.TimeoutError:
+                pass
+            self.exited.clear()
+            self._check_children()
+
+    def _watch_exit(self, child: Child) -> None:
+        try:
+            child.exit_fd = os.pidfd_open(child.proc.pid)
+        except OSError:
+            return    # no pidfd here (or already reaped): the once-a-second look finds the exit
+        asyncio.get_running_loop().add_reader(child.exit_fd, self.exited.set)
+
+    def _unwatch_exit(self, child: Child) -> None:
+        if child.exit_fd >= 0:
+            asyncio.get_running_loop().remove_reader(child.exit_fd)
+            os.close(child.exit_fd)
+            child.exit_fd = -1
+
+    def _monitor_wait(self) -> float:
+        if self.forks.sock is not None and not self.forks.pid:
+            return MONITOR_BUSY_SECS
+        due = [c.restart_at for c in self.children if c.proc is None and c.restart_at]
+        if not due:
+            return MONITOR_IDLE_SECS
+        return min(MONITOR_IDLE_SECS, max(MONITOR_BUSY_SECS, min(due) - time.monotonic()))
+
+    def _check_children(self) -> None:
+        now = time.monotonic()
+        for child in self.children:
+            if child.proc is not None and child.proc.poll() is not None:
+                self.on_exit(child, now)
+            elif child.proc is None and child.restart_at and now >= child.restart_at:
+                log.info("restarting %s (restart #%d)", child.name, child.restarts)
+                self.start(child)
+        self.keep_fork_server()
+        self.reap_strangers()
 
     def keep_fork_server(self) -> None:
         forks = self.forks
@@ -237,6 +273,7 @@ class Supervisor:
         metrics.mark_dead(child.proc.pid)
         metrics.processes_up.dec()
         child.proc = None
+        self._unwatch_exit(child)
         child.failures = next_failure_count(self.policy, child.failures, now - child.started_at)
         child.restart_times = [t for t in child.restart_times if now - t <= self.policy.loop_window_secs] + [now]
         crash_loop = is_crash_loop(self.policy, child.restart_times, now)
@@ -304,6 +341,7 @@ class Supervisor:
         proc.wait()
         metrics.mark_dead(proc.pid)
         child.proc = None
+        self._unwatch_exit(child)
 
     # -- run directory --------------------------------------------------------------------
 

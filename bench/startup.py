@@ -6,6 +6,8 @@ both see the same machine. Per cycle it measures:
 - start: seconds from launching `agent-os serve` to `/readyz` answering 200;
 - restart: seconds from kill -9 of actor/0 to the next completed turn of a session it owns;
 - stop: seconds from SIGTERM to the supervisor's exit;
+- idle CPU: the whole tree's CPU while it serves nothing, as % of one core, over `--idle-secs`
+  after its first turn (a server that sits waiting should cost next to nothing);
 - tree CPU: CPU seconds of the whole tree over the cycle (the supervisor's own and that of every
   descendant it or they waited for, read from this process's rusage once the supervisor exits).
 """
@@ -23,12 +25,15 @@ from pathlib import Path
 
 import aiohttp
 
+from bench.checkpoint_targets import process_tree_cpu_secs
 from bench.results import ResultsDir, markdown_table, pyplot
 from bench.server_proc import ServerProcess, wait_until
 from bench.sse_client import sse_events
 from broker.sharding import shard_of
 
-METRICS = ("start_secs", "restart_secs", "stop_secs", "tree_cpu_secs")
+METRICS = ("start_secs", "restart_secs", "stop_secs", "tree_cpu_secs", "idle_cpu_pct")
+TIMES = METRICS[:4]     # the plot's: seconds
+IDLE_SETTLE_SECS = 2.0
 CONFIG = {"kernel": {"actors": 2, "drain_secs": 5}, "mock": {"ttft_ms": 10, "tokens": 2}}
 
 
@@ -59,8 +64,19 @@ def _turn_until_completed(url: str, sid: str, deadline_secs: float = 30.0) -> No
         time.sleep(0.02)
 
 
-def cycle(fork_server: bool, work: Path) -> dict:
+def idle_cpu(root_pid: int, secs: float) -> tuple[float, float]:
+    """(% of one core over `secs` of doing nothing, CPU seconds of the whole wait with its settling)."""
+    start = process_tree_cpu_secs([root_pid])
+    time.sleep(IDLE_SETTLE_SECS)
+    before = process_tree_cpu_secs([root_pid])
+    time.sleep(secs)
+    after = process_tree_cpu_secs([root_pid])
+    return 100.0 * (after - before) / secs, after - start
+
+
+def cycle(fork_server: bool, work: Path, idle_secs: float = 10.0) -> dict:
     cpu0 = _children_cpu()
+    idle_cpu_secs = 0.0
     server = ServerProcess(work, {**CONFIG, "kernel": {**CONFIG["kernel"], "fork_server": fork_server}})
     began = time.monotonic()
     server.start()
@@ -68,6 +84,7 @@ def cycle(fork_server: bool, work: Path) -> dict:
     try:
         sid = next(f"startup-{i}" for i in range(1000) if shard_of(f"startup-{i}", 2) == 0)
         _turn_until_completed(server.url, sid)
+        row["idle_cpu_pct"], idle_cpu_secs = idle_cpu(server.proc.pid, idle_secs)
         server.remember_pids()
         killed = time.monotonic()
         server.kill9("actor/0")
@@ -80,7 +97,7 @@ def cycle(fork_server: bool, work: Path) -> dict:
         row["exit_code"] = server.proc.returncode
     finally:
         server.stop()
-    row["tree_cpu_secs"] = _children_cpu() - cpu0
+    row["tree_cpu_secs"] = _children_cpu() - cpu0 - idle_cpu_secs   # start, restart, stop: not the idle wait
     return row
 
 
@@ -89,7 +106,7 @@ def summarize(rows: list[dict]) -> tuple[str, dict]:
                for mode in (True, False)}
     table = markdown_table(
         ["measure", "fork server (median)", "python -m agentos.child (median)", "ratio"],
-        [(m, round(medians[True][m], 2), round(medians[False][m], 2), round(medians[True][m] / medians[False][m], 2))
+        [(m, round(medians[True][m], 2), round(medians[False][m], 2), round(medians[True][m] / medians[False][m], 2) if medians[False][m] else "–")
          for m in METRICS])
     return table, medians
 
@@ -97,10 +114,10 @@ def summarize(rows: list[dict]) -> tuple[str, dict]:
 def plot(medians: dict, path: Path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    xs = range(len(METRICS))
-    ax.bar([x - 0.2 for x in xs], [medians[True][m] for m in METRICS], 0.4, label="fork server")
-    ax.bar([x + 0.2 for x in xs], [medians[False][m] for m in METRICS], 0.4, label="python -m agentos.child")
-    ax.set_xticks(list(xs), [m.replace("_secs", " (s)").replace("_", " ") for m in METRICS])
+    xs = range(len(TIMES))
+    ax.bar([x - 0.2 for x in xs], [medians[True][m] for m in TIMES], 0.4, label="fork server")
+    ax.bar([x + 0.2 for x in xs], [medians[False][m] for m in TIMES], 0.4, label="python -m agentos.child")
+    ax.set_xticks(list(xs), [m.replace("_secs", " (s)").replace("_", " ") for m in TIMES])
     ax.set_ylabel("seconds (median)")
     ax.legend()
     fig.tight_layout()
@@ -111,16 +128,19 @@ def plot(medians: dict, path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="agent-os bench startup", description=__doc__.split("\n")[0])
     parser.add_argument("--cycles", type=int, default=5, help="cycles per mode (default: %(default)s)")
+    parser.add_argument("--idle-secs", type=float, default=10.0,
+                        help="seconds of idle CPU measured per cycle (default: %(default)s)")
     parser.add_argument("--name", default="startup", help="results folder name (default: %(default)s)")
     parser.add_argument("--results-root", type=Path, default=None)
     args = parser.parse_args(argv)
     results = ResultsDir(args.name, args.results_root)
-    results.write_config({"benchmark": "startup", "cycles": args.cycles, "server_config": CONFIG})
+    results.write_config({"benchmark": "startup", "cycles": args.cycles, "idle_secs": args.idle_secs,
+                          "server_config": CONFIG})
     rows = []
     with tempfile.TemporaryDirectory(prefix="startup-") as tmp:
         for i in range(args.cycles):
             for fork_server in ((True, False) if i % 2 == 0 else (False, True)):
-                row = {"cycle": i, **cycle(fork_server, Path(tmp) / f"{i}-{int(fork_server)}")}
+                row = {"cycle": i, **cycle(fork_server, Path(tmp) / f"{i}-{int(fork_server)}", args.idle_secs)}
                 rows.append(row)
                 results.append_row(row)
                 print("  " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
