@@ -140,6 +140,31 @@ def ratios(rows: list[dict], ours: str = "agentos", peer: str = "pgredis") -> li
     return out
 
 
+LAYERS = ("noop-http", "agentos-none", "agentos")
+
+
+def layer_table(rows: list[dict], config: dict) -> str | None:
+    """Per (scale, mode, workers): each layer's median commit p50 and checkpoints/s, then the disk
+    floors' p50; None unless a layer target beside `agentos` ran."""
+    if not {r["target"] for r in rows} & set(LAYERS[:2]):
+        return None
+    floors = config.get("disk_floors") or ([config["disk_floor"]] if config.get("disk_floor") else [])
+    by: dict[tuple, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        if r["target"] in LAYERS and r["checkpoints"]:
+            by[(r["scale"], r["mode"], r["workers"])][r["target"]].append(r)
+    lines = []
+    for (scale, mode, workers), targets in by.items():
+        cells = []
+        for layer in LAYERS:
+            runs = targets.get(layer)
+            cells.append(f"{statistics.median(r['commit_ms']['p50'] for r in runs):.2f} "
+                         f"({statistics.median(r['checkpoints_per_sec'] for r in runs):,.0f}/s)" if runs else "–")
+        lines.append([scale, mode, workers, *cells, *(f"{f['p50_ms']:.3f}" for f in floors)])
+    return markdown_table(["scale", "mode", "workers", *(f"{t} p50 ms" for t in LAYERS),
+                           *(f"floor {f['block_bytes']} B p50 ms" for f in floors)], lines)
+
+
 def _phase_table(rows: list[dict]) -> str | None:
     """Runs of one (target, scale, mode) that differ in how many keys already existed."""
     by: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
@@ -207,14 +232,23 @@ def summary_markdown(rows: list[dict], config: dict) -> str:
     phases = _phase_table(rows)
     if phases:
         parts += ["", "## First insert vs overwrite", "", phases]
-    floor = config.get("disk_floor")
-    if floor:
-        dev = floor.get("device", {})
-        parts += ["", "## Disk floor", "",
-                  (f"{floor['block_bytes']} B append + fdatasync, n={floor['n']}, in "
+    layers = layer_table(rows, config)
+    if layers:
+        parts += ["", "## Where a commit's time goes", "",
+                  ("Each row: commit p50 (checkpoints/s) of one target at the same scale, mode and "
+                   "workers. `noop-http` answers the same routes and does nothing else (the client "
+                   "and one HTTP exchange); `agentos-none` is our whole process tree with "
+                   "`storage.durability: none` (no fsync); `agentos` is the durable server. The "
+                   "disk floors are single appends + fdatasync of that many bytes, no HTTP."), "",
+                  layers]
+    floors = config.get("disk_floors") or ([config["disk_floor"]] if config.get("disk_floor") else [])
+    if floors:
+        dev = floors[0].get("device", {})
+        parts += ["", "## Disk floor", ""]
+        parts += [(f"{floor['block_bytes']} B append + fdatasync, n={floor['n']}, in "
                    f"{floor['directory']} ({dev.get('source', '?')} on {dev.get('mount', '?')}):"
                    f" p50 {floor['p50_ms']:.3f} ms, p99 {floor['p99_ms']:.3f} ms, "
-                   f"mean {floor['mean_ms']:.3f} ms, max {floor['max_ms']:.3f} ms.")]
+                   f"mean {floor['mean_ms']:.3f} ms, max {floor['max_ms']:.3f} ms.") for floor in floors]
     return "\n".join(parts) + "\n"
 
 

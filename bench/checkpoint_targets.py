@@ -155,12 +155,12 @@ class AgentOSWorker:
 
 
 class AgentOSTarget:
-    """Our server's checkpoint routes; the server is started by whoever passes its URL."""
-
-    name: ClassVar[str] = "agentos"
+    """Our server's checkpoint routes; the server is started by whoever passes its URL. Also the
+    client of the other servers that speak them (`name`: `agentos-none`, `noop-http`)."""
 
     def __init__(self, url: str, op_timeout_secs: float, api_key: str | None = None,
-                 server_pids: list[int] | None = None) -> None:
+                 server_pids: list[int] | None = None, name: str = "agentos") -> None:
+        self.name = name
         self.url = url
         self.server_pids = list(server_pids or [])  # whoever started the server may pass them
         self.endpoint = parse_endpoint(url)
@@ -298,3 +298,7 @@ class PgRedisTarget:
 
 
 TARGETS = ("agentos", "pgredis")
+# Not run unless named: where a commit's time goes. `agentos-none` is our server with
+# `storage.durability: none` (every process, no fsync); `noop-http` answers the same routes and
+# does nothing else (bench/noop_http.py): the client and one HTTP exchange.
+LAYER_TARGETS = ("agentos-none", "noop-http")

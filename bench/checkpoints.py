@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import dataclasses
 import signal
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -29,7 +30,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from bench.checkpoint_report import COLUMNS, plot_windows, summary_markdown, table_rows
-from bench.checkpoint_targets import TARGETS, AgentOSTarget, PgRedisTarget
+from bench.checkpoint_targets import LAYER_TARGETS, TARGETS, AgentOSTarget, PgRedisTarget
 from bench.checkpoint_workload import BenchConfig, run_target
 from bench.results import ResultsDir, markdown_table
 
@@ -50,7 +51,7 @@ def pgredis_target(cfg: BenchConfig, tmp_root: str | None, appendfsync: str) -> 
 
 
 @contextlib.contextmanager
-def agentos_started(cfg: BenchConfig, tmp_root: str, durability: str) -> Iterator:
+def agentos_started(cfg: BenchConfig, tmp_root: str, durability: str, name: str = "agentos") -> Iterator:
     """Our server for the lifetime of the block: a fresh tree in `tmp_root` (the peer's disk)."""
     from bench.server_proc import ServerProcess
 
@@ -65,11 +66,32 @@ def agentos_started(cfg: BenchConfig, tmp_root: str, durability: str) -> Iterato
     server = ServerProcess(Path(tempfile.mkdtemp(prefix="bench-ckpt-", dir=tmp_root)), config, env)
     try:
         server.start()
-        yield AgentOSTarget(server.url, cfg.op_timeout_secs, None, server_pids=list(server.pids().values()))
+        yield AgentOSTarget(server.url, cfg.op_timeout_secs, None, server_pids=list(server.pids().values()),
+                            name=name)
     finally:
         server.stop()
         if s3 is not None:
             s3.stop()
+
+
+@contextlib.contextmanager
+def noop_started(cfg: BenchConfig) -> Iterator:
+    """bench/noop_http.py in a process of its own for the lifetime of the block."""
+    proc = subprocess.Popen([sys.executable, "-m", "bench.noop_http"], cwd=Path(__file__).parent.parent,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        if not line.startswith("listening on "):
+            raise RuntimeError(f"bench.noop_http did not start: {line!r}")
+        yield AgentOSTarget(line.split()[-1], cfg.op_timeout_secs, None, server_pids=[proc.pid], name="noop-http")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
 
 
 def run_benchmark(cfg: BenchConfig, targets: list[Callable[[], AbstractContextManager]],
@@ -109,7 +131,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--modes", default=",".join(d.modes), help="write,mixed")
     p.add_argument("--workers", type=int, default=d.workers)
     p.add_argument("--repeat", type=int, default=d.repeat, help="runs per scale × mode")
-    p.add_argument("--targets", default=",".join(TARGETS))
+    p.add_argument("--targets", default=",".join(TARGETS),
+                   help=f"of {', '.join(TARGETS + LAYER_TARGETS)} (default: %(default)s)")
     p.add_argument("--agentos-url", help="our running server (default: start one for the run)")
     p.add_argument("--durability", choices=("local", "s3"), default="local",
                    help="storage.durability of the server this run starts")
@@ -122,6 +145,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="where the private PostgreSQL/Redis data dir goes (default: %(default)s)")
     p.add_argument("--floor-dir", help="directory of the disk floor (default: --peer-tmp)")
     p.add_argument("--floor-iterations", type=int, default=2000, help="0 skips the disk floor")
+    p.add_argument("--floor-bytes", default="4096",
+                   help="append sizes of the disk floor, comma-separated; the first is the one the "
+                        "target is stated against (default: %(default)s)")
     p.add_argument("--results-root", type=Path, help="default: bench/results")
     p.add_argument("--results-name", default="checkpoints")
     return p
@@ -163,9 +189,13 @@ def _main(argv: list[str] | None) -> int:
         parser.error(str(exc))
     factories: list[Callable[[], AbstractContextManager]] = []
     for name in _csv(args.targets):
-        if name not in TARGETS:
-            parser.error(f"unknown target {name!r}; known: {TARGETS}")
-        if name == "agentos":
+        if name not in TARGETS + LAYER_TARGETS:
+            parser.error(f"unknown target {name!r}; known: {TARGETS + LAYER_TARGETS}")
+        if name == "noop-http":
+            factories.append(lambda: noop_started(cfg))
+        elif name == "agentos-none":
+            factories.append(lambda: agentos_started(cfg, args.peer_tmp, "none", "agentos-none"))
+        elif name == "agentos":
             if not args.agentos_url:
                 factories.append(lambda: agentos_started(cfg, args.peer_tmp, args.durability))
                 continue
@@ -179,12 +209,20 @@ def _main(argv: list[str] | None) -> int:
     from bench.disk_floor import device_of, fsync_floor
 
     floor_dir = args.floor_dir or args.peer_tmp
-    floor = fsync_floor(floor_dir, args.floor_iterations) if args.floor_iterations > 0 else None
-    if floor:
-        print(f"disk floor in {floor_dir}: p50 {floor['p50_ms']} ms, p99 {floor['p99_ms']} ms")
+    try:
+        floor_sizes = [int(x) for x in _csv(args.floor_bytes)]
+    except ValueError:
+        parser.error("--floor-bytes: comma-separated byte counts")
+    floors = [fsync_floor(floor_dir, args.floor_iterations, size) for size in floor_sizes] \
+        if args.floor_iterations > 0 else []
+    for floor in floors:
+        print(f"disk floor in {floor_dir} ({floor['block_bytes']} B): p50 {floor['p50_ms']} ms, "
+              f"p99 {floor['p99_ms']} ms")
+    floor = floors[0] if floors else None
     rows, described = run_benchmark(cfg, factories)
     bench_dev, peer_dev = device_of(Path(__file__).parent), device_of(args.peer_tmp)
     config = {"bench": dataclasses.asdict(cfg), "targets": described, "disk_floor": floor,
+              "disk_floors": floors,
               "devices": {"bench_dir": bench_dev, "peer_tmp": peer_dev,
                           "same_device": bench_dev["st_dev"] == peer_dev["st_dev"]},
               "argv": _masked(sys.argv[1:] if argv is None else argv)}

@@ -274,3 +274,26 @@ def test_process_tree_cpu_counts_our_own_process():
 def test_cli_rejects_unknown_targets():
     with pytest.raises(SystemExit):
         checkpoints.main(["--targets", "mysql"])
+
+
+def test_the_layer_table_puts_each_layer_of_a_commit_side_by_side():
+    rows = [fake_row("noop-http", "1k", "write", 6000.0, 0.6), fake_row("agentos-none", "1k", "write", 1300.0, 3.0),
+            fake_row("agentos", "1k", "write", 500.0, 6.0), fake_row("pgredis", "1k", "write", 400.0, 9.0)]
+    for row in rows:
+        row["workers"] = 1
+    floors = [{"directory": "/tmp", "device": {}, "n": 10, "block_bytes": size, "p50_ms": p50, "p99_ms": 1.0,
+               "mean_ms": 0.4, "max_ms": 2.0} for size, p50 in ((4096, 0.3), (11264, 0.32))]
+    text = summary_markdown(rows, {"bench": {"workers": 1}, "disk_floor": floors[0], "disk_floors": floors})
+    assert ("| 1k | write | 1 | 0.20 (6,000/s) | 1.00 (1,300/s) | 2.00 (500/s) | 0.300 | 0.320 |" in text)
+    assert "11264 B append + fdatasync" in text
+    assert "Where a commit's time goes" not in summary_markdown(rows[2:], {"bench": {"workers": 1}})
+
+
+def test_the_noop_server_answers_the_checkpoint_routes_like_ours(tmp_path):
+    """`noop-http` through the agentos client: acks a PUT, serves the newest body, 404 before any."""
+    cfg = BenchConfig(scales=("2x3",), modes=("mixed",), workers=2, op_timeout_secs=5)
+    rows, described = checkpoints.run_benchmark(cfg, [lambda: checkpoints.noop_started(cfg)], progress=lambda s: None)
+    (row,) = rows
+    assert row["target"] == "noop-http" and row["checkpoints"] == 6 and row["errors_total"] == 0
+    assert row["reads"] == {"miss": 2, "hit": 4} and row["read_anomalies"] == 0
+    assert described["noop-http"]["durability_acked"] == ["none"]
