@@ -8,8 +8,10 @@ window. A false "maybe" only costs that scan; the filter never says "no" to a me
 from __future__ import annotations
 
 import hashlib
+import struct
 
 DEFAULT_BITS = 1 << 23      # 1 MiB: about 1% false positives at 870k members, more beyond
+RECENT_KEYS = 4096          # keys added lately: a session checkpoints after every step, hash it once
 
 
 class BloomFilter:
@@ -19,12 +21,20 @@ class BloomFilter:
         self.bits = bits
         self.hashes = hashes
         self.array = bytearray((bits + 7) // 8)
+        self._words = struct.Struct(f"<{hashes}I")
+        self._recent: set[str] = set()
 
     def _positions(self, key: str) -> list[int]:
         digest = hashlib.blake2b(key.encode(), digest_size=32).digest()
-        return [int.from_bytes(digest[i * 4:i * 4 + 4], "little") % self.bits for i in range(self.hashes)]
+        bits = self.bits
+        return [word % bits for word in self._words.unpack_from(digest)]
 
     def add(self, key: str) -> None:
+        if key in self._recent:
+            return
+        if len(self._recent) >= RECENT_KEYS:
+            self._recent.clear()
+        self._recent.add(key)
         for bit in self._positions(key):
             self.array[bit >> 3] |= 1 << (bit & 7)
 
