@@ -32,7 +32,7 @@ from broker.sharding import log_writer
 
 STOP_GRACE_SECS = 5.0
 READY_TIMEOUT_SECS = 20.0
-MONITOR_IDLE_SECS = 1.0     # a backstop: exits are noticed at once through SIGCHLD
+MONITOR_IDLE_SECS = 1.0     # a backstop: exits are noticed at once through pidfds
 MONITOR_BUSY_SECS = 0.05
 log = logging.getLogger("agent-os.supervisor")
 

@@ -154,8 +154,8 @@ class Bus:
 
     async def _poke(self) -> None:
         # zmq's descriptor is edge-triggered and a send may consume the edge. Every send here
-        # drains after it (`_flush_out`), so this slow drain is only a backstop; at 20 Hz it
-        # was most of an idle tree's CPU (6.1% of a core for ten processes, 2.4% at 1 Hz).
+        # drains after it (`_flush_out`), so this slow drain is only a backstop. At 20 Hz it was
+        # most of an idle tree's CPU (bench/results/2026-11-30-startup-idle-*: 7.9% -> 2.1%).
         while True:
             await asyncio.sleep(POKE_SECS)
             self._drain()
