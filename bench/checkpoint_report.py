@@ -143,12 +143,17 @@ def ratios(rows: list[dict], ours: str = "agentos", peer: str = "pgredis") -> li
 LAYERS = ("noop-http", "agentos-none", "agentos")
 
 
+def _floors(config: dict) -> list[dict]:
+    """The disk floors of a run: `disk_floors`, or the single `disk_floor` of older configs."""
+    return config.get("disk_floors") or ([config["disk_floor"]] if config.get("disk_floor") else [])
+
+
 def layer_table(rows: list[dict], config: dict) -> str | None:
     """Per (scale, mode, workers): each layer's median commit p50 and checkpoints/s, then the disk
     floors' p50; None unless a layer target beside `agentos` ran."""
     if not {r["target"] for r in rows} & set(LAYERS[:2]):
         return None
-    floors = config.get("disk_floors") or ([config["disk_floor"]] if config.get("disk_floor") else [])
+    floors = _floors(config)
     by: dict[tuple, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
         if r["target"] in LAYERS and r["checkpoints"]:
@@ -241,7 +246,7 @@ def summary_markdown(rows: list[dict], config: dict) -> str:
                    "`storage.durability: none` (no fsync); `agentos` is the durable server. The "
                    "disk floors are single appends + fdatasync of that many bytes, no HTTP."), "",
                   layers]
-    floors = config.get("disk_floors") or ([config["disk_floor"]] if config.get("disk_floor") else [])
+    floors = _floors(config)
     if floors:
         dev = floors[0].get("device", {})
         parts += ["", "## Disk floor", ""]
