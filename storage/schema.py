@@ -18,7 +18,9 @@ messages.db
       message index `first_idx`; `is_full` marks a complete snapshot); kind 'blob': an external
       runtime's checkpoint under `key` (payload = its bytes). The payload itself lives in
       messages.payloads (storage/payload_file.py) at [payload_at, payload_at + payload_len);
-      the `payload` column is NULL except in rows written before that file existed.
+      the `payload` column is NULL except in rows written before that file existed. Only the
+      newest 'blob' row of a session in each load batch has its payload copied there (nothing
+      reads an older one); the others have `payload`, `payload_at` and `payload_len` NULL.
 access.db
   access(ts, method, route, status, tenant, session, duration_ms, writer, lsn)
 flows.db

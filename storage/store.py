@@ -189,7 +189,6 @@ class Store(StoreQueries):
                     decoded = records.decode_body(body)
                     for table, row in project(kind, decoded, writer, position):
                         if table == "checkpoints":
-                            row = self._payload_out(row)
                             # before the commit: a query can only see the row once this is set
                             self.checkpointed.add(f"{row[2]}:{row[0]}")
                         rows.setdefault(table, []).append(row)
@@ -204,6 +203,8 @@ class Store(StoreQueries):
                 scanned[writer] = batch[-1][4]
         if not scanned:
             return 0
+        if "checkpoints" in rows:
+            rows["checkpoints"] = self._payloads_out(rows["checkpoints"])
         started = time.monotonic()
         try:
             self.payloads.sync()   # before the rows that point into it commit
@@ -231,6 +232,21 @@ class Store(StoreQueries):
         self.loaded.update(scanned)
         self.on_loaded(dict(self.loaded), count)
         return count
+
+    def _payloads_out(self, rows: list[tuple]) -> list[tuple]:
+        """A batch's checkpoints rows with their payloads moved to the payload file.
+
+        An external runtime's checkpoints (kind 'blob') are only ever read as a session's newest
+        (`blob_latest`), so of a session's blob rows in one batch only the newest keeps its
+        payload; the others keep their row with the payload columns NULL (the log still holds
+        their bytes). An agent runtime that checkpoints every step writes many per second per
+        session: at 10k checkpoints of 500 sessions most never reach the file."""
+        newest: dict[str, int] = {}
+        for row in rows:
+            if row[2] == "blob" and row[4] > newest.get(row[0], -1):
+                newest[row[0]] = row[4]
+        return [row[:PAYLOAD_COLUMN] + (None,) + row[PAYLOAD_COLUMN + 1:] + (None, None)
+                if row[2] == "blob" and row[4] != newest[row[0]] else self._payload_out(row) for row in rows]
 
     def _payload_out(self, row: tuple) -> tuple:
         """A checkpoints row with its payload moved to the payload file: (…, NULL, …, at, len)."""

@@ -241,7 +241,7 @@ def test_payloads_no_committed_row_names_are_cut_off_on_open_and_loaded_again(tm
 
 def test_a_batch_duckdb_refuses_is_retried_smaller_and_its_payloads_are_rewritten(tmp_path, monkeypatch):
     log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=1 << 20)
-    log.write(b"".join(records.frame(RecordKind.BLOB, f"b{i}".encode(), blob("s", i, bytes([i]) * 10))
+    log.write(b"".join(records.frame(RecordKind.BLOB, f"b{i}".encode(), blob(f"s{i}", i, bytes([i]) * 10))
                        for i in range(5)), sync=True)
     log.close()
     store = Store(tmp_path, writers=1, memory_limit_mb=64)
@@ -260,8 +260,30 @@ def test_a_batch_duckdb_refuses_is_retried_smaller_and_its_payloads_are_rewritte
     assert store.read_bytes < 8 << 20 and store.payloads.end == 0
     store.load_all()
     assert store.query("count", "")[0][0]["checkpoints"] == 5
-    assert store.query("blob_latest", "s")[0][0]["payload"] == bytes([4]) * 10
+    assert store.query("blob_latest", "s4")[0][0]["payload"] == bytes([4]) * 10
     assert (tmp_path / "db" / "messages.payloads").stat().st_size == 50
+    store.close()
+
+
+def test_only_a_sessions_newest_blob_of_a_batch_is_copied_to_the_payload_file(tmp_path):
+    """Nothing reads an older external checkpoint, so a batch copies out one payload per session;
+    every row is still there, and the newest reads back, in this batch and the next."""
+    log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=1 << 20)
+    log.write(b"".join(records.frame(RecordKind.BLOB, f"{sid}-{i}".encode(), blob(sid, i, f"{sid}:{i};".encode()))
+                       for i in range(4) for sid in ("a", "b")), sync=True)
+    store = Store(tmp_path, writers=1, memory_limit_mb=64)
+    store.open()
+    store.load_all()
+    assert store.query("count", "")[0][0]["checkpoints"] == 8
+    assert store.query("blob_latest", "a")[0] == [{"key": "k3", "seq": 3, "payload": b"a:3;"}]
+    assert store.query("blob_latest", "b")[0] == [{"key": "k3", "seq": 3, "payload": b"b:3;"}]
+    assert (tmp_path / "db" / "messages.payloads").read_bytes() == b"a:3;b:3;"
+    log.write(records.frame(RecordKind.BLOB, b"a-4", blob("a", 4, b"a:4;")), sync=True)
+    log.close()
+    store.load_all()
+    assert store.query("blob_latest", "a")[0][0]["payload"] == b"a:4;"
+    assert store.query("blob_latest", "b")[0][0]["payload"] == b"b:3;"
+    assert (tmp_path / "db" / "messages.payloads").read_bytes() == b"a:3;b:3;a:4;"
     store.close()
 
 
