@@ -63,7 +63,7 @@ def agentos_started(cfg: BenchConfig, tmp_root: str, durability: str, name: str 
         config.update(s3.storage_config(s3.new_bucket(), direct=True))
         config["cluster"] = {}
         env = CREDENTIALS
-    server = ServerProcess(Path(tempfile.mkdtemp(prefix="bench-ckpt-", dir=tmp_root)), config, env)
+    server = ServerProcess.temporary("bench-ckpt-", config, env, tmp_root)
     try:
         server.start()
         yield AgentOSTarget(server.url, cfg.op_timeout_secs, None, server_pids=list(server.pids().values()),

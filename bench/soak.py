@@ -22,7 +22,6 @@ import collections
 import random
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -162,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     results = ResultsDir(args.name, Path(args.results_root) if args.results_root else None)
     results.write_config({"command": "bench soak", "args": vars(args), "server": server_config(args)})
-    server = ServerProcess(Path(tempfile.mkdtemp(prefix="bench-soak-")), server_config(args)).start()
+    server = ServerProcess.temporary("bench-soak-", server_config(args)).start()
     try:
         print(f"soak: {args.warmup_minutes} min warm-up + {args.minutes} min, {args.clients} clients, "
               f"TTL {args.ttl:g}s on {server.url}", file=sys.stderr)

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -249,8 +248,7 @@ class Tree:
             config["cluster"] = {}
             env = CREDENTIALS
         try:
-            self.server = ServerProcess(Path(tempfile.mkdtemp(prefix=f"bench-steps-{durability}-")), config,
-                                        env).start()
+            self.server = ServerProcess.temporary(f"bench-steps-{durability}-", config, env).start()
             self.workers = start_workers(self.server, args.workers, args.slots)
         except BaseException:
             self.close()

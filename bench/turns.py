@@ -17,6 +17,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -295,28 +296,31 @@ def main(argv: list[str] | None = None) -> int:
 
     (results.path / "rows.jsonl").unlink(missing_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench-turns-"))
-    with MockModel(args.mock_ttft_ms, args.mock_tps, args.mock_tokens) as mock:
-        print(f"mock model at {mock.url} (ttft {args.mock_ttft_ms:g} ms, {args.mock_tps:g} tok/s, "
-              f"{args.mock_tokens} tokens); results in {results.path}", file=sys.stderr)
-        keep(mock_direct(mock.url))
-        run_sweep(profiles, sweep, mock, args, work, keep)
-        for profile in profiles:
-            if args.memory:
-                server = ServerProcess(work / f"{profile}-memory",
-                                       bench_config(profile, mock.url, 1000, args.actors)).start()
-                try:
-                    for row in measure_memory(server, [int(x) for x in args.memory.split(",")],
-                                              args.memory_settle, profile):
-                        keep(row)
-                finally:
-                    server.stop()
-        if not args.no_overload:
-            keep(overload(work, mock, args))
-        if args.peer:
-            from bench.peer_sweep import run_peer
-            peer_sweep = [int(x) for x in (args.peer_sweep or args.sweep).split(",") if x]
-            for row in run_peer(args.peer, mock, peer_sweep, args, work):
-                keep(row)
+    try:
+        with MockModel(args.mock_ttft_ms, args.mock_tps, args.mock_tokens) as mock:
+            print(f"mock model at {mock.url} (ttft {args.mock_ttft_ms:g} ms, {args.mock_tps:g} tok/s, "
+                  f"{args.mock_tokens} tokens); results in {results.path}", file=sys.stderr)
+            keep(mock_direct(mock.url))
+            run_sweep(profiles, sweep, mock, args, work, keep)
+            for profile in profiles:
+                if args.memory:
+                    server = ServerProcess(work / f"{profile}-memory",
+                                           bench_config(profile, mock.url, 1000, args.actors)).start()
+                    try:
+                        for row in measure_memory(server, [int(x) for x in args.memory.split(",")],
+                                                  args.memory_settle, profile):
+                            keep(row)
+                    finally:
+                        server.stop()
+            if not args.no_overload:
+                keep(overload(work, mock, args))
+            if args.peer:
+                from bench.peer_sweep import run_peer
+                peer_sweep = [int(x) for x in (args.peer_sweep or args.sweep).split(",") if x]
+                for row in run_peer(args.peer, mock, peer_sweep, args, work):
+                    keep(row)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)   # servers' data and load logs: read already
     write_report(results, rows, args)
     print(f"results: {results.path}", file=sys.stderr)
     return 0
