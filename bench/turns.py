@@ -15,9 +15,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import subprocess
 import sys
-import shutil
 import tempfile
 import time
 from pathlib import Path

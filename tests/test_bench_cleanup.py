@@ -6,6 +6,8 @@ agentos target (the whole process tree) on a tiny workload inside tmp_path.
 """
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from bench import checkpoints
@@ -19,19 +21,12 @@ def test_the_checkpoint_benchmark_removes_its_trees_data_and_processes(tmp_path)
     cfg = BenchConfig(scales=("3x4",), modes=("write",), workers=2, op_timeout_secs=10)
     seen: dict = {}
 
+    @contextlib.contextmanager
     def target():
-        started = checkpoints.agentos_started(cfg, str(tmp_path), "local")
-
-        class Watch:
-            def __enter__(self):
-                target = started.__enter__()
-                seen["dirs"] = [p.name for p in tmp_path.iterdir()]
-                seen["pids"] = target.server_pids
-                return target
-
-            def __exit__(self, *exc):
-                return started.__exit__(*exc)
-        return Watch()
+        with checkpoints.agentos_started(cfg, str(tmp_path), "local") as started:
+            seen["dirs"] = [p.name for p in tmp_path.iterdir()]
+            seen["pids"] = started.server_pids
+            yield started
 
     rows, _ = checkpoints.run_benchmark(cfg, [target], progress=lambda s: None)
     (row,) = rows
