@@ -21,6 +21,10 @@ messages.db
       the `payload` column is NULL except in rows written before that file existed. Only the
       newest 'blob' row of a session in each load batch has its payload copied there (nothing
       reads an older one); the others have `payload`, `payload_at` and `payload_len` NULL.
+      A payload compaction (storage/payload_compaction.py) NULLs those columns of the rows no
+      read needs any more and moves the others into the next generation of the file.
+  payload_file(generation)
+      which file holds the payloads: messages.payloads (0, or no row) or messages.payloads.<n>
 access.db
   access(ts, method, route, status, tenant, session, duration_ms, writer, lsn)
 flows.db
@@ -45,6 +49,7 @@ DATABASES: dict[str, list[str]] = {
         # files made before payloads moved out of DuckDB: the same columns, at the same places
         "ALTER TABLE checkpoints ADD COLUMN IF NOT EXISTS payload_at BIGINT",
         "ALTER TABLE checkpoints ADD COLUMN IF NOT EXISTS payload_len INTEGER",
+        "CREATE TABLE IF NOT EXISTS payload_file (generation BIGINT)",
     ],
     "flows": [
         "CREATE TABLE IF NOT EXISTS flow_records (run VARCHAR, tenant VARCHAR, type VARCHAR, seq INTEGER, "

@@ -19,7 +19,7 @@ import msgpack
 import orjson
 
 from agentos import metrics, native_memory
-from storage import records, schema, segments
+from storage import payload_compaction, records, schema, segments
 from storage.bloom import BloomFilter
 from storage.payload_file import PayloadFile
 from storage.projection import project
@@ -56,7 +56,8 @@ class Store(StoreQueries):
         self.stats = {"records": 0, "rows": 0, "batches": 0, "bad_records": 0, "load_errors": 0}
         self.backlog = False
         self.loading = threading.Lock()   # held while a batch loads; a recycle waits for it
-        self.payloads = PayloadFile(self.db_dir / "messages.payloads")
+        self.payload_generation = 0   # which payload file is in force (storage/payload_compaction.py)
+        self.payloads = PayloadFile(payload_compaction.payload_path(self.db_dir, 0))
         self.read_bytes = READ_BYTES
         # "kind:session" of every checkpoint loaded: a session not in it has none (storage/bloom.py)
         self.checkpointed = BloomFilter()
@@ -81,6 +82,11 @@ class Store(StoreQueries):
             self.progress[db] = {w: lsn + 1 for w, lsn in last[db].items()}
         for kind, session in self.conns["messages"].execute("SELECT DISTINCT kind, session FROM checkpoints").fetchall():
             self.checkpointed.add(f"{kind}:{session}")
+        self.payload_generation = self.conns["messages"].execute(
+            "SELECT coalesce(max(generation), 0) FROM payload_file").fetchone()[0]
+        self.payloads = PayloadFile(payload_compaction.payload_path(self.db_dir, self.payload_generation))
+        for path in payload_compaction.remove_other_generations(self.db_dir, self.payload_generation):
+            self.log.info("removed %s, left by a payload compaction that did not finish", path.name)
         end = self.conns["messages"].execute(
             "SELECT coalesce(max(payload_at + payload_len), 0) FROM checkpoints").fetchone()[0]
         cut = self.payloads.open(end)

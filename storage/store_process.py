@@ -22,6 +22,7 @@ from agentos.rundir import RunDir
 from broker.client import Bus, BusError
 from broker.protocol import Kind, Message
 from broker.sharding import LOG_WRITER_PREFIX, STORE, log_writer
+from storage import payload_compaction
 from storage.store import Store
 from broker.address import bus_address
 
@@ -35,6 +36,7 @@ class StoreService:
         self.store = Store(Path(config.storage.dir), config.storage.log_writers, config.storage.duckdb_memory_limit_mb,
                            config.storage.jsonl_dir, log)
         self.queries = ThreadPoolExecutor(1, thread_name_prefix="store-query")
+        self.maintenance = ThreadPoolExecutor(1, thread_name_prefix="store-compact")
         self.loader: ThreadPoolExecutor | None = None
         self.flushed: dict[int, int] = {}
         self.loaded: dict[int, int] = {}
@@ -44,6 +46,7 @@ class StoreService:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.bus = Bus(STORE, bus_endpoint, {Kind.LOG_FLUSHED: self.on_flushed, Kind.STORE_QUERY: self.on_query,
                                              Kind.STORE_PURGE: self.on_purge, Kind.STATS: self.on_stats,
+                                             Kind.STORE_NEWEST_BLOBS: self.on_newest_blobs,
                                              Kind.PEER_RESTARTED: self.on_peer_restarted},
                        role="store", heartbeat_secs=config.broker.heartbeat_secs, log=log)
 
@@ -64,6 +67,7 @@ class StoreService:
         self.store.wake.set()
         self.store.urgent.set()
         self.loader.shutdown(wait=True)
+        self.maintenance.shutdown(wait=True)   # a copy in progress reads the payload file: let it end
         await self.loop.run_in_executor(self.queries, self.store.load_all)
         self.queries.submit(self.store.close).result()
         self.queries.shutdown()
@@ -157,6 +161,15 @@ class StoreService:
         self.log.info("retention: removed %d rows of %d closed runs", count, len(runs))
         self.bus.reply(msg, Kind.STORE_ROWS, {"rows": [count]})
 
+    async def on_newest_blobs(self, msg: Message) -> None:
+        sessions = [str(s) for s in msg.body["sessions"]]
+        try:
+            newest = await self.loop.run_in_executor(self.queries, self.store.newest_blobs, sessions)
+        except Exception as exc:  # noqa: BLE001 — DuckDB trouble: the asking pass tries again later
+            self.bus.reply(msg, Kind.STORE_ROWS, {"rows": [], "error": f"newest checkpoints: {exc}"})
+            return
+        self.bus.reply(msg, Kind.STORE_ROWS, {"rows": [newest]})
+
     def on_stats(self, msg: Message) -> None:
         records, seconds = self.lag()
         self.bus.reply(msg, Kind.STATS_REPLY, {"role": "store", "stats": {
@@ -178,6 +191,21 @@ class StoreService:
                 except Exception:   # DuckDB trouble: the next round tries again
                     self.log.exception("reopening %s.db failed", db)
 
+    async def compact_payloads(self) -> None:
+        """Every `storage.compaction_interval_secs`: trim the payload file if it is worth it."""
+        min_bytes = int(self.config.storage.payload_compaction_min_mb * (1 << 20))
+        while True:
+            await asyncio.sleep(self.config.storage.compaction_interval_secs)
+            try:
+                plan = await self.loop.run_in_executor(self.maintenance, payload_compaction.copy_live,
+                                                       self.store, min_bytes)
+                if plan is not None:
+                    freed = await self.loop.run_in_executor(self.queries, payload_compaction.swap, self.store, plan)
+                    self.log.info("compaction: payload file generation %d, %d bytes of superseded checkpoints freed",
+                                  plan.generation, freed)
+            except Exception:   # never fatal: the old file stays in force, the next pass tries again
+                self.log.exception("payload compaction failed")
+
     async def report(self) -> None:
         while True:
             await asyncio.sleep(1.0)
@@ -195,9 +223,11 @@ def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> in
         await service_.bus.start()
         reporter = asyncio.create_task(service_.report())
         recycler = asyncio.create_task(service_.recycle_files())
+        compactor = asyncio.create_task(service_.compact_payloads())
         await stop.wait()
         reporter.cancel()
         recycler.cancel()
+        compactor.cancel()
         await service_.bus.close()
         await service_.stop()
         return service.EXIT_OK

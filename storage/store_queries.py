@@ -105,6 +105,13 @@ class StoreQueries:
             "SELECT DISTINCT run FROM flow_records WHERE type = 'run.ended' AND ts < ?", [float(after)]).fetchall()
         return [{"runs": [run for (run,) in rows], "loaded": {str(w): p for w, p in self.loaded.items()}}], None
 
+    def newest_blobs(self, sessions: list[str]) -> dict[str, int]:
+        """session -> seq of its newest external checkpoint loaded (sessions without one left out)."""
+        rows = self.cursors["messages"].execute(
+            "SELECT session, max(seq) FROM checkpoints WHERE kind = 'blob' AND session IN (SELECT unnest(?)) "
+            "GROUP BY session", [sessions]).fetchall()
+        return {session: seq for session, seq in rows}
+
     def _payload(self, inline: bytes | None, at: int | None, length: int | None) -> bytes:
         return bytes(inline) if at is None else self.payloads.read(at, length)
 

@@ -1,0 +1,177 @@
+"""Superseded checkpoints leave the log's sealed segments and writer/store's payload file."""
+from storage import compaction, payload_compaction, records, segments
+from storage.records import RecordKind
+from storage.store import Store
+
+
+def blob(session, seq, payload):
+    return records.encode_body({"session": session, "tenant": "t", "key": f"k{seq}", "seq": seq, "payload": payload,
+                                "at": 1.0})
+
+
+def agent(session, seq, first, messages, full):
+    return records.encode_body({"session": session, "tenant": "t", "turn": f"turn{seq}", "seq": seq, "full": full,
+                                "first": first, "messages": messages, "at": 2.0})
+
+
+def message(i):
+    return {"role": "user", "content": f"m{i}-" + "x" * 200}
+
+
+def write_batch(log, frames):
+    log.write(b"".join(records.frame(kind, rid.encode(), body) for kind, rid, body in frames), sync=True)
+
+
+def reads(store):
+    """What a reader sees: each session's latest external checkpoint and agent chain."""
+    return ({sid: store.query("blob_latest", sid)[0] for sid in ("a", "b")},
+            [(r["seq"], r["messages"]) for r in store.query("checkpoint_chain", "c")[0]])
+
+
+def test_compacting_the_payload_file_keeps_what_reads_need_across_a_restart(tmp_path):
+    log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=1 << 20)
+    store = Store(tmp_path, writers=1, memory_limit_mb=64)
+    store.open()
+    # Four load batches: each leaves the newest blob of a and b in the file, and an agent chain
+    # whose full snapshot comes at seq 3 (seqs 1–2 are unreachable after it).
+    for n in range(4):
+        write_batch(log, [(RecordKind.BLOB, f"a{n}", blob("a", n, b"A" * 3000 + bytes([n]))),
+                          (RecordKind.BLOB, f"b{n}", blob("b", n, b"B" * 1000 + bytes([n]))),
+                          (RecordKind.CHECKPOINT, f"c{n}", agent("c", n + 1, 0 if n == 2 else n, [message(n)], n == 2))])
+        store.load_all()
+    before = reads(store)
+    assert before[0]["a"][0]["payload"] == b"A" * 3000 + b"\x03" and [s for s, _ in before[1]] == [3, 4]
+    old_size = (tmp_path / "db" / "messages.payloads").stat().st_size
+
+    plan = payload_compaction.copy_live(store, min_bytes=0)
+    assert plan is not None and plan.generation == 1
+    # The loader goes on between the copy and the swap: its rows must move with the file's tail.
+    write_batch(log, [(RecordKind.BLOB, "b4", blob("b", 4, b"late"))])
+    store.load_all()
+    freed = payload_compaction.swap(store, plan)
+
+    after = reads(store)
+    assert after[0]["a"] == before[0]["a"] and after[0]["b"][0]["payload"] == b"late"
+    assert after[1] == before[1]
+    new_file = tmp_path / "db" / "messages.payloads.1"
+    assert not (tmp_path / "db" / "messages.payloads").exists()
+    assert new_file.stat().st_size == old_size + len(b"late") - freed and freed > old_size // 2
+    # Every row is still there; the unreachable ones no longer name a payload.
+    assert store.query("count", "")[0][0]["checkpoints"] == 13
+    (named,) = store.conns["messages"].execute("SELECT count(*) FROM checkpoints WHERE payload_at IS NOT NULL").fetchone()
+    # a's newest, c's chain from its full snapshot, b's newest and the one it superseded during
+    # the copy (that one goes in the next compaction)
+    assert named == 1 + 2 + 2
+    store.close()
+
+    again = Store(tmp_path, writers=1, memory_limit_mb=64)   # a restart reads the new generation
+    again.open()
+    assert again.payload_generation == 1 and reads(again) == after
+    write_batch(log, [(RecordKind.BLOB, "a9", blob("a", 9, b"after the restart"))])
+    log.close()
+    again.load_all()
+    assert again.query("blob_latest", "a")[0][0]["payload"] == b"after the restart"
+    assert payload_compaction.copy_live(again, min_bytes=1 << 30) is None   # too small to bother
+    again.close()
+
+
+def test_a_compaction_that_stopped_before_its_swap_leaves_the_old_file_in_force(tmp_path):
+    log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=1 << 20)
+    store = Store(tmp_path, writers=1, memory_limit_mb=64)
+    store.open()
+    for n in range(3):
+        write_batch(log, [(RecordKind.BLOB, f"a{n}", blob("a", n, bytes([n]) * 2000))])
+        store.load_all()
+    log.close()
+    plan = payload_compaction.copy_live(store, min_bytes=0)
+    assert plan is not None and plan.path.exists()
+    store.close()   # the process ends here, say: the copy is not in force
+
+    again = Store(tmp_path, writers=1, memory_limit_mb=64)
+    again.open()
+    assert again.payload_generation == 0 and not plan.path.exists()
+    assert again.query("blob_latest", "a")[0][0]["payload"] == b"\x02" * 2000
+    again.close()
+
+
+def test_a_half_live_file_is_left_alone(tmp_path):
+    log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=1 << 20)
+    write_batch(log, [(RecordKind.BLOB, f"{sid}", blob(sid, 1, b"x" * 1000)) for sid in "abcd"])
+    log.close()
+    store = Store(tmp_path, writers=1, memory_limit_mb=64)
+    store.open()
+    store.load_all()
+    assert payload_compaction.copy_live(store, min_bytes=0) is None   # all of it is live
+    store.close()
+
+
+def test_a_segment_loses_only_checkpoints_a_newer_one_of_their_session_supersedes():
+    frames = [(RecordKind.BLOB, "a1", blob("a", 1, b"old")),
+              (RecordKind.EVENT, "e1", records.encode_body({"session": "a", "type": "x", "at": 1.0})),
+              (RecordKind.BLOB, "b1", blob("b", 1, b"only")),
+              (RecordKind.BLOB, "a2", blob("a", 2, b"newer")),
+              (RecordKind.BLOB, "c1", blob("c", 1, b"never loaded"))]
+    data = b"".join(records.frame(kind, rid.encode(), body) for kind, rid, body in frames)
+    assert compaction.blob_sessions(data) == {"a", "b", "c"}
+    kept, dropped = compaction.compact(data, compaction.superseded({"a": 3, "b": 1}))
+    assert dropped == 2
+    assert [rid for _, _, rid, _, _ in records.scan(kept)] == [b"e1", b"b1", b"c1"]
+    assert compaction.compact(data, compaction.superseded({"b": 1})) is None
+
+
+def test_the_compaction_mark_survives_and_an_unreadable_one_starts_over(tmp_path):
+    assert compaction.read_mark(tmp_path) == 0
+    compaction.write_mark(tmp_path, 4096)
+    assert compaction.read_mark(tmp_path) == 4096
+    (tmp_path / compaction.MARK_FILE).write_text("garbage")
+    assert compaction.read_mark(tmp_path) == 0
+    assert segments.list_segments(tmp_path) == []    # the mark is not mistaken for a segment
+
+
+
+def test_a_running_server_drops_superseded_checkpoints_from_its_log_and_payload_file(make_server, tmp_path):
+    """Real processes: sessions checkpoint over and over; compaction runs; every latest checkpoint
+    still reads back, before and after a restart, while the log and the payload file keep only
+    a few superseded ones."""
+    import urllib.request
+
+    from harness import get_json, wait_until
+
+    # no gateway cache: every latest read comes from writer/store's rows and payload file
+    server = make_server({"gateway": {"checkpoint_cache_mb": 0},
+                          "storage": {"segment_bytes": 64 << 10, "compaction_interval_secs": 1,
+                                      "payload_compaction_min_mb": 0}})
+    sessions = [f"ck-{i}" for i in range(4)]
+    puts = 30
+    for n in range(puts):
+        for sid in sessions:
+            status, _, _ = get_json(f"{server.url}/v1/sessions/{sid}/checkpoints/n{n}", method="PUT",
+                                    body=f"{sid}/{n};".encode() * 300,
+                                    headers={"Content-Type": "application/octet-stream"})
+            assert status == 200
+    wait_until(lambda: "compaction: dropped" in server.log() and "payload file generation" in server.log(), 30,
+               "a compaction pass over the log and over the payload file", interval=0.3)
+
+    def latest_all():
+        out = {}
+        for sid in sessions:
+            with urllib.request.urlopen(f"{server.url}/v1/sessions/{sid}/checkpoints/latest", timeout=10) as resp:
+                out[sid] = (resp.status, resp.headers["X-Checkpoint-Key"], resp.read())
+        return out
+
+    expected = {sid: (200, f"n{puts - 1}", f"{sid}/{puts - 1};".encode() * 300) for sid in sessions}
+    assert latest_all() == expected
+
+    data_dir = tmp_path / "data"
+    wal = data_dir / "wal" / "0"
+    blobs = [rid for _, path in segments.list_segments(wal)
+             for _, kind, rid, _, _ in records.scan(path.read_bytes()) if kind == RecordKind.BLOB]
+    assert len(blobs) < len(sessions) * puts / 2, f"{len(blobs)} of {len(sessions) * puts} checkpoints still in the log"
+    assert compaction.read_mark(wal) > 0
+    payload_files = list((data_dir / "db").glob("messages.payloads*"))
+    assert len(payload_files) == 1 and payload_files[0].name != "messages.payloads"
+    assert payload_files[0].stat().st_size < len(sessions) * puts * 2400 / 2
+
+    assert server.stop() == 0
+    server.start()   # the same directory: the compacted log and the new payload generation
+    assert latest_all() == expected
