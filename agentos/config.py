@@ -102,7 +102,9 @@ class StorageConfig:
     max_checkpoint_bytes: int = 1 << 20
     log_writers: int = 1
     retention_secs: float = 7 * 24 * 3600.0   # closed runs older than this leave the log, the bucket and DuckDB
-    compaction_interval_secs: float = 300.0
+    # a pass reads only the segments sealed since the last one; a busy checkpointer writes tens
+    # of MB/s, most of it superseded within seconds
+    compaction_interval_secs: float = 30.0
     # writer/store rewrites its checkpoint payload file once it is this big and half garbage
     payload_compaction_min_mb: float = 64.0
     # Group commit: after a batch that served k senders, wait up to this long for about k

@@ -23,7 +23,7 @@ from bench.stats import percentile
 
 COLUMNS = ("target", "scale", "mode", "checkpoints", "duration s", "checkpoints/s",
            "commit p50 ms", "commit p99 ms", "task p99 ms", "median window p99 ms",
-           "worst window p99 ms")
+           "worst window p99 ms", "disk MB")
 
 
 def window_p99s(end_secs: Sequence[float], latencies_ms: Sequence[float], window_secs: float,
@@ -113,7 +113,7 @@ def table_rows(rows: list[dict], repeats: int = 1, default_window: str = "10s") 
                     r["duration_secs"], r["checkpoints_per_sec"], r["commit_ms"]["p50"],
                     r["commit_ms"]["p99"], r["task_ms"]["p99"],
                     _window_cell(used["median_p99_ms"], label, default_window),
-                    _window_cell(used["worst_p99_ms"], label, default_window)])
+                    _window_cell(used["worst_p99_ms"], label, default_window), r.get("disk_mb")])
     return out
 
 

@@ -169,6 +169,7 @@ class AgentOSTarget:
         self.put_headers = {"Content-Type": "application/octet-stream", **auth}
         self.get_headers = dict(auth)
         self.durability_seen: set[str] = set()
+        self.data_dirs: list[str] = []   # the server's storage.dir when we started it (its disk use is reported)
 
     @staticmethod
     def path(agent: str) -> str:
@@ -288,6 +289,7 @@ class PgRedisTarget:
         self.server_pids = list(server_pids or [])
         self.op_timeout_secs = op_timeout_secs
         self.stack_info = stack_info or {}
+        self.data_dirs = [self.stack_info["data_dir"]] if "data_dir" in self.stack_info else []
 
     async def open_worker(self) -> PgRedisWorker:
         return PgRedisWorker(self)

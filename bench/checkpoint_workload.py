@@ -185,6 +185,21 @@ def _cpu_row(duration: float, client: float, server: float | None, busy: float) 
     return out
 
 
+def disk_mb(dirs: list) -> float | None:
+    """MB of disk blocks allocated under these directories; None without any."""
+    if not dirs:
+        return None
+    total = 0
+    for root in dirs:
+        for parent, _, files in os.walk(root):
+            for name in files:
+                try:
+                    total += os.lstat(os.path.join(parent, name)).st_blocks * 512
+                except OSError:
+                    continue  # went while we looked (a compaction's temporary file)
+    return round(total / (1 << 20), 1)
+
+
 async def run_once(target, clients: list, scale: Scale, mode: str, cfg: BenchConfig,
                    payloads: list[bytes], written: set[tuple[int, int]], run: int = 1) -> dict:
     """One measured run of `scale` × `mode` on already-open worker clients; returns its row."""
@@ -225,6 +240,8 @@ async def run_once(target, clients: list, scale: Scale, mode: str, cfg: BenchCon
                  f"partial-overwrite {prior:.0%}",
         "payload_bytes": sum(len(payloads[j]) for j in range(scale.tasks)) * scale.agents,
         "cpu_percent_of_core": _cpu_row(duration, cpu, server, busy),
+        # what the store holds on disk right after the run (blocks allocated, zeroed segments included)
+        "disk_mb": disk_mb(getattr(target, "data_dirs", [])),
     }
 
 

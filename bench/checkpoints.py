@@ -51,11 +51,12 @@ def pgredis_target(cfg: BenchConfig, tmp_root: str | None, appendfsync: str) -> 
 
 
 @contextlib.contextmanager
-def agentos_started(cfg: BenchConfig, tmp_root: str, durability: str, name: str = "agentos") -> Iterator:
+def agentos_started(cfg: BenchConfig, tmp_root: str, durability: str, name: str = "agentos",
+                    overrides: dict | None = None) -> Iterator:
     """Our server for the lifetime of the block: a fresh tree in `tmp_root` (the peer's disk)."""
-    from bench.server_proc import ServerProcess
+    from bench.server_proc import ServerProcess, deep_merge
 
-    config: dict = {"storage": {"durability": durability}, "mock": {"ttft_ms": 10}}
+    config: dict = deep_merge({"storage": {"durability": durability}, "mock": {"ttft_ms": 10}}, overrides or {})
     env, s3 = None, None
     if durability == "s3":
         from bench.s3_local import CREDENTIALS, S3Server
@@ -66,8 +67,10 @@ def agentos_started(cfg: BenchConfig, tmp_root: str, durability: str, name: str 
     server = ServerProcess.temporary("bench-ckpt-", config, env, tmp_root)
     try:
         server.start()
-        yield AgentOSTarget(server.url, cfg.op_timeout_secs, None, server_pids=list(server.pids().values()),
-                            name=name)
+        target = AgentOSTarget(server.url, cfg.op_timeout_secs, None, server_pids=list(server.pids().values()),
+                               name=name)
+        target.data_dirs = [server.config["storage"]["dir"]]
+        yield target
     finally:
         server.stop()
         if s3 is not None:
@@ -137,6 +140,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--durability", choices=("local", "s3"), default="local",
                    help="storage.durability of the server this run starts")
     p.add_argument("--agentos-api-key")
+    p.add_argument("--agentos-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config key of the server this run starts, e.g. storage.compaction_interval_secs=5 "
+                        "(repeatable; the value is YAML)")
     p.add_argument("--agentos-pid", type=int, action="append", default=[],
                    help="our server's top process: its tree's CPU is reported (repeatable)")
     p.add_argument("--op-timeout", type=float, default=d.op_timeout_secs, dest="op_timeout_secs")
@@ -151,6 +157,23 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--results-root", type=Path, help="default: bench/results")
     p.add_argument("--results-name", default="checkpoints")
     return p
+
+
+def _overrides(pairs: list[str]) -> dict:
+    """`a.b=value` pairs as a nested config dict (values parsed as YAML)."""
+    import yaml
+
+    out: dict = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--agentos-set: KEY=VALUE expected, got {pair!r}")
+        *parents, leaf = key.strip().split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
+    return out
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -187,6 +210,10 @@ def _main(argv: list[str] | None) -> int:
         cfg.validate()
     except ValueError as exc:
         parser.error(str(exc))
+    try:
+        overrides = _overrides(args.agentos_set)
+    except ValueError as exc:
+        parser.error(str(exc))
     factories: list[Callable[[], AbstractContextManager]] = []
     for name in _csv(args.targets):
         if name not in TARGETS + LAYER_TARGETS:
@@ -194,10 +221,10 @@ def _main(argv: list[str] | None) -> int:
         if name == "noop-http":
             factories.append(lambda: noop_started(cfg))
         elif name == "agentos-none":
-            factories.append(lambda: agentos_started(cfg, args.peer_tmp, "none", "agentos-none"))
+            factories.append(lambda: agentos_started(cfg, args.peer_tmp, "none", "agentos-none", overrides))
         elif name == "agentos":
             if not args.agentos_url:
-                factories.append(lambda: agentos_started(cfg, args.peer_tmp, args.durability))
+                factories.append(lambda: agentos_started(cfg, args.peer_tmp, args.durability, overrides=overrides))
                 continue
             target = AgentOSTarget(args.agentos_url, cfg.op_timeout_secs, args.agentos_api_key,
                                    server_pids=args.agentos_pid)
@@ -221,7 +248,8 @@ def _main(argv: list[str] | None) -> int:
     floor = floors[0] if floors else None
     rows, described = run_benchmark(cfg, factories)
     bench_dev, peer_dev = device_of(Path(__file__).parent), device_of(args.peer_tmp)
-    config = {"bench": dataclasses.asdict(cfg), "targets": described, "disk_floor": floor,
+    config = {"bench": dataclasses.asdict(cfg), "targets": described, "agentos_config": overrides,
+              "disk_floor": floor,
               "disk_floors": floors,
               "devices": {"bench_dir": bench_dev, "peer_tmp": peer_dev,
                           "same_device": bench_dev["st_dev"] == peer_dev["st_dev"]},

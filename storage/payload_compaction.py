@@ -76,11 +76,14 @@ def copy_live(store: "Store", min_bytes: int) -> Plan | None:
     file is too small or not garbage enough to be worth it."""
     with store.loading:
         end = store.payloads.end
-        if end < max(1, min_bytes):
+        # Live bytes only grow by new sessions, so until the file doubles what was live at the
+        # last look, it cannot be half garbage: no need to ask DuckDB (a scan of every row).
+        if end < max(1, min_bytes) or end * MAX_LIVE_SHARE < store.payload_live_bytes:
             return None
         live = store.conns["messages"].execute(LIVE_ROWS, [end]).fetchall()
         plan = Plan(store.payload_generation + 1, payload_path(store.db_dir, store.payload_generation + 1), end)
-    if sum(length for _, _, _, length in live) > end * MAX_LIVE_SHARE:
+    store.payload_live_bytes = sum(length for _, _, _, length in live)
+    if store.payload_live_bytes > end * MAX_LIVE_SHARE:
         return None
     writers, lsns, offsets = plan.moves
     fd = os.open(plan.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

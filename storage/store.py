@@ -57,6 +57,7 @@ class Store(StoreQueries):
         self.backlog = False
         self.loading = threading.Lock()   # held while a batch loads; a recycle waits for it
         self.payload_generation = 0   # which payload file is in force (storage/payload_compaction.py)
+        self.payload_live_bytes = 0   # of it, what reads still needed when the compaction last looked
         self.payloads = PayloadFile(payload_compaction.payload_path(self.db_dir, 0))
         self.read_bytes = READ_BYTES
         # "kind:session" of every checkpoint loaded: a session not in it has none (storage/bloom.py)

@@ -23,7 +23,8 @@ def test_the_checkpoint_benchmark_removes_its_trees_data_and_processes(tmp_path)
 
     @contextlib.contextmanager
     def target():
-        with checkpoints.agentos_started(cfg, str(tmp_path), "local") as started:
+        overrides = checkpoints._overrides(["storage.segment_bytes=1048576"])
+        with checkpoints.agentos_started(cfg, str(tmp_path), "local", overrides=overrides) as started:
             seen["dirs"] = [p.name for p in tmp_path.iterdir()]
             seen["pids"] = started.server_pids
             yield started
@@ -31,6 +32,8 @@ def test_the_checkpoint_benchmark_removes_its_trees_data_and_processes(tmp_path)
     rows, _ = checkpoints.run_benchmark(cfg, [target], progress=lambda s: None)
     (row,) = rows
     assert row["checkpoints"] == 12 and not row["errors"]
+    # what the tree held on disk after the run: at least its zeroed 1 MiB segment, as configured
+    assert 1.0 <= row["disk_mb"] < 64
     assert [d for d in seen["dirs"] if d.startswith("bench-ckpt-")], "the tree ran in a directory of its own"
     assert list(tmp_path.iterdir()) == []
     assert seen["pids"] and not [p for p in seen["pids"] if pid_alive(p)]

@@ -297,3 +297,12 @@ def test_the_noop_server_answers_the_checkpoint_routes_like_ours(tmp_path):
     assert row["target"] == "noop-http" and row["checkpoints"] == 6 and row["errors_total"] == 0
     assert row["reads"] == {"miss": 2, "hit": 4} and row["read_anomalies"] == 0
     assert described["noop-http"]["durability_acked"] == ["none"]
+
+
+def test_agentos_set_pairs_become_a_nested_config_and_bad_ones_are_refused():
+    from bench.checkpoints import _overrides
+
+    assert _overrides(["storage.compaction_interval_secs=5", "storage.durability=none", "gateway.fast_checkpoints=false"]) \
+        == {"storage": {"compaction_interval_secs": 5, "durability": "none"}, "gateway": {"fast_checkpoints": False}}
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        _overrides(["storage.dir"])
