@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from storage.log_writer import LogWriter
 
 MARK_FILE = "compacted"      # beside the segments: where the superseded-checkpoint pass has reached
-NEWEST_PER_REQUEST = 2000    # sessions per question to the store (a bus message stays small)
 SYNC_PIECE = 1 << 20         # a rewritten segment goes to disk in synced pieces of this size
 
 
@@ -48,23 +47,6 @@ def compact(data: bytes, drop: Callable[[int, bytes], bool]) -> tuple[bytes, int
 def runs_in(runs: set[str]) -> Callable[[int, bytes], bool]:
     """Picks the journal records of these flow runs."""
     return lambda kind, body: kind == records.RecordKind.FLOW and records.decode_body(body).get("run") in runs
-
-
-def blob_sessions(data: bytes) -> set[str]:
-    """The sessions with an external checkpoint (BLOB record) in these bytes."""
-    return {str(records.decode_body(body).get("session")) for _, kind, _, body, _ in records.scan(data)
-            if kind == records.RecordKind.BLOB}
-
-
-def superseded(newest: dict[str, int]) -> Callable[[int, bytes], bool]:
-    """Picks the BLOB records older than their session's newest loaded one (`newest`: session ->
-    seq): `GET …/checkpoints/latest` is all that reads them, and it reads the newest."""
-    def drop(kind: int, body: bytes) -> bool:
-        if kind != records.RecordKind.BLOB:
-            return False
-        blob = records.decode_body(body)
-        return int(blob.get("seq", 0)) < newest.get(str(blob.get("session")), -1)
-    return drop
 
 
 def replace_segment(path: Path, data: bytes) -> None:
@@ -111,23 +93,31 @@ async def compact_once(writer: "LogWriter") -> int:
     # A segment the store has not loaded, or the bucket not received, waits for a later pass.
     ready = min(int(info["loaded"].get(str(writer.index), 0)),
                 writer.shipper.shipped if writer.shipper is not None else 1 << 62)
-    dropped = 0
+    dropped = await _drop_superseded(writer, ready)
     if runs:
+        # Only segments the superseded-checkpoint pass is done with: that pass finds records by
+        # the positions the store loaded them at, which a rewrite here would move.
+        done = min(ready, read_mark(writer.directory))
+        purged = 0
         for start, end, path in sealed_segments(writer.directory):
-            if end > ready:
+            if end > done:
                 break
-            dropped += await _rewrite(writer, start, end, path, runs_in(runs))
-        if dropped:
+            purged += await _rewrite(writer, start, end, path, runs_in(runs))
+        if purged:
             await writer.bus.request(STORE, Kind.STORE_PURGE, {"runs": sorted(runs)}, timeout=60.0)
-            writer.log.info("retention: dropped %d records of %d runs closed before the window", dropped, len(runs))
-    return dropped + await _drop_superseded(writer, ready)
+            writer.log.info("retention: dropped %d records of %d runs closed before the window", purged, len(runs))
+        dropped += purged
+    return dropped
 
 
 async def _drop_superseded(writer: "LogWriter", ready: int) -> int:
     """Superseded external checkpoints leave each sealed segment once, the first pass after it
     is loaded. Which segments had their turn is kept in the `compacted` file beside them, so a
     pass reads only new segments. A session that checkpoints again after its segment's turn
-    leaves its then-newest record there: at most one per session and segment."""
+    leaves its then-newest record there: at most one per session and segment.
+
+    The store names the records (it knows every checkpoint's session, seq and position), and
+    the kernel copies what stays: this process decodes nothing, so its commits barely notice."""
     loop = asyncio.get_running_loop()
     mark = read_mark(writer.directory)
     dropped = 0
@@ -136,27 +126,90 @@ async def _drop_superseded(writer: "LogWriter", ready: int) -> int:
             continue
         if end > ready:
             break
-        sessions = sorted(await loop.run_in_executor(writer.io, lambda p=path: blob_sessions(p.read_bytes())))
-        if sessions:
-            newest: dict[str, int] = {}
-            for i in range(0, len(sessions), NEWEST_PER_REQUEST):
-                reply = await writer.bus.request(STORE, Kind.STORE_NEWEST_BLOBS,
-                                                 {"sessions": sessions[i:i + NEWEST_PER_REQUEST]}, timeout=30.0)
-                if reply.body.get("error"):
-                    return dropped   # the store is busy or behind: a later pass goes on from the mark
-                newest.update(reply.body["rows"][0] if reply.body["rows"] else {})
-            dropped += await _rewrite(writer, start, end, path, superseded(newest))
+        reply = await writer.bus.request(STORE, Kind.STORE_SUPERSEDED,
+                                         {"writer": writer.index, "start": start, "end": end}, timeout=60.0)
+        if reply.body.get("error"):
+            break   # the store is busy or in trouble: a later pass goes on from the mark
+        positions = [int(p) - start for p in reply.body["rows"]]
+        if positions:
+            count, skipped = await loop.run_in_executor(writer.io, drop_records, path, positions, end - start)
+            if skipped:
+                writer.log.warning("compaction: %d positions the store named in %s are not checkpoints; kept",
+                                   skipped, path.name)
+            if count and writer.object_store is not None:
+                await loop.run_in_executor(writer.io, lambda: _replace_objects(writer, start, end, path.read_bytes()))
+            dropped += count
         await loop.run_in_executor(writer.io, write_mark, writer.directory, end)
-        if dropped:
-            writer.log.info("compaction: dropped %d superseded checkpoints up to position %d", dropped, end)
+        mark = end
+    if dropped:
+        writer.log.info("compaction: dropped %d superseded checkpoints from the log up to position %d", dropped, mark)
     return dropped
 
 
+def drop_records(path: Path, offsets: list[int], length: int) -> tuple[int, int]:
+    """Rewrites segment `path`, whose records take its first `length` bytes (the rest of a sealed
+    segment is zeros), without the BLOB records at these offsets (ascending); returns (records
+    dropped, offsets skipped). An offset where no whole BLOB record starts is skipped, not
+    trusted. The kept ranges are copied file to file by the kernel (`copy_file_range`)."""
+    src = os.open(path, os.O_RDONLY)
+    try:
+        size = min(os.fstat(src).st_size, length)
+        cut: list[tuple[int, int]] = []
+        skipped = 0
+        for offset in offsets:
+            end = _blob_end(src, offset, size)
+            if end is None or (cut and offset < cut[-1][1]):
+                skipped += 1
+                continue
+            cut.append((offset, end))
+        if not cut:
+            return 0, skipped
+        tmp = path.with_suffix(".compacting")
+        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            at = unsynced = 0
+            for keep_from, keep_to in zip([0] + [e for _, e in cut], [s for s, _ in cut] + [size]):
+                length = keep_to - keep_from
+                while length > 0:
+                    n = os.copy_file_range(src, dst, length, keep_from, at)
+                    if n <= 0:
+                        raise OSError(f"copy_file_range copied nothing from {path} at {keep_from}")
+                    keep_from, at, length, unsynced = keep_from + n, at + n, length - n, unsynced + n
+                    if unsynced >= SYNC_PIECE:   # writer/log's commit fsyncs share the disk
+                        os.fdatasync(dst)
+                        unsynced = 0
+            os.fdatasync(dst)
+        finally:
+            os.close(dst)
+        os.replace(tmp, path)
+        segments.fsync_dir(path.parent)
+        return len(cut), skipped
+    finally:
+        os.close(src)
+
+
+def _blob_end(fd: int, offset: int, size: int) -> int | None:
+    """Where the whole, valid BLOB record at `offset` ends; None if none starts there."""
+    head = os.pread(fd, records.HEADER_BYTES, offset)
+    if len(head) < records.HEADER_BYTES:
+        return None
+    length = int.from_bytes(head[:4], "little")
+    if head[8] != records.RecordKind.BLOB or not 2 <= length <= records.MAX_RECORD_BYTES \
+            or offset + 8 + length > size:
+        return None
+    try:
+        records.parse(os.pread(fd, 8 + length, offset), 0)   # its checksum too
+    except records.TornRecord:
+        return None
+    return offset + 8 + length
+
+
 async def _rewrite(writer: "LogWriter", start: int, end: int, path: Path,
-                   drop: Callable[[int, bytes], bool]) -> int:
+                   drop: Callable[[int, bytes], bool], data: bytes | None = None) -> int:
     """Rewrites one sealed segment (and its bucket objects) without what `drop` picks."""
     loop = asyncio.get_running_loop()
-    result = await loop.run_in_executor(writer.io, lambda: compact(path.read_bytes(), drop))
+    result = await loop.run_in_executor(writer.io, lambda: compact(data if data is not None else path.read_bytes(),
+                                                                   drop))
     if result is None:
         return 0
     data, count = result

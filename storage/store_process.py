@@ -46,7 +46,7 @@ class StoreService:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.bus = Bus(STORE, bus_endpoint, {Kind.LOG_FLUSHED: self.on_flushed, Kind.STORE_QUERY: self.on_query,
                                              Kind.STORE_PURGE: self.on_purge, Kind.STATS: self.on_stats,
-                                             Kind.STORE_NEWEST_BLOBS: self.on_newest_blobs,
+                                             Kind.STORE_SUPERSEDED: self.on_superseded,
                                              Kind.PEER_RESTARTED: self.on_peer_restarted},
                        role="store", heartbeat_secs=config.broker.heartbeat_secs, log=log)
 
@@ -161,14 +161,15 @@ class StoreService:
         self.log.info("retention: removed %d rows of %d closed runs", count, len(runs))
         self.bus.reply(msg, Kind.STORE_ROWS, {"rows": [count]})
 
-    async def on_newest_blobs(self, msg: Message) -> None:
-        sessions = [str(s) for s in msg.body["sessions"]]
+    async def on_superseded(self, msg: Message) -> None:
+        b = msg.body
         try:
-            newest = await self.loop.run_in_executor(self.queries, self.store.newest_blobs, sessions)
+            positions = await self.loop.run_in_executor(self.queries, self.store.superseded_blobs,
+                                                        int(b["writer"]), int(b["start"]), int(b["end"]))
         except Exception as exc:  # noqa: BLE001 — DuckDB trouble: the asking pass tries again later
-            self.bus.reply(msg, Kind.STORE_ROWS, {"rows": [], "error": f"newest checkpoints: {exc}"})
+            self.bus.reply(msg, Kind.STORE_ROWS, {"rows": [], "error": f"superseded checkpoints: {exc}"})
             return
-        self.bus.reply(msg, Kind.STORE_ROWS, {"rows": [newest]})
+        self.bus.reply(msg, Kind.STORE_ROWS, {"rows": positions})
 
     def on_stats(self, msg: Message) -> None:
         records, seconds = self.lag()

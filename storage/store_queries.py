@@ -105,12 +105,17 @@ class StoreQueries:
             "SELECT DISTINCT run FROM flow_records WHERE type = 'run.ended' AND ts < ?", [float(after)]).fetchall()
         return [{"runs": [run for (run,) in rows], "loaded": {str(w): p for w, p in self.loaded.items()}}], None
 
-    def newest_blobs(self, sessions: list[str]) -> dict[str, int]:
-        """session -> seq of its newest external checkpoint loaded (sessions without one left out)."""
+    def superseded_blobs(self, writer: int, start: int, end: int) -> list[int]:
+        """Positions in [start, end) of log `writer` of external checkpoints older than their
+        session's newest loaded one, ascending."""
         rows = self.cursors["messages"].execute(
-            "SELECT session, max(seq) FROM checkpoints WHERE kind = 'blob' AND session IN (SELECT unnest(?)) "
-            "GROUP BY session", [sessions]).fetchall()
-        return {session: seq for session, seq in rows}
+            "WITH seg AS (SELECT session, seq, lsn FROM checkpoints WHERE kind = 'blob' AND writer = ? "
+            "AND lsn >= ? AND lsn < ?), "
+            "newest AS (SELECT session, max(seq) AS seq FROM checkpoints WHERE kind = 'blob' "
+            "AND session IN (SELECT session FROM seg) GROUP BY session) "
+            "SELECT seg.lsn FROM seg JOIN newest ON seg.session = newest.session WHERE seg.seq < newest.seq "
+            "ORDER BY seg.lsn", [writer, start, end]).fetchall()
+        return [lsn for (lsn,) in rows]
 
     def _payload(self, inline: bytes | None, at: int | None, length: int | None) -> bytes:
         return bytes(inline) if at is None else self.payloads.read(at, length)

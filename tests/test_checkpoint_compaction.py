@@ -105,18 +105,26 @@ def test_a_half_live_file_is_left_alone(tmp_path):
     store.close()
 
 
-def test_a_segment_loses_only_checkpoints_a_newer_one_of_their_session_supersedes():
-    frames = [(RecordKind.BLOB, "a1", blob("a", 1, b"old")),
+def test_a_segment_loses_exactly_the_checkpoints_named_and_nothing_else(tmp_path):
+    frames = [(RecordKind.BLOB, "a1", blob("a", 1, b"old" * 500)),
               (RecordKind.EVENT, "e1", records.encode_body({"session": "a", "type": "x", "at": 1.0})),
               (RecordKind.BLOB, "b1", blob("b", 1, b"only")),
-              (RecordKind.BLOB, "a2", blob("a", 2, b"newer")),
-              (RecordKind.BLOB, "c1", blob("c", 1, b"never loaded"))]
-    data = b"".join(records.frame(kind, rid.encode(), body) for kind, rid, body in frames)
-    assert compaction.blob_sessions(data) == {"a", "b", "c"}
-    kept, dropped = compaction.compact(data, compaction.superseded({"a": 3, "b": 1}))
-    assert dropped == 2
-    assert [rid for _, _, rid, _, _ in records.scan(kept)] == [b"e1", b"b1", b"c1"]
-    assert compaction.compact(data, compaction.superseded({"b": 1})) is None
+              (RecordKind.BLOB, "a2", blob("a", 2, b"older" * 500)),
+              (RecordKind.BLOB, "a3", blob("a", 3, b"newest"))]
+    log = segments.SegmentLog(tmp_path, segment_bytes=1 << 20)   # zeroed to 1 MiB ahead of use
+    for kind, rid, body in frames:
+        log.write(records.frame(kind, rid.encode(), body), sync=True)
+    length = log.end
+    log.close()
+    ((_, path),) = segments.list_segments(tmp_path)
+    offsets = {rid.decode(): off for off, _, rid, _, _ in records.scan(path.read_bytes())}
+    # a1 and a2 are superseded; the event's offset and one inside a record are not checkpoints
+    named = sorted([offsets["a1"], offsets["a2"], offsets["e1"], offsets["a2"] + 7])
+    assert compaction.drop_records(path, named, length) == (2, 2)
+    data = path.read_bytes()
+    assert [rid for _, _, rid, _, _ in records.scan(data)] == [b"e1", b"b1", b"a3"]
+    assert len(data) == length - (offsets["e1"] - offsets["a1"]) - (offsets["a3"] - offsets["a2"])
+    assert compaction.drop_records(path, [], len(data)) == (0, 0)
 
 
 def test_the_compaction_mark_survives_and_an_unreadable_one_starts_over(tmp_path):
