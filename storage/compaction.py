@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from agentos import metrics
 from broker.protocol import Kind
 from broker.sharding import STORE
 from storage import records, segments
@@ -104,6 +105,7 @@ async def compact_once(writer: "LogWriter") -> int:
                 break
             purged += await _rewrite(writer, start, end, path, runs_in(runs))
         if purged:
+            metrics.compacted_records.labels("closed_run").inc(purged)
             await writer.bus.request(STORE, Kind.STORE_PURGE, {"runs": sorted(runs)}, timeout=60.0)
             writer.log.info("retention: dropped %d records of %d runs closed before the window", purged, len(runs))
         dropped += purged
@@ -139,6 +141,7 @@ async def _drop_superseded(writer: "LogWriter", ready: int) -> int:
             if count and writer.object_store is not None:
                 await loop.run_in_executor(writer.io, lambda: _replace_objects(writer, start, end, path.read_bytes()))
             dropped += count
+            metrics.compacted_records.labels("superseded_checkpoint").inc(count)
         await loop.run_in_executor(writer.io, write_mark, writer.directory, end)
         mark = end
     if dropped:

@@ -202,6 +202,7 @@ class StoreService:
                                                        self.store, min_bytes)
                 if plan is not None:
                     freed = await self.loop.run_in_executor(self.queries, payload_compaction.swap, self.store, plan)
+                    metrics.payload_freed_bytes.inc(freed)
                     self.log.info("compaction: payload file generation %d, %d bytes of superseded checkpoints freed",
                                   plan.generation, freed)
             except Exception:   # never fatal: the old file stays in force, the next pass tries again
@@ -215,6 +216,7 @@ class StoreService:
             metrics.store_lag_seconds.set(seconds)
             metrics.message_store_queue.set(records)
             metrics.access_log_queue.set(records)
+            metrics.payload_file_bytes.set(self.store.payloads.end)
 
 
 def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> int:

@@ -143,7 +143,7 @@ def test_a_running_server_drops_superseded_checkpoints_from_its_log_and_payload_
     a few superseded ones."""
     import urllib.request
 
-    from harness import get_json, wait_until
+    from harness import get_json, scrape, wait_until
 
     # no gateway cache: every latest read comes from writer/store's rows and payload file
     server = make_server({"gateway": {"checkpoint_cache_mb": 0},
@@ -169,6 +169,10 @@ def test_a_running_server_drops_superseded_checkpoints_from_its_log_and_payload_
 
     expected = {sid: (200, f"n{puts - 1}", f"{sid}/{puts - 1};".encode() * 300) for sid in sessions}
     assert latest_all() == expected
+    wait_until(lambda: scrape(server.url).get("agentos_payload_file_bytes", 0) > 0, 10, "the store's gauges")
+    seen = scrape(server.url)
+    assert seen['agentos_compacted_records_total{reason="superseded_checkpoint"}'] > 0
+    assert seen["agentos_payload_freed_bytes_total"] > 0
 
     data_dir = tmp_path / "data"
     wal = data_dir / "wal" / "0"
