@@ -245,6 +245,17 @@ def checkpoints_in_log(data_dir: Path) -> dict[str, set[str]]:
     return found
 
 
+def lost_from_log(acked: dict[str, list[int]], in_log: dict[str, set[str]]) -> list[tuple[str, int]]:
+    """Acknowledged checkpoints `v<n>` neither in the log nor superseded there by a newer one of
+    their session (compaction drops those: only a session's latest can be read)."""
+    lost = []
+    for session, numbers in acked.items():
+        there = in_log.get(session, set())
+        newest = max((int(k[1:]) for k in there if k[:1] == "v" and k[1:].isdigit()), default=-1)
+        lost += [(session, n) for n in numbers if f"v{n}" not in there and newest <= n]
+    return lost
+
+
 def restarts_by_role(server: ServerProcess) -> dict[str, int]:
     table = server.table()
     return {**{row["name"]: row["restarts"] for row in table["children"]}, "forkserver": table["forkserver"]["restarts"]}
@@ -305,8 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         in_log = checkpoints_in_log(work / "data")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    lost_checkpoints = [(s, n) for s, acked in ledger.checkpoints.items() for n in acked
-                        if f"v{n}" not in in_log.get(s, ())]
+    lost_checkpoints = lost_from_log(ledger.checkpoints, in_log)
     row = accounting(args, ledger, kills, checked, lost_checkpoints, restarts, phases, after)
     results.write_rows([row])
     results.write_rows(kills, "kills.jsonl")

@@ -93,3 +93,18 @@ def test_metric_samples_by_exact_name_and_by_family(monkeypatch):
     assert measure.scrape("u", measure.PUTS) == 7.0 and measure.scrape("u", "absent") == 0.0
     assert measure.scrape_family("u", "agentos_s3_requests_total") == {
         'op="put",purpose="lease"': 3.0, 'op="put",purpose="wal"': 7.0}
+
+
+def test_an_acked_checkpoint_a_newer_one_superseded_is_not_counted_lost():
+    """Compaction drops a session's older checkpoints: the chaos and failover checks accept that,
+    and still count one that is gone with nothing newer in its place."""
+    import collections
+
+    from bench.chaos import lost_from_log
+    from bench.failover import newest_kept
+
+    acked = {"s1": [0, 1, 2], "s2": [0, 1], "s3": [5]}
+    in_log = {"s1": {"v2"}, "s2": {"v0"}}
+    assert lost_from_log(acked, in_log) == [("s2", 1), ("s3", 5)]
+    rows = collections.Counter({("s1", "k2"): 1, ("s2", "k0"): 1, ("s2", "notes"): 1})
+    assert newest_kept(rows) == {"s1": 2, "s2": 0}
