@@ -5,8 +5,8 @@ Two things go, both only from sealed segments the store has loaded and the bucke
   their rows too);
 - external checkpoints (BLOB records) older than their session's newest one: the only read of
   them is `GET …/checkpoints/latest`, which the store answers from its newest row and the payload
-  file (storage/payload_compaction.py trims that file likewise). Their DuckDB rows stay, as
-  small metadata.
+  file (storage/payload_compaction.py trims that file likewise). Then the store deletes their
+  rows; the writer's largest position stays, as the store's progress.
 A rewritten segment replaces the old one under the same name (start position), and one object
 replaces the segment's objects in the bucket; a node restoring from the bucket simply finds a
 shorter range there. The active segment is never touched, so nothing a sender waits for moves.
@@ -142,6 +142,9 @@ async def _drop_superseded(writer: "LogWriter", ready: int) -> int:
                 await loop.run_in_executor(writer.io, lambda: _replace_objects(writer, start, end, path.read_bytes()))
             dropped += count
             metrics.compacted_records.labels("superseded_checkpoint").inc(count)
+            # their rows go too, now that the log no longer has them (a failure leaves rows nobody reads)
+            await writer.bus.request(STORE, Kind.STORE_FORGET, {"writer": writer.index, "start": start, "end": end},
+                                     timeout=60.0)
         await loop.run_in_executor(writer.io, write_mark, writer.directory, end)
         mark = end
     if dropped:

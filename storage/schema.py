@@ -22,7 +22,9 @@ messages.db
       newest 'blob' row of a session in each load batch has its payload copied there (nothing
       reads an older one); the others have `payload`, `payload_at` and `payload_len` NULL.
       A payload compaction (storage/payload_compaction.py) NULLs those columns of the rows no
-      read needs any more and moves the others into the next generation of the file.
+      read needs any more and moves the others into the next generation of the file. Once the
+      log's compaction has dropped a superseded 'blob' record, its row goes too
+      (`Store.forget_superseded`).
   payload_file(generation)
       which file holds the payloads: messages.payloads (0, or no row) or messages.payloads.<n>
 access.db

@@ -19,7 +19,7 @@ import msgpack
 import orjson
 
 from agentos import metrics, native_memory
-from storage import payload_compaction, records, schema, segments
+from storage import payload_compaction, records, schema, segments, store_queries
 from storage.bloom import BloomFilter
 from storage.payload_file import PayloadFile
 from storage.projection import project
@@ -287,6 +287,25 @@ class Store(StoreQueries):
         self.jsonl_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.jsonl_path, "ab") as f:
             f.write(b"".join(orjson.dumps(e, default=_jsonable) + b"\n" for e in events))
+
+    def forget_superseded(self, writer: int, start: int, end: int) -> int:
+        """Delete the rows of the superseded external checkpoints in [start, end) of log `writer`
+        (the log no longer has them, nothing reads them), keeping the writer's largest lsn: it is
+        the file's progress."""
+        with self.loading:   # the loader writes through the same connection
+            con = self.conns["messages"]
+            con.execute("BEGIN TRANSACTION")
+            try:
+                (top,) = con.execute("SELECT max(lsn) FROM checkpoints WHERE writer = ?", [writer]).fetchone()
+                (count,) = con.execute(
+                    "DELETE FROM checkpoints WHERE kind = 'blob' AND writer = ? AND lsn <> ? AND lsn IN "
+                    f"({store_queries.SUPERSEDED})", [writer, top if top is not None else -1, writer, start, end]
+                ).fetchone()
+                con.execute("COMMIT")
+            except Exception:
+                con.execute("ROLLBACK")
+                raise
+            return count
 
     def purge_runs(self, runs: list[str]) -> int:
         """Delete the rows of these runs, keeping each log's progress (its largest lsn) in place."""

@@ -47,6 +47,7 @@ class StoreService:
         self.bus = Bus(STORE, bus_endpoint, {Kind.LOG_FLUSHED: self.on_flushed, Kind.STORE_QUERY: self.on_query,
                                              Kind.STORE_PURGE: self.on_purge, Kind.STATS: self.on_stats,
                                              Kind.STORE_SUPERSEDED: self.on_superseded,
+                                             Kind.STORE_FORGET: self.on_forget,
                                              Kind.PEER_RESTARTED: self.on_peer_restarted},
                        role="store", heartbeat_secs=config.broker.heartbeat_secs, log=log)
 
@@ -170,6 +171,16 @@ class StoreService:
             self.bus.reply(msg, Kind.STORE_ROWS, {"rows": [], "error": f"superseded checkpoints: {exc}"})
             return
         self.bus.reply(msg, Kind.STORE_ROWS, {"rows": positions})
+
+    async def on_forget(self, msg: Message) -> None:
+        b = msg.body
+        try:
+            count = await self.loop.run_in_executor(self.queries, self.store.forget_superseded,
+                                                    int(b["writer"]), int(b["start"]), int(b["end"]))
+        except Exception as exc:  # noqa: BLE001 — the rows stay; nothing reads them either way
+            self.bus.reply(msg, Kind.STORE_ROWS, {"rows": [], "error": f"forgetting checkpoints: {exc}"})
+            return
+        self.bus.reply(msg, Kind.STORE_ROWS, {"rows": [count]})
 
     def on_stats(self, msg: Message) -> None:
         records, seconds = self.lag()

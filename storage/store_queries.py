@@ -108,13 +108,7 @@ class StoreQueries:
     def superseded_blobs(self, writer: int, start: int, end: int) -> list[int]:
         """Positions in [start, end) of log `writer` of external checkpoints older than their
         session's newest loaded one, ascending."""
-        rows = self.cursors["messages"].execute(
-            "WITH seg AS (SELECT session, seq, lsn FROM checkpoints WHERE kind = 'blob' AND writer = ? "
-            "AND lsn >= ? AND lsn < ?), "
-            "newest AS (SELECT session, max(seq) AS seq FROM checkpoints WHERE kind = 'blob' "
-            "AND session IN (SELECT session FROM seg) GROUP BY session) "
-            "SELECT seg.lsn FROM seg JOIN newest ON seg.session = newest.session WHERE seg.seq < newest.seq "
-            "ORDER BY seg.lsn", [writer, start, end]).fetchall()
+        rows = self.cursors["messages"].execute(SUPERSEDED + " ORDER BY seg.lsn", [writer, start, end]).fetchall()
         return [lsn for (lsn,) in rows]
 
     def _payload(self, inline: bytes | None, at: int | None, length: int | None) -> bytes:
@@ -128,6 +122,12 @@ class StoreQueries:
             out[table] = self.cursors[db].execute(sql, [session] if session else []).fetchone()[0]
         return [out], None
 
+
+SUPERSEDED = (
+    "WITH seg AS (SELECT session, seq, lsn FROM checkpoints WHERE kind = 'blob' AND writer = ? AND lsn >= ? AND lsn < ?), "
+    "newest AS (SELECT session, max(seq) AS seq FROM checkpoints WHERE kind = 'blob' "
+    "AND session IN (SELECT session FROM seg) GROUP BY session) "
+    "SELECT seg.lsn FROM seg JOIN newest ON seg.session = newest.session WHERE seg.seq < newest.seq")
 
 QUERIES = {"messages": StoreQueries.q_messages, "events": StoreQueries.q_events,
            "checkpoint_chain": StoreQueries.q_checkpoint_chain, "blob_latest": StoreQueries.q_blob_latest,

@@ -94,6 +94,29 @@ def test_a_compaction_that_stopped_before_its_swap_leaves_the_old_file_in_force(
     again.close()
 
 
+def test_forgetting_superseded_rows_keeps_each_sessions_newest_and_the_progress(tmp_path):
+    log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=1 << 20)
+    # a's last record in the log is older than its newest (seq 9 came first): still superseded
+    write_batch(log, [(RecordKind.BLOB, f"{sid}{n}", blob(sid, n, b"x")) for n in range(3) for sid in "ab"])
+    write_batch(log, [(RecordKind.BLOB, "a9", blob("a", 9, b"newest")), (RecordKind.BLOB, "a5", blob("a", 5, b"late"))])
+    end = log.end
+    log.close()
+    store = Store(tmp_path, writers=1, memory_limit_mb=64)
+    store.open()
+    store.load_all()
+    assert len(store.superseded_blobs(0, 0, end)) == 2 + 1 + 2 + 1   # a0-a2, a5, b0-b1
+    assert store.forget_superseded(0, 0, end) == 2 + 2 + 1            # not a5: it holds the progress
+    left = store.conns["messages"].execute("SELECT session, seq FROM checkpoints ORDER BY lsn").fetchall()
+    assert left == [("b", 2), ("a", 9), ("a", 5)]
+    assert store.query("blob_latest", "a")[0][0]["payload"] == b"newest"
+    store.close()
+    again = Store(tmp_path, writers=1, memory_limit_mb=64)   # a restart reads the log again: none come back
+    again.open()
+    again.load_all()
+    assert again.query("count", "")[0][0]["checkpoints"] == 3
+    again.close()
+
+
 def test_a_half_live_file_is_left_alone(tmp_path):
     log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=1 << 20)
     write_batch(log, [(RecordKind.BLOB, f"{sid}", blob(sid, 1, b"x" * 1000)) for sid in "abcd"])
@@ -143,6 +166,7 @@ def test_a_running_server_drops_superseded_checkpoints_from_its_log_and_payload_
     a few superseded ones."""
     import urllib.request
 
+    import duckdb
     from harness import get_json, scrape, wait_until
 
     # no gateway cache: every latest read comes from writer/store's rows and payload file
@@ -185,5 +209,8 @@ def test_a_running_server_drops_superseded_checkpoints_from_its_log_and_payload_
     assert payload_files[0].stat().st_size < len(sessions) * puts * 2400 / 2
 
     assert server.stop() == 0
+    with duckdb.connect(str(data_dir / "db" / "messages.db"), read_only=True) as con:
+        rows = con.execute("SELECT count(*) FROM checkpoints WHERE kind = 'blob'").fetchone()[0]
+    assert rows < len(sessions) * puts / 2, f"{rows} rows of {len(sessions) * puts} checkpoints still in DuckDB"
     server.start()   # the same directory: the compacted log and the new payload generation
     assert latest_all() == expected
