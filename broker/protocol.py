@@ -177,7 +177,8 @@ SPECS: dict[Kind, Spec] = {
     # Delete the rows of these runs (their retention is over and the log no longer has them).
     Kind.STORE_PURGE: _spec({"runs": list}),
     # Where log `writer` holds, in [start, end), an external checkpoint older than its session's
-    # newest one the store has loaded (rows: those positions, ascending): they can leave the log.
+    # newest one the store has loaded (rows: [position, session, seq], by position): they can
+    # leave the log.
     Kind.STORE_SUPERSEDED: _spec({"writer": int, "start": int, "end": int}),
     # Delete the rows of those checkpoints once the log no longer has them (rows: [count]).
     Kind.STORE_FORGET: _spec({"writer": int, "start": int, "end": int}),

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+import msgpack
+
 from agentos import metrics
 from broker.protocol import Kind
 from broker.sharding import STORE
@@ -132,9 +134,9 @@ async def _drop_superseded(writer: "LogWriter", ready: int) -> int:
                                          {"writer": writer.index, "start": start, "end": end}, timeout=60.0)
         if reply.body.get("error"):
             break   # the store is busy or in trouble: a later pass goes on from the mark
-        positions = [int(p) - start for p in reply.body["rows"]]
-        if positions:
-            count, skipped = await loop.run_in_executor(writer.io, drop_records, path, positions, end - start)
+        named = [(int(p) - start, str(session), int(seq)) for p, session, seq in reply.body["rows"]]
+        if named:
+            count, skipped = await loop.run_in_executor(writer.io, drop_records, path, named, end - start)
             if skipped:
                 writer.log.warning("compaction: %d positions the store named in %s are not checkpoints; kept",
                                    skipped, path.name)
@@ -152,18 +154,20 @@ async def _drop_superseded(writer: "LogWriter", ready: int) -> int:
     return dropped
 
 
-def drop_records(path: Path, offsets: list[int], length: int) -> tuple[int, int]:
+def drop_records(path: Path, named: list[tuple[int, str, int]], length: int) -> tuple[int, int]:
     """Rewrites segment `path`, whose records take its first `length` bytes (the rest of a sealed
-    segment is zeros), without the BLOB records at these offsets (ascending); returns (records
-    dropped, offsets skipped). An offset where no whole BLOB record starts is skipped, not
-    trusted. The kept ranges are copied file to file by the kernel (`copy_file_range`)."""
+    segment is zeros), without the BLOB records `named` (offset, session, seq; by offset);
+    returns (records dropped, names skipped). A name is only a hint: unless that very checkpoint
+    (its session and seq) starts at its offset, whole and valid, it is skipped — say the segment
+    was rewritten before a crash let the mark advance, and other records now sit there. The kept
+    ranges are copied file to file by the kernel (`copy_file_range`)."""
     src = os.open(path, os.O_RDONLY)
     try:
         size = min(os.fstat(src).st_size, length)
         cut: list[tuple[int, int]] = []
         skipped = 0
-        for offset in offsets:
-            end = _blob_end(src, offset, size)
+        for offset, session, seq in named:
+            end = _blob_end(src, offset, size, session, seq)
             if end is None or (cut and offset < cut[-1][1]):
                 skipped += 1
                 continue
@@ -194,8 +198,8 @@ def drop_records(path: Path, offsets: list[int], length: int) -> tuple[int, int]
         os.close(src)
 
 
-def _blob_end(fd: int, offset: int, size: int) -> int | None:
-    """Where the whole, valid BLOB record at `offset` ends; None if none starts there."""
+def _blob_end(fd: int, offset: int, size: int, session: str, seq: int) -> int | None:
+    """Where the BLOB record of (session, seq) at `offset` ends; None if it does not start there."""
     head = os.pread(fd, records.HEADER_BYTES, offset)
     if len(head) < records.HEADER_BYTES:
         return None
@@ -204,18 +208,19 @@ def _blob_end(fd: int, offset: int, size: int) -> int | None:
             or offset + 8 + length > size:
         return None
     try:
-        records.parse(os.pread(fd, 8 + length, offset), 0)   # its checksum too
-    except records.TornRecord:
+        _, _, body, _ = records.parse(os.pread(fd, 8 + length, offset), 0)   # its checksum too
+        blob = records.decode_body(body)
+    except (records.TornRecord, ValueError, TypeError, msgpack.ExtraData):
+        return None
+    if blob.get("session") != session or blob.get("seq") != seq:
         return None
     return offset + 8 + length
 
 
-async def _rewrite(writer: "LogWriter", start: int, end: int, path: Path,
-                   drop: Callable[[int, bytes], bool], data: bytes | None = None) -> int:
+async def _rewrite(writer: "LogWriter", start: int, end: int, path: Path, drop: Callable[[int, bytes], bool]) -> int:
     """Rewrites one sealed segment (and its bucket objects) without what `drop` picks."""
     loop = asyncio.get_running_loop()
-    result = await loop.run_in_executor(writer.io, lambda: compact(data if data is not None else path.read_bytes(),
-                                                                   drop))
+    result = await loop.run_in_executor(writer.io, lambda: compact(path.read_bytes(), drop))
     if result is None:
         return 0
     data, count = result

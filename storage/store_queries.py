@@ -105,11 +105,13 @@ class StoreQueries:
             "SELECT DISTINCT run FROM flow_records WHERE type = 'run.ended' AND ts < ?", [float(after)]).fetchall()
         return [{"runs": [run for (run,) in rows], "loaded": {str(w): p for w, p in self.loaded.items()}}], None
 
-    def superseded_blobs(self, writer: int, start: int, end: int) -> list[int]:
-        """Positions in [start, end) of log `writer` of external checkpoints older than their
-        session's newest loaded one, ascending."""
-        rows = self.cursors["messages"].execute(SUPERSEDED + " ORDER BY seg.lsn", [writer, start, end]).fetchall()
-        return [lsn for (lsn,) in rows]
+    def superseded_blobs(self, writer: int, start: int, end: int) -> list[list]:
+        """[position, session, seq] of the external checkpoints in [start, end) of log `writer`
+        older than their session's newest loaded one, by position."""
+        rows = self.cursors["messages"].execute(
+            "SELECT lsn, session, seq FROM checkpoints WHERE kind = 'blob' AND writer = ? AND lsn IN "
+            f"({SUPERSEDED}) ORDER BY lsn", [writer, writer, start, end]).fetchall()
+        return [list(row) for row in rows]
 
     def _payload(self, inline: bytes | None, at: int | None, length: int | None) -> bytes:
         return bytes(inline) if at is None else self.payloads.read(at, length)

@@ -141,13 +141,18 @@ def test_a_segment_loses_exactly_the_checkpoints_named_and_nothing_else(tmp_path
     log.close()
     ((_, path),) = segments.list_segments(tmp_path)
     offsets = {rid.decode(): off for off, _, rid, _, _ in records.scan(path.read_bytes())}
-    # a1 and a2 are superseded; the event's offset and one inside a record are not checkpoints
-    named = sorted([offsets["a1"], offsets["a2"], offsets["e1"], offsets["a2"] + 7])
-    assert compaction.drop_records(path, named, length) == (2, 2)
+    # a1 and a2 are superseded; the event's offset, one inside a record, and a1's offset under
+    # the wrong seq are not those checkpoints
+    named = [(offsets["a1"], "a", 1), (offsets["e1"], "a", 1), (offsets["a2"], "a", 2), (offsets["a2"] + 7, "a", 2),
+             (offsets["b1"], "b", 7)]
+    assert compaction.drop_records(path, named, length) == (2, 3)
     data = path.read_bytes()
     assert [rid for _, _, rid, _, _ in records.scan(data)] == [b"e1", b"b1", b"a3"]
     assert len(data) == length - (offsets["e1"] - offsets["a1"]) - (offsets["a3"] - offsets["a2"])
-    assert compaction.drop_records(path, [], len(data)) == (0, 0)
+    # A crash after the rewrite, before the mark moved: the same names again find other records
+    # at those offsets (e1 now starts where a1 did) and drop nothing.
+    assert compaction.drop_records(path, [(offsets["a1"], "a", 1), (offsets["a2"], "a", 2)], len(data)) == (0, 2)
+    assert path.read_bytes() == data
 
 
 def test_the_compaction_mark_survives_and_an_unreadable_one_starts_over(tmp_path):
