@@ -100,7 +100,7 @@ def test_an_acked_checkpoint_a_newer_one_superseded_is_not_counted_lost():
     and still count one that is gone with nothing newer in its place."""
     import collections
 
-    from bench.chaos import lost_from_log
+    from bench.logged_checkpoints import lost_from_log
     from bench.failover import newest_kept
 
     acked = {"s1": [0, 1, 2], "s2": [0, 1], "s3": [5]}
