@@ -76,8 +76,9 @@ def copy_live(store: "Store", min_bytes: int) -> Plan | None:
     file is too small or not garbage enough to be worth it."""
     with store.loading:
         end = store.payloads.end
-        # Live bytes only grow by new sessions, so until the file doubles what was live at the
-        # last look, it cannot be half garbage: no need to ask DuckDB (a scan of every row).
+        # What is live changes slowly (about one payload per session), so until the file is
+        # twice what was live at the last look, skip asking DuckDB (a scan of every row); at
+        # worst a pass comes a little late.
         if end < max(1, min_bytes) or end * MAX_LIVE_SHARE < store.payload_live_bytes:
             return None
         live = store.conns["messages"].execute(LIVE_ROWS, [end]).fetchall()
