@@ -10,7 +10,7 @@ then commits the rows that point into it. So every committed row points at bytes
 past the last committed row (a crash between the two) are garbage; `open(end)` cuts them off,
 and the records are loaded again from the log, appending their payloads anew.
 
-The file only grows, like the table beside it; nothing deletes checkpoints yet.
+The file only grows; storage/payload_compaction.py rewrites it without the superseded payloads.
 """
 from __future__ import annotations
 
