@@ -107,9 +107,6 @@ class StorageConfig:
     compaction_interval_secs: float = 30.0
     # writer/store rewrites its checkpoint payload file once it is this big and half garbage
     payload_compaction_min_mb: float = 64.0
-    # writer/store pauses between batches while writers append, until it is this far behind
-    # (0 = never pauses); a read that must see the latest writes ends the pause
-    store_yield_mb: float = 256.0
     # Group commit: after a batch that served k senders, wait up to this long for about k
     # messages before the next fsync (their acks just went out, they are about to send again).
     commit_window_us: int = 2000
@@ -319,7 +316,6 @@ def validate(config: Config) -> None:
     _positive(config.storage.retention_secs, "storage.retention_secs")
     _positive(config.storage.compaction_interval_secs, "storage.compaction_interval_secs")
     _positive(config.storage.payload_compaction_min_mb, "storage.payload_compaction_min_mb", allow_zero=True)
-    _positive(config.storage.store_yield_mb, "storage.store_yield_mb", allow_zero=True)
     if not 1 <= config.storage.s3.max_inflight_puts <= 64:
         raise ConfigError(f"storage.s3.max_inflight_puts: 1..64, got {config.storage.s3.max_inflight_puts}")
     if config.storage.s3.endpoint_url and not config.storage.s3.endpoint_url.startswith(("http://", "https://")):

@@ -31,16 +31,13 @@ PAYLOAD_COLUMN = 7            # of a checkpoints row as projected: its bytes go 
 # Bulk loading: a batch is loaded once this much time passed since the previous one, unless a
 # reader is waiting for it (`urgent`). Each load costs three DuckDB transactions whatever its size.
 BATCH_INTERVAL_SECS = 1.0
-# Catching up while writers append: a pause between batches, so the write path keeps the CPU and
-# the disk during a burst (see Store.yield_to_writers).
-YIELD_SECS = 0.1
 MIN_DB_MEMORY_MB = 16
 CHECKPOINT_THRESHOLD = "4MB"
 
 
 class Store(StoreQueries):
     def __init__(self, data_dir: Path, writers: int, memory_limit_mb: int, jsonl_dir: str = "",
-                 log: logging.Logger | None = None, yield_bytes: int = 0) -> None:
+                 log: logging.Logger | None = None) -> None:
         self.db_dir = data_dir / "db"
         self.wal_root = data_dir / "wal"
         self.writers = writers
@@ -54,9 +51,6 @@ class Store(StoreQueries):
         self.readers: dict[int, segments.SegmentReader] = {}
         self.wake = threading.Event()
         self.urgent = threading.Event()
-        self.yield_bytes = yield_bytes
-        self.log_ends_seen: dict[int, int] = {}   # writer -> where its last `log.flushed` said it ends
-        self.grew_at = 0.0                        # when one last came (time.monotonic())
         self.stopping = threading.Event()
         self.on_loaded: Callable[[dict[int, int], int], None] = lambda positions, rows: None
         self.stats = {"records": 0, "rows": 0, "batches": 0, "bad_records": 0, "load_errors": 0}
@@ -163,38 +157,14 @@ class Store(StoreQueries):
             self.urgent.clear()
             last = time.monotonic()
             try:
-                # Keep loading while a backlog remains (reads came back full).
+                # Keep loading without a pause only while a backlog remains (reads came back full).
                 while self.load_once() >= 0 and self.backlog and not self.stopping.is_set():
-                    self.yield_to_writers()
+                    pass
             except Exception:  # DuckDB trouble: keep the position, try again shortly
                 self.stats["load_errors"] += 1
                 self.log.exception("loading a batch into DuckDB failed; retrying")
                 self.wake.set()
                 self.stopping.wait(1.0)
-
-    def log_grew(self, writer: int, end: int) -> None:
-        """A writer's `log.flushed`: its log now ends at `end`."""
-        self.log_ends_seen[writer] = max(end, self.log_ends_seen.get(writer, 0))
-        self.grew_at = time.monotonic()
-        self.wake.set()
-
-    def behind_bytes(self) -> int:
-        return sum(max(0, end - self.readers[w].position) for w, end in list(self.log_ends_seen.items())
-                   if w in self.readers)
-
-    def yield_to_writers(self) -> None:
-        """Between two batches of a backlog: pause while writers are appending and this store is
-        less than `yield_bytes` behind them. The projection may lag, the write path may not: a
-        burst of checkpoints is answered while the store waits, and the store catches up once
-        the burst ends (at full speed once the writers are idle, or once it is `yield_bytes`
-        behind, so a steady load cannot leave it further behind than that). A reader waiting
-        for the projection (`urgent`) ends the pause. Measured on 10k checkpoints (10 workers,
-        8 alternating rounds): loading nothing during the run gave 18-23% more checkpoints/s
-        and half the commit p99, the DuckDB commits being most of that."""
-        if (self.yield_bytes <= 0 or self.urgent.is_set() or time.monotonic() - self.grew_at > YIELD_SECS
-                or self.behind_bytes() >= self.yield_bytes):
-            return
-        self.urgent.wait(YIELD_SECS)
 
     def load_all(self) -> None:
         while self.load_once():

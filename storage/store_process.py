@@ -34,7 +34,7 @@ class StoreService:
         self.log = log
         self.config = config
         self.store = Store(Path(config.storage.dir), config.storage.log_writers, config.storage.duckdb_memory_limit_mb,
-                           config.storage.jsonl_dir, log, yield_bytes=int(config.storage.store_yield_mb * (1 << 20)))
+                           config.storage.jsonl_dir, log)
         self.queries = ThreadPoolExecutor(1, thread_name_prefix="store-query")
         self.maintenance = ThreadPoolExecutor(1, thread_name_prefix="store-compact")
         self.loader: ThreadPoolExecutor | None = None
@@ -81,7 +81,7 @@ class StoreService:
         if position > self.flushed.get(writer, 0):
             self.flushed[writer] = position
             self.pending_flushes.append((writer, position, int(msg.body.get("count") or 0), time.monotonic()))
-        self.store.log_grew(writer, position)
+        self.store.wake.set()
 
     def _on_loaded(self, positions: dict[int, int]) -> None:
         self.loaded = positions
