@@ -18,6 +18,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench.checkpoint_compare import compare_table
 from bench.results import markdown_table, pyplot
 from bench.stats import percentile
 
@@ -96,7 +97,8 @@ def _window_cell(value: float | None, label: str, default_label: str) -> object:
 
 
 def _mode_cell(row: dict, repeats: int) -> str:
-    return row["mode"] if repeats <= 1 else f"{row['mode']} R{row['run']}"
+    cell = row["mode"] if repeats <= 1 else f"{row['mode']} R{row['run']}"
+    return cell if "round" not in row else f"{cell} #{row['round']}"   # a --compare round
 
 
 def _p50_p99(summary: dict | None) -> str | None:
@@ -202,6 +204,16 @@ def summary_markdown(rows: list[dict], config: dict) -> str:
               for r in rows if r["errors_total"] or r.get("read_anomalies")]
     if errors:
         parts += ["", "Errors (not counted in the latencies):", *errors]
+    compared = compare_table(rows)
+    if compared:
+        spec = config.get("compare") or {}
+        parts += ["", f"## Side by side: {spec.get('key', 'one config key')}", "",
+                  ("Each round started one fresh tree per value, so the arms alternated: odd rounds "
+                   "in the order listed, even rounds in reverse (`#n` in the table above is the "
+                   "round). Medians over the rounds; "
+                   "\"vs first\" is the arm's median over the first arm's; \"rounds ahead\" counts "
+                   "the rounds in which the arm did more checkpoints/s than the first arm did in "
+                   "the same round."), "", compared]
     ratio_rows = ratios(rows)
     if ratio_rows:
         parts += ["", "## agentos vs pgredis", "",
@@ -274,7 +286,7 @@ def plot_windows(rows: list[dict], path: Path) -> Path | None:
             used, label = _used(r)
             labels.add(label)
             points = [(t, p) for t, p, _ in used["series"] if p is not None]
-            name = r["target"] if repeats <= 1 else f"{r['target']} R{r['run']}"
+            name = r["target"] + _mode_cell(r, repeats)[len(r["mode"]):]
             if points:
                 ax.plot([t for t, _ in points], [p for _, p in points], marker=".", label=name)
         ax.set_title(f"{scale} · {mode} — commit p99 per {'/'.join(sorted(labels))} window")

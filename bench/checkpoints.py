@@ -14,6 +14,9 @@ is measured once, first, in the directory where the peer's data goes.
 
     python -m bench.checkpoints --scales 1k,10k --modes write,mixed --workers 10 \
         --targets agentos,pgredis --agentos-url http://127.0.0.1:8080
+
+`--compare KEY=V1,V2 --rounds N` runs our server instead under each value of one config key,
+side by side, a fresh tree per value and round (bench/checkpoint_compare.py).
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 
+from bench.checkpoint_compare import arm_name, override, parse_compare
 from bench.checkpoint_report import COLUMNS, plot_windows, summary_markdown, table_rows
 from bench.checkpoint_targets import LAYER_TARGETS, TARGETS, AgentOSTarget, PgRedisTarget
 from bench.checkpoint_workload import BenchConfig, run_target
@@ -52,8 +56,9 @@ def pgredis_target(cfg: BenchConfig, tmp_root: str | None, appendfsync: str) -> 
 
 @contextlib.contextmanager
 def agentos_started(cfg: BenchConfig, tmp_root: str, durability: str, name: str = "agentos",
-                    overrides: dict | None = None) -> Iterator:
-    """Our server for the lifetime of the block: a fresh tree in `tmp_root` (the peer's disk)."""
+                    overrides: dict | None = None, round_: int | None = None) -> Iterator:
+    """Our server for the lifetime of the block: a fresh tree in `tmp_root` (the peer's disk).
+    `round_`: which round of a `--compare` run this tree serves (its rows say so)."""
     from bench.server_proc import ServerProcess, deep_merge
 
     config: dict = deep_merge({"storage": {"durability": durability}, "mock": {"ttft_ms": 10}}, overrides or {})
@@ -70,6 +75,7 @@ def agentos_started(cfg: BenchConfig, tmp_root: str, durability: str, name: str 
         target = AgentOSTarget(server.url, cfg.op_timeout_secs, None, server_pids=list(server.pids().values()),
                                name=name)
         target.data_dirs = [server.config["storage"]["dir"]]
+        target.round = round_
         yield target
     finally:
         server.stop()
@@ -109,7 +115,11 @@ def run_benchmark(cfg: BenchConfig, targets: list[Callable[[], AbstractContextMa
     for factory in targets:
         with factory() as target:
             with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-                rows += runner.run(run_target(target, cfg, progress))
+                new = runner.run(run_target(target, cfg, progress))
+            if getattr(target, "round", None) is not None:
+                for row in new:
+                    row["round"] = target.round
+            rows += new
             described[target.name] = target.describe()
     return rows, described
 
@@ -143,6 +153,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--agentos-set", action="append", default=[], metavar="KEY=VALUE",
                    help="a config key of the server this run starts, e.g. storage.compaction_interval_secs=5 "
                         "(repeatable; the value is YAML)")
+    p.add_argument("--compare", metavar="KEY=V1,V2",
+                   help="instead of --targets: our server with each value of one config key, side by "
+                        "side, a fresh tree per value and round (e.g. storage.commit_window_us=0,2000)")
+    p.add_argument("--rounds", type=int, default=3, help="with --compare: rounds of alternating trees")
     p.add_argument("--agentos-pid", type=int, action="append", default=[],
                    help="our server's top process: its tree's CPU is reported (repeatable)")
     p.add_argument("--op-timeout", type=float, default=d.op_timeout_secs, dest="op_timeout_secs")
@@ -163,16 +177,14 @@ def _overrides(pairs: list[str]) -> dict:
     """`a.b=value` pairs as a nested config dict (values parsed as YAML)."""
     import yaml
 
+    from bench.server_proc import deep_merge
+
     out: dict = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"--agentos-set: KEY=VALUE expected, got {pair!r}")
-        *parents, leaf = key.strip().split(".")
-        node = out
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = yaml.safe_load(value)
+        out = deep_merge(out, override(key.strip(), yaml.safe_load(value)))
     return out
 
 
@@ -215,7 +227,24 @@ def _main(argv: list[str] | None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     factories: list[Callable[[], AbstractContextManager]] = []
-    for name in _csv(args.targets):
+    compare = None
+    if args.compare:
+        try:
+            key, values = parse_compare(args.compare)
+        except ValueError as exc:
+            parser.error(str(exc))
+        if args.agentos_url or args.rounds < 1:
+            parser.error("--compare starts its own trees (no --agentos-url) for --rounds >= 1")
+        from bench.server_proc import deep_merge
+
+        compare = {"key": key, "values": [raw for raw, _ in values], "rounds": args.rounds}
+        for r in range(1, args.rounds + 1):
+            # A B, B A, A B, …: a tree that runs first (or second) in its round gains or loses alike
+            for raw, value in values if r % 2 else values[::-1]:
+                factories.append(lambda raw=raw, value=value, r=r: agentos_started(
+                    cfg, args.peer_tmp, args.durability, arm_name(key, raw),
+                    deep_merge(overrides, override(key, value)), round_=r))
+    for name in () if compare else _csv(args.targets):
         if name not in TARGETS + LAYER_TARGETS:
             parser.error(f"unknown target {name!r}; known: {TARGETS + LAYER_TARGETS}")
         if name == "noop-http":
@@ -249,6 +278,7 @@ def _main(argv: list[str] | None) -> int:
     rows, described = run_benchmark(cfg, factories)
     bench_dev, peer_dev = device_of(Path(__file__).parent), device_of(args.peer_tmp)
     config = {"bench": dataclasses.asdict(cfg), "targets": described, "agentos_config": overrides,
+              "compare": compare,
               "disk_floor": floor,
               "disk_floors": floors,
               "devices": {"bench_dir": bench_dev, "peer_tmp": peer_dev,
