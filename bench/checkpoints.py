@@ -37,6 +37,7 @@ from bench.checkpoint_report import COLUMNS, plot_windows, summary_markdown, tab
 from bench.checkpoint_targets import LAYER_TARGETS, TARGETS, AgentOSTarget, PgRedisTarget
 from bench.checkpoint_workload import BenchConfig, run_target
 from bench.results import ResultsDir, markdown_table
+from bench.server_proc import deep_merge
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -59,7 +60,7 @@ def agentos_started(cfg: BenchConfig, tmp_root: str, durability: str, name: str 
                     overrides: dict | None = None, round_: int | None = None) -> Iterator:
     """Our server for the lifetime of the block: a fresh tree in `tmp_root` (the peer's disk).
     `round_`: which round of a `--compare` run this tree serves (its rows say so)."""
-    from bench.server_proc import ServerProcess, deep_merge
+    from bench.server_proc import ServerProcess
 
     config: dict = deep_merge({"storage": {"durability": durability}, "mock": {"ttft_ms": 10}}, overrides or {})
     env, s3 = None, None
@@ -177,8 +178,6 @@ def _overrides(pairs: list[str]) -> dict:
     """`a.b=value` pairs as a nested config dict (values parsed as YAML)."""
     import yaml
 
-    from bench.server_proc import deep_merge
-
     out: dict = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -235,8 +234,6 @@ def _main(argv: list[str] | None) -> int:
             parser.error(str(exc))
         if args.agentos_url or args.rounds < 1:
             parser.error("--compare starts its own trees (no --agentos-url) for --rounds >= 1")
-        from bench.server_proc import deep_merge
-
         compare = {"key": key, "values": [raw for raw, _ in values], "rounds": args.rounds}
         for r in range(1, args.rounds + 1):
             # A B, B A, A B, …: a tree that runs first (or second) in its round gains or loses alike
