@@ -142,7 +142,7 @@ def ratios(rows: list[dict], ours: str = "agentos", peer: str = "pgredis") -> li
     return out
 
 
-LAYERS = ("noop-http", "agentos-none", "agentos")
+LAYERS = ("noop-http", "agentos-none", "fsync-http", "agentos")
 
 
 def _floors(config: dict) -> list[dict]:
@@ -153,7 +153,7 @@ def _floors(config: dict) -> list[dict]:
 def layer_table(rows: list[dict], config: dict) -> str | None:
     """Per (scale, mode, workers): each layer's median commit p50 and checkpoints/s, then the disk
     floors' p50; None unless a layer target beside `agentos` ran."""
-    if not {r["target"] for r in rows} & set(LAYERS[:2]):
+    if not {r["target"] for r in rows} & set(LAYERS[:3]):
         return None
     floors = _floors(config)
     by: dict[tuple, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
@@ -255,7 +255,9 @@ def summary_markdown(rows: list[dict], config: dict) -> str:
                   ("Each row: commit p50 (checkpoints/s) of one target at the same scale, mode and "
                    "workers. `noop-http` answers the same routes and does nothing else (the client "
                    "and one HTTP exchange); `agentos-none` is our whole process tree with "
-                   "`storage.durability: none` (no fsync); `agentos` is the durable server. The "
+                   "`storage.durability: none` (no fsync); `fsync-http` is the do-nothing server "
+                   "group-committing each PUT body to a file before answering (the floor of a durable "
+                   "server in one Python process); `agentos` is the durable server. The "
                    "disk floors are single appends + fdatasync of that many bytes, no HTTP."), "",
                   layers]
     floors = _floors(config)

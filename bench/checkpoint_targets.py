@@ -156,7 +156,7 @@ class AgentOSWorker:
 
 class AgentOSTarget:
     """Our server's checkpoint routes; the server is started by whoever passes its URL. Also the
-    client of the other servers that speak them (`name`: `agentos-none`, `noop-http`)."""
+    client of the other servers that speak them (`name`: `agentos-none`, `noop-http`, `fsync-http`)."""
 
     def __init__(self, url: str, op_timeout_secs: float, api_key: str | None = None,
                  server_pids: list[int] | None = None, name: str = "agentos") -> None:
@@ -302,5 +302,6 @@ class PgRedisTarget:
 TARGETS = ("agentos", "pgredis")
 # Not run unless named: where a commit's time goes. `agentos-none` is our server with
 # `storage.durability: none` (every process, no fsync); `noop-http` answers the same routes and
-# does nothing else (bench/noop_http.py): the client and one HTTP exchange.
-LAYER_TARGETS = ("agentos-none", "noop-http")
+# does nothing else (bench/noop_http.py): the client and one HTTP exchange; `fsync-http` is that
+# server group-committing the bodies to a file: the floor of a durable server in one process.
+LAYER_TARGETS = ("agentos-none", "noop-http", "fsync-http")

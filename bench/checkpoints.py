@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import dataclasses
 import signal
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -85,15 +86,18 @@ def agentos_started(cfg: BenchConfig, tmp_root: str, durability: str, name: str 
 
 
 @contextlib.contextmanager
-def noop_started(cfg: BenchConfig) -> Iterator:
-    """bench/noop_http.py in a process of its own for the lifetime of the block."""
-    proc = subprocess.Popen([sys.executable, "-m", "bench.noop_http"], cwd=Path(__file__).parent.parent,
-                            stdout=subprocess.PIPE, text=True)
+def noop_started(cfg: BenchConfig, durable_under: str | None = None) -> Iterator:
+    """bench/noop_http.py in a process of its own for the lifetime of the block; with
+    `durable_under`, its group-committing mode (`fsync-http`) in a scratch dir made there."""
+    log_dir = tempfile.mkdtemp(prefix="bench-fsync-http-", dir=durable_under) if durable_under else None
+    proc = subprocess.Popen([sys.executable, "-m", "bench.noop_http", *(["--log-dir", log_dir] if log_dir else [])],
+                            cwd=Path(__file__).parent.parent, stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
         if not line.startswith("listening on "):
             raise RuntimeError(f"bench.noop_http did not start: {line!r}")
-        yield AgentOSTarget(line.split()[-1], cfg.op_timeout_secs, None, server_pids=[proc.pid], name="noop-http")
+        yield AgentOSTarget(line.split()[-1], cfg.op_timeout_secs, None, server_pids=[proc.pid],
+                            name="fsync-http" if log_dir else "noop-http")
     finally:
         proc.terminate()
         try:
@@ -102,6 +106,8 @@ def noop_started(cfg: BenchConfig) -> Iterator:
             proc.kill()
             proc.wait()
         proc.stdout.close()
+        if log_dir:
+            shutil.rmtree(log_dir, ignore_errors=True)
 
 
 def run_benchmark(cfg: BenchConfig, targets: list[Callable[[], AbstractContextManager]],
@@ -246,6 +252,8 @@ def _main(argv: list[str] | None) -> int:
             parser.error(f"unknown target {name!r}; known: {TARGETS + LAYER_TARGETS}")
         if name == "noop-http":
             factories.append(lambda: noop_started(cfg))
+        elif name == "fsync-http":
+            factories.append(lambda: noop_started(cfg, durable_under=args.peer_tmp))
         elif name == "agentos-none":
             factories.append(lambda: agentos_started(cfg, args.peer_tmp, "none", "agentos-none", overrides))
         elif name == "agentos":

@@ -284,7 +284,7 @@ def test_the_layer_table_puts_each_layer_of_a_commit_side_by_side():
     floors = [{"directory": "/tmp", "device": {}, "n": 10, "block_bytes": size, "p50_ms": p50, "p99_ms": 1.0,
                "mean_ms": 0.4, "max_ms": 2.0} for size, p50 in ((4096, 0.3), (11264, 0.32))]
     text = summary_markdown(rows, {"bench": {"workers": 1}, "disk_floor": floors[0], "disk_floors": floors})
-    assert ("| 1k | write | 1 | 0.20 (6,000/s) | 1.00 (1,300/s) | 2.00 (500/s) | 0.300 | 0.320 |" in text)
+    assert ("| 1k | write | 1 | 0.20 (6,000/s) | 1.00 (1,300/s) | – | 2.00 (500/s) | 0.300 | 0.320 |" in text)
     assert "11264 B append + fdatasync" in text
     assert "Where a commit's time goes" not in summary_markdown(rows[2:], {"bench": {"workers": 1}})
 
@@ -297,6 +297,30 @@ def test_the_noop_server_answers_the_checkpoint_routes_like_ours(tmp_path):
     assert row["target"] == "noop-http" and row["checkpoints"] == 6 and row["errors_total"] == 0
     assert row["reads"] == {"miss": 2, "hit": 4} and row["read_anomalies"] == 0
     assert described["noop-http"]["durability_acked"] == ["none"]
+
+
+def test_the_fsync_http_floor_acks_after_writing_and_leaves_no_scratch_file(tmp_path):
+    """`fsync-http`: the same answers, acked `local`, its scratch log under the given dir while it
+    runs (holding the bodies it acked) and gone afterwards."""
+    cfg = BenchConfig(scales=("2x3",), modes=("write",), workers=2, op_timeout_secs=5)
+    seen: list[int] = []
+
+    def factory():
+        @contextlib.contextmanager
+        def started():
+            with checkpoints.noop_started(cfg, durable_under=str(tmp_path)) as target:
+                yield target
+                (log,) = tmp_path.glob("bench-fsync-http-*/fsync-http.log")
+                seen.append(log.read_bytes().count(payload_probe))
+        return started()
+
+    payload_probe = make_payloads(1, cfg)[0][:64]   # every body starts with these bytes
+    rows, described = checkpoints.run_benchmark(cfg, [factory], progress=lambda s: None)
+    (row,) = rows
+    assert row["target"] == "fsync-http" and row["checkpoints"] == 6 and row["errors_total"] == 0
+    assert described["fsync-http"]["durability_acked"] == ["local"]
+    assert seen and seen[0] >= row["checkpoints"]   # every acked body reached the file
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_agentos_set_pairs_become_a_nested_config_and_bad_ones_are_refused():
