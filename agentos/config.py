@@ -101,6 +101,9 @@ class StorageConfig:
     segment_bytes: int = 64 << 20
     max_checkpoint_bytes: int = 1 << 20
     log_writers: int = 1
+    # The gateway group-commits its own records (checkpoint PUTs, access rows) to a log of its
+    # own, index `log_writers`, instead of sending them to a writer/log process (storage/log_writer.py).
+    gateway_log: bool = True
     retention_secs: float = 7 * 24 * 3600.0   # closed runs older than this leave the log, the bucket and DuckDB
     # a pass reads only the segments sealed since the last one; a busy checkpointer writes tens
     # of MB/s, most of it superseded within seconds
@@ -156,6 +159,15 @@ class Config:
     @property
     def actor_count(self) -> int:
         return self.kernel.actors or (os.cpu_count() or 1)
+
+    @property
+    def logs(self) -> int:
+        """How many write-ahead logs there are: one per writer/log process, plus the gateway's."""
+        return self.storage.log_writers + (1 if self.storage.gateway_log else 0)
+
+    @property
+    def gateway_log_index(self) -> int | None:
+        return self.storage.log_writers if self.storage.gateway_log else None
 
     @property
     def listen_host_port(self) -> tuple[str, int]:

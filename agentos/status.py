@@ -19,6 +19,7 @@ from agentos.rundir import RunDir
 from broker.address import bus_address
 from broker.client import Bus, BusError
 from broker.protocol import BROKER, Kind
+from broker.sharding import log_writer
 
 
 def proc_memory(pid: int) -> dict[str, int]:
@@ -88,12 +89,16 @@ def collect(config: Config) -> dict[str, Any]:
                      "uptime_secs": round(now - child["started_at"], 1) if child["started_at"] else None,
                      "restarts": child["restarts"], **(proc_memory(pid) if pid else {})})
     bus_names = [c["name"] for c in table["children"] if c["pid"] and c["role"] in ("gateway", "scheduler", "actor", "writer-log", "writer-store")]
-    stats = asyncio.run(query_stats(bus_address(config, run_dir), bus_names))
+    gateway_log = log_writer(config.gateway_log_index) if config.gateway_log_index is not None else None
+    stats = asyncio.run(query_stats(bus_address(config, run_dir), bus_names + ([gateway_log] if gateway_log else [])))
     for row in rows:
         row["stats"] = stats.get(row["name"] if row["role"] != "broker" else BROKER, {})
+        if row["role"] == "gateway" and gateway_log:
+            row["stats"] = {**row["stats"], "log": stats.get(gateway_log, {})}   # the log it writes itself
     gateway = stats.get("gateway/0", {})
     actors = [s for n, s in stats.items() if n.startswith("actor/")]
     writers = [(r, stats.get(r["name"], {})) for r in rows if r["role"] == "writer-log"]
+    writers += [(r, r["stats"]["log"]) for r in rows if r["role"] == "gateway" and gateway_log]
     return {
         "running": True, "run_dir": str(run_dir.path), "listen": table.get("listen"),
         "gateway_port": table.get("gateway_port"), "processes": rows,

@@ -141,7 +141,7 @@ class Supervisor:
     def _lease_renewed(self, epoch: int, valid_secs: float) -> None:
         if self.bus is None:
             return
-        for i in range(self.config.storage.log_writers):
+        for i in range(self.config.logs):
             self.bus.send(log_writer(i), Kind.LEASE, {"epoch": epoch, "valid_secs": max(0.0, valid_secs)})
 
     async def _lease_lost(self) -> None:

@@ -28,6 +28,7 @@ from gateway.history import LATEST_ROUTE, PUT_ROUTE, HistoryRoutes
 from gateway.streams import TurnStream
 from gateway.tenancy import DEFAULT_TENANT, internal
 from storage.log_client import LogClient
+from storage.log_writer import LogWriter
 
 SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
 KEEPALIVE_SECS = 15.0
@@ -49,7 +50,8 @@ class SseResponse(web.StreamResponse):
 
 
 class Gateway:
-    def __init__(self, config: Config, bus_endpoint: str, index: int, log: logging.Logger) -> None:
+    def __init__(self, config: Config, bus_endpoint: str, index: int, log: logging.Logger,
+                 own_log: LogWriter | None = None) -> None:
         self.config = config
         self.log = log
         self.name = f"gateway/{index}"
@@ -69,7 +71,7 @@ class Gateway:
         self.tenant_limit = config.kernel.max_in_flight_turns_per_tenant
         self.in_flight_by_tenant: dict[str, int] = {}
         self.retry_after = str(config.gateway.retry_after_secs)
-        self.log_client = LogClient(self.bus, config.storage.log_writers)
+        self.log_client = LogClient(self.bus, config.storage.log_writers, own_log=own_log)
         self.history = HistoryRoutes(self)
         self.flow_routes = FlowRoutes(self)
         self._openapi = orjson.dumps(openapi.document())
@@ -323,7 +325,7 @@ class Gateway:
 
     async def watch(self) -> None:
         """Readiness from the broker's peer table, and probes of silent or gapped turns."""
-        expected = (["scheduler", STORE] + [f"writer/log/{i}" for i in range(self.config.storage.log_writers)]
+        expected = (["scheduler", STORE] + [f"writer/log/{i}" for i in range(self.config.logs)]
                     + [f"actor/{i}" for i in range(self.shards)])
         last_peers = 0.0
         while True:

@@ -16,11 +16,18 @@ from agentos.rundir import RunDir, write_port_file
 from gateway.app import Gateway
 from gateway.fast_path import FrontServer
 from broker.address import bus_address
+from storage.log_writer import LogWriter
 
 
 def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> int:
     async def run(stop: asyncio.Event) -> int:
-        gateway = Gateway(config, bus_address(config, run_dir), index, log)
+        endpoint = bus_address(config, run_dir)
+        own_log = None
+        if config.gateway_log_index is not None:
+            # Its records (checkpoint PUTs, access rows) group-commit here, not in another process.
+            own_log = LogWriter(config, config.gateway_log_index, endpoint, log, embedded=True)
+            await own_log.start()
+        gateway = Gateway(config, endpoint, index, log, own_log)
         await gateway.bus.start()
         runner = web.AppRunner(gateway.make_app(), handler_cancellation=True, access_log=None)
         await runner.setup()
@@ -39,6 +46,8 @@ def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> in
             log.error("cannot listen on %s:%d: %s", host, port, exc.strerror)
             await runner.cleanup()
             await gateway.bus.close()
+            if own_log is not None:
+                await own_log.stop()
             return service.EXIT_CONFIG
         write_port_file(run_dir.port_file("gateway"), bound)
         log.info("listening on http://%s:%d", host, bound)
@@ -50,6 +59,8 @@ def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> in
         await runner.cleanup()
         await gateway.log_client.drain(5.0)
         await gateway.log_client.close()
+        if own_log is not None:
+            await own_log.stop()
         await gateway.bus.close()
         return service.EXIT_OK
 

@@ -11,13 +11,16 @@ writes a re-sent record once), so a writer restart delays appends but loses none
 
 Appends go to each writer's direct inbox (storage/log_inbox.py) over a Unix socket of their
 own (storage/log_link.py), not through the broker; over tcp they take the broker like
-everything else.
+everything else. A process with a log of its own (the gateway, `storage.gateway_log`) appends
+all its records there, by a call: they are the gateway's checkpoint PUTs and access rows, which
+no other process's records of the same session need to be ordered with.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from agentos import metrics
 from broker.address import direct_log_endpoint
@@ -26,6 +29,10 @@ from broker.protocol import Kind, Message
 from broker.sharding import writer_name
 from storage import records
 from storage.log_link import LogLink
+from storage.log_writer import LocalAppend
+
+if TYPE_CHECKING:
+    from storage.log_writer import LogWriter
 
 MAX_OUTSTANDING = 20_000
 MAX_MESSAGE_BYTES = 4 << 20
@@ -39,11 +46,22 @@ class LogWriteError(RuntimeError):
         self.code = code
 
 
+class _LocalReply:
+    """What an in-process writer answers, shaped like the reply message `acked` reads."""
+
+    __slots__ = ("kind", "body")
+
+    def __init__(self, kind: Kind, body: dict) -> None:
+        self.kind, self.body = kind, body
+
+
 class LogClient:
     def __init__(self, bus: Bus, writers: int, log: logging.Logger | None = None,
-                 max_outstanding: int = MAX_OUTSTANDING) -> None:
+                 max_outstanding: int = MAX_OUTSTANDING, own_log: "LogWriter | None" = None) -> None:
         self.bus = bus
         self.writers = writers
+        # A process with a log of its own (the gateway's) appends every record there, by a call.
+        self.own_log = own_log
         self.log = log or bus.log
         self.max_outstanding = max_outstanding
         self.outstanding = 0
@@ -67,7 +85,7 @@ class LogClient:
             self.room.clear()
             await self.room.wait()
         fut = asyncio.get_running_loop().create_future() if sync else None
-        self._enqueue(writer_name(session, self.writers), [int(kind), self.new_id(), records.encode_body(body)], fut)
+        self._enqueue(self._writer(session), [int(kind), self.new_id(), records.encode_body(body)], fut)
         if fut is None:
             return None
         started = time.monotonic()
@@ -77,7 +95,10 @@ class LogClient:
 
     def append_nowait(self, kind: records.RecordKind, body: dict, session: str) -> None:
         """An ASYNC append for callers that cannot wait (it may go past the outbox bound)."""
-        self._enqueue(writer_name(session, self.writers), [int(kind), self.new_id(), records.encode_body(body)], None)
+        self._enqueue(self._writer(session), [int(kind), self.new_id(), records.encode_body(body)], None)
+
+    def _writer(self, session: str) -> str:
+        return self.own_log.bus.name if self.own_log is not None else writer_name(session, self.writers)
 
     def _enqueue(self, writer: str, record: list, fut: asyncio.Future | None) -> None:
         self._batches.setdefault(writer, []).append((record, fut))
@@ -141,6 +162,10 @@ class LogClient:
                 asyncio.get_running_loop().call_later(backoff, self._ship, writer, rest, min(backoff * 2, 10.0))
 
         body = {"records": [record for record, _ in items], "sync": any(fut is not None for _, fut in items)}
+        if self.own_log is not None and writer == self.own_log.bus.name:
+            self.own_log.on_append(LocalAppend(body, lambda kind, reply: acked(_LocalReply(kind, reply), None),
+                                               sum(1 for _, fut in items if fut is not None)))
+            return
         self._link(writer).request_callback(writer, Kind.LOG_APPEND, body, acked, timeout=30.0, attempt_secs=ATTEMPT_SECS)
 
     def _link(self, writer: str) -> Bus:

@@ -96,6 +96,9 @@ class Store(StoreQueries):
         elif cut < 0:
             self.log.error("%s is %d bytes short of what DuckDB's rows name: those checkpoints cannot be read",
                            self.payloads.path, -cut)
+        # A log that an earlier configuration wrote (more writers, or the gateway's own) is still loaded.
+        if self.wal_root.is_dir():
+            self.writers = max([self.writers, *(int(p.name) + 1 for p in self.wal_root.iterdir() if p.name.isdigit())])
         for writer in range(self.writers):
             start = min(last[db].get(writer, 0) for db in self.conns)
             self.readers[writer] = segments.SegmentReader(self.wal_root / str(writer), start)

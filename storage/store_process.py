@@ -33,7 +33,7 @@ class StoreService:
     def __init__(self, config: Config, bus_endpoint: str, log: logging.Logger) -> None:
         self.log = log
         self.config = config
-        self.store = Store(Path(config.storage.dir), config.storage.log_writers, config.storage.duckdb_memory_limit_mb,
+        self.store = Store(Path(config.storage.dir), config.logs, config.storage.duckdb_memory_limit_mb,
                            config.storage.jsonl_dir, log)
         self.queries = ThreadPoolExecutor(1, thread_name_prefix="store-query")
         self.maintenance = ThreadPoolExecutor(1, thread_name_prefix="store-compact")
@@ -117,7 +117,7 @@ class StoreService:
 
     async def writers_opened(self) -> None:
         """Wait until every log writer answers: a writer is on the bus only once its log is open."""
-        for writer in range(self.config.storage.log_writers):
+        for writer in range(self.config.logs):
             if writer not in self.writers_open:
                 await self.bus.request(log_writer(writer), Kind.STATS, {}, timeout=SYNC_TIMEOUT_SECS)
                 self.writers_open.add(writer)

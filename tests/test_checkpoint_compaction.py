@@ -204,7 +204,7 @@ def test_a_running_server_drops_superseded_checkpoints_from_its_log_and_payload_
     assert seen["agentos_payload_freed_bytes_total"] > 0
 
     data_dir = tmp_path / "data"
-    wal = data_dir / "wal" / "0"
+    wal = data_dir / "wal" / "1"    # the gateway's own log (storage.gateway_log) holds the PUTs
     blobs = [rid for _, path in segments.list_segments(wal)
              for _, kind, rid, _, _ in records.scan(path.read_bytes()) if kind == RecordKind.BLOB]
     assert len(blobs) < len(sessions) * puts / 2, f"{len(blobs)} of {len(sessions) * puts} checkpoints still in the log"

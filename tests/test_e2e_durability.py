@@ -87,6 +87,34 @@ def test_group_commit_fsyncs_far_fewer_times_than_records(make_server):
     assert fsyncs < records_written / 3, (fsyncs, records_written)
 
 
+def test_the_gateways_own_log_group_commits_concurrent_puts(make_server):
+    """Ten HTTP clients PUTting at once into the gateway's log: one fsync serves many PUTs, and
+    the records are in that log (wal/1), not writer/log/0's."""
+    server = make_server({})
+    before = scrape(server.url)
+
+    async def client(session, i):
+        for n in range(60):
+            async with session.put(f"{server.url}/v1/sessions/gc-{i}/checkpoints/k{n}", data=os.urandom(2048)) as resp:
+                assert resp.status == 200
+
+    async def go():
+        async with aiohttp.ClientSession() as session:
+            await asyncio.gather(*(client(session, i) for i in range(10)))
+
+    asyncio.run(go())
+    base = before.get("agentos_log_records_total", 0)
+    after = wait_until(lambda: (v := scrape(server.url))["agentos_log_records_total"] - base >= 600 and v, 10,
+                       "the log counters to be flushed")
+    records_written = after["agentos_log_records_total"] - base
+    fsyncs = after["agentos_log_fsyncs_total"] - before.get("agentos_log_fsyncs_total", 0)
+    print(f"gateway log group commit: {records_written:.0f} records, {fsyncs:.0f} fsyncs")
+    assert fsyncs < 600 / 2, (fsyncs, records_written)
+    in_gateway_log = [kind for _, path in segments.list_segments(server.work_dir / "data" / "wal" / "1")
+                      for _, kind, _, _, _ in records.scan(path.read_bytes())]
+    assert in_gateway_log.count(RecordKind.BLOB) >= 600
+
+
 def wal_records(data_dir: Path) -> list[tuple[int, bytes, bytes]]:
     out = []
     for writer_dir in sorted((data_dir / "wal").iterdir()):
@@ -132,6 +160,8 @@ def test_acknowledged_records_survive_kill9_of_writers_and_tree_exactly_once(tmp
             loop = asyncio.get_running_loop()
             await asyncio.sleep(1.5)
             await loop.run_in_executor(None, server.kill9, "writer/log/0")
+            await asyncio.sleep(1.5)
+            await loop.run_in_executor(None, server.kill9, "gateway/0")   # and with it the log of the PUTs
             await asyncio.sleep(1.5)
             await loop.run_in_executor(None, server.kill9, "writer/store")
             await asyncio.sleep(1.5)
@@ -188,7 +218,7 @@ def test_a_torn_tail_recovers_to_the_last_whole_record(tmp_path):
             assert put(server.url, "torn", f"k{n}", f"payload {n}".encode())[0] == 200
     finally:
         assert server.stop() == 0
-    wal = tmp_path / "data" / "wal" / "0"
+    wal = tmp_path / "data" / "wal" / "1"    # the gateway's own log (storage.gateway_log) holds the PUTs
     last = segments.list_segments(wal)[-1][1]
     whole = [r for r in records.scan(last.read_bytes())]
     os.truncate(last, whole[-1][4] - 3)  # the last record torn three bytes short
