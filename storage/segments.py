@@ -33,7 +33,8 @@ from storage import records
 log = logging.getLogger("agent-os.storage")
 SUFFIX = ".seg"
 SPARE = "spare.zero"
-ZERO_CHUNK = 1 << 20
+ZERO_CHUNK = 1 << 20    # fdatasync'd at a time
+ZERO_WRITE = 16 << 10   # bytes per write (see zero_file)
 FIRST_READ = 64 << 10   # a read first looks this far: past the data a zeroed tail costs one small read
 
 
@@ -52,16 +53,24 @@ def list_segments(directory: Path) -> list[tuple[int, Path]]:
 
 
 def zero_file(path: Path, size: int) -> None:
-    """`path` as `size` zero bytes, written (not a hole, not unwritten extents) and fsync'd."""
+    """`path` as `size` zero bytes, written (not a hole, not unwritten extents) and fsync'd.
+
+    In small writes (ZERO_WRITE), because the page cache keeps the folio size a write created,
+    and dirtying any byte of a folio later writes the whole folio back. With 1 MB writes of zeros,
+    each 22 KB append + fdatasync into the segment wrote 47× its bytes to the disk, and a 220 KB one
+    5.8× (Linux 6.18, ext4: /proc/self/io write_bytes over 300 of each); with 16 KB writes 1.6× and
+    1.1×, and the commits were as fast. 4 KB writes: 1.1× / 1.0×, but 220 KB commits took 0.21 ms
+    at the median instead of 0.15."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        chunk = bytes(min(size, ZERO_CHUNK))
+        zeros = bytes(ZERO_WRITE)
         done = 0
         while done < size:
-            done += os.write(fd, chunk[:size - done])
-            # A chunk at a time: 64 MB of dirty zeros flushed at once would queue ahead of the
-            # log's own small writes and stall their fdatasync for tens of milliseconds.
-            os.fdatasync(fd)
+            done += os.write(fd, zeros[:size - done])
+            if done % ZERO_CHUNK == 0 or done == size:
+                # A chunk at a time: 64 MB of dirty zeros flushed at once would queue ahead of the
+                # log's own small writes and stall their fdatasync for tens of milliseconds.
+                os.fdatasync(fd)
     finally:
         os.close(fd)
 
