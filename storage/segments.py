@@ -18,7 +18,8 @@ The next segment is zeroed ahead of time on a background thread (`spare.zero`), 
 one is half full: not at start, where it would compete with the first commits for the disk.
 
 Blocking calls only. writer/log calls `SegmentLog.write` on its event loop's thread (the loop has
-nothing else to do while a batch is written) and everything else on its I/O thread, one at a time.
+nothing else to do while a batch is written; the gateway's own log does the same for a batch a
+client waits on) and everything else on its I/O thread, one at a time.
 """
 from __future__ import annotations
 
