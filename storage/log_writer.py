@@ -33,10 +33,11 @@ records (checkpoint PUTs, access rows), as log `storage.log_writers`, so a PUT c
 hop. Appends arrive by a call (`LocalAppend`), from one sender that stands for many HTTP
 clients, so the wait above counts records instead of senders: until the batch holds as many
 SYNC records as the last one did (those clients got their answers together and are sending
-again). The fsync of a batch someone waits for stays on the loop thread — a 10k checkpoint run
-here: 12.6k checkpoints/s with that, 7.5k with the fsync on the I/O thread, whose hand-offs split
-batches — while one of ASYNC records only (access rows of other routes) goes to the I/O thread,
-so a slow disk never stalls the gateway's streams for records nobody waits on.
+again). Without that wait a batch held 2-3 of ten clients' checkpoints and a 10k checkpoint run
+went at 7.5-7.9k/s; with it about 8, and 10.6-13.4k/s (single runs, fresh trees). The fsync of a
+batch someone waits for stays on the loop thread (on the I/O thread it was no faster, two
+alternating rounds); a batch of ASYNC records only (access rows of other routes) goes to the
+I/O thread, so a slow disk never stalls the gateway's streams for records nobody waits on.
 """
 from __future__ import annotations
 
@@ -405,7 +406,6 @@ class LogWriter:
             "active": self._active(), "queued_records": len(self.frames), "waiting_messages": len(self.waiting),
             "end": self.segments.end if self.segments else 0, "fsync": self.fsync, "bus": self.bus.stats(),
             "direct": {"received": self.inbox.received, "malformed": self.inbox.malformed} if self.inbox else None}})
-
 
     async def start(self) -> None:
         """Open the log, join the bus, and run the commit and compaction loops."""
