@@ -171,8 +171,10 @@ SPECS: dict[Kind, Spec] = {
     # query: messages, events, checkpoint_chain, blob_latest, flow_records, open_runs, count
     # (see storage/store.py `QUERIES`);
     # sync: answer only after loading everything the log had acknowledged when the query arrived.
+    # `sync`: answer once the store has loaded everything in the logs now; `sync_to` ([[log, position],
+    # ...]): once it has loaded that far (a reader that knows what it has not seen yet).
     Kind.STORE_QUERY: _spec({"query": str, "session": str}, tenant=str, turn=str, after=int, limit=int,
-                            sync=bool),
+                            sync=bool, sync_to=list),
     Kind.STORE_ROWS: _spec({"rows": list}, next_after=int, error=str),
     # Delete the rows of these runs (their retention is over and the log no longer has them).
     Kind.STORE_PURGE: _spec({"runs": list}),

@@ -7,6 +7,7 @@ acknowledged before the request. A checkpoint PUT is appended to the log by the 
 """
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from typing import TYPE_CHECKING
@@ -51,6 +52,24 @@ class HistoryRoutes:
         self.gw = gateway
         self._seq = 0
         self.latest = LatestCheckpoints(gateway.config.gateway.checkpoint_cache_mb << 20)
+        # Where the logs ended when this process started ([[log, position], ...]), once the store
+        # said: a cache miss reads the store as of there (see gateway/latest_checkpoints.py).
+        self.settled: list | None = None
+
+    async def settle(self) -> None:
+        """Ask the store where the logs end, until it answers (at start, beside serving)."""
+        delay = 0.1
+        while self.settled is None:
+            try:
+                reply = await self.gw.bus.request(STORE, Kind.STORE_QUERY, {"query": "log_ends", "session": ""},
+                                                  timeout=10.0)
+                if not reply.body.get("error"):
+                    self.settled = reply.body["rows"]
+                    return
+            except BusError:
+                pass
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
     async def _query(self, body: dict) -> dict:
         try:
@@ -119,7 +138,12 @@ class HistoryRoutes:
     async def latest_checkpoint(self, tenant: str, sid: str) -> Checkpoint:
         latest = self.latest.get(sid)
         if latest is None:
-            rows = (await self._query({"query": "blob_latest", "session": sid, "tenant": tenant, "sync": True}))["rows"]
+            query = {"query": "blob_latest", "session": sid, "tenant": tenant}
+            if self.settled is not None and not self.latest.evicted:
+                query["sync_to"] = self.settled     # every later PUT would have been a hit
+            else:
+                query["sync"] = True
+            rows = (await self._query(query))["rows"]
             if not rows:
                 raise ApiError(404, "not_found", "this session has no checkpoint")
             # A PUT acknowledged while the store answered is newer: offer() keeps whichever is.

@@ -7,6 +7,10 @@ PUT no longer hands its payload on to the session's actor. A miss (a session not
 gateway started, or pushed out by the byte bound) reads the store with `sync`, which includes every
 acknowledged write, so the answer is the same either way. Holds only while there is a single
 gateway process: a second one would have to route each session's checkpoints to one of them.
+
+While nothing has been pushed out (`evicted` is 0), a miss needs only what was durable before
+this process started: everything written since is here. So the store need not catch up with the
+log's end first — which, under a burst of writes, is what a first read of a new session waited on.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ class LatestCheckpoints:
         self.entries: OrderedDict[str, Checkpoint] = OrderedDict()
         self.hits = 0
         self.misses = 0
+        self.evicted = 0
 
     def get(self, session: str) -> Checkpoint | None:
         found = self.entries.get(session)
@@ -50,4 +55,5 @@ class LatestCheckpoints:
         while self.bytes > self.max_bytes and self.entries:
             _, evicted = self.entries.popitem(last=False)
             self.bytes -= len(evicted.payload)
+            self.evicted += 1
         return checkpoint

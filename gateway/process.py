@@ -52,8 +52,10 @@ def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> in
         write_port_file(run_dir.port_file("gateway"), bound)
         log.info("listening on http://%s:%d", host, bound)
         watcher = asyncio.create_task(gateway.watch())
+        settler = asyncio.create_task(gateway.history.settle())
         await stop.wait()
         watcher.cancel()
+        settler.cancel()
         if front is not None:
             await front.close()
         await runner.cleanup()

@@ -139,7 +139,12 @@ class StoreService:
     async def on_query(self, msg: Message) -> None:
         b = msg.body
         try:
-            if b.get("sync"):
+            if b["query"] == "log_ends":   # where the logs end now (what a later `sync_to` may name)
+                self.bus.reply(msg, Kind.STORE_ROWS, {"rows": sorted([w, p] for w, p in (await self.sync_target()).items())})
+                return
+            if b.get("sync_to") is not None:
+                await self.caught_up(_positions(b["sync_to"]))
+            elif b.get("sync"):
                 await self.caught_up(await self.sync_target())
             rows, next_after = await self.loop.run_in_executor(
                 self.queries, lambda: self.store.query(b["query"], b["session"], b.get("tenant"), b.get("turn"),
@@ -228,6 +233,13 @@ class StoreService:
             metrics.message_store_queue.set(records)
             metrics.access_log_queue.set(records)
             metrics.payload_file_bytes.set(self.store.payloads.end)
+
+
+def _positions(pairs: list) -> dict[int, int]:
+    """`sync_to` as {log: position}; ValueError (answered as an error) if it is not [[int, int], ...]."""
+    if not all(isinstance(p, list) and len(p) == 2 and all(type(v) is int and v >= 0 for v in p) for p in pairs):
+        raise ValueError("sync_to must be a list of [log, position] pairs of non-negative integers")
+    return {w: p for w, p in pairs}
 
 
 def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> int:

@@ -3,6 +3,7 @@ exactly once; the log recovers from a torn tail; sessions come back whole."""
 import asyncio
 import collections
 import os
+import time
 from pathlib import Path
 
 import aiohttp
@@ -237,6 +238,38 @@ def test_a_torn_tail_recovers_to_the_last_whole_record(tmp_path):
     assert [r[2] for r in after[:len(whole) - 1]] == [r[2] for r in whole[:-1]]
     assert after[len(whole) - 1][0] == whole[-1][0]         # the log went on where the torn record began
     assert whole[-1][2] not in {r[2] for r in after}       # and the torn record is gone
+
+
+def test_a_restarted_gateway_reads_checkpoints_written_before_it_and_404s_the_rest(make_server):
+    """Its cache starts empty: misses read the store as of where the logs ended at its start."""
+    import urllib.error
+    import urllib.request
+
+    server = make_server({})
+
+    def latest(sid):
+        try:
+            with urllib.request.urlopen(f"{server.url}/v1/sessions/{sid}/checkpoints/latest", timeout=10) as resp:
+                return resp.status, resp.headers["X-Checkpoint-Key"], resp.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, None, None
+
+    for n in range(5):
+        assert put(server.url, "before-restart", f"k{n}", f"v{n}".encode())[0] == 200
+    server.kill9("gateway/0")
+
+    def ready():
+        try:
+            return get_json(f"{server.url}/readyz")[0] == 200
+        except OSError:
+            return False      # not listening yet
+    wait_until(ready, 20, "the restarted gateway to be ready")
+    for _ in range(3):       # before and after it has heard from the store where the logs ended
+        assert latest("before-restart") == (200, "k4", b"v4")
+        assert latest("never-written")[0] == 404
+        time.sleep(0.3)
+    assert put(server.url, "before-restart", "k5", b"v5")[0] == 200
+    assert latest("before-restart") == (200, "k5", b"v5")
 
 
 def test_sessions_continue_with_their_history_after_ttl_eviction_and_actor_kill(make_server):

@@ -15,8 +15,11 @@ def test_keeps_the_newest_checkpoint_whatever_order_they_arrive_in():
 
 def test_the_byte_bound_drops_the_least_recently_used_sessions():
     latest = LatestCheckpoints(max_bytes=25)
-    for name in "abc":
+    for name in "ab":
         latest.offer(name, Checkpoint("k", 1, b"x" * 10))
+    assert latest.evicted == 0                          # a miss may still trust "not here = older"
+    latest.offer("c", Checkpoint("k", 1, b"x" * 10))
+    assert latest.evicted == 1                          # ... not any more: the store must catch up
     assert latest.get("a") is None                      # 30 bytes > 25: the oldest went
     assert latest.get("b") is not None                  # ... and b is now the most recent
     latest.offer("d", Checkpoint("k", 1, b"y" * 10))
@@ -25,3 +28,15 @@ def test_the_byte_bound_drops_the_least_recently_used_sessions():
     empty = LatestCheckpoints(max_bytes=0)               # cache off: every read goes to the store
     empty.offer("s", Checkpoint("k", 1, b"z"))
     assert empty.get("s") is None and empty.bytes == 0
+
+
+def test_sync_to_is_read_as_log_positions_and_anything_else_is_refused():
+    import pytest
+
+    from storage.store_process import _positions
+
+    assert _positions([[0, 10], [1, 2048]]) == {0: 10, 1: 2048}
+    assert _positions([]) == {}
+    for bad in ([[0]], [[0, -1]], [["0", 1]], [[0, 1.5]], [(0, 1)], [[True, 1]]):
+        with pytest.raises(ValueError, match="sync_to"):
+            _positions(bad)
