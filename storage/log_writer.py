@@ -128,10 +128,11 @@ class LogWriter:
         self.segments = await loop.run_in_executor(self.io, segments.SegmentLog, self.directory, self.segment_bytes)
         if self.object_store is not None:
             await self._level_with_bucket(loop)
-        ids = await loop.run_in_executor(self.io, segments.recent_ids, self.directory, RECENT_SCAN_BYTES)
-        now = time.monotonic()   # ids from before a restart: their senders may still retry them
-        for record_id in ids[-RECENT_IDS:]:
-            self._remember(record_id, now)
+        if not self.embedded:   # an embedded writer's one sender died with it: nobody retries into it
+            ids = await loop.run_in_executor(self.io, segments.recent_ids, self.directory, RECENT_SCAN_BYTES)
+            now = time.monotonic()   # ids from before a restart: their senders may still retry them
+            for record_id in ids[-RECENT_IDS:]:
+                self._remember(record_id, now)
         r = self.segments.recovery
         self.log.info("log %s: %d segment(s), end at position %d, %d records in the last segment%s", self.directory,
                       r.segments, r.end, r.records_in_last,
@@ -225,15 +226,19 @@ class LogWriter:
                 self._reply(msg, Kind.ERROR, {"code": "bad_record", "message": "a record is not [kind, id, body]"})
                 return
             kind, record_id, body = record
-            if record_id in self.seen:
-                self.stats["duplicates"] += 1
-                metrics.inc(metrics.log_duplicates)
-                continue
-            self._remember(record_id, now)
+            if not self.embedded:
+                # A call is never re-sent after it was written (a failed batch's ids are forgotten in
+                # `_failed`), so only messages from other processes need de-duplicating.
+                if record_id in self.seen:
+                    self.stats["duplicates"] += 1
+                    metrics.inc(metrics.log_duplicates)
+                    continue
+                self._remember(record_id, now)
             self.frames.append(records.frame(kind, record_id, body))
             self.frame_ids.append(record_id)
             new += 1
-        self._forget_old_ids(now)
+        if not self.embedded:
+            self._forget_old_ids(now)
         self.stats["records"] += new
         self.unflushed += new
         metrics.inc(metrics.log_records, new)
