@@ -335,3 +335,50 @@ def test_payload_file_syncs_in_chunks_and_reads_back_every_byte(tmp_path, monkey
     assert [f.read(at, n) for at, n in spots] == parts
     f.close()
     assert (tmp_path / "p").stat().st_size == sum(map(len, parts))
+
+
+def test_a_reserve_of_zeroed_segments_is_made_only_while_idle_and_taken_at_rotation(tmp_path):
+    """storage/segment_reserve.py: files of zeros appear while the log writes nothing, never while it
+    is busy, and a rotation renames one instead of zeroing beside the commits."""
+    import time
+
+    def reserves():
+        return sorted(p.name for p in tmp_path.glob("reserve-*.zero"))
+
+    def wait_for(predicate, what):
+        deadline = time.monotonic() + 10
+        while not predicate():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.02)
+
+    size = 4 << 20                                        # four zeroing chunks: it can pause between them
+    log = segments.SegmentLog(tmp_path, segment_bytes=size, reserve=2)
+    record = frames(1, size=4000)[0]
+    log.write(record, sync=False)
+    time.sleep(0.3)
+    assert reserves() == []                               # idle, but this log has not filled a segment
+    while log.start == 0:
+        log.write(record, sync=False)                     # it has now: the reserve may be made ...
+    busy_until = time.monotonic() + 0.6
+    while time.monotonic() < busy_until:                  # ... but not while a write comes every 10 ms
+        log.write(frames(1)[0], sync=False)
+        time.sleep(0.01)
+    assert reserves() == []
+    wait_for(lambda: len(reserves()) == 2, "two reserve segments once idle")
+    for name in reserves():
+        data = (tmp_path / name).read_bytes()
+        assert len(data) == size and not data.strip(b"\0")
+    while log.size * 2 < size:                            # past half: the spare comes from the reserve
+        log.write(record, sync=False)
+    assert (tmp_path / "spare.zero").stat().st_size == size and len(reserves()) == 1
+    first = log.start
+    while log.start == first:                             # the rotation renames that spare into place
+        log.write(record, sync=False)
+    assert not (tmp_path / "spare.zero").exists()
+    wait_for(lambda: len(reserves()) == 2, "the reserve refilled once idle again")
+    log.close()
+    (tmp_path / "reserve.partial").write_bytes(b"\0" * 10)   # as a crash mid-zeroing leaves it
+    reopened = segments.SegmentLog(tmp_path, segment_bytes=size, reserve=2)
+    assert not (tmp_path / "reserve.partial").exists() and len(reserves()) == 2
+    assert reopened.end == log.end
+    reopened.close()
