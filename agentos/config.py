@@ -99,9 +99,6 @@ class StorageConfig:
     jsonl_dir: str = ""
     snapshot_every: int = 16
     segment_bytes: int = 64 << 20
-    # segments zeroed ahead while the log is idle, so a burst renames them instead of zeroing beside
-    # its commits (storage/segment_reserve.py); each takes segment_bytes of disk
-    reserve_segments: int = 4
     max_checkpoint_bytes: int = 1 << 20
     log_writers: int = 1
     # The gateway group-commits its own records (checkpoint PUTs, access rows) to a log of its
@@ -339,8 +336,6 @@ def validate(config: Config) -> None:
     _positive(config.cluster.lease_renew_secs, "cluster.lease_renew_secs")
     if config.cluster.lease_ttl_secs < 2 * config.cluster.lease_renew_secs:
         raise ConfigError("cluster.lease_ttl_secs: must be at least twice cluster.lease_renew_secs")
-    if not 0 <= config.storage.reserve_segments <= 64:
-        raise ConfigError(f"storage.reserve_segments: 0..64, got {config.storage.reserve_segments}")
     if not 1 <= config.storage.log_writers <= 64:
         raise ConfigError(f"storage.log_writers: 1..64, got {config.storage.log_writers}")
     _positive(config.storage.duckdb_recycle_secs, "storage.duckdb_recycle_secs", allow_zero=True)
