@@ -33,11 +33,12 @@ records (checkpoint PUTs, access rows), as log `storage.log_writers`, so a PUT c
 hop. Appends arrive by a call (`LocalAppend`), from one sender that stands for many HTTP
 clients, so the wait above counts records instead of senders: until the batch holds as many
 SYNC records as the last one did (those clients got their answers together and are sending
-again). Without that wait a batch held 2-3 of ten clients' checkpoints and a 10k checkpoint run
-went at 7.5-7.9k/s; with it about 8, and 10.6-13.4k/s (single runs, fresh trees). The fsync of a
-batch someone waits for stays on the loop thread (on the I/O thread it was no faster, two
-alternating rounds); a batch of ASYNC records only (access rows of other routes) goes to the
-I/O thread, so a slow disk never stalls the gateway's streams for records nobody waits on.
+again). Without that wait a batch held 2-3 of ten clients' checkpoints and the gateway's own log
+gained nothing over writer/log; with it about 8, and 1.92× writer/log's checkpoints/s at 10k write
+(bench/results/2026-12-01-compare-gateway-log/). The fsync of a batch someone waits for stays on
+the loop thread (on the I/O thread it was no faster); a batch of ASYNC records only (access rows
+of other routes) goes to the I/O thread, so a slow disk never stalls the gateway's streams for
+records nobody waits on.
 """
 from __future__ import annotations
 

@@ -59,9 +59,9 @@ def zero_file(path: Path, size: int) -> None:
     In small writes (ZERO_WRITE), because the page cache keeps the folio size a write created,
     and dirtying any byte of a folio later writes the whole folio back. With 1 MB writes of zeros,
     each 22 KB append + fdatasync into the segment wrote 47× its bytes to the disk, and a 220 KB one
-    5.8× (Linux 6.18, ext4: /proc/self/io write_bytes over 300 of each); with 16 KB writes 1.6× and
-    1.1×, and the commits were as fast. 4 KB writes: 1.1× / 1.0×, but 220 KB commits took 0.21 ms
-    at the median instead of 0.15."""
+    5.8×; with 16 KB writes 1.6× and 1.1×, the commits as fast; with 4 KB writes 1.1× / 1.0×, but
+    220 KB commits took 0.23 ms at the median instead of 0.16 (Linux 6.18, ext4:
+    bench/results/2026-12-01-zeroing-write-amplification/)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         zeros = bytes(ZERO_WRITE)
