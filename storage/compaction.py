@@ -92,24 +92,26 @@ async def compact_once(writer: "LogWriter") -> int:
     if reply.body.get("error") or not reply.body["rows"]:
         return 0
     info = reply.body["rows"][0]
-    runs = set(info["runs"])
     # A segment the store has not loaded, or the bucket not received, waits for a later pass.
     ready = min(int(info["loaded"].get(str(writer.index), 0)),
                 writer.shipper.shipped if writer.shipper is not None else 1 << 62)
     dropped = await _drop_superseded(writer, ready)
+    # Only segments the superseded-checkpoint pass is done with: that pass finds records by the
+    # positions the store loaded them at, which a rewrite here would move.
+    done = min(ready, read_mark(writer.directory))
+    segments_done = [(start, end, path) for start, end, path in sealed_segments(writer.directory) if end <= done]
+    reach = segments_done[-1][1] if segments_done else 0
+    # A run goes whole or not at all: its rows leave the store once, and a run whose last records
+    # are still in a later segment (or the one being written) waits for the pass that can reach them.
+    runs = {str(run) for run, index, last in info["runs"] if int(index) == writer.index and int(last) < reach}
     if runs:
-        # Only segments the superseded-checkpoint pass is done with: that pass finds records by
-        # the positions the store loaded them at, which a rewrite here would move.
-        done = min(ready, read_mark(writer.directory))
         purged = 0
-        for start, end, path in sealed_segments(writer.directory):
-            if end > done:
-                break
+        for start, end, path in segments_done:
             purged += await _rewrite(writer, start, end, path, runs_in(runs))
-        if purged:
-            metrics.compacted_records.labels("closed_run").inc(purged)
-            await writer.bus.request(STORE, Kind.STORE_PURGE, {"runs": sorted(runs)}, timeout=60.0)
-            writer.log.info("retention: dropped %d records of %d runs closed before the window", purged, len(runs))
+        metrics.compacted_records.labels("closed_run").inc(purged)
+        # also when a pass before a crash had already rewritten the segments: the rows still go
+        await writer.bus.request(STORE, Kind.STORE_PURGE, {"runs": sorted(runs)}, timeout=60.0)
+        writer.log.info("retention: dropped %d records of %d runs closed before the window", purged, len(runs))
         dropped += purged
     return dropped
 

@@ -176,7 +176,16 @@ def test_retention_removes_closed_runs_from_the_log_the_bucket_and_duckdb(make_s
     for run_id in closed:
         assert run_result(node.url, run_id)["status"] == "completed"
     open_run = start_flow(node.url, "waiter", {})["run_id"]
-    for i in range(12):  # enough records to seal a few 4 KiB segments
+    # Runs journal to writer/log/0 and a closed run leaves only once its last record is in a sealed
+    # segment: later runs fill the one being written until it rotates.
+    journal = tmp_path / "retention" / "data" / "wal" / "0"
+    written = len(segments.list_segments(journal))
+    for _ in range(40):
+        if len(segments.list_segments(journal)) > written:
+            break
+        assert run_result(node.url, start_flow(node.url, "async_steps", 3)["run_id"])["status"] == "completed"
+    assert len(segments.list_segments(journal)) > written
+    for i in range(12):  # enough checkpoints to seal a few 4 KiB segments of the gateway's log
         assert put(node.url, "retention-filler", f"k{i}", os.urandom(1500)) == 200
     wait_until(lambda: "retention: dropped" in node.log(), 30, "a compaction pass to drop the closed runs",
                interval=0.3)
@@ -205,7 +214,7 @@ def test_retention_removes_closed_runs_from_the_log_the_bucket_and_duckdb(make_s
         fillers += sum(kind == records.RecordKind.BLOB for _, kind, _, _, _ in records.scan(data))
     assert 1 <= fillers < 12
     local = set()
-    for _, path in segments.list_segments(tmp_path / "retention" / "data" / "wal" / "0"):
+    for _, path in segments.list_segments(journal):
         local |= runs_in(path.read_bytes())
     assert not in_bucket & set(closed) and not local & set(closed)
     assert open_run in in_bucket
