@@ -20,7 +20,7 @@ from agentos.config import Config
 from broker.client import Bus, BusError
 from broker.protocol import BROKER, TURN_EVENTS, Kind, Message
 from broker.sharding import STORE, actor_name
-from gateway.access import access_middleware
+from gateway.access import AccessLog, access_middleware
 from gateway.errors import ApiError, error_response, json_response
 from gateway import openapi
 from gateway.flows import FlowRoutes
@@ -72,6 +72,7 @@ class Gateway:
         self.in_flight_by_tenant: dict[str, int] = {}
         self.retry_after = str(config.gateway.retry_after_secs)
         self.log_client = LogClient(self.bus, config.storage.log_writers, own_log=own_log)
+        self.access = AccessLog(self.log_client)
         self.history = HistoryRoutes(self)
         self.flow_routes = FlowRoutes(self)
         self._openapi = orjson.dumps(openapi.document())
@@ -101,7 +102,7 @@ class Gateway:
 
     def make_app(self) -> web.Application:
         limit = max(self.config.gateway.max_body_bytes, self.config.storage.max_checkpoint_bytes)
-        app = web.Application(middlewares=[access_middleware(self.log_client)], client_max_size=limit + 1)
+        app = web.Application(middlewares=[access_middleware(self.access)], client_max_size=limit + 1)
         app.add_routes(self.routes())
         return app
 

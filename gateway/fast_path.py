@@ -256,8 +256,7 @@ class FrontConnection(asyncio.Protocol):
             else:
                 self.transport.write(response)
         finally:
-            access.record(gateway.log_client, request.method, request.route, status, tenant, request.sid,
-                          request.started)
+            gateway.access.record(request.method, request.route, status, tenant, request.sid, request.started)
             self.request = None
             self.last_active = time.monotonic()
         if self.transport is None or self.transport.is_closing():

@@ -59,6 +59,7 @@ def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> in
         if front is not None:
             await front.close()
         await runner.cleanup()
+        gateway.access.flush()
         await gateway.log_client.drain(5.0)
         await gateway.log_client.close()
         if own_log is not None:

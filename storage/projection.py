@@ -47,5 +47,10 @@ def project(kind: int, body: dict[str, Any], writer: int, lsn: int) -> Iterator[
         yield "flow_records", (body.get("run", ""), tenant, body.get("type", ""), int(body.get("seq", -1)),
                                _pack(body), at, writer, lsn)
     elif kind == RecordKind.ACCESS:
-        yield "access", (at, body.get("method", ""), body.get("route", ""), int(body.get("status", 0)), tenant,
-                         session, float(body.get("duration_ms", 0.0)), writer, lsn)
+        if "rows" in body:   # many requests: [at, method, route, status, tenant, session, duration_ms] each
+            for r_at, method, route, status, r_tenant, r_session, duration_ms in body["rows"]:
+                yield "access", (float(r_at), method, route, int(status), r_tenant, r_session, float(duration_ms),
+                                 writer, lsn)
+        else:                # one request per record, as logs written before 2026-12-01 hold them
+            yield "access", (at, body.get("method", ""), body.get("route", ""), int(body.get("status", 0)), tenant,
+                             session, float(body.get("duration_ms", 0.0)), writer, lsn)

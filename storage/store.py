@@ -197,7 +197,7 @@ class Store(StoreQueries):
                     continue  # loaded before a restart
                 try:
                     decoded = records.decode_body(body)
-                    for table, row in project(kind, decoded, writer, position):
+                    for table, row in list(project(kind, decoded, writer, position)):  # all or nothing
                         if table == "checkpoints":
                             # before the commit: a query can only see the row once this is set
                             self.checkpointed.add(f"{row[2]}:{row[0]}")

@@ -134,13 +134,22 @@ def test_store_loads_exactly_once_across_a_restart_and_rebuilds_checkpoint_chain
     log.write(records.frame(RecordKind.ACCESS, b"a1", records.encode_body(
         {"at": 4.0, "method": "GET", "route": "/x", "status": 200, "tenant": "t", "session": "s",
          "duration_ms": 1.5})), sync=True)
+    # the gateway's access rows, many to a record; one malformed row spoils its whole record
+    row = [5.0, "PUT", "/v1/sessions/{sid}/checkpoints/{key}", 200, "t", "s", 0.5]
+    log.write(records.frame(RecordKind.ACCESS, b"a2", records.encode_body(
+        {"at": 5.1, "rows": [row, [5.1, "GET", "/x", 404, "t", "s2", 0.2]]})), sync=True)
+    log.write(records.frame(RecordKind.ACCESS, b"a3", records.encode_body({"at": 6.0, "rows": [row, ["short"]]})),
+              sync=True)
     log.close()
     store = Store(tmp_path, writers=1, memory_limit_mb=64)
     store.open()
     while store.load_once():
         pass
     counts = store.query("count", "")[0][0]
-    assert counts == {"events": 5, "messages": 6, "checkpoints": 4, "access": 1, "flow_records": 0}
+    assert counts == {"events": 5, "messages": 6, "checkpoints": 4, "access": 3, "flow_records": 0}
+    assert store.stats["bad_records"] == 1
+    assert store.conns["access"].execute("SELECT status, session FROM access WHERE ts >= 5 ORDER BY ts").fetchall() \
+        == [(200, "s"), (404, "s2")]
     messages, _ = store.query("messages", "s")
     assert [r["content"] for r in messages] == ["q0", "a1", "q2", "a3", "q4", "a5"]
     chain, _ = store.query("checkpoint_chain", "s")
