@@ -260,6 +260,16 @@ def summary_markdown(rows: list[dict], config: dict) -> str:
                    "server in one Python process); `agentos` is the durable server. The "
                    "disk floors are single appends + fdatasync of that many bytes, no HTTP."), "",
                   layers]
+    wakeup = config.get("wakeup_round_trip")
+    if wakeup:
+        limit = config.get("cpu_latency_us")
+        held = ("idle CPUs held to wake within "
+                f"{limit} µs (/dev/cpu_dma_latency) for the whole run, every target alike" if limit is not None
+                else "CPU idle states as the machine left them")
+        parts += ["", "## Waking up", "",
+                  f"A byte passed back and forth between two processes over pipes, n={wakeup['n']}: round trip "
+                  f"p50 {wakeup['p50_us']:.1f} µs, p99 {wakeup['p99_us']:.1f} µs; {held}. Every hop between "
+                  "client, server processes and disk pays a wakeup (bench/cpu_idle.py)."]
     floors = _floors(config)
     if floors:
         dev = floors[0].get("device", {})

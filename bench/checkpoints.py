@@ -175,6 +175,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--floor-bytes", default="4096",
                    help="append sizes of the disk floor, comma-separated; the first is the one the "
                         "target is stated against (default: %(default)s)")
+    p.add_argument("--cpu-latency-us", type=int,
+                   help="hold idle CPUs to this wakeup latency for the whole run, every target alike "
+                        "(/dev/cpu_dma_latency; 0 keeps them polling; default: leave the machine be)")
     p.add_argument("--results-root", type=Path, help="default: bench/results")
     p.add_argument("--results-name", default="checkpoints")
     return p
@@ -267,6 +270,7 @@ def _main(argv: list[str] | None) -> int:
             factories.append(lambda: pgredis_target(cfg, args.peer_tmp, args.redis_appendfsync))
     if not factories:
         parser.error("no target to run")
+    from bench.cpu_idle import idle_latency_limit, wakeup_round_trip
     from bench.disk_floor import device_of, fsync_floor
 
     floor_dir = args.floor_dir or args.peer_tmp
@@ -274,18 +278,27 @@ def _main(argv: list[str] | None) -> int:
         floor_sizes = [int(x) for x in _csv(args.floor_bytes)]
     except ValueError:
         parser.error("--floor-bytes: comma-separated byte counts")
-    floors = [fsync_floor(floor_dir, args.floor_iterations, size) for size in floor_sizes] \
-        if args.floor_iterations > 0 else []
-    for floor in floors:
-        print(f"disk floor in {floor_dir} ({floor['block_bytes']} B): p50 {floor['p50_ms']} ms, "
-              f"p99 {floor['p99_ms']} ms")
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(idle_latency_limit(args.cpu_latency_us))
+        except (ValueError, RuntimeError) as exc:
+            parser.error(f"--cpu-latency-us: {exc}")
+        wakeup = wakeup_round_trip()
+        print(f"wakeup round trip between two processes: p50 {wakeup['p50_us']} µs, p99 {wakeup['p99_us']} µs")
+        floors = [fsync_floor(floor_dir, args.floor_iterations, size) for size in floor_sizes] \
+            if args.floor_iterations > 0 else []
+        for floor in floors:
+            print(f"disk floor in {floor_dir} ({floor['block_bytes']} B): p50 {floor['p50_ms']} ms, "
+                  f"p99 {floor['p99_ms']} ms")
+        rows, described = run_benchmark(cfg, factories)
     floor = floors[0] if floors else None
-    rows, described = run_benchmark(cfg, factories)
     bench_dev, peer_dev = device_of(Path(__file__).parent), device_of(args.peer_tmp)
     config = {"bench": dataclasses.asdict(cfg), "targets": described, "agentos_config": overrides,
               "compare": compare,
               "disk_floor": floor,
               "disk_floors": floors,
+              "cpu_latency_us": args.cpu_latency_us,
+              "wakeup_round_trip": wakeup,
               "devices": {"bench_dir": bench_dev, "peer_tmp": peer_dev,
                           "same_device": bench_dev["st_dev"] == peer_dev["st_dev"]},
               "argv": _masked(sys.argv[1:] if argv is None else argv)}
