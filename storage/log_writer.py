@@ -265,7 +265,7 @@ class LogWriter:
                 continue
             if self.window and self.fsync:
                 await self._gather()
-            data, self.frames = b"".join(self.frames), []
+            data, self.frames = self.frames, []
             ids, self.frame_ids = self.frame_ids, []
             waiting, self.waiting = self.waiting, []
             count = self.unflushed
@@ -287,19 +287,20 @@ class LogWriter:
                     # socket all the same.
                     end = self.segments.write(data, self.fsync)
             except OSError as exc:
-                self._failed(waiting, ids, data, exc)
+                self._failed(waiting, ids, sum(map(len, data)), exc)
                 continue
+            size = sum(map(len, data))
             self.stats["batches"] += 1
-            self.stats["bytes"] += len(data)
-            metrics.inc(metrics.log_bytes, len(data))
+            self.stats["bytes"] += size
+            metrics.inc(metrics.log_bytes, size)
             if self.fsync:
                 self.stats["fsyncs"] += 1
                 metrics.inc(metrics.log_fsyncs)
                 metrics.observe(metrics.log_fsync_ms, (time.monotonic() - started) * 1000.0)
                 metrics.observe(metrics.log_batch_records, sum(n for _, n in waiting))
             self._notify_store(end, count)
-            if self.shipper is not None and data:
-                self.shipper.submit(end - len(data), end, data, new_segment=self.segments.start != segment_before)
+            if self.shipper is not None and size:
+                self.shipper.submit(end - size, end, b"".join(data), new_segment=self.segments.start != segment_before)
             if self.durability == "s3":
                 self.awaiting_ship.append((end, waiting))  # acknowledged once the bucket has it
                 continue
@@ -361,13 +362,13 @@ class LogWriter:
             pass
         self.expected = set()
 
-    def _failed(self, waiting: list[tuple[Message, int]], ids: list[bytes], data: bytes, exc: OSError) -> None:
+    def _failed(self, waiting: list[tuple[Message, int]], ids: list[bytes], size: int, exc: OSError) -> None:
         """Nothing of a failed batch is acknowledged; its senders learn at once."""
         self.stats["errors"] += 1
         metrics.log_write_errors.inc()
         code = "disk_full" if exc.errno == 28 else "io_error"
         self.log.error("log write of %d bytes failed (%s): %s; answering %d senders with an error",
-                       len(data), code, exc.strerror, len(waiting))
+                       size, code, exc.strerror, len(waiting))
         for record_id in ids:
             self.seen.discard(record_id)  # not written: the senders' retries must get in
         for msg, _ in waiting:

@@ -51,8 +51,10 @@ class TornRecord(Exception):
 def frame(kind: int, record_id: bytes, body: bytes) -> bytes:
     if len(record_id) > 255:
         raise ValueError("record id longer than 255 bytes")
-    payload = bytes((kind, len(record_id))) + record_id + body
-    return struct.pack("<II", len(payload), crc32c.crc32c(payload)) + payload
+    head = bytes((kind, len(record_id))) + record_id
+    # the checksum runs on in pieces, so a checkpoint's body is copied once, into the frame
+    crc = crc32c.crc32c(body, crc32c.crc32c(head))
+    return b"".join((struct.pack("<II", len(head) + len(body), crc), head, body))
 
 
 def parse(buf: bytes | memoryview, offset: int) -> tuple[int, bytes, bytes, int]:

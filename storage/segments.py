@@ -36,6 +36,7 @@ SUFFIX = ".seg"
 SPARE = "spare.zero"
 ZERO_CHUNK = 1 << 20    # fdatasync'd at a time
 ZERO_WRITE = 16 << 10   # bytes per write (see zero_file)
+IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024   # buffers per pwritev
 FIRST_READ = 64 << 10   # a read first looks this far: past the data a zeroed tail costs one small read
 
 
@@ -234,15 +235,22 @@ class SegmentLog:
                 out.append(f.read(min(end, seg_end) - max(start, seg_start)))
         return b"".join(out)
 
-    def write(self, data: bytes, sync: bool) -> int:
-        """Append whole frames; fdatasync if asked. Returns the end position after them."""
-        if self.size and self.size + len(data) > self.segment_bytes:
+    def write(self, data: bytes | list[bytes], sync: bool) -> int:
+        """Append whole frames (bytes, or a list of frames written as they are, without joining
+        them first); fdatasync if asked. Returns the end position after them."""
+        length = len(data) if isinstance(data, bytes) else sum(map(len, data))
+        if self.size and self.size + length > self.segment_bytes:
             if sync:
                 os.fdatasync(self.fd)
             self._create(self.end)
-        view = memoryview(data)
         at = self.size
         try:
+            if isinstance(data, list) and 0 < len(data) <= IOV_MAX:
+                at += os.pwritev(self.fd, data, at)
+                data = b"".join(data)[at - self.size:] if at - self.size < length else b""   # a short write
+            elif isinstance(data, list):
+                data = b"".join(data)
+            view = memoryview(data)
             while view:
                 written = os.pwrite(self.fd, view, at)
                 view = view[written:]
@@ -256,7 +264,7 @@ class SegmentLog:
             except OSError:
                 pass
             raise
-        self.size += len(data)
+        self.size += length
         if self.preallocate and not self.spare_started and self.size * 2 >= self.segment_bytes:
             self._prepare_spare()
         return self.end

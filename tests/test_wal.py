@@ -25,6 +25,20 @@ def test_frame_round_trip_and_corruption_is_detected():
     assert [r[2] for r in records.scan(f + f + f[:-3])] == [b"rid", b"rid"]
 
 
+def test_a_list_of_frames_lands_as_if_joined_however_many_buffers_it_takes(tmp_path, monkeypatch):
+    data = frames(12)
+    lists = segments.SegmentLog(tmp_path / "lists", segment_bytes=1 << 20)
+    joined = segments.SegmentLog(tmp_path / "joined", segment_bytes=1 << 20)
+    monkeypatch.setattr(segments, "IOV_MAX", 4)   # more frames than one pwritev takes: joined instead
+    for chunk in (data[:3], data[3:4], [], data[4:12]):
+        assert lists.write(list(chunk), sync=True) == joined.write(b"".join(chunk), sync=True)
+    lists.close()
+    joined.close()
+    ((_, a),), ((_, b),) = segments.list_segments(tmp_path / "lists"), segments.list_segments(tmp_path / "joined")
+    assert a.read_bytes() == b.read_bytes()
+    assert [rid for _, _, rid, _, _ in records.scan(a.read_bytes())] == [f"id-{i}".encode() for i in range(12)]
+
+
 def test_segments_rotate_and_a_torn_tail_is_cleared_on_open(tmp_path):
     log = segments.SegmentLog(tmp_path, segment_bytes=2000)
     data = frames(40)
