@@ -77,17 +77,21 @@ def zero_file(path: Path, size: int) -> None:
         os.close(fd)
 
 
-def whole_records(f, offset: int, max_bytes: int, keep: bool = True):
+def whole_records(f, offset: int, max_bytes: int, keep: bool = True, buffer: bytearray | None = None):
     """(records, bytes consumed, at_end) of the whole records in open file `f` from `offset`,
     reading at most about `max_bytes`. Records are (offset from `offset`, kind, id, body, next
     offset); at_end says nothing whole follows (a zeroed tail, a torn record, the file's end)
-    as opposed to the read limit cutting a record."""
+    as opposed to the read limit cutting a record. Reads go into `buffer` when it is large
+    enough (the records returned are copies, so the caller may reuse it at once)."""
     out: list = []
     consumed = 0
     want = min(max_bytes, FIRST_READ)
     while True:
         f.seek(offset + consumed)
-        data = f.read(want)
+        if buffer is not None and want <= len(buffer):
+            data = memoryview(buffer)[:f.readinto(memoryview(buffer)[:want])]
+        else:
+            data = f.read(want)
         got = 0
         for off, kind, record_id, body, end in records.scan(data):
             if keep:
@@ -312,6 +316,9 @@ class SegmentReader:
     def __init__(self, directory: Path, position: int) -> None:
         self.directory = directory
         self.position = position
+        # One buffer for every read: a fresh one of megabytes per batch came from new pages each
+        # time (writer/store took ~6 page faults and ~20 µs of system time per checkpoint so).
+        self.buffer = bytearray()
 
     def read(self, max_bytes: int) -> list[tuple[int, int, bytes, bytes, int]]:
         """(position, kind, id, body, next position) of whole records from the current position."""
@@ -331,8 +338,10 @@ class SegmentReader:
                 log.warning("log %s ends at %d, before the reader's position %d; continuing from its end",
                             self.directory, start + size, self.position)
                 self.position = start + size
+            if len(self.buffer) < max_bytes:
+                self.buffer = bytearray(max_bytes)
             with open(path, "rb") as f:
-                found, consumed, at_end = whole_records(f, self.position - start, max_bytes)
+                found, consumed, at_end = whole_records(f, self.position - start, max_bytes, buffer=self.buffer)
             out = [(self.position + off, kind, record_id, body, self.position + end)
                    for off, kind, record_id, body, end in found]
             self.position += consumed

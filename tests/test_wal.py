@@ -39,6 +39,19 @@ def test_a_list_of_frames_lands_as_if_joined_however_many_buffers_it_takes(tmp_p
     assert [rid for _, _, rid, _, _ in records.scan(a.read_bytes())] == [f"id-{i}".encode() for i in range(12)]
 
 
+def test_records_a_reader_returned_stay_whole_when_it_reads_again_into_the_same_buffer(tmp_path):
+    log = segments.SegmentLog(tmp_path, segment_bytes=1 << 20)
+    data = frames(20, size=3000)
+    log.write(b"".join(data), sync=True)
+    log.close()
+    reader = segments.SegmentReader(tmp_path, 0)
+    first = reader.read(4 * len(data[0]))       # a few records, then the rest over the same buffer
+    rest = reader.read(1 << 20)
+    assert reader.buffer and len(first) + len(rest) == 20
+    assert [(rid, body) for _, _, rid, body, _ in first + rest] == [records.parse(f, 0)[1:3] for f in data]
+    assert all(type(body) is bytes for _, _, _, body, _ in first)
+
+
 def test_segments_rotate_and_a_torn_tail_is_cleared_on_open(tmp_path):
     log = segments.SegmentLog(tmp_path, segment_bytes=2000)
     data = frames(40)
