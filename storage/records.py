@@ -6,7 +6,8 @@ A frame is
 
 where `length` counts kind..body and the CRC32C covers the same bytes. The id (unique per
 record, chosen by its sender) sits outside the body so the writer can de-duplicate re-sent
-records without decoding them. Bodies are msgpack maps; every body has `session` and `at`.
+records without decoding them. Bodies are msgpack maps; every body has `at`, and all but
+ACCESS and FLOW a `session`.
 
 Record bodies by kind (the store's projection reads exactly these fields):
 - EVENT:       session, tenant, turn, seq, type, data (map), at
@@ -15,7 +16,9 @@ Record bodies by kind (the store's projection reads exactly these fields):
                state: the messages since the previous checkpoint, or all of them when `full`
 - BLOB:        session, tenant, key, seq, payload (bytes), at — a checkpoint PUT by an external
                runtime, opaque to us
-- ACCESS:      at, method, route, status, tenant, session, duration_ms
+- ACCESS:      at, rows — the access rows of many HTTP requests, each [at, method, route,
+               status, tenant, session, duration_ms] (logs written before 2026-12-01 hold one
+               request per record: at, method, route, status, tenant, session, duration_ms)
 - FLOW:        run, tenant, type, at, exec, and the fields of its type — a flow run's journal
                (the types and their fields are listed in actors/flow_state.py)
 """
