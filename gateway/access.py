@@ -2,10 +2,11 @@
 
 Rows are ASYNC, so logging never delays a response, and they go to the log many to a record:
 with a record per row, each checkpoint PUT put two records through the log (and a GET one), each
-framed, checksummed, written and loaded into DuckDB on its own. A record takes what gathered in `LINGER_SECS` or `ROWS_PER_RECORD` rows, whichever comes first;
-once appended, it waits in the gateway's outbox if the log writer is slow and is never dropped.
-The same middleware turns errors into the JSON error shape (gateway/errors.py), so each request
-passes one middleware, not two.
+framed, checksummed, written and loaded into DuckDB on its own. A record takes the rows of
+`LINGER_SECS` or `ROWS_PER_RECORD` rows, whichever comes first; once appended, it waits in the
+gateway's outbox if the log writer is slow and is never dropped. The same middleware turns
+errors into the JSON error shape (gateway/errors.py), so each request passes one middleware, not
+two.
 """
 from __future__ import annotations
 

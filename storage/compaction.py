@@ -103,11 +103,15 @@ async def compact_once(writer: "LogWriter") -> int:
     reach = segments_done[-1][1] if segments_done else 0
     # A run goes whole or not at all: its rows leave the store once, and a run whose last records
     # are still in a later segment (or the one being written) waits for the pass that can reach them.
-    runs = {str(run) for run, index, last in info["runs"] if int(index) == writer.index and int(last) < reach}
+    spans = {str(run): (int(first), int(last)) for run, index, first, last in info["runs"]
+             if int(index) == writer.index and int(last) < reach}
+    runs = set(spans)
     if runs:
         purged = 0
+        low, high = min(f for f, _ in spans.values()), max(last for _, last in spans.values())
         for start, end, path in segments_done:
-            purged += await _rewrite(writer, start, end, path, runs_in(runs))
+            if end > low and start <= high:   # only segments that can hold their records are read
+                purged += await _rewrite(writer, start, end, path, runs_in(runs))
         metrics.compacted_records.labels("closed_run").inc(purged)
         # also when a pass before a crash had already rewritten the segments: the rows still go
         await writer.bus.request(STORE, Kind.STORE_PURGE, {"runs": sorted(runs)}, timeout=60.0)

@@ -266,6 +266,7 @@ class LogWriter:
             if self.window and self.fsync:
                 await self._gather()
             data, self.frames = self.frames, []
+            size = sum(map(len, data))
             ids, self.frame_ids = self.frame_ids, []
             waiting, self.waiting = self.waiting, []
             count = self.unflushed
@@ -287,9 +288,8 @@ class LogWriter:
                     # socket all the same.
                     end = self.segments.write(data, self.fsync)
             except OSError as exc:
-                self._failed(waiting, ids, sum(map(len, data)), exc)
+                self._failed(waiting, ids, size, exc)
                 continue
-            size = sum(map(len, data))
             self.stats["batches"] += 1
             self.stats["bytes"] += size
             metrics.inc(metrics.log_bytes, size)

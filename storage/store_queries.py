@@ -100,10 +100,10 @@ class StoreQueries:
         return [{"run_id": run} for (run,) in rows], None
 
     def q_expired_runs(self, session, tenant, turn, after, limit):
-        """Runs that ended before `after` (UNIX seconds) as [run, log, position of its last record]
-        (a run's records all go to one log), with how far each log has been loaded."""
+        """Runs that ended before `after` (UNIX seconds) as [run, log, position of its first record,
+        of its last] (a run's records all go to one log), with how far each log has been loaded."""
         rows = self.cursors["flows"].execute(
-            "SELECT run, any_value(writer), max(lsn) FROM flow_records WHERE run IN "
+            "SELECT run, any_value(writer), min(lsn), max(lsn) FROM flow_records WHERE run IN "
             "(SELECT run FROM flow_records WHERE type = 'run.ended' AND ts < ?) GROUP BY run",
             [float(after)]).fetchall()
         return [{"runs": [list(row) for row in rows], "loaded": {str(w): p for w, p in self.loaded.items()}}], None
