@@ -333,9 +333,10 @@ class LogWriter:
             self.held.append((waiting, end))  # the lease could not be renewed yet: wait for it
             return
         acked_at = time.monotonic()
+        remember = not self.embedded    # an embedded log batches by record count, not by sender
         for msg, n in waiting:
             self._reply(msg, Kind.LOG_ACK, {"position": end, "count": n})
-            if msg.body.get("sync"):
+            if remember and msg.body.get("sync"):
                 self.sync_senders[msg.src] = acked_at
 
     async def _gather(self) -> None:

@@ -44,6 +44,7 @@ def test_sync_appends_are_answered_after_their_batch_is_on_disk(tmp_path):
             await asyncio.sleep(0.005)
         assert [(n, k) for n, k, _ in answers] == [("a", Kind.LOG_ACK), ("b", Kind.LOG_ACK)]
         assert writer.stats["fsyncs"] == 1         # one batch for both
+        assert writer.sync_senders == {}           # its batches count records, not senders
         _append(writer, answers, "async-only", waiters=0)
         for _ in range(100):
             if len(answers) == 3:
