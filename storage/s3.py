@@ -185,7 +185,24 @@ class ObjectStore:
         return Lease(body["node"], int(body["epoch"]), float(body["expires_at"]), obj["ETag"])
 
     def write_lease(self, node: str, epoch: int, ttl_secs: float, etag: str | None) -> Lease:
-        """Create (etag None) or replace (If-Match etag) the lease; LeaseLost if someone else won."""
+        """Create (etag None) or replace (If-Match etag) the lease; LeaseLost if someone else won.
+
+        A write that failed on the way back (a connection cut, a retry answered 503) may still have
+        landed, leaving the lease with an ETag its writer never saw: the next renewal's If-Match
+        then fails although nobody else wrote. So a failed condition is checked against the
+        lease itself, and if it still names this node and epoch, the write is made again on the
+        ETag found — another node taking over writes its own name, which no renewal overwrites."""
+        try:
+            return self._put_lease(node, epoch, ttl_secs, etag)
+        except LeaseLost:
+            if etag is None:
+                raise
+            current = self.read_lease()
+            if current is None or current.node != node or current.epoch != epoch or current.etag == etag:
+                raise
+            return self._put_lease(node, epoch, ttl_secs, current.etag)
+
+    def _put_lease(self, node: str, epoch: int, ttl_secs: float, etag: str | None) -> Lease:
         expires_at = time.time() + ttl_secs
         body = json.dumps({"node": node, "epoch": epoch, "expires_at": expires_at}).encode()
         condition = {"IfMatch": etag} if etag else {"IfNoneMatch": "*"}
