@@ -6,6 +6,7 @@ import os
 import threading
 import time
 
+import botocore.exceptions
 import duckdb
 
 from harness import get_json, pid_alive, scrape, turn, wait_until
@@ -147,11 +148,18 @@ def test_a_node_whose_lease_was_taken_acknowledges_nothing_more(make_s3_server, 
     node = make_s3_server(bucket, "fenced", durability="local")
     assert put(node.url, "fence", "k0", b"before") == 200
     client = s3.client()
-    current = client.get_object(Bucket=bucket, Key="lease.json")
-    lease = json.loads(current["Body"].read())
-    client.put_object(Bucket=bucket, Key="lease.json", IfMatch=current["ETag"],
-                      Body=json.dumps({"node": "usurper", "epoch": lease["epoch"] + 1,
-                                       "expires_at": time.time() + 60}).encode())
+    for _ in range(20):   # the node renews every second: a renewal between our read and write wins
+        current = client.get_object(Bucket=bucket, Key="lease.json")
+        lease = json.loads(current["Body"].read())
+        try:
+            client.put_object(Bucket=bucket, Key="lease.json", IfMatch=current["ETag"],
+                              Body=json.dumps({"node": "usurper", "epoch": lease["epoch"] + 1,
+                                               "expires_at": time.time() + 60}).encode())
+            break
+        except botocore.exceptions.ClientError as exc:
+            assert exc.response["Error"]["Code"] == "PreconditionFailed", exc
+    else:
+        raise AssertionError("could not take the lease in 20 tries")
     taken_at = time.monotonic()
     wait_until(lambda: "the cluster lease was taken" in node.log(), 10, "the node to notice")
     statuses = [put(node.url, "fence", f"after{i}", b"after", timeout=5) for i in range(3)]
