@@ -34,12 +34,18 @@ class LatestCheckpoints:
         self.evicted = 0
 
     def get(self, session: str) -> Checkpoint | None:
-        found = self.entries.get(session)
+        found = self.hit(session)
         if found is None:
             self.misses += 1
-            return None
-        self.hits += 1
-        self.entries.move_to_end(session)
+        return found
+
+    def hit(self, session: str) -> Checkpoint | None:
+        """The session's newest checkpoint if held (counted as a hit); a miss is not counted, for a
+        caller that goes on to `get` when there is none."""
+        found = self.entries.get(session)
+        if found is not None:
+            self.hits += 1
+            self.entries.move_to_end(session)
         return found
 
     def offer(self, session: str, checkpoint: Checkpoint) -> Checkpoint:

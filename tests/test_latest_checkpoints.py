@@ -40,3 +40,53 @@ def test_sync_to_is_read_as_log_positions_and_anything_else_is_refused():
     for bad in ([[0]], [[0, -1]], [["0", 1]], [[0, 1.5]], [(0, 1)], [[True, 1]]):
         with pytest.raises(ValueError, match="sync_to"):
             _positions(bad)
+
+
+def test_a_held_checkpoint_is_read_in_the_same_call_and_a_miss_still_counts_once():
+    import asyncio
+    import types
+
+    from agentos.config import from_dict
+    from gateway.access import AccessLog
+    from gateway.errors import ApiError
+    from gateway.fast_path import FrontConnection, FrontServer
+    from gateway.tenancy import DEFAULT_TENANT
+
+    class Transport:
+        def __init__(self):
+            self.out = []
+
+        def write(self, data):
+            self.out.append(bytes(data))
+
+        def writelines(self, parts):
+            self.out.append(b"".join(parts))
+
+        def is_closing(self):
+            return False
+
+    async def go():
+        latest = LatestCheckpoints(max_bytes=1 << 20)
+        latest.offer("held", Checkpoint("k7", 7, b"state"))
+
+        async def from_store(tenant, sid):
+            assert latest.get(sid) is None          # what HistoryRoutes.latest_checkpoint does first
+            raise ApiError(404, "not_found", "this session has no checkpoint")
+        gateway = types.SimpleNamespace(config=from_dict({}), tenant_for=lambda auth: DEFAULT_TENANT,
+                                        access=AccessLog(None),
+                                        history=types.SimpleNamespace(latest=latest, latest_checkpoint=from_store))
+        conn = FrontConnection(FrontServer(gateway, None))
+        transport = Transport()
+        conn.connection_made(transport)
+        get = "GET /v1/sessions/{}/checkpoints/latest HTTP/1.1\r\nHost: x\r\n\r\n"
+        conn.data_received((get.format("held") + get.format("held")).encode())
+        # both answered before this coroutine yielded once: no task, in order
+        assert len(transport.out) == 2 and conn.request is None
+        head, _, body = transport.out[0].partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200") and b"X-Checkpoint-Key: k7" in head and body == b"state"
+        assert latest.hits == 2 and latest.misses == 0
+        conn.data_received(get.format("unknown").encode())
+        assert len(transport.out) == 2 and conn.request is not None     # a miss goes to the store, in a task
+        await conn.task
+        assert transport.out[2].startswith(b"HTTP/1.1 404") and latest.misses == 1
+    asyncio.run(go())
