@@ -178,7 +178,8 @@ class TaskBoard:
         return None
 
     def stats(self) -> dict[str, Any]:
-        return {"workers": len(self.workers), "queued": sum(len(q) for q in self.queues.values()),
+        return {"workers": len(self.workers), "worker_names": sorted(self.workers),
+                "queued": sum(len(q) for q in self.queues.values()),
                 "assigned": len(self.tasks), "free_slots": sum(max(0, w.free) for w in self.workers.values()),
                 "offered_total": self.offered_total}
 

@@ -55,7 +55,23 @@ class Worker:
                    "the worker to start")
         if self.proc.poll() is not None:
             raise ServerError(f"worker exited:\n{self.log_path.read_text()[-3000:]}")
+        # The line is logged as the worker's hello leaves: a turn started before the scheduler has
+        # it would find none of the worker's tools advertised.
+        wait_until(lambda: self._known() or self.proc.poll() is not None, timeout, "the scheduler to know the worker",
+                   interval=0.2)
         return self
+
+    def _known(self) -> bool:
+        import json
+        try:
+            status = json.loads(self.server.cli("status", "--json").stdout)
+        except ValueError:
+            return False
+        for process in status.get("processes", []):
+            if process.get("name") == "scheduler":
+                names = (process.get("stats") or {}).get("tasks", {}).get("worker_names", [])
+                return any(name.endswith(f"-{self.proc.pid}") for name in names)
+        return False
 
     def stop(self) -> None:
         import os
