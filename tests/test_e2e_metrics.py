@@ -40,13 +40,15 @@ def test_metrics_parse_and_move_as_turns_run(shared_server):
     assert result.terminal == "turn.completed"
     assert during["agentos_in_flight_turns"] >= 1
     # Wait for this turn's own mark (2-5 s long): counts of earlier tests' turns on this shared
-    # server may land in between, each process flushing its metrics once a second.
+    # server may land in between, each process flushing its metrics once a second — and not all
+    # at once, so the turn's count is waited for too.
+    completed = 'agentos_turns_total{outcome="completed"}'
     after = wait_until(lambda: _slow_turns(v := scrape(url)) > _slow_turns(before) and v["agentos_in_flight_turns"] == 0
-                       and v, 10, "the turn to be counted")
+                       and v.get(completed, 0) > before.get(completed, 0) and v, 10, "the turn to be counted")
     for name in DESIGN_NAMES:
         assert name in after, name
     assert after["agentos_admission_limit"] == 0
-    assert after['agentos_turns_total{outcome="completed"}'] > before.get('agentos_turns_total{outcome="completed"}', 0)
+    assert after[completed] > before.get(completed, 0)
     assert after["agentos_tokens_completion_total"] >= before.get("agentos_tokens_completion_total", 0) + 5
     # Millisecond buckets exist too (the 2.5 s turn landed in those of seconds: waited for above).
     assert after['agentos_turn_duration_ms_bucket{le="1.0"}'] >= 0
