@@ -34,6 +34,7 @@ from gateway.tenancy import internal
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
+    from gateway.latest_checkpoints import Checkpoint
 
 _TARGET = re.compile(r"/v1/sessions/([^/?#%]+)/checkpoints/([^/?#%]+)")
 MAX_HEAD_BYTES = 8190                      # aiohttp's own limit: a longer head is its to refuse
@@ -242,9 +243,7 @@ class FrontConnection(asyncio.Protocol):
         latest = gateway.history.latest.hit(sid)
         if latest is None:
             return False
-        self.transport.writelines((self._head(200, "application/octet-stream", len(latest.payload),
-                                              f"X-Checkpoint-Key: {latest.key}\r\nX-Checkpoint-Seq: {latest.seq}\r\n"),
-                                   latest.payload))
+        self.transport.writelines((self._checkpoint_head(latest), latest.payload))
         gateway.access.record(request.method, request.route, 200, tenant, request.sid, request.started)
         self.last_active = time.monotonic()
         return True
@@ -263,9 +262,7 @@ class FrontConnection(asyncio.Protocol):
                     status, response = 200, self._response(200, "application/json", orjson.dumps(body))
                 else:
                     latest = await gateway.history.latest_checkpoint(tenant, sid)
-                    status, response = 200, self._response(
-                        200, "application/octet-stream", latest.payload,
-                        f"X-Checkpoint-Key: {latest.key}\r\nX-Checkpoint-Seq: {latest.seq}\r\n")
+                    status, response = 200, self._checkpoint_head(latest) + latest.payload
             except ApiError as exc:
                 status = exc.status
                 extra = "".join(f"{name}: {value}\r\n" for name, value in exc.headers.items())
@@ -291,6 +288,11 @@ class FrontConnection(asyncio.Protocol):
 
     def _response(self, status: int, content_type: str, body: bytes, extra: str = "") -> bytes:
         return self._head(status, content_type, len(body), extra) + body
+
+    def _checkpoint_head(self, latest: "Checkpoint") -> bytes:
+        """The head of a 200 answering GET …/checkpoints/latest (the payload follows it as is)."""
+        return self._head(200, "application/octet-stream", len(latest.payload),
+                          f"X-Checkpoint-Key: {latest.key}\r\nX-Checkpoint-Seq: {latest.seq}\r\n")
 
     def _head(self, status: int, content_type: str, length: int, extra: str = "") -> bytes:
         return (f"HTTP/1.1 {status} {_phrase(status)}\r\nContent-Type: {content_type}\r\n"

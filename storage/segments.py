@@ -89,7 +89,8 @@ def whole_records(f, offset: int, max_bytes: int, keep: bool = True, buffer: byt
     while True:
         f.seek(offset + consumed)
         if buffer is not None and want <= len(buffer):
-            data = memoryview(buffer)[:f.readinto(memoryview(buffer)[:want])]
+            view = memoryview(buffer)
+            data = view[:f.readinto(view[:want])]
         else:
             data = f.read(want)
         got = 0
