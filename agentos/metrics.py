@@ -11,6 +11,7 @@ second (see `Flusher`).
 from __future__ import annotations
 
 import bisect
+import glob
 import os
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -144,12 +145,28 @@ def multiproc_dir() -> str | None:
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
 
 
+class _TreeCollector(multiprocess.MultiProcessCollector):
+    """The multiprocess sum, minus files still being created. A process that starts (a restarted
+    actor) opens its file empty and sizes it a moment later; prometheus-client's reader fails on
+    an empty file, which made a scrape in that moment answer 500."""
+
+    def collect(self):
+        return self.merge([f for f in glob.glob(os.path.join(self._path, "*.db")) if _sized(f)], accumulate=True)
+
+
+def _sized(path: str) -> bool:
+    try:
+        return os.path.getsize(path) >= 8     # the header: how many bytes of the file hold values
+    except OSError:
+        return False                          # gone since the glob (a dead process's live gauge)
+
+
 def render() -> bytes:
     """Prometheus text for the whole tree (or for this process when not supervised)."""
     path = multiproc_dir()
     if path:
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry, path=path)
+        _TreeCollector(registry, path=path)
         return generate_latest(registry)
     from prometheus_client import REGISTRY
     return generate_latest(REGISTRY)
