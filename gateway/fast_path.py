@@ -17,7 +17,6 @@ remains the one place that answers malformed or unusual HTTP.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import re
 import time
@@ -30,9 +29,8 @@ import orjson
 from gateway import access
 from gateway.app import check_session_id
 from gateway.errors import ApiError, error_body
-from gateway.history import LATEST_ROUTE, PUT_ROUTE, check_key, write_error
+from gateway.history import LATEST_ROUTE, PUT_ROUTE, check_key
 from gateway.tenancy import internal
-from storage.log_client import LogWriteError
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
@@ -48,7 +46,6 @@ _HAND_OVER_HEADERS = frozenset({"transfer-encoding", "expect", "upgrade"})
 log = logging.getLogger("agent-os.gateway")
 
 
-@functools.lru_cache(maxsize=64)
 def _phrase(status: int) -> str:
     try:
         return HTTPStatus(status).phrase
@@ -119,7 +116,7 @@ class FrontConnection(asyncio.Protocol):
     def __init__(self, front: FrontServer) -> None:
         self.front = front
         self.transport: asyncio.Transport | None = None
-        self.buf: bytes | bytearray = b""
+        self.buf = bytearray()
         self.head: _Request | None = None      # parsed, waiting for its body
         self.request: _Request | None = None   # being answered
         self.task: asyncio.Future | None = None
@@ -135,14 +132,7 @@ class FrontConnection(asyncio.Protocol):
         self.front.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
-        # The common case, a whole request in one read, is parsed from `data` itself: a payload is
-        # copied once, out of it. Only what is left over (or arrives while busy) is gathered.
-        if not self.buf:
-            self.buf = data
-        else:
-            if type(self.buf) is bytes:
-                self.buf = bytearray(self.buf)
-            self.buf += data
+        self.buf += data
         self.last_active = time.monotonic()
         if self.request is None and not self.write_paused:
             self._next()
@@ -178,50 +168,31 @@ class FrontConnection(asyncio.Protocol):
         if self.paused and self.transport is not None and not self.write_paused:
             self.paused = False
             self.transport.resume_reading()
-        buf, pos = self.buf, 0
         while self.request is None and self.transport is not None and not self.write_paused:
             if self.head is None:
-                if not any(prefix.startswith(buf[pos:pos + len(prefix)]) for prefix in _PREFIXES):
-                    break                 # not ours (or not HTTP): aiohttp answers it at once
-                end = buf.find(b"\r\n\r\n", pos, pos + MAX_HEAD_BYTES + 4)
-                if end < 0:
-                    if len(buf) - pos > MAX_HEAD_BYTES:
-                        break
-                    self._keep(pos)
+                start = bytes(self.buf[:len(_PREFIXES[0])])
+                if not any(prefix.startswith(start) for prefix in _PREFIXES):
+                    self._hand_over()     # not ours (or not HTTP): aiohttp answers it at once
                     return
-                self.head = self._parse_head(buf[pos:end])
+                end = self.buf.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES + 4)
+                if end < 0:
+                    if len(self.buf) > MAX_HEAD_BYTES:
+                        self._hand_over()
+                    return
+                self.head = self._parse_head(bytes(self.buf[:end]))
                 if self.head is None:
-                    break
-                pos = end + 4
-            if len(buf) - pos < self.head.length:
-                self._keep(pos)
+                    self._hand_over()
+                    return
+                del self.buf[:end + 4]
+            if len(self.buf) < self.head.length:
                 return
-            payload = bytes(memoryview(buf)[pos:pos + self.head.length])
-            pos += self.head.length
+            payload = bytes(self.buf[:self.head.length])
+            del self.buf[:self.head.length]
             request, self.head = self.head, None
-            if request.method == "GET":
-                if self._answer_cached(request):
-                    continue      # answered already: the next request may be whole in the buffer too
-            elif self._put_now(request, payload):
-                continue          # answered once durable, from the append's callback
+            if request.method == "GET" and self._answer_cached(request):
+                continue          # answered already: the next request may be whole in the buffer too
             self.request = request
             self.task = asyncio.ensure_future(self._answer(request, payload))  # held: the loop keeps weak refs
-        else:
-            self._keep(pos)
-            return
-        self._keep(pos)
-        self._hand_over()
-
-    def _keep(self, pos: int) -> None:
-        """Drop the buffer's first `pos` bytes (taken as requests)."""
-        if not pos:
-            return
-        if pos >= len(self.buf):
-            self.buf = b""
-        elif type(self.buf) is bytes:
-            self.buf = bytearray(memoryview(self.buf)[pos:])
-        else:
-            del self.buf[:pos]
 
     def _parse_head(self, raw: bytes) -> _Request | None:
         """The request if it is one of ours in its plain form, else None (aiohttp's to serve)."""
@@ -277,38 +248,6 @@ class FrontConnection(asyncio.Protocol):
         self.last_active = time.monotonic()
         return True
 
-    def _put_now(self, request: _Request, payload: bytes) -> bool:
-        """A PUT answered without a task: the append's callback writes the answer once the record
-        is durable. False leaves it to `_answer`: something to refuse, or a full log outbox."""
-        gateway = self.front.gateway
-        try:
-            tenant = gateway.tenant_for(request.authorization)
-            sid = internal(tenant, check_session_id(request.sid))
-            key = check_key(request.key)
-        except ApiError:
-            return False
-        started = gateway.history.start_checkpoint(tenant, sid, key, payload)
-        if started is None:
-            return False
-        fut, seq = started
-        self.request = request
-        fut.add_done_callback(lambda fut: self._put_done(fut, request, tenant, sid, key, seq, payload))
-        return True
-
-    def _put_done(self, fut: asyncio.Future, request: _Request, tenant: str, sid: str, key: str, seq: int,
-                  payload: bytes) -> None:
-        history = self.front.gateway.history
-        try:
-            fut.result()
-            body = history.checkpoint_saved(sid, request.sid, key, seq, payload)
-            status, response = 200, self._response(200, "application/json", orjson.dumps(body))
-        except LogWriteError as exc:
-            status, response = self._error(write_error(exc))
-        except (Exception, asyncio.CancelledError):
-            log.exception("unhandled error in PUT %s/%s", request.sid, request.key)
-            status, response = 500, self._response(500, "application/json", error_body("internal", "internal error"))
-        self._send(request, status, tenant, response)
-
     async def _answer(self, request: _Request, payload: bytes) -> None:
         gateway = self.front.gateway
         tenant = ""
@@ -325,32 +264,19 @@ class FrontConnection(asyncio.Protocol):
                     latest = await gateway.history.latest_checkpoint(tenant, sid)
                     status, response = 200, self._checkpoint_head(latest) + latest.payload
             except ApiError as exc:
-                status, response = self._error(exc)
+                status = exc.status
+                extra = "".join(f"{name}: {value}\r\n" for name, value in exc.headers.items())
+                response = self._response(exc.status, "application/json", error_body(exc.code, exc.message), extra)
             except Exception:
                 log.exception("unhandled error in %s %s/%s", request.method, request.sid, request.key)
                 status = 500
                 response = self._response(500, "application/json", error_body("internal", "internal error"))
-        except BaseException:
-            # Cancelled: nobody was answered.
-            self._finished(request, status, tenant)
-            raise
-        self._send(request, status, tenant, response)
-
-    def _send(self, request: _Request, status: int, tenant: str, response: bytes) -> None:
-        try:
             if self.transport is None or self.transport.is_closing():
                 status = access.CLIENT_CLOSED
             else:
                 self.transport.write(response)
         finally:
-            self._finished(request, status, tenant)
-
-    def _finished(self, request: _Request, status: int, tenant: str) -> None:
-        """The request is over (answered or not): its access row, then whatever came in behind it."""
-        try:
-            self.front.gateway.access.record(request.method, request.route, status, tenant, request.sid,
-                                             request.started)
-        finally:
+            gateway.access.record(request.method, request.route, status, tenant, request.sid, request.started)
             self.request = None
             self.last_active = time.monotonic()
         if self.transport is None or self.transport.is_closing():
@@ -359,10 +285,6 @@ class FrontConnection(asyncio.Protocol):
             self._next()          # requests that came in behind this one, a half-closed client's too
         if self.eof and self.request is None:
             self.close()          # half-closed and nothing left whole to answer
-
-    def _error(self, exc: ApiError) -> tuple[int, bytes]:
-        extra = "".join(f"{name}: {value}\r\n" for name, value in exc.headers.items())
-        return exc.status, self._response(exc.status, "application/json", error_body(exc.code, exc.message), extra)
 
     def _response(self, status: int, content_type: str, body: bytes, extra: str = "") -> bytes:
         return self._head(status, content_type, len(body), extra) + body

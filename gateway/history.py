@@ -116,23 +116,11 @@ class HistoryRoutes:
         """Append a checkpoint and return, once it is durable, the answer's JSON body."""
         seq = self._next_seq()
         try:
-            await self.gw.log_client.append(RecordKind.BLOB, checkpoint_record(tenant, sid, key, seq, payload), sid)
+            await self.gw.log_client.append(RecordKind.BLOB, {"session": sid, "tenant": tenant, "key": key, "seq": seq,
+                                                              "payload": payload, "at": time.time()}, sid, sync=True)
         except LogWriteError as exc:
-            raise write_error(exc) from None
-        return self.checkpoint_saved(sid, external_sid, key, seq, payload)
-
-    def start_checkpoint(self, tenant: str, sid: str, key: str, payload: bytes) -> tuple[asyncio.Future, int] | None:
-        """`save_checkpoint` for a caller that answers from a callback (the fast path): the append's
-        future and the checkpoint's number; once the future is done, `checkpoint_saved` (or
-        `write_error`). None when the log's outbox is full: then `save_checkpoint` waits for room."""
-        if not self.gw.log_client.has_room():
-            return None
-        seq = self._next_seq()
-        return self.gw.log_client.append_soon(RecordKind.BLOB, checkpoint_record(tenant, sid, key, seq, payload),
-                                              sid), seq
-
-    def checkpoint_saved(self, sid: str, external_sid: str, key: str, seq: int, payload: bytes) -> dict:
-        """Once the checkpoint is durable: keep it for reads; the answer's JSON body."""
+            status, code = WRITE_ERRORS.get(exc.code, (503, "storage_error"))
+            raise ApiError(status, code, f"checkpoint not saved: {exc}") from None
         self.latest.offer(sid, Checkpoint(key, seq, payload))
         return {"session_id": external_sid, "key": key, "seq": seq, "durability": self.gw.config.storage.durability}
 
@@ -162,15 +150,6 @@ class HistoryRoutes:
             row = rows[0]
             latest = self.latest.offer(sid, Checkpoint(row["key"], row["seq"], row["payload"]))
         return latest
-
-
-def checkpoint_record(tenant: str, sid: str, key: str, seq: int, payload: bytes) -> dict:
-    return {"session": sid, "tenant": tenant, "key": key, "seq": seq, "payload": payload, "at": time.time()}
-
-
-def write_error(exc: LogWriteError) -> ApiError:
-    status, code = WRITE_ERRORS.get(exc.code, (503, "storage_error"))
-    return ApiError(status, code, f"checkpoint not saved: {exc}")
 
 
 def check_key(key: str) -> str:

@@ -69,7 +69,7 @@ class LogClient:
         self.room.set()
         self._prefix = f"{bus.name}:{bus.incarnation:x}:".encode()
         self._counter = 0
-        self._batches: dict[str, list[tuple[list, asyncio.Future | None, float]]] = {}   # (record, SYNC future, enqueued at)
+        self._batches: dict[str, list[tuple[list, asyncio.Future | None]]] = {}
         self._flush_scheduled = False
         self._linger: asyncio.TimerHandle | None = None
         self._links: dict[str, LogLink] = {}        # writer -> the connection to its inbox
@@ -84,21 +84,14 @@ class LogClient:
         while self.outstanding >= self.max_outstanding:
             self.room.clear()
             await self.room.wait()
-        if not sync:
-            self._enqueue(self._writer(session), [int(kind), self.new_id(), records.encode_body(body)], None)
-            return None
-        return await self.append_soon(kind, body, session)
-
-    def has_room(self) -> bool:
-        return self.outstanding < self.max_outstanding
-
-    def append_soon(self, kind: records.RecordKind, body: dict, session: str) -> asyncio.Future:
-        """A SYNC append for callers that answer from a callback rather than a task (the
-        gateway's checkpoint PUT): the future resolves to the log position once the record is
-        durable. Check `has_room` first: this does not wait for the outbox."""
-        fut = asyncio.get_running_loop().create_future()
+        fut = asyncio.get_running_loop().create_future() if sync else None
         self._enqueue(self._writer(session), [int(kind), self.new_id(), records.encode_body(body)], fut)
-        return fut
+        if fut is None:
+            return None
+        started = time.monotonic()
+        position = await fut
+        metrics.observe(metrics.log_append_wait, (time.monotonic() - started) * 1000.0)
+        return position
 
     def append_nowait(self, kind: records.RecordKind, body: dict, session: str) -> None:
         """An ASYNC append for callers that cannot wait (it may go past the outbox bound)."""
@@ -108,7 +101,7 @@ class LogClient:
         return self.own_log.bus.name if self.own_log is not None else writer_name(session, self.writers)
 
     def _enqueue(self, writer: str, record: list, fut: asyncio.Future | None) -> None:
-        self._batches.setdefault(writer, []).append((record, fut, time.monotonic()))
+        self._batches.setdefault(writer, []).append((record, fut))
         self.outstanding += 1
         if self._flush_scheduled:
             return
@@ -140,7 +133,7 @@ class LogClient:
             if chunk:
                 self._ship(writer, chunk)
 
-    def _ship(self, writer: str, items: list[tuple[list, asyncio.Future | None, float]], backoff: float = 0.5) -> None:
+    def _ship(self, writer: str, items: list[tuple[list, asyncio.Future | None]], backoff: float = 0.5) -> None:
         """Until acknowledged: SYNC records fail fast on a writer error, ASYNC ones wait and retry.
         Callbacks rather than a task: the message leaves in this loop iteration and the records'
         futures resolve in the one its ack arrives in (a task costs one iteration each way)."""
@@ -151,16 +144,14 @@ class LogClient:
                 return
             if error is None and reply.kind is not Kind.ERROR:
                 position = reply.body["position"]
-                now = time.monotonic()
-                for _, fut, enqueued in items:
+                for _, fut in items:
                     if fut is not None and not fut.done():
                         fut.set_result(position)
-                        metrics.observe(metrics.log_append_wait, (now - enqueued) * 1000.0)
                 self._release(len(items))
                 return
             if error is None:
                 error = LogWriteError(reply.body["code"], reply.body["message"])
-            for _, fut, _ in items:
+            for _, fut in items:
                 if fut is not None and not fut.done():
                     fut.set_exception(error)
             rest = [item for item in items if item[1] is None] if isinstance(error, LogWriteError) else []
@@ -170,10 +161,10 @@ class LogClient:
                                  backoff)
                 asyncio.get_running_loop().call_later(backoff, self._ship, writer, rest, min(backoff * 2, 10.0))
 
-        body = {"records": [item[0] for item in items], "sync": any(item[1] is not None for item in items)}
+        body = {"records": [record for record, _ in items], "sync": any(fut is not None for _, fut in items)}
         if self.own_log is not None and writer == self.own_log.bus.name:
             self.own_log.on_append(LocalAppend(body, lambda kind, reply: acked(_LocalReply(kind, reply), None),
-                                               sum(1 for item in items if item[1] is not None)))
+                                               sum(1 for _, fut in items if fut is not None)))
             return
         self._link(writer).request_callback(writer, Kind.LOG_APPEND, body, acked, timeout=30.0, attempt_secs=ATTEMPT_SECS)
 
