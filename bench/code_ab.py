@@ -1,0 +1,103 @@
+"""Two commits of our server side by side: the summary of an `ab.sh` folder.
+
+An A/B of code cannot be a `--compare` of one config key, so a folder's `ab.sh` checks out each
+commit's gateway/ and storage/ in turn and runs `bench checkpoints` once per round and commit,
+into `runs/<date>-r<round>-<rev>/`. This reads those runs back and writes the folder's table:
+median checkpoints/s and commit p99 per commit (`bench.checkpoint_compare.compare_table`, the
+first commit named being the base), the server's CPU per checkpoint, every run's row, and a plot
+of checkpoints/s per round.
+
+    python -m bench.code_ab bench/results/<date>-<name> BEFORE AFTER
+"""
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+from bench.checkpoint_compare import compare_table
+from bench.results import markdown_table, pyplot
+
+_RUN = re.compile(r"-r(\d+)-([0-9a-f]{7,40})$")
+
+
+def server_cpu_us(row: dict) -> float | None:
+    """The server tree's CPU time over the run per checkpoint, in µs."""
+    share = (row.get("cpu_percent_of_core") or {}).get("server")
+    if share is None or not row.get("checkpoints"):
+        return None
+    return share / 100.0 * row["duration_secs"] / row["checkpoints"] * 1e6
+
+
+def read_runs(folder: Path, revs: list[str]) -> list[dict]:
+    rows = []
+    for run in sorted((folder / "runs").iterdir()):
+        match = _RUN.search(run.name)
+        if match is None or match.group(2) not in revs or not (run / "rows.jsonl").exists():
+            continue
+        for line in (run / "rows.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            row.update(round=int(match.group(1)), target=match.group(2), order=revs.index(match.group(2)))
+            rows.append(row)
+    rows.sort(key=lambda r: (r["order"], r["round"]))      # the first commit is compare_table's base
+    return rows
+
+
+def summary(rows: list[dict], revs: list[str]) -> str:
+    cpu = []
+    for scale, mode in dict.fromkeys((r["scale"], r["mode"]) for r in rows):
+        for rev in revs:
+            values = [v for r in rows if (r["scale"], r["mode"], r["target"]) == (scale, mode, rev)
+                      for v in [server_cpu_us(r)] if v is not None]
+            if values:
+                cpu.append([scale, mode, rev, len(values), round(statistics.median(values)), min(map(round, values)),
+                            max(map(round, values))])
+    runs = [[r["round"], r["target"], r["scale"], r["mode"], r["checkpoints_per_sec"], r["commit_ms"]["p50"],
+             r["commit_ms"]["p99"], round(server_cpu_us(r) or 0)] for r in sorted(rows, key=lambda r: r["round"])]
+    return "\n\n".join([
+        compare_table(rows) or "(fewer than two commits with runs)",
+        markdown_table(["scale", "mode", "commit", "runs", "median server CPU µs per checkpoint", "min", "max"], cpu),
+        markdown_table(["round", "commit", "scale", "mode", "checkpoints/s", "commit p50 ms", "commit p99 ms",
+                        "server CPU µs per checkpoint"], runs)])
+
+
+def plot(rows: list[dict], revs: list[str], path: Path) -> None:
+    plt = pyplot()
+    panels = list(dict.fromkeys((r["scale"], r["mode"]) for r in rows))
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.8 * len(panels)), squeeze=False)
+    for ax, (scale, mode) in zip(axes[:, 0], panels):
+        for rev in revs:
+            mine = sorted((r["round"], r["checkpoints_per_sec"]) for r in rows
+                          if (r["scale"], r["mode"], r["target"]) == (scale, mode, rev))
+            ax.plot([k for k, _ in mine], [v for _, v in mine], marker="o", label=rev)
+        ax.set_title(f"{scale} · {mode}: checkpoints/s per round")
+        ax.set_xlabel("round")
+        ax.set_ylabel("checkpoints/s")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) < 3:
+        print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
+        return 2
+    folder, revs = Path(args[0]), args[1:]
+    rows = read_runs(folder, revs)
+    if not rows:
+        print(f"no runs of {', '.join(revs)} under {folder / 'runs'}", file=sys.stderr)
+        return 1
+    (folder / "table.md").write_text(summary(rows, revs) + "\n")
+    plot(rows, revs, folder / "rounds.png")
+    print((folder / "table.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
