@@ -1,7 +1,5 @@
 """The write-ahead log on disk and its DuckDB projection, in-process (no bus)."""
 import os
-import subprocess
-import sys
 
 import msgpack
 import pytest
@@ -373,17 +371,3 @@ def test_payload_file_syncs_in_chunks_and_reads_back_every_byte(tmp_path, monkey
     assert [f.read(at, n) for at, n in spots] == parts
     f.close()
     assert (tmp_path / "p").stat().st_size == sum(map(len, parts))
-
-
-def test_a_spare_zeroed_apart_is_whole_and_a_child_whose_parent_is_gone_stops(tmp_path):
-    from storage import zero_fill
-    spare = tmp_path / "spare.zero"
-    zero_fill.zero_file_apart(spare, 3 * zero_fill.ZERO_CHUNK + 100)
-    assert spare.read_bytes() == bytes(3 * zero_fill.ZERO_CHUNK + 100)
-    # Told a parent that is not its own (as if the log's process had died): it stops after a chunk.
-    out = subprocess.run([sys.executable, "-S", zero_fill.__file__, str(tmp_path / "orphan"),
-                          str(8 * zero_fill.ZERO_CHUNK), "1"], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 1 and "gone" in out.stderr
-    assert (tmp_path / "orphan").stat().st_size == zero_fill.ZERO_CHUNK
-    with pytest.raises(OSError, match="zeroing"):
-        zero_fill.zero_file_apart(tmp_path / "no-such-dir" / "spare.zero", 4096)
