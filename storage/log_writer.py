@@ -283,9 +283,10 @@ class LogWriter:
                                                                            self.fsync)
                 else:
                     # On the loop thread, not the I/O thread: on two busy cores the two thread
-                    # hand-offs cost more than the overlap gains (10k checkpoint run: +7-10%
-                    # checkpoints/s), and while the loop waits here the next batch collects in the
-                    # socket all the same.
+                    # hand-offs cost more than the overlap gains, and while the loop waits here the
+                    # next batch collects in the socket all the same. On the I/O thread, with no
+                    # gathering wait and a 0.2 ms GIL switch interval, it did 0.68× the
+                    # checkpoints/s at 10k write (bench/results/2026-12-01-compare-gateway-fsync-thread/).
                     end = self.segments.write(data, self.fsync)
             except OSError as exc:
                 self._failed(waiting, ids, size, exc)
