@@ -1,7 +1,9 @@
-"""`python -m bench.code_ab FOLDER BEFORE AFTER`: the table of an ab.sh folder, from its runs."""
+"""`python -m bench.code_ab`: alternating runs of two commits, and the table of a folder of such runs."""
 from __future__ import annotations
 
 import json
+
+import pytest
 
 from bench import code_ab
 
@@ -31,3 +33,29 @@ def test_the_table_puts_the_first_commit_named_first_and_counts_rounds_and_cpu(t
     assert "| 10k | write | bbbbbbb | 3 | 250 | 238 | 256 |" in cpu
     assert (tmp_path / "rounds.png").stat().st_size > 0
     assert code_ab.main([str(tmp_path), "ddddddd", "eeeeeee"]) == 1
+
+
+def test_run_alternates_the_commits_and_restores_head_even_when_a_run_fails(tmp_path, monkeypatch):
+    calls = []
+
+    def call(argv):
+        calls.append(argv)
+        return 1 if argv[-1] == "r2-bbbbbbb" else 0      # the second round's first run fails
+
+    monkeypatch.setattr(code_ab.subprocess, "run", lambda *a, **k: type("P", (), {"stdout": ""})())
+    with pytest.raises(SystemExit, match="exited with 1"):
+        code_ab.run_rounds(tmp_path, ["aaaaaaa", "bbbbbbb"], 3, ["--scales", "10k"], call=call)
+    checkouts = [argv[5] for argv in calls if "checkout" in argv]
+    names = [argv[-1] for argv in calls if "bench.checkpoints" in argv]
+    assert names == ["r1-aaaaaaa", "r1-bbbbbbb", "r2-bbbbbbb"]         # odd rounds in order, even reversed
+    assert checkouts == ["aaaaaaa", "bbbbbbb", "bbbbbbb", "HEAD"]       # HEAD's copies back after the failure
+    assert all(argv[-3:-2] == [str(tmp_path / "runs")] or "checkout" in argv for argv in calls)
+    assert "--scales 10k" in (tmp_path / "command.txt").read_text()
+
+
+def test_run_refuses_a_tree_with_changes_it_would_overwrite(tmp_path, monkeypatch):
+    monkeypatch.setattr(code_ab.subprocess, "run", lambda *a, **k: type("P", (), {"stdout": " M gateway/app.py\n"})())
+    calls = []
+    with pytest.raises(SystemExit, match="uncommitted changes"):
+        code_ab.run_rounds(tmp_path, ["aaaaaaa", "bbbbbbb"], 1, [], call=calls.append)
+    assert calls == []
