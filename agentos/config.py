@@ -113,10 +113,6 @@ class StorageConfig:
     # Group commit: after a batch that served k senders, wait up to this long for about k
     # messages before the next fsync (their acks just went out, they are about to send again).
     commit_window_us: int = 2000
-    # How a log fsyncs a batch someone waits for: `inline` on its loop's thread; `aio` by Linux AIO,
-    # the loop serving the next batch meanwhile; `auto` = aio after a batch of several waiters,
-    # inline after one (one client gains nothing from overlap and pays the eventfd wakeup).
-    fsync_mode: str = "auto"
     duckdb_memory_limit_mb: int = 64
     duckdb_recycle_secs: float = 300.0   # each DuckDB file is reopened this often (its native memory starts over)
     s3: S3Config = field(default_factory=S3Config)
@@ -329,8 +325,6 @@ def validate(config: Config) -> None:
     _positive(config.storage.segment_bytes, "storage.segment_bytes")
     _positive(config.storage.max_checkpoint_bytes, "storage.max_checkpoint_bytes")
     _positive(config.storage.commit_window_us, "storage.commit_window_us", allow_zero=True)
-    if config.storage.fsync_mode not in ("inline", "aio", "auto"):
-        raise ConfigError(f"storage.fsync_mode: one of inline, aio, auto; got {config.storage.fsync_mode!r}")
     _positive(config.storage.retention_secs, "storage.retention_secs")
     _positive(config.storage.compaction_interval_secs, "storage.compaction_interval_secs")
     _positive(config.storage.payload_compaction_min_mb, "storage.payload_compaction_min_mb", allow_zero=True)

@@ -61,7 +61,6 @@ from storage.s3 import ObjectStore, S3Unavailable
 from storage.shipper import Shipper
 from broker.address import bus_address, direct_log_endpoint
 from storage.log_inbox import LogInbox
-from storage.aio_fsync import AioFsync
 
 RECENT_IDS = 500_000      # hard cap on remembered record ids ...
 DEDUPE_SECS = 60.0        # ... which are kept this long: twice a sender's append deadline (log_client)
@@ -106,9 +105,6 @@ class LogWriter:
         self.sync_senders: dict[str, float] = {}   # sender -> when its last SYNC message was acked
         self.expected: set[str] = set()            # senders the next fsync waits for
         self.window = config.storage.commit_window_us / 1e6
-        self.fsync_mode = config.storage.fsync_mode
-        self.aio: AioFsync | None = None
-        self.committing = False     # a batch is being written: `stop` waits for it
         self.stats = {"records": 0, "duplicates": 0, "batches": 0, "fsyncs": 0, "bytes": 0, "errors": 0}
         self.config = config
         self.durability = config.storage.durability
@@ -131,8 +127,6 @@ class LogWriter:
     async def open(self) -> None:
         loop = asyncio.get_running_loop()
         self.segments = await loop.run_in_executor(self.io, segments.SegmentLog, self.directory, self.segment_bytes)
-        if self.fsync and self.fsync_mode != "inline":
-            self.aio = AioFsync.open(loop)
         if self.object_store is not None:
             await self._level_with_bucket(loop)
         if not self.embedded:   # an embedded writer's one sender died with it: nobody retries into it
@@ -269,9 +263,8 @@ class LogWriter:
             self.wake.clear()
             if not self.frames and not self.waiting:
                 continue
-            overlap = self.fsync and self._overlap()
-            if self.window and self.fsync and not overlap:
-                await self._gather()     # an overlapped fsync gathers the next batch while it runs
+            if self.window and self.fsync:
+                await self._gather()
             data, self.frames = self.frames, []
             size = sum(map(len, data))
             ids, self.frame_ids = self.frame_ids, []
@@ -280,17 +273,14 @@ class LogWriter:
             self.unflushed = 0
             waiters, self.local_waiters = self.local_waiters, 0
             if waiters or not self.embedded:
-                self.last_waiters = waiters if self.embedded else len(waiting)
+                self.last_waiters = waiters
             started = time.monotonic()
             segment_before = self.segments.start
-            self.committing = True
             try:
                 if self.embedded and not waiters:
                     # Nobody waits on these: a slow disk must not stall the gateway's loop for them.
                     end = await asyncio.get_running_loop().run_in_executor(self.io, self.segments.write, data,
                                                                            self.fsync)
-                elif overlap:
-                    end = await self._write_overlapped(data, size)
                 else:
                     # On the loop thread, not the I/O thread: on two busy cores the two thread
                     # hand-offs cost more than the overlap gains, and while the loop waits here the
@@ -301,8 +291,6 @@ class LogWriter:
             except OSError as exc:
                 self._failed(waiting, ids, size, exc)
                 continue
-            finally:
-                self.committing = False
             self.stats["batches"] += 1
             self.stats["bytes"] += size
             metrics.inc(metrics.log_bytes, size)
@@ -318,23 +306,6 @@ class LogWriter:
                 self.awaiting_ship.append((end, waiting))  # acknowledged once the bucket has it
                 continue
             self._acknowledge(waiting, end)
-
-    def _overlap(self) -> bool:
-        """Whether this batch's fsync runs by AIO while the loop goes on (`storage.fsync_mode`)."""
-        if self.aio is None or not (self.waiting or self.local_waiters):
-            return False
-        return self.fsync_mode == "aio" or self.last_waiters > 1
-
-    async def _write_overlapped(self, data: list[bytes], size: int) -> int:
-        """Write on the loop thread (into the page cache), fdatasync by AIO; on a failed fsync the
-        batch is taken back, as a failed inline write is."""
-        end = self.segments.write(data, False)
-        try:
-            await self.aio.fdatasync(self.segments.fd)
-        except OSError:
-            self.segments.take_back(size)
-            raise
-        return end
 
     def _notify_store(self, end: int, count: int) -> None:
         """Tell writer/store where the log ends, coalesced: one notice per batch costs two bus hops
@@ -434,12 +405,10 @@ class LogWriter:
         """Finish what was received: every message that got here is written before this returns."""
         self.wake.set()
         await asyncio.sleep(0)
-        while self.frames or self.waiting or self.committing:
+        while self.frames or self.waiting:
             await asyncio.sleep(0.01)
         for task in self.tasks:
             task.cancel()
-        if self.aio is not None:
-            self.aio.close()
         if self.shipper is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.shipper.stop)
         if self.inbox is not None:

@@ -274,13 +274,6 @@ class SegmentLog:
             self._prepare_spare()
         return self.end
 
-    def take_back(self, length: int) -> None:
-        """Undo the last `length` bytes written (their fdatasync failed): zeros over them, so the
-        segment ends on the last whole batch and the senders' retries are written again."""
-        length = min(length, self.size)
-        os.pwrite(self.fd, bytes(length), self.size - length)
-        self.size -= length
-
     def close(self) -> None:
         if self.spare is not None:
             self.spare.join()

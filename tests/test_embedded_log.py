@@ -16,7 +16,7 @@ from storage.log_writer import LocalAppend, LogWriter
 
 
 def _writer(tmp_path, window_us: int) -> LogWriter:
-    config = from_dict({"storage": {"dir": str(tmp_path), "commit_window_us": window_us, "fsync_mode": "inline",
+    config = from_dict({"storage": {"dir": str(tmp_path), "commit_window_us": window_us,
                                     "segment_bytes": 1 << 20}})
     writer = LogWriter(config, 1, f"ipc://{tmp_path}/no-broker.sock", logging.getLogger("test"), embedded=True)
     writer.bus.send = lambda *args, **kwargs: 0      # no broker here: the store's notices go nowhere
