@@ -13,13 +13,6 @@ Anything else — another route, a query string, a percent-escape, chunked bodie
 parse — goes to aiohttp on the same connection: the front hands its transport, with the bytes it
 holds, to an aiohttp request handler, which serves that connection from then on. So aiohttp
 remains the one place that answers malformed or unusual HTTP.
-
-Answers leave together: each is queued and the queue is written at the end of the loop
-iteration that produced it. A group commit acknowledges about ten PUTs at once; written one by
-one between the Python that builds each, every answer found the client asleep again and paid a
-cross-CPU wakeup inside `transport.write` (16% of the gateway's main thread under 10k write,
-bench/results/2026-12-01-gateway-profile-10k-write/); back to back, the first wakes it and the
-rest find it awake.
 """
 from __future__ import annotations
 
@@ -79,7 +72,6 @@ class FrontServer:
         self.server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.Task | None = None
         self._date = (0, "")
-        self._outbox: list[tuple[asyncio.Transport, tuple[bytes, ...]]] = []
 
     async def start(self, host: str, port: int, backlog: int) -> int:
         loop = asyncio.get_running_loop()
@@ -104,19 +96,6 @@ class FrontServer:
             await asyncio.sleep(0.02)
         for conn in list(self.connections):
             conn.close()
-
-    def send(self, transport: asyncio.Transport, *parts: bytes) -> None:
-        """Queue an answer; it is written with the others of this loop iteration, at its end."""
-        if not self._outbox:
-            asyncio.get_running_loop().call_soon(self.send_now)
-        self._outbox.append((transport, parts))
-
-    def send_now(self) -> None:
-        """Write every queued answer, in order (also before a connection closes or changes hands)."""
-        outbox, self._outbox = self._outbox, []
-        for transport, parts in outbox:
-            if not transport.is_closing():
-                transport.writelines(parts)
 
     def date(self) -> str:
         now = int(time.time())
@@ -180,7 +159,6 @@ class FrontConnection(asyncio.Protocol):
 
     def close(self) -> None:
         if self.transport is not None:
-            self.front.send_now()     # its answers first
             self.transport.close()
 
     # -- requests ---------------------------------------------------------------------------
@@ -265,7 +243,7 @@ class FrontConnection(asyncio.Protocol):
         latest = gateway.history.latest.hit(sid)
         if latest is None:
             return False
-        self.front.send(self.transport, self._checkpoint_head(latest), latest.payload)
+        self.transport.writelines((self._checkpoint_head(latest), latest.payload))
         gateway.access.record(request.method, request.route, 200, tenant, request.sid, request.started)
         self.last_active = time.monotonic()
         return True
@@ -296,7 +274,7 @@ class FrontConnection(asyncio.Protocol):
             if self.transport is None or self.transport.is_closing():
                 status = access.CLIENT_CLOSED
             else:
-                self.front.send(self.transport, response)
+                self.transport.write(response)
         finally:
             gateway.access.record(request.method, request.route, status, tenant, request.sid, request.started)
             self.request = None
@@ -323,7 +301,6 @@ class FrontConnection(asyncio.Protocol):
 
     def _hand_over(self) -> None:
         """From here on aiohttp serves this connection, starting with the bytes held here."""
-        self.front.send_now()         # what the fast path answered goes out before aiohttp's answers
         transport, data = self.transport, bytes(self.buf)
         self.front.connections.discard(self)
         self.transport, self.buf = None, bytearray()
