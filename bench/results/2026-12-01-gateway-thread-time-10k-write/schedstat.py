@@ -1,4 +1,7 @@
-import sys, time, os, glob, subprocess
+import glob
+import subprocess
+import sys
+import time
 def snap():
     out = {}
     for p in glob.glob("/proc/[0-9]*/task/[0-9]*/schedstat"):
