@@ -105,8 +105,6 @@ class LogWriter:
         self.sync_senders: dict[str, float] = {}   # sender -> when its last SYNC message was acked
         self.expected: set[str] = set()            # senders the next fsync waits for
         self.window = config.storage.commit_window_us / 1e6
-        self.ahead_scheduled = False   # a `_write_ahead` is due at the end of this loop iteration
-        self.committing = False        # a batch is being written (maybe on the I/O thread)
         self.stats = {"records": 0, "duplicates": 0, "batches": 0, "fsyncs": 0, "bytes": 0, "errors": 0}
         self.config = config
         self.durability = config.storage.durability
@@ -258,22 +256,6 @@ class LogWriter:
         else:
             self._reply(msg, Kind.LOG_ACK, {"position": self.segments.end, "count": new})
         self.wake.set()
-        if self.fsync and not self.ahead_scheduled:
-            self.ahead_scheduled = True
-            asyncio.get_running_loop().call_soon(self._write_ahead)
-
-    def _write_ahead(self) -> None:
-        """Write what this loop iteration appended now and start its writeback, so that the
-        batch's fdatasync has less left to wait for (storage/segments.py). Not while a batch is
-        being written elsewhere (the I/O thread); an error leaves the frames to the batch's write."""
-        self.ahead_scheduled = False
-        if self.committing or self.segments.ahead_frames >= len(self.frames):
-            return
-        try:
-            self.segments.write_ahead(self.frames[self.segments.ahead_frames:])
-        except OSError as exc:
-            self.log.warning("log %s: writing ahead failed (%s); the batch's write will try again",
-                             self.directory, exc.strerror)
 
     async def commit_loop(self) -> None:
         while True:
@@ -294,7 +276,6 @@ class LogWriter:
                 self.last_waiters = waiters
             started = time.monotonic()
             segment_before = self.segments.start
-            self.committing = True
             try:
                 if self.embedded and not waiters:
                     # Nobody waits on these: a slow disk must not stall the gateway's loop for them.
@@ -310,8 +291,6 @@ class LogWriter:
             except OSError as exc:
                 self._failed(waiting, ids, size, exc)
                 continue
-            finally:
-                self.committing = False
             self.stats["batches"] += 1
             self.stats["bytes"] += size
             metrics.inc(metrics.log_bytes, size)
@@ -426,7 +405,7 @@ class LogWriter:
         """Finish what was received: every message that got here is written before this returns."""
         self.wake.set()
         await asyncio.sleep(0)
-        while self.frames or self.waiting or self.committing:
+        while self.frames or self.waiting:
             await asyncio.sleep(0.01)
         for task in self.tasks:
             task.cancel()

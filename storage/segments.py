@@ -17,14 +17,6 @@ ends at its first non-whole record, not at the file's size: zero bytes never par
 The next segment is zeroed ahead of time on a background thread (`spare.zero`), once the current
 one is half full: not at start, where it would compete with the first commits for the disk.
 
-Records may be written ahead (`SegmentLog.write_ahead`): into the page cache as they arrive, their
-writeback started at once (sync_file_range), before the batch they belong to is fdatasync'd. The
-fdatasync then finds most of the batch on its way to the disk already and waits mostly for the
-cache flush: standalone, ten 21 KB records 70 µs apart, the batch's fdatasync took p50 0.161 ms
-with each record's writeback started on arrival, 0.345 ms with the ten written at the end (see
-bench/results/2026-12-01-write-ahead-ab/). Bytes written ahead count as the log's only once their
-batch is written and synced (`write`); a failed batch is zeroed back, written-ahead part included.
-
 Blocking calls only. writer/log calls `SegmentLog.write` on its event loop's thread (the loop has
 nothing else to do while a batch is written; the gateway's own log does the same for a batch a
 client waits on) and everything else on its I/O thread, one at a time.
@@ -40,23 +32,6 @@ from pathlib import Path
 from storage import records
 
 log = logging.getLogger("agent-os.storage")
-_WRITEBACK_START = 2     # SYNC_FILE_RANGE_WRITE: start writing these pages back, do not wait
-
-
-def _writeback_starter():
-    """libc's sync_file_range, or None where there is none (not Linux): then nothing is
-    written ahead."""
-    try:
-        import ctypes
-        call = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (OSError, AttributeError):
-        return None
-    call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    call.restype = ctypes.c_int
-    return call
-
-
-_start_writeback = _writeback_starter()
 SUFFIX = ".seg"
 SPARE = "spare.zero"
 ZERO_CHUNK = 1 << 20    # fdatasync'd at a time
@@ -163,8 +138,6 @@ class SegmentLog:
         self.fd = -1
         self.start = 0      # position of the current segment's first byte
         self.size = 0       # bytes of records in the current segment
-        self.ahead = 0      # bytes written past them for the coming batch (see write_ahead) ...
-        self.ahead_frames = 0   # ... in this many of its frames
         self.spare: threading.Thread | None = None
         self.spare_started = False   # the next segment's zeroing has begun (or it was there already)
         self.recovery = self._open()
@@ -267,79 +240,39 @@ class SegmentLog:
                 out.append(f.read(min(end, seg_end) - max(start, seg_start)))
         return b"".join(out)
 
-    def write_ahead(self, frames: list[bytes]) -> bool:
-        """Write the next frames of the coming batch now, after what is written, and start their
-        writeback; `write` is then handed the whole batch and skips them. False (nothing written)
-        where writeback cannot be started or the frames would not fit in this segment."""
-        length = sum(map(len, frames))
-        at = self.size + self.ahead
-        if _start_writeback is None or not length or at + length > self.segment_bytes:
-            return False
-        try:
-            self._put(frames, length, at)
-        except OSError:
-            self._zero_back(at + length)
-            raise
-        _start_writeback(self.fd, at, length, _WRITEBACK_START)
-        self.ahead += length
-        self.ahead_frames += len(frames)
-        return True
-
     def write(self, data: bytes | list[bytes], sync: bool) -> int:
-        """Append a batch of whole frames (bytes, or a list of frames written as they are, without
-        joining them first), the first `ahead_frames` of which were written ahead; fdatasync if
-        asked. Returns the end position after them. A batch never spans two segments."""
-        if self.ahead_frames:
-            rest = data[self.ahead_frames:]
-        else:
-            rest = data
-        length = len(rest) if isinstance(rest, bytes) else sum(map(len, rest))
-        if self.size and self.size + self.ahead + length > self.segment_bytes:
-            if self.ahead:
-                # The batch moves whole to the next segment: what it left here must not read as records.
-                rest, length = data, length + self.ahead
-                self._zero_back(self.size + self.ahead)
-                os.fdatasync(self.fd)
-            elif sync:
+        """Append whole frames (bytes, or a list of frames written as they are, without joining
+        them first); fdatasync if asked. Returns the end position after them."""
+        length = len(data) if isinstance(data, bytes) else sum(map(len, data))
+        if self.size and self.size + length > self.segment_bytes:
+            if sync:
                 os.fdatasync(self.fd)
             self._create(self.end)
-        at = self.size + self.ahead
+        at = self.size
         try:
-            if length:
-                self._put(rest, length, at)
+            if isinstance(data, list) and 0 < len(data) <= IOV_MAX:
+                at += os.pwritev(self.fd, data, at)
+                data = b"".join(data)[at - self.size:] if at - self.size < length else b""   # a short write
+            elif isinstance(data, list):
+                data = b"".join(data)
+            view = memoryview(data)
+            while view:
+                written = os.pwrite(self.fd, view, at)
+                view = view[written:]
+                at += written
             if sync:
                 os.fdatasync(self.fd)
         except OSError:
-            self._zero_back(at + length)
+            # Leave the segment ending on a whole record (a full disk may have taken half a frame).
+            try:
+                os.pwrite(self.fd, bytes(at - self.size), self.size)
+            except OSError:
+                pass
             raise
-        self.size += self.ahead + length
-        self.ahead = self.ahead_frames = 0
+        self.size += length
         if self.preallocate and not self.spare_started and self.size * 2 >= self.segment_bytes:
             self._prepare_spare()
         return self.end
-
-    def _put(self, data: bytes | list[bytes], length: int, at: int) -> None:
-        """All of `data` at `at` in the current segment (vectored when it is a list)."""
-        end = at + length
-        if isinstance(data, list) and 0 < len(data) <= IOV_MAX:
-            at += os.pwritev(self.fd, data, at)
-            data = b"".join(data)[length - (end - at):] if at < end else b""   # a short write
-        elif isinstance(data, list):
-            data = b"".join(data)
-        view = memoryview(data)
-        while view:
-            written = os.pwrite(self.fd, view, at)
-            view = view[written:]
-            at += written
-
-    def _zero_back(self, end: int) -> None:
-        """After a failed write: zeros from the end of the records to `end` (a full disk may have
-        taken half a frame), written-ahead bytes included, so the segment ends on a whole batch."""
-        try:
-            os.pwrite(self.fd, bytes(end - self.size), self.size)
-        except OSError:
-            pass
-        self.ahead = self.ahead_frames = 0
 
     def close(self) -> None:
         if self.spare is not None:

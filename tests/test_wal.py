@@ -39,60 +39,6 @@ def test_a_list_of_frames_lands_as_if_joined_however_many_buffers_it_takes(tmp_p
     assert [rid for _, _, rid, _, _ in records.scan(a.read_bytes())] == [f"id-{i}".encode() for i in range(12)]
 
 
-def _ids(directory):
-    reader, ids = segments.SegmentReader(directory, 0), []
-    while batch := reader.read(1 << 20):
-        ids += [r[2] for r in batch]
-    return ids
-
-
-def test_frames_written_ahead_count_once_their_batch_is_written(tmp_path):
-    log = segments.SegmentLog(tmp_path, segment_bytes=1 << 20)
-    data = frames(10)
-    assert log.write_ahead(data[:3]) and log.write_ahead(data[3:5])   # as they came in
-    assert log.end == 0                                                # not the log's yet
-    assert log.write(data[:8], sync=True) == sum(map(len, data[:8]))   # the batch: 3 more written now
-    assert log.ahead == log.ahead_frames == 0
-    log.write(data[8:], sync=True)
-    log.close()
-    assert _ids(tmp_path) == [f"id-{i}".encode() for i in range(10)]
-
-
-def test_a_batch_written_ahead_that_does_not_fit_moves_whole_to_the_next_segment(tmp_path):
-    data = frames(12)
-    size = len(data[0])
-    log = segments.SegmentLog(tmp_path, segment_bytes=5 * size + 10)
-    log.write(data[:3], sync=True)
-    assert log.write_ahead(data[3:5])                 # fits: 5 frames in this segment
-    assert not log.write_ahead(data[5:6])             # would not: left to the batch's write
-    log.write(data[3:6], sync=True)                   # 6 > 5: the batch rotates, written-ahead part too
-    first, second = [path for _, path in segments.list_segments(tmp_path)]
-    assert [r[2] for r in records.scan(first.read_bytes())] == [b"id-0", b"id-1", b"id-2"]
-    assert first.read_bytes()[3 * size:] == bytes(2 * size + 10)   # nothing left there to read twice
-    log.write(data[6:9], sync=True)
-    log.close()
-    assert _ids(tmp_path) == [f"id-{i}".encode() for i in range(9)]
-
-
-def test_a_failed_batch_takes_its_written_ahead_frames_back(tmp_path, monkeypatch):
-    log = segments.SegmentLog(tmp_path, segment_bytes=1 << 20)
-    data = frames(6)
-    log.write(data[:2], sync=True)
-    end = log.end
-    assert log.write_ahead(data[2:4])
-
-    def full_disk(fd):
-        raise OSError(28, "No space left on device")
-    monkeypatch.setattr(segments.os, "fdatasync", full_disk)
-    with pytest.raises(OSError):
-        log.write(data[2:5], sync=True)
-    monkeypatch.undo()
-    assert log.end == end and log.ahead == 0
-    log.write(data[2:6], sync=True)                    # the senders' retry
-    log.close()
-    assert _ids(tmp_path) == [f"id-{i}".encode() for i in range(6)]
-
-
 def test_records_a_reader_returned_stay_whole_when_it_reads_again_into_the_same_buffer(tmp_path):
     log = segments.SegmentLog(tmp_path, segment_bytes=1 << 20)
     data = frames(20, size=3000)
