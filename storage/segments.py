@@ -160,6 +160,10 @@ class SegmentLog:
         torn = len(data.rstrip(b"\0")) - good if len(data) > good else 0
         torn = max(torn, 0)
         self.fd = os.open(path, os.O_WRONLY)
+        # A writer killed between a batch's write and its fdatasync left that batch whole in the
+        # page cache: it is found above and counts as the log's, so make it durable before anyone
+        # is told where the log ends.
+        os.fdatasync(self.fd)
         if torn:
             # Zeros, not a shorter file: the segment stays allocated, and a later shorter record
             # never leaves a stale tail that could read as whole.
@@ -321,8 +325,11 @@ class SegmentReader:
         # time (writer/store took ~6 page faults and ~20 µs of system time per checkpoint so).
         self.buffer = bytearray()
 
-    def read(self, max_bytes: int) -> list[tuple[int, int, bytes, bytes, int]]:
-        """(position, kind, id, body, next position) of whole records from the current position."""
+    def read(self, max_bytes: int, limit: int | None = None) -> list[tuple[int, int, bytes, bytes, int]]:
+        """(position, kind, id, body, next position) of whole records from the current position,
+        none ending past `limit` if given. A writer writes a batch before its fdatasync, so a file
+        can hold whole records that are not durable yet, and that a failed fdatasync zeroes back
+        or a crash loses: the store reads only up to the end its writers reported durable."""
         segments = list_segments(self.directory)
         out = []
         for index, (start, path) in enumerate(segments):
@@ -339,10 +346,17 @@ class SegmentReader:
                 log.warning("log %s ends at %d, before the reader's position %d; continuing from its end",
                             self.directory, start + size, self.position)
                 self.position = start + size
-            if len(self.buffer) < max_bytes:
-                self.buffer = bytearray(max_bytes)
+            budget = max_bytes if limit is None else min(max_bytes, limit - self.position)
+            if budget <= 0:
+                return []
+            if len(self.buffer) < budget:
+                self.buffer = bytearray(budget)
             with open(path, "rb") as f:
-                found, consumed, at_end = whole_records(f, self.position - start, max_bytes, buffer=self.buffer)
+                found, consumed, at_end = whole_records(f, self.position - start, budget, buffer=self.buffer)
+            if limit is not None and found and self.position + found[-1][4] > limit:
+                # whole_records may return one record past its budget: that one is not durable yet
+                found = [r for r in found if self.position + r[4] <= limit]
+                consumed, at_end = (found[-1][4] if found else 0), False
             out = [(self.position + off, kind, record_id, body, self.position + end)
                    for off, kind, record_id, body, end in found]
             self.position += consumed

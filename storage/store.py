@@ -49,6 +49,9 @@ class Store(StoreQueries):
         self.progress: dict[str, dict[int, int]] = {}
         self.loaded: dict[int, int] = {}
         self.readers: dict[int, segments.SegmentReader] = {}
+        # How far each log is durable, as its writer reported (writer/store sets this): records past
+        # it may be in the files but not on the disk yet. None: read to the files' ends (tools, tests).
+        self.limits: dict[int, int] | None = None
         self.wake = threading.Event()
         self.urgent = threading.Event()
         self.stopping = threading.Event()
@@ -187,7 +190,7 @@ class Store(StoreQueries):
         self.backlog = False
         payloads_end = self.payloads.end
         for writer, reader in self.readers.items():
-            batch = reader.read(self.read_bytes)
+            batch = reader.read(self.read_bytes, None if self.limits is None else self.limits.get(writer, 0))
             if batch and batch[-1][4] - batch[0][0] > self.read_bytes // 2:
                 self.backlog = True
             for position, kind, _, body, nxt in batch:

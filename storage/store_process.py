@@ -1,11 +1,13 @@
 """The writer/store role: the DuckDB projection of the log, and read queries over the bus.
 
 Loading runs on its own thread (`Store.run_loader`), queries on another. The event loop only
-routes: it learns where each log ends from `log.flushed` notices, and holds a `sync` query until
-the loader has passed that point, which gives readers read-your-writes. A writer joins the bus
-only once its log is open (restored from the bucket on a fresh node), so a `sync` query also
-waits until every writer has been heard from: before that, the files may end short of what the
-writer is about to restore, and an actor recovering its runs would replay a journal with holes.
+routes: it learns how far each log is durable from `log.flushed` notices, and the loader reads no
+further (a file may hold a batch whose fdatasync has not returned, or failed and is zeroed back).
+A `sync` query asks every writer where its log is durable now and is held until the loader has
+passed that point, which gives readers read-your-writes. A writer joins the bus only once its log
+is open (restored from the bucket on a fresh node), so a `sync` query waits for every writer:
+before that, the files may end short of what the writer is about to restore, and an actor
+recovering its runs would replay a journal with holes.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from agentos.config import Config
 from agentos.rundir import RunDir
 from broker.client import Bus, BusError
 from broker.protocol import Kind, Message
-from broker.sharding import LOG_WRITER_PREFIX, STORE, log_writer
+from broker.sharding import STORE, log_writer
 from storage import payload_compaction
 from storage.store import Store
 from broker.address import bus_address
@@ -40,21 +42,22 @@ class StoreService:
         self.loader: ThreadPoolExecutor | None = None
         self.flushed: dict[int, int] = {}
         self.loaded: dict[int, int] = {}
-        self.writers_open: set[int] = set()   # heard from since it (or this process) last started
         self.pending_flushes: collections.deque[tuple[int, int, int, float]] = collections.deque()
         self.waiters: list[tuple[dict[int, int], asyncio.Future]] = []
         self.loop: asyncio.AbstractEventLoop | None = None
         self.bus = Bus(STORE, bus_endpoint, {Kind.LOG_FLUSHED: self.on_flushed, Kind.STORE_QUERY: self.on_query,
                                              Kind.STORE_PURGE: self.on_purge, Kind.STATS: self.on_stats,
                                              Kind.STORE_SUPERSEDED: self.on_superseded,
-                                             Kind.STORE_FORGET: self.on_forget,
-                                             Kind.PEER_RESTARTED: self.on_peer_restarted},
+                                             Kind.STORE_FORGET: self.on_forget},
                        role="store", heartbeat_secs=config.broker.heartbeat_secs, log=log)
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         await self.loop.run_in_executor(self.queries, self.store.open)
+        # Where the files end now: durable but for a batch being written this instant. From here on
+        # the writers' notices and answers move it, and the loader reads no further.
         self.flushed = await self.loop.run_in_executor(self.queries, self.store.log_ends)
+        self.store.limits = self.flushed
         self.loaded = dict(self.store.loaded)
         self.store.on_loaded = lambda positions, count: self.loop.call_soon_threadsafe(self._on_loaded, positions)
         self.loader = ThreadPoolExecutor(1, thread_name_prefix="store-loader")
@@ -69,6 +72,9 @@ class StoreService:
         self.store.urgent.set()
         self.loader.shutdown(wait=True)
         self.maintenance.shutdown(wait=True)   # a copy in progress reads the payload file: let it end
+        # Everything that writes records stopped before this process (the supervisor stops in
+        # reverse order), each after its last fdatasync: the files are whole, whatever was noticed.
+        self.store.limits = None
         await self.loop.run_in_executor(self.queries, self.store.load_all)
         self.queries.submit(self.store.close).result()
         self.queries.shutdown()
@@ -77,7 +83,6 @@ class StoreService:
 
     def on_flushed(self, msg: Message) -> None:
         writer, position = msg.body["writer"], msg.body["position"]
-        self.writers_open.add(writer)
         if position > self.flushed.get(writer, 0):
             self.flushed[writer] = position
             self.pending_flushes.append((writer, position, int(msg.body.get("count") or 0), time.monotonic()))
@@ -109,25 +114,20 @@ class StoreService:
         self.store.urgent.set()
         await asyncio.wait_for(fut, SYNC_TIMEOUT_SECS)
 
-    def on_peer_restarted(self, msg: Message) -> None:
-        name = str(msg.body.get("name", ""))
-        index = name.removeprefix(LOG_WRITER_PREFIX)
-        if name.startswith(LOG_WRITER_PREFIX) and index.isdigit():
-            self.writers_open.discard(int(index))
-
-    async def writers_opened(self) -> None:
-        """Wait until every log writer answers: a writer is on the bus only once its log is open."""
-        for writer in range(self.config.logs):
-            if writer not in self.writers_open:
-                await self.bus.request(log_writer(writer), Kind.STATS, {}, timeout=SYNC_TIMEOUT_SECS)
-                self.writers_open.add(writer)
-
     async def sync_target(self) -> dict[int, int]:
-        """Where the logs end now: the writers' notices, or the files if those are further (a
-        writer that restored its log from the bucket, a notice lost on the way)."""
-        await self.writers_opened()
-        ends = await self.loop.run_in_executor(None, self.store.log_ends)
-        return {w: max(self.flushed.get(w, 0), ends.get(w, 0)) for w in set(self.flushed) | set(ends)}
+        """Where the logs are durable now, as each writer answers (not the files: they may hold a
+        batch whose fdatasync has not returned, or failed): what a reader was acknowledged is
+        there. Also moves the loader's limits, which the notices move only every few milliseconds.
+        A writer answers only once its log is open (restored from the bucket, if it had to be)."""
+        async def end_of(writer: int) -> int:
+            reply = await self.bus.request(log_writer(writer), Kind.STATS, {}, timeout=SYNC_TIMEOUT_SECS)
+            return int(reply.body.get("stats", {}).get("end") or 0)
+
+        ends = await asyncio.gather(*(end_of(w) for w in range(self.config.logs)))
+        for writer, end in enumerate(ends):
+            if end > self.flushed.get(writer, 0):
+                self.flushed[writer] = end
+        return {w: self.flushed.get(w, 0) for w in range(self.config.logs)}
 
     def lag(self) -> tuple[int, float]:
         records = sum(c for _, _, c, _ in self.pending_flushes)

@@ -39,6 +39,43 @@ def test_a_list_of_frames_lands_as_if_joined_however_many_buffers_it_takes(tmp_p
     assert [rid for _, _, rid, _, _ in records.scan(a.read_bytes())] == [f"id-{i}".encode() for i in range(12)]
 
 
+def test_a_reader_given_a_limit_returns_no_record_that_ends_past_it(tmp_path):
+    data = frames(12, size=300)
+    log = segments.SegmentLog(tmp_path, segment_bytes=6 * len(data[0]) + 50)
+    for i in range(0, 12, 3):
+        log.write(data[i:i + 3], sync=True)          # two segments of six
+    log.close()
+    ends = [sum(map(len, data[:i + 1])) for i in range(6)] + \
+           [segments.list_segments(tmp_path)[1][0] + sum(map(len, data[6:i + 1])) for i in range(6, 12)]
+    reader = segments.SegmentReader(tmp_path, 0)
+    assert [r[2] for r in reader.read(1 << 20, limit=ends[1] + 10)] == [b"id-0", b"id-1"]   # id-2 half inside
+    assert reader.position == ends[1] and reader.read(1 << 20, limit=ends[1] + 10) == []
+    assert [r[2] for r in reader.read(10, limit=ends[3])] == [b"id-2"]    # past its budget, not its limit
+    got = []
+    while batch := reader.read(1 << 20, limit=ends[7]):
+        got += [r[2] for r in batch]
+    assert got == [b"id-3", b"id-4", b"id-5", b"id-6", b"id-7"]            # on into the next segment
+    assert [r[2] for r in reader.read(1 << 20)] == [f"id-{i}".encode() for i in range(8, 12)]
+
+
+def test_the_store_loads_only_what_its_writers_reported_durable(tmp_path):
+    log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=1 << 20)
+    data = frames(6)
+    log.write(data, sync=True)
+    store = Store(tmp_path, 1, 64)
+    store.open()
+    try:
+        store.limits = {0: sum(map(len, data[:4]))}    # the last two: written, fdatasync not back yet
+        store.load_all()
+        assert store.loaded == {0: sum(map(len, data[:4]))} and store.stats["records"] == 4
+        store.limits[0] = log.end                      # the writer's notice
+        store.load_all()
+        assert store.loaded == {0: log.end} and store.stats["records"] == 6
+    finally:
+        store.close()
+        log.close()
+
+
 def test_records_a_reader_returned_stay_whole_when_it_reads_again_into_the_same_buffer(tmp_path):
     log = segments.SegmentLog(tmp_path, segment_bytes=1 << 20)
     data = frames(20, size=3000)
