@@ -23,12 +23,13 @@ from agentos.config import Config
 from agentos.rundir import RunDir
 from broker.client import Bus, BusError
 from broker.protocol import Kind, Message
-from broker.sharding import STORE, log_writer
+from broker.sharding import LOG_WRITER_PREFIX, STORE, log_writer
 from storage import payload_compaction
 from storage.store import Store
 from broker.address import bus_address
 
 SYNC_TIMEOUT_SECS = 30.0
+KNOWN_WRITER_SECS = 2.0    # how long a `sync` waits for a writer it has heard from before using its files
 
 
 class StoreService:
@@ -42,13 +43,15 @@ class StoreService:
         self.loader: ThreadPoolExecutor | None = None
         self.flushed: dict[int, int] = {}
         self.loaded: dict[int, int] = {}
+        self.writers_open: set[int] = set()   # heard from since it (or this process) last started
         self.pending_flushes: collections.deque[tuple[int, int, int, float]] = collections.deque()
         self.waiters: list[tuple[dict[int, int], asyncio.Future]] = []
         self.loop: asyncio.AbstractEventLoop | None = None
         self.bus = Bus(STORE, bus_endpoint, {Kind.LOG_FLUSHED: self.on_flushed, Kind.STORE_QUERY: self.on_query,
                                              Kind.STORE_PURGE: self.on_purge, Kind.STATS: self.on_stats,
                                              Kind.STORE_SUPERSEDED: self.on_superseded,
-                                             Kind.STORE_FORGET: self.on_forget},
+                                             Kind.STORE_FORGET: self.on_forget,
+                                             Kind.PEER_RESTARTED: self.on_peer_restarted},
                        role="store", heartbeat_secs=config.broker.heartbeat_secs, log=log)
 
     async def start(self) -> None:
@@ -83,6 +86,7 @@ class StoreService:
 
     def on_flushed(self, msg: Message) -> None:
         writer, position = msg.body["writer"], msg.body["position"]
+        self.writers_open.add(writer)
         if position > self.flushed.get(writer, 0):
             self.flushed[writer] = position
             self.pending_flushes.append((writer, position, int(msg.body.get("count") or 0), time.monotonic()))
@@ -114,13 +118,32 @@ class StoreService:
         self.store.urgent.set()
         await asyncio.wait_for(fut, SYNC_TIMEOUT_SECS)
 
+    def on_peer_restarted(self, msg: Message) -> None:
+        name = str(msg.body.get("name", ""))
+        index = name.removeprefix(LOG_WRITER_PREFIX)
+        if name.startswith(LOG_WRITER_PREFIX) and index.isdigit():
+            self.writers_open.discard(int(index))
+
     async def sync_target(self) -> dict[int, int]:
         """Where the logs are durable now, as each writer answers (not the files: they may hold a
         batch whose fdatasync has not returned, or failed): what a reader was acknowledged is
         there. Also moves the loader's limits, which the notices move only every few milliseconds.
-        A writer answers only once its log is open (restored from the bucket, if it had to be)."""
+
+        A writer answers only once its log is open, so one not heard from since it (or this
+        process) started is waited for: before that its files may end short of what it is about
+        to restore from the bucket. One heard from before that does not answer now (restarting
+        after a crash) counts as far as its files go, as its restart will find them."""
         async def end_of(writer: int) -> int:
-            reply = await self.bus.request(log_writer(writer), Kind.STATS, {}, timeout=SYNC_TIMEOUT_SECS)
+            known = writer in self.writers_open
+            try:
+                reply = await self.bus.request(log_writer(writer), Kind.STATS, {},
+                                               timeout=KNOWN_WRITER_SECS if known else SYNC_TIMEOUT_SECS)
+            except (BusError, asyncio.TimeoutError):
+                if not known:
+                    raise
+                ends = await self.loop.run_in_executor(None, self.store.log_ends)
+                return ends.get(writer, 0)
+            self.writers_open.add(writer)
             return int(reply.body.get("stats", {}).get("end") or 0)
 
         ends = await asyncio.gather(*(end_of(w) for w in range(self.config.logs)))

@@ -1,0 +1,75 @@
+"""Where a `sync` read waits for writer/store to get to (storage/store_process.py), with a fake bus.
+
+What readers rely on: the target is where each log is durable as its writer says, not where its
+files end (a batch may be written and not yet fsync'd); a writer it has heard from that does not
+answer now counts as far as its files go; one never heard from is waited for.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from agentos.config import from_dict
+from broker.protocol import Kind
+from broker.requests import Undeliverable
+from storage.store_process import StoreService
+
+
+class _Reply:
+    def __init__(self, body):
+        self.body = body
+
+
+class _Bus:
+    def __init__(self, ends: dict[str, int]):
+        self.ends = ends          # writer name -> durable end; absent: not on the bus
+        self.asked: list[tuple[str, float]] = []
+
+    async def request(self, dest, kind, body, timeout=5.0, **_):
+        assert kind is Kind.STATS
+        self.asked.append((dest, timeout))
+        if dest not in self.ends:
+            raise Undeliverable(f"{dest}: not connected")
+        return _Reply({"stats": {"end": self.ends[dest]}})
+
+
+def _service(tmp_path, bus, files: dict[int, int]) -> StoreService:
+    config = from_dict({"storage": {"dir": str(tmp_path)}})       # two logs: writer/log/0, the gateway's
+    service = StoreService(config, f"ipc://{tmp_path}/no-broker.sock", logging.getLogger("test"))
+    service.bus = bus
+    service.store.log_ends = lambda: dict(files)
+    service.loop = asyncio.get_running_loop()
+    return service
+
+
+def test_the_target_is_where_each_writer_says_its_log_is_durable(tmp_path):
+    async def go():
+        bus = _Bus({"writer/log/0": 900, "writer/log/1": 40})
+        service = _service(tmp_path, bus, files={0: 1500, 1: 40})      # 600 bytes not fsync'd yet
+        service.flushed.update({0: 700})
+        assert await service.sync_target() == {0: 900, 1: 40}
+        assert service.flushed == {0: 900, 1: 40}                       # the loader may go that far now
+        assert {dest for dest, _ in bus.asked} == {"writer/log/0", "writer/log/1"}
+    asyncio.run(go())
+
+
+def test_a_writer_heard_from_before_that_does_not_answer_counts_as_far_as_its_files(tmp_path):
+    async def go():
+        bus = _Bus({"writer/log/1": 40})                                # writer/log/0 is restarting
+        service = _service(tmp_path, bus, files={0: 1500, 1: 40})
+        service.writers_open.add(0)                                     # its notices came before
+        assert await service.sync_target() == {0: 1500, 1: 40}
+        assert ("writer/log/0", 2.0) in bus.asked                       # asked briefly, not for 30 s
+    asyncio.run(go())
+
+
+def test_a_writer_never_heard_from_is_waited_for(tmp_path):
+    async def go():
+        bus = _Bus({"writer/log/1": 40})                                # writer/log/0 still restoring
+        service = _service(tmp_path, bus, files={0: 10, 1: 40})
+        with pytest.raises(Undeliverable):
+            await service.sync_target()
+        assert ("writer/log/0", 30.0) in bus.asked
+    asyncio.run(go())
