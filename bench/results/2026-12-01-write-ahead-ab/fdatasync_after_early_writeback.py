@@ -1,4 +1,7 @@
-import ctypes, os, time, statistics, sys
+import ctypes
+import os
+import statistics
+import time
 libc = ctypes.CDLL(None, use_errno=True)
 sfr = libc.sync_file_range
 sfr.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
