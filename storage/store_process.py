@@ -57,15 +57,17 @@ class StoreService:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         await self.loop.run_in_executor(self.queries, self.store.open)
-        # Where the files end now: durable but for a batch being written this instant. From here on
-        # the writers' notices and answers move it, and the loader reads no further.
-        self.flushed = await self.loop.run_in_executor(self.queries, self.store.log_ends)
+        files = await self.loop.run_in_executor(self.queries, self.store.log_ends)
+        # The loader reads no further than the writers say is durable: nothing until each answers
+        # (`learn_ends`), then their notices and answers move it. The files' ends are not used: a
+        # batch may be written there whose fdatasync has not returned, or will fail.
+        self.flushed = {}
         self.store.limits = self.flushed
         self.loaded = dict(self.store.loaded)
         self.store.on_loaded = lambda positions, count: self.loop.call_soon_threadsafe(self._on_loaded, positions)
         self.loader = ThreadPoolExecutor(1, thread_name_prefix="store-loader")
         self.loader.submit(self.store.run_loader)
-        behind = sum(self.flushed[w] - self.loaded.get(w, 0) for w in self.flushed)
+        behind = sum(max(files[w] - self.loaded.get(w, 0), 0) for w in files)
         self.log.info("DuckDB files in %s; resuming %d bytes behind the log", self.store.db_dir, behind)
 
     async def stop(self) -> None:
@@ -118,6 +120,25 @@ class StoreService:
         self.store.urgent.set()
         await asyncio.wait_for(fut, SYNC_TIMEOUT_SECS)
 
+    async def learn_ends(self) -> None:
+        """Ask each writer once where its log is durable (at start, once the bus is up), until it
+        answers: a writer answers only once its log is open."""
+        async def ask(writer: int) -> None:
+            while writer not in self.writers_open:
+                try:
+                    reply = await self.bus.request(log_writer(writer), Kind.STATS, {}, timeout=SYNC_TIMEOUT_SECS)
+                except BusError:
+                    await asyncio.sleep(1.0)
+                    continue
+                self._durable(writer, int(reply.body.get("stats", {}).get("end") or 0))
+                self.writers_open.add(writer)
+        await asyncio.gather(*(ask(w) for w in range(self.config.logs)))
+
+    def _durable(self, writer: int, end: int) -> None:
+        if end > self.flushed.get(writer, 0):
+            self.flushed[writer] = end
+            self.store.wake.set()
+
     def on_peer_restarted(self, msg: Message) -> None:
         name = str(msg.body.get("name", ""))
         index = name.removeprefix(LOG_WRITER_PREFIX)
@@ -148,8 +169,7 @@ class StoreService:
 
         ends = await asyncio.gather(*(end_of(w) for w in range(self.config.logs)))
         for writer, end in enumerate(ends):
-            if end > self.flushed.get(writer, 0):
-                self.flushed[writer] = end
+            self._durable(writer, end)
         return {w: self.flushed.get(w, 0) for w in range(self.config.logs)}
 
     def lag(self) -> tuple[int, float]:
@@ -270,10 +290,12 @@ def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> in
         service_ = StoreService(config, bus_address(config, run_dir), log)
         await service_.start()
         await service_.bus.start()
+        learner = asyncio.create_task(service_.learn_ends())
         reporter = asyncio.create_task(service_.report())
         recycler = asyncio.create_task(service_.recycle_files())
         compactor = asyncio.create_task(service_.compact_payloads())
         await stop.wait()
+        learner.cancel()
         reporter.cancel()
         recycler.cancel()
         compactor.cancel()

@@ -73,3 +73,24 @@ def test_a_writer_never_heard_from_is_waited_for(tmp_path):
             await service.sync_target()
         assert ("writer/log/0", 30.0) in bus.asked
     asyncio.run(go())
+
+
+def test_at_start_the_loader_waits_for_each_writer_to_say_where_its_log_is_durable(tmp_path):
+    class _LateBus(_Bus):
+        async def request(self, dest, kind, body, timeout=5.0, **kwargs):
+            if dest == "writer/log/1" and not any(d == dest for d, _ in self.asked):
+                self.asked.append((dest, timeout))
+                raise Undeliverable(f"{dest}: not connected yet")     # the gateway starts last
+            return await super().request(dest, kind, body, timeout, **kwargs)
+
+    async def go():
+        bus = _LateBus({"writer/log/0": 900, "writer/log/1": 40})
+        service = _service(tmp_path, bus, files={0: 1500, 1: 40})
+        service.flushed = {}
+        service.store.limits = service.flushed
+        learning = asyncio.create_task(service.learn_ends())
+        await asyncio.sleep(0.1)
+        assert service.store.limits == {0: 900}                         # not the files' 1500
+        await asyncio.wait_for(learning, 5)                             # writer/log/1 retried after 1 s
+        assert service.store.limits == {0: 900, 1: 40}
+    asyncio.run(go())
