@@ -1,5 +1,6 @@
 import asyncio, logging, os, sys, time, cProfile, pstats, resource
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "../../..")))
+# ROOT: the tree whose code runs (another checkout, for a side by side); by default this one
+sys.path.insert(0, os.environ.get("ROOT") or os.path.abspath(os.path.join(os.path.dirname(__file__), "../../..")))
 import uvloop
 from agentos.config import from_dict
 from gateway.app import Gateway
@@ -61,5 +62,6 @@ async def main():
     print(f"{DUR}: {N} PUTs in {el:.2f}s = {N/el:.0f}/s; CPU {1e6*cpu/N:.1f} us/PUT (user {1e6*(r1.ru_utime-r0.ru_utime)/N:.1f}, sys {1e6*(r1.ru_stime-r0.ru_stime)/N:.1f}); fsyncs {own.stats['fsyncs']}")
     if prof:
         st = pstats.Stats(prof); st.sort_stats("tottime").print_stats(30)
+    import shutil; shutil.rmtree(tmp, ignore_errors=True)   # noqa: E702 — no run pays for the last one's writeback
     os._exit(0)
 uvloop.run(main())

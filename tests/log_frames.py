@@ -1,0 +1,10 @@
+"""Log frames for the tests of the log and of its projection (tests/test_wal.py, test_store_load.py)."""
+from storage import records
+from storage.records import RecordKind
+
+
+def frames(n, start=0, size=100):
+    return [records.frame(RecordKind.EVENT, f"id-{i}".encode(),
+                          records.encode_body({"session": f"s{i % 3}", "tenant": "t", "turn": "u", "seq": i,
+                                               "type": "x", "data": {"pad": "p" * size}, "at": 1.0}))
+            for i in range(start, start + n)]

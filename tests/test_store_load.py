@@ -1,0 +1,278 @@
+"""The write-ahead log's DuckDB projection (storage/store.py), loaded in-process from real segment
+files (no bus)."""
+import os
+
+import msgpack
+import pytest
+
+from log_frames import frames
+from storage import records, segments
+from storage.records import RecordKind
+from storage.store import Store
+
+
+def test_the_store_loads_only_what_its_writers_reported_durable(tmp_path):
+    log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=1 << 20)
+    data = frames(6)
+    log.write(data, sync=True)
+    store = Store(tmp_path, 1, 64)
+    store.open()
+    try:
+        store.limits = {0: sum(map(len, data[:4]))}    # the last two: written, fdatasync not back yet
+        store.load_all()
+        assert store.loaded == {0: sum(map(len, data[:4]))} and store.stats["records"] == 4
+        store.limits[0] = log.end                      # the writer's notice
+        store.load_all()
+        assert store.loaded == {0: log.end} and store.stats["records"] == 6
+    finally:
+        store.close()
+        log.close()
+
+
+def agent_checkpoint(session, seq, first, new_from, messages, full):
+    return records.encode_body({"session": session, "tenant": "t", "turn": f"turn{seq}", "seq": seq, "full": full,
+                                "first": first, "new_from": new_from, "messages": messages, "at": 2.0})
+
+
+def test_store_loads_exactly_once_across_a_restart_and_rebuilds_checkpoint_chains(tmp_path):
+    wal = tmp_path / "wal" / "0"
+    log = segments.SegmentLog(wal, segment_bytes=1 << 20)
+    m = [{"role": "user", "content": f"q{i}"} if i % 2 == 0 else {"role": "assistant", "content": f"a{i}"}
+         for i in range(6)]
+    log.write(b"".join(frames(5)), sync=True)
+    log.write(records.frame(RecordKind.CHECKPOINT, b"c1", agent_checkpoint("s", 1, 0, 0, m[:2], True)), sync=True)
+    log.write(records.frame(RecordKind.CHECKPOINT, b"c2", agent_checkpoint("s", 2, 2, 2, m[2:4], False)), sync=True)
+    store = Store(tmp_path, writers=1, memory_limit_mb=64)
+    store.open()
+    assert store.load_once() == 7
+    assert store.load_once() == 0
+    assert [r["seq"] for r in store.query("checkpoint_chain", "s")[0]] == [1, 2]
+    assert store.query("checkpoint_chain", "never-checkpointed")[0] == []
+    assert store.query("blob_latest", "s")[0] == []   # it has agent checkpoints, no blob
+    real = store.cursors["messages"]
+
+    class NoScans:
+        def execute(self, *args):
+            raise AssertionError("a session with no checkpoint must not cost a scan")
+
+    store.cursors["messages"] = NoScans()
+    assert store.query("checkpoint_chain", "new-session")[0] == []
+    store.cursors["messages"] = real
+    store.close()
+    # More records, one of them a full snapshot, then a new store process: nothing twice.
+    log.write(records.frame(RecordKind.CHECKPOINT, b"c3", agent_checkpoint("s", 3, 0, 4, m[:6], True)), sync=True)
+    log.write(records.frame(RecordKind.BLOB, b"b1", records.encode_body(
+        {"session": "s", "tenant": "t", "key": "k", "seq": 9, "payload": b"\x00\x01", "at": 3.0})), sync=True)
+    log.write(records.frame(RecordKind.ACCESS, b"a1", records.encode_body(
+        {"at": 4.0, "method": "GET", "route": "/x", "status": 200, "tenant": "t", "session": "s",
+         "duration_ms": 1.5})), sync=True)
+    # the gateway's access rows, many to a record; one malformed row spoils its whole record
+    row = [5.0, "PUT", "/v1/sessions/{sid}/checkpoints/{key}", 200, "t", "s", 0.5]
+    log.write(records.frame(RecordKind.ACCESS, b"a2", records.encode_body(
+        {"at": 5.1, "rows": [row, [5.1, "GET", "/x", 404, "t", "s2", 0.2]]})), sync=True)
+    log.write(records.frame(RecordKind.ACCESS, b"a3", records.encode_body({"at": 6.0, "rows": [row, ["short"]]})),
+              sync=True)
+    log.close()
+    store = Store(tmp_path, writers=1, memory_limit_mb=64)
+    store.open()
+    while store.load_once():
+        pass
+    counts = store.query("count", "")[0][0]
+    assert counts == {"events": 5, "messages": 6, "checkpoints": 4, "access": 3, "flow_records": 0}
+    assert store.stats["bad_records"] == 1
+    assert store.conns["access"].execute("SELECT status, session FROM access WHERE ts >= 5 ORDER BY ts").fetchall() \
+        == [(200, "s"), (404, "s2")]
+    messages, _ = store.query("messages", "s")
+    assert [r["content"] for r in messages] == ["q0", "a1", "q2", "a3", "q4", "a5"]
+    chain, _ = store.query("checkpoint_chain", "s")
+    assert [r["seq"] for r in chain] == [3]  # from the latest full snapshot
+    rebuilt = []
+    for row in chain:
+        rebuilt[row["first"]:] = row["messages"]
+    assert rebuilt == m
+    assert store.query("blob_latest", "s")[0] == [{"key": "k", "seq": 9, "payload": b"\x00\x01"}]
+    page, cursor = store.query("events", "s0", limit=1)
+    assert len(page) == 1 and cursor is not None
+    rest, end = store.query("events", "s0", after=cursor)
+    assert len(rest) == 1 and end is None and rest[0]["cursor"] > cursor
+    store.close()
+
+
+def test_reopening_the_duckdb_files_mid_load_keeps_every_row_and_the_progress(tmp_path):
+    """The store reopens each file now and then (its native memory starts over): loads and
+    queries on either side of a reopen see one consistent file, and nothing is loaded twice."""
+    import threading
+
+    log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=1 << 20)
+    store = Store(tmp_path, writers=1, memory_limit_mb=64)
+    store.open()
+    stop, loaded = threading.Event(), []
+
+    def loader():
+        while not stop.is_set():
+            loaded.append(store.load_once())
+
+    thread = threading.Thread(target=loader)
+    thread.start()
+    try:
+        for round_ in range(6):
+            log.write(b"".join(frames(50, start=round_ * 50)), sync=True)
+            for db in ("events", "messages", "flows", "access"):
+                store.recycle(db)
+    finally:
+        stop.set()
+        thread.join(30)
+    store.load_all()
+    assert store.query("count", "")[0][0]["events"] == 300
+    assert store.stats["reopened"] == 24
+    store.close()
+    again = Store(tmp_path, writers=1, memory_limit_mb=64)   # after a restart: nothing loaded twice
+    again.open()
+    again.load_all()
+    assert again.query("count", "")[0][0]["events"] == 300
+    again.close()
+    log.close()
+
+
+def blob(session, seq, payload):
+    return records.encode_body({"session": session, "tenant": "t", "key": f"k{seq}", "seq": seq, "payload": payload,
+                                "at": 1.0})
+
+
+def test_checkpoints_larger_than_duckdbs_memory_limit_still_load(tmp_path):
+    """16 MB of checkpoint payloads in one batch, with DuckDB held to 16 MB per file: the payloads
+    go to the payload file, DuckDB only gets their places, and every one reads back."""
+    log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=64 << 20)
+    payloads = {i: os.urandom(40_000) for i in range(400)}
+    log.write(b"".join(records.frame(RecordKind.BLOB, f"b{i}".encode(), blob(f"s{i % 40}", i, p))
+                       for i, p in payloads.items()), sync=True)
+    log.close()
+    store = Store(tmp_path, writers=1, memory_limit_mb=64)
+    store.open()
+    store.load_all()
+    assert store.stats["load_errors"] == 0
+    assert store.query("count", "")[0][0]["checkpoints"] == 400
+    for s in range(40):
+        latest = store.query("blob_latest", f"s{s}")[0][0]
+        assert latest["seq"] == 360 + s and latest["payload"] == payloads[360 + s]
+    store.close()
+
+
+def test_payloads_no_committed_row_names_are_cut_off_on_open_and_loaded_again(tmp_path):
+    """A crash between writing a batch's payloads and committing its rows: on restart the stray
+    bytes go, the records load again from the log, and each payload reads back whole."""
+    log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=1 << 20)
+    log.write(records.frame(RecordKind.BLOB, b"b1", blob("s", 1, b"first")), sync=True)
+    store = Store(tmp_path, writers=1, memory_limit_mb=64)
+    store.open()
+    store.load_all()
+    store.close()
+    log.write(records.frame(RecordKind.BLOB, b"b2", blob("s", 2, b"second")), sync=True)
+    log.close()
+    with open(tmp_path / "db" / "messages.payloads", "ab") as f:
+        f.write(b"half-written payload of a batch that never committed")
+    store = Store(tmp_path, writers=1, memory_limit_mb=64)
+    store.open()
+    assert store.payloads.end == len(b"first")
+    store.load_all()
+    assert store.query("blob_latest", "s")[0] == [{"key": "k2", "seq": 2, "payload": b"second"}]
+    assert (tmp_path / "db" / "messages.payloads").read_bytes() == b"firstsecond"
+    store.close()
+
+
+def test_a_batch_duckdb_refuses_is_retried_smaller_and_its_payloads_are_rewritten(tmp_path, monkeypatch):
+    log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=1 << 20)
+    log.write(b"".join(records.frame(RecordKind.BLOB, f"b{i}".encode(), blob(f"s{i}", i, bytes([i]) * 10))
+                       for i in range(5)), sync=True)
+    log.close()
+    store = Store(tmp_path, writers=1, memory_limit_mb=64)
+    store.open()
+    real_commit, failures = store._commit, []
+
+    def refuse_once(db, tables, positions):
+        if db == "messages" and not failures:
+            failures.append(db)
+            raise MemoryError("out of memory (simulated)")
+        real_commit(db, tables, positions)
+
+    monkeypatch.setattr(store, "_commit", refuse_once)
+    with pytest.raises(MemoryError):
+        store.load_once()
+    assert store.read_bytes < 8 << 20 and store.payloads.end == 0
+    store.load_all()
+    assert store.query("count", "")[0][0]["checkpoints"] == 5
+    assert store.query("blob_latest", "s4")[0][0]["payload"] == bytes([4]) * 10
+    assert (tmp_path / "db" / "messages.payloads").stat().st_size == 50
+    store.close()
+
+
+def test_only_a_sessions_newest_blob_of_a_batch_is_copied_to_the_payload_file(tmp_path):
+    """Nothing reads an older external checkpoint, so a batch copies out one payload per session;
+    every row is still there, and the newest reads back, in this batch and the next."""
+    log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=1 << 20)
+    log.write(b"".join(records.frame(RecordKind.BLOB, f"{sid}-{i}".encode(), blob(sid, i, f"{sid}:{i};".encode()))
+                       for i in range(4) for sid in ("a", "b")), sync=True)
+    store = Store(tmp_path, writers=1, memory_limit_mb=64)
+    store.open()
+    store.load_all()
+    assert store.query("count", "")[0][0]["checkpoints"] == 8
+    assert store.query("blob_latest", "a")[0] == [{"key": "k3", "seq": 3, "payload": b"a:3;"}]
+    assert store.query("blob_latest", "b")[0] == [{"key": "k3", "seq": 3, "payload": b"b:3;"}]
+    assert (tmp_path / "db" / "messages.payloads").read_bytes() == b"a:3;b:3;"
+    log.write(records.frame(RecordKind.BLOB, b"a-4", blob("a", 4, b"a:4;")), sync=True)
+    log.close()
+    store.load_all()
+    assert store.query("blob_latest", "a")[0][0]["payload"] == b"a:4;"
+    assert store.query("blob_latest", "b")[0][0]["payload"] == b"b:3;"
+    assert (tmp_path / "db" / "messages.payloads").read_bytes() == b"a:3;b:3;a:4;"
+    store.close()
+
+
+def test_checkpoint_rows_from_before_the_payload_file_still_read(tmp_path):
+    """A messages.db written when payloads were BLOB columns: the old rows keep reading, new ones
+    go to the file."""
+    import duckdb
+
+    (tmp_path / "db").mkdir()
+    con = duckdb.connect(str(tmp_path / "db" / "messages.db"))
+    con.execute("CREATE TABLE checkpoints (session VARCHAR, tenant VARCHAR, kind VARCHAR, key VARCHAR, seq BIGINT, "
+                "is_full BOOLEAN, first_idx INTEGER, payload BLOB, ts DOUBLE, writer SMALLINT, lsn BIGINT)")
+    con.execute("INSERT INTO checkpoints VALUES ('old', 't', 'blob', 'k', 1, true, 0, 'inline'::BLOB, 1.0, 0, 0)")
+    con.execute("INSERT INTO checkpoints VALUES ('old', 't', 'agent', '', 1, true, 0, ?, 1.0, 0, 0)",
+                [msgpack.packb([{"role": "user", "content": "kept inline"}])])
+    con.close()
+    log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=1 << 20)
+    log.write(b"".join(frames(1)), sync=True)   # position 0: the old row's lsn
+    log.write(records.frame(RecordKind.BLOB, b"b1", blob("new", 1, b"outside")), sync=True)
+    log.close()
+    store = Store(tmp_path, writers=1, memory_limit_mb=64)
+    store.open()
+    store.load_all()
+    assert store.query("blob_latest", "old")[0][0]["payload"] == b"inline"
+    assert store.query("checkpoint_chain", "old")[0][0]["messages"] == [{"role": "user", "content": "kept inline"}]
+    assert store.query("blob_latest", "new")[0][0]["payload"] == b"outside"
+    store.close()
+
+
+def test_payload_file_syncs_in_chunks_and_reads_back_every_byte(tmp_path, monkeypatch):
+    """A sync larger than one flush chunk is flushed in pieces of whole payloads, each at most the
+    chunk size plus one payload, and every byte lands where append() promised."""
+    from storage import payload_file
+
+    monkeypatch.setattr(payload_file, "SYNC_CHUNK", 1000)
+    flushed = []
+    real_pwritev, real_fdatasync = os.pwritev, os.fdatasync
+    monkeypatch.setattr(payload_file.os, "pwritev",
+                        lambda fd, parts, at: (flushed.append(sum(map(len, parts))), real_pwritev(fd, parts, at))[1])
+    syncs = []
+    monkeypatch.setattr(payload_file.os, "fdatasync", lambda fd: (syncs.append(fd), real_fdatasync(fd)))
+    f = payload_file.PayloadFile(tmp_path / "p")
+    assert f.open(0) == 0
+    parts = [bytes([i]) * (300 + 300 * i) for i in range(8)]
+    spots = [f.append(p) for p in parts]
+    f.sync()
+    assert len(flushed) == len(syncs) > 1 and sum(flushed) == sum(map(len, parts))
+    assert max(flushed) < 1000 + max(map(len, parts))
+    assert [f.read(at, n) for at, n in spots] == parts
+    f.close()
+    assert (tmp_path / "p").stat().st_size == sum(map(len, parts))
