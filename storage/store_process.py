@@ -126,13 +126,16 @@ class StoreService:
         async def ask(writer: int) -> None:
             while writer not in self.writers_open:
                 try:
-                    reply = await self.bus.request(log_writer(writer), Kind.STATS, {}, timeout=SYNC_TIMEOUT_SECS)
+                    self._durable(writer, await self._ask_end(writer, SYNC_TIMEOUT_SECS))
                 except BusError:
                     await asyncio.sleep(1.0)
-                    continue
-                self._durable(writer, int(reply.body.get("stats", {}).get("end") or 0))
-                self.writers_open.add(writer)
         await asyncio.gather(*(ask(w) for w in range(self.config.logs)))
+
+    async def _ask_end(self, writer: int, timeout: float) -> int:
+        """Where `writer` says its log is durable (its stats' `end`); it is heard from after this."""
+        reply = await self.bus.request(log_writer(writer), Kind.STATS, {}, timeout=timeout)
+        self.writers_open.add(writer)
+        return int(reply.body.get("stats", {}).get("end") or 0)
 
     def _durable(self, writer: int, end: int) -> None:
         if end > self.flushed.get(writer, 0):
@@ -157,15 +160,12 @@ class StoreService:
         async def end_of(writer: int) -> int:
             known = writer in self.writers_open
             try:
-                reply = await self.bus.request(log_writer(writer), Kind.STATS, {},
-                                               timeout=KNOWN_WRITER_SECS if known else SYNC_TIMEOUT_SECS)
+                return await self._ask_end(writer, KNOWN_WRITER_SECS if known else SYNC_TIMEOUT_SECS)
             except (BusError, asyncio.TimeoutError):
                 if not known:
                     raise
                 ends = await self.loop.run_in_executor(None, self.store.log_ends)
                 return ends.get(writer, 0)
-            self.writers_open.add(writer)
-            return int(reply.body.get("stats", {}).get("end") or 0)
 
         ends = await asyncio.gather(*(end_of(w) for w in range(self.config.logs)))
         for writer, end in enumerate(ends):
