@@ -43,7 +43,6 @@ records nobody waits on.
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -61,9 +60,8 @@ from storage.s3 import ObjectStore, S3Unavailable
 from storage.shipper import Shipper
 from broker.address import bus_address, direct_log_endpoint
 from storage.log_inbox import LogInbox
+from storage.recent_ids import RecentIds
 
-RECENT_IDS = 500_000      # hard cap on remembered record ids ...
-DEDUPE_SECS = 60.0        # ... which are kept this long: twice a sender's append deadline (log_client)
 RECENT_SCAN_BYTES = 128 << 20
 FLUSHED_EVERY_SECS = 0.01  # at most one `log.flushed` notice per this: the store loads in big batches anyway
 
@@ -94,8 +92,7 @@ class LogWriter:
         self.segment_bytes = config.storage.segment_bytes
         self.io = ThreadPoolExecutor(1, thread_name_prefix="wal-io")
         self.segments: segments.SegmentLog | None = None
-        self.seen: set[bytes] = set()
-        self.seen_order: collections.deque[tuple[float, bytes]] = collections.deque()   # (when, id)
+        self.seen = RecentIds()
         self.frames: list[bytes] = []
         self.frame_ids: list[bytes] = []
         self.waiting: list[tuple[Message, int]] = []
@@ -132,8 +129,8 @@ class LogWriter:
         if not self.embedded:   # an embedded writer's one sender died with it: nobody retries into it
             ids = await loop.run_in_executor(self.io, segments.recent_ids, self.directory, RECENT_SCAN_BYTES)
             now = time.monotonic()   # ids from before a restart: their senders may still retry them
-            for record_id in ids[-RECENT_IDS:]:
-                self._remember(record_id, now)
+            for record_id in ids[-self.seen.cap:]:
+                self.seen.add(record_id, now)
         r = self.segments.recovery
         self.log.info("log %s: %d segment(s), end at position %d, %d records in the last segment%s", self.directory,
                       r.segments, r.end, r.records_in_last,
@@ -204,17 +201,6 @@ class LogWriter:
             self._reply(msg, Kind.ERROR, {"code": "not_active", "message":
                            "this node lost the cluster lease: another node is active"})
 
-    def _remember(self, record_id: bytes, now: float) -> None:
-        self.seen.add(record_id)
-        self.seen_order.append((now, record_id))
-
-    def _forget_old_ids(self, now: float) -> None:
-        """A retry comes within its sender's deadline: older ids only cost memory (a steady load
-        keeps a steady number of them)."""
-        order, seen, horizon = self.seen_order, self.seen, now - DEDUPE_SECS
-        while order and (order[0][0] < horizon or len(order) > RECENT_IDS):
-            seen.discard(order.popleft()[1])
-
     def on_append(self, msg: Message) -> None:
         if self.lease_lost:
             self._refuse([(msg, 0)])
@@ -234,12 +220,12 @@ class LogWriter:
                     self.stats["duplicates"] += 1
                     metrics.inc(metrics.log_duplicates)
                     continue
-                self._remember(record_id, now)
+                self.seen.add(record_id, now)
             self.frames.append(records.frame(kind, record_id, body))
             self.frame_ids.append(record_id)
             new += 1
         if not self.embedded:
-            self._forget_old_ids(now)
+            self.seen.expire(now)
         self.stats["records"] += new
         self.unflushed += new
         metrics.inc(metrics.log_records, new)
