@@ -288,6 +288,11 @@ def main(argv: list[str] | None = None) -> int:
         server.stop()
     try:
         in_log = checkpoints_in_log(work / "data")
+        # the tree's and the worker's own account of the run: what to read first when something
+        # was lost or hung
+        shutil.copyfile(server.log_path, results.path / "server.log")
+        for log in work.glob("worker-*.log"):
+            shutil.copyfile(log, results.path / log.name)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     lost_checkpoints = lost_from_log(ledger.checkpoints, in_log)

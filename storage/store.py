@@ -111,7 +111,11 @@ class Store(StoreQueries):
         # Small on purpose: DuckDB keeps the blocks it wrote in its buffer pool until the limit
         # presses, so a generous limit reads as memory that grows with the database.
         per_db = max(MIN_DB_MEMORY_MB, self.memory_limit_mb // len(schema.DATABASES))
-        con = duckdb.connect(str(self.db_dir / f"{db}.db"), config={"memory_limit": f"{per_db}MB"})
+        # One thread: every DuckDB thread builds its own share of a query's hash tables, and under
+        # this limit two threads ran out of memory (open_runs over 20k finished runs, and every
+        # restarted actor then waited on it for good) where one thread spills to disk and answers.
+        # The loader appends from one thread anyway.
+        con = duckdb.connect(str(self.db_dir / f"{db}.db"), config={"memory_limit": f"{per_db}MB", "threads": 1})
         # A small WAL: appended rows leave memory for the file sooner, and a restart replays less.
         con.execute(f"SET checkpoint_threshold = '{CHECKPOINT_THRESHOLD}'")
         return con

@@ -11,6 +11,7 @@ import orjson
 from storage import schema
 
 MAX_LIMIT = 1000
+EXPIRED_PER_ANSWER = 5000     # runs per `expired_runs` answer (see q_expired_runs)
 
 
 class StoreQueries:
@@ -94,18 +95,23 @@ class StoreQueries:
 
     def q_open_runs(self, session, tenant, turn, after, limit):
         """Runs started and not ended (every shard's: the caller keeps its own)."""
+        # One aggregate over the two record types, not DISTINCT ... NOT IN (a second hash table
+        # over every ended run): the journal holds every run of the retention window.
         rows = self.cursors["flows"].execute(
-            "SELECT DISTINCT run FROM flow_records WHERE type = 'run.started' AND run NOT IN "
-            "(SELECT run FROM flow_records WHERE type = 'run.ended')").fetchall()
+            "SELECT run FROM flow_records WHERE type IN ('run.started', 'run.ended') GROUP BY run "
+            "HAVING count(*) FILTER (WHERE type = 'run.ended') = 0").fetchall()
         return [{"run_id": run} for (run,) in rows], None
 
     def q_expired_runs(self, session, tenant, turn, after, limit):
         """Runs that ended before `after` (UNIX seconds) as [run, log, position of its first record,
         of its last] (a run's records all go to one log), with how far each log has been loaded."""
+        # At most EXPIRED_PER_ANSWER runs: after a long pause (or the first pass over an old
+        # journal) every run of days may have expired at once, and all of them in one answer
+        # would not fit the store's memory limit; the next pass takes the next ones.
         rows = self.cursors["flows"].execute(
             "SELECT run, any_value(writer), min(lsn), max(lsn) FROM flow_records WHERE run IN "
-            "(SELECT run FROM flow_records WHERE type = 'run.ended' AND ts < ?) GROUP BY run",
-            [float(after)]).fetchall()
+            "(SELECT run FROM flow_records WHERE type = 'run.ended' AND ts < ? LIMIT ?) GROUP BY run",
+            [float(after), EXPIRED_PER_ANSWER]).fetchall()
         return [{"runs": [list(row) for row in rows], "loaded": {str(w): p for w, p in self.loaded.items()}}], None
 
     def superseded_blobs(self, writer: int, start: int, end: int) -> list[list]:
