@@ -271,29 +271,29 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (a CI timeout, ^C from a wrapper) still stops the tree: it unwinds through `finally`.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Path(tempfile.mkdtemp(prefix="bench-chaos-"))
-    server = ServerProcess(work, server_config()).start()
-    workers = start_workers(server, 1, 16)
     ledger, kills = Ledger(), []
     try:
-        print(f"chaos: {args.duration:.0f}s of kills every ~{args.kill_every}s on {server.url}", file=sys.stderr)
-        phases = asyncio.run(load(server, args, ledger, kills))
-        server.wait_ready(120)
-        wait_until(lambda: all(r["pid"] for r in server.table()["children"]), 60, "every role to be running")
-        checked = asyncio.run(verify(server, ledger, timeout=max(60.0, args.deadline)))
-        time.sleep(2.0)
-        after = memory_by_process(server)
-        restarts = restarts_by_role(server)
-    finally:
-        stop_workers(workers)
-        server.stop()
-    try:
+        server = ServerProcess(work, server_config()).start()
+        workers: list = []
+        try:
+            workers = start_workers(server, 1, 16)
+            print(f"chaos: {args.duration:.0f}s of kills every ~{args.kill_every}s on {server.url}", file=sys.stderr)
+            phases = asyncio.run(load(server, args, ledger, kills))
+            server.wait_ready(120)
+            wait_until(lambda: all(r["pid"] for r in server.table()["children"]), 60, "every role to be running")
+            checked = asyncio.run(verify(server, ledger, timeout=max(60.0, args.deadline)))
+            time.sleep(2.0)
+            after = memory_by_process(server)
+            restarts = restarts_by_role(server)
+        finally:
+            stop_workers(workers)
+            server.stop()
         in_log = checkpoints_in_log(work / "data")
-        # the tree's and the worker's own account of the run: what to read first when something
-        # was lost or hung
-        shutil.copyfile(server.log_path, results.path / "server.log")
-        for log in work.glob("worker-*.log"):
-            shutil.copyfile(log, results.path / log.name)
     finally:
+        # the tree's and the worker's own account of the run, also of one that failed or was
+        # stopped: what to read first when something was lost or hung
+        for log in [*work.glob("server-*.log"), *work.glob("worker-*.log")]:
+            shutil.copyfile(log, results.path / ("server.log" if log.name.startswith("server-") else log.name))
         shutil.rmtree(work, ignore_errors=True)
     lost_checkpoints = lost_from_log(ledger.checkpoints, in_log)
     row = accounting(args, ledger, kills, checked, lost_checkpoints, restarts, phases, after)

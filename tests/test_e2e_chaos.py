@@ -35,5 +35,7 @@ def test_twenty_seconds_of_sigkills_lose_nothing_acknowledged(tmp_path):
     assert min(row["acknowledged"].values()) > 0 and row["turn_outcomes"]["completed"] > 0
     assert row["flow_results"]["unfinished"] == 0
     assert (folder / "summary.md").exists() and (folder / "chaos.png").exists()
+    assert "restarting" in (folder / "server.log").read_text()   # the tree's own account is kept
+    assert (folder / "worker-0.log").exists()
     pids = [k["pid"] for k in kills] + [m["pid"] for m in row["memory_kib"].values()]
     assert not [p for p in pids if pid_alive(p)]   # the benchmark left nothing running
