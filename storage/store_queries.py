@@ -105,12 +105,13 @@ class StoreQueries:
     def q_expired_runs(self, session, tenant, turn, after, limit):
         """Runs that ended before `after` (UNIX seconds) as [run, log, position of its first record,
         of its last] (a run's records all go to one log), with how far each log has been loaded."""
-        # At most EXPIRED_PER_ANSWER runs: after a long pause (or the first pass over an old
-        # journal) every run of days may have expired at once, and all of them in one answer
-        # would not fit the store's memory limit; the next pass takes the next ones.
+        # At most EXPIRED_PER_ANSWER runs, the longest ended first: after a long pause (or the
+        # first pass over an old journal) every run of days may have expired at once, and all of
+        # them in one answer would not fit the store's memory limit; the next pass takes the next
+        # ones (the oldest are the likeliest to sit in sealed segments compaction can rewrite).
         rows = self.cursors["flows"].execute(
             "SELECT run, any_value(writer), min(lsn), max(lsn) FROM flow_records WHERE run IN "
-            "(SELECT run FROM flow_records WHERE type = 'run.ended' AND ts < ? LIMIT ?) GROUP BY run",
+            "(SELECT run FROM flow_records WHERE type = 'run.ended' AND ts < ? ORDER BY ts LIMIT ?) GROUP BY run",
             [float(after), EXPIRED_PER_ANSWER]).fetchall()
         return [{"runs": [list(row) for row in rows], "loaded": {str(w): p for w, p in self.loaded.items()}}], None
 
