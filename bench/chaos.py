@@ -209,8 +209,14 @@ async def verify(server: ServerProcess, ledger: Ledger, timeout: float) -> dict[
         results: collections.Counter = collections.Counter()
         while pending and time.monotonic() < deadline:
             for run_id in list(pending):
-                async with http.get(f"{server.url}/v1/runs/{run_id}") as resp:
-                    body = await resp.json()
+                if time.monotonic() >= deadline:
+                    break   # a stalled shard answers nothing: the wait is bounded as a whole
+                try:
+                    async with http.get(f"{server.url}/v1/runs/{run_id}",
+                                        timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                        body = await resp.json()
+                except (asyncio.TimeoutError, aiohttp.ClientError):
+                    continue   # still pending
                 if resp.status == 200 and body.get("status") in ("completed", "failed", "cancelled"):
                     pending.pop(run_id)
                     ok = body["status"] == "completed" and body.get("result") == FLOW_STEPS
