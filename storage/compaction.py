@@ -5,7 +5,7 @@ Two things go, both only from sealed segments the store has loaded and the bucke
   their rows too);
 - external checkpoints (BLOB records) older than their session's newest one: the only read of
   them is `GET …/checkpoints/latest`, which the store answers from its newest row and the payload
-  file (storage/payload_compaction.py trims that file likewise). Then the store deletes their
+  segments (storage/payload_compaction.py trims those likewise). Then the store deletes their
   rows; the writer's largest position stays, as the store's progress.
 A rewritten segment replaces the old one under the same name (start position), and one object
 replaces the segment's objects in the bucket; a node restoring from the bucket simply finds a

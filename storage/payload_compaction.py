@@ -1,173 +1,122 @@
-"""Checkpoint payloads no read needs leave messages.payloads.
+"""Checkpoint payloads no read needs leave writer/store's payload segments, a segment at a time.
 
 What is live: of a session's external checkpoints ('blob' rows) the newest, the only one
 `GET …/checkpoints/latest` reads; of an agent session's checkpoints ('agent' rows) those from its
 newest full snapshot on, the chain a session is loaded from. The rest is garbage once a newer
-checkpoint arrives, and the file only grows. When it is at least `storage.payload_compaction_min_mb`
-and at least half garbage, the live payloads move to a new file, the next generation:
+checkpoint arrives, and segments only grow. A sealed segment (storage/payload_segments.py) is
+compacted when at most half of it is live, or when it is small (a process stopped while it was
+being written) so that small ones merge:
 
-1. under the loader's lock (no batch is loading, so the file's end E is settled): list the live
-   rows below E;
-2. without a lock: copy their bytes, in file order, into `messages.payloads.<generation>`;
-3. on the query thread (so no query holds an offset) and under the loader's lock: append what
-   the loader added past E meanwhile, fdatasync, then one DuckDB transaction moves the live rows'
-   offsets, NULLs the dead rows' and records the generation in `payload_file`. Then the store
-   reads the new file and the old one is deleted.
+1. `copy_live` (maintenance thread): under the loader's lock, ask DuckDB for the segment's rows
+   and which are live (a query bounded by the segment's rows: the sessions of those rows only,
+   never a pass over every session's marks); then, without a lock, append the live payloads to
+   the compaction's own segment and fdatasync them.
+2. `swap` (query thread, so no query holds a place in the old segment; under the loader's lock):
+   one DuckDB transaction points the moved rows at their new places and clears the places of
+   the rest of the segment; then the segment's file is deleted.
 
-A crash before that COMMIT leaves the old generation in force; after it, the new one. Whichever
-file DuckDB does not name is deleted when the store opens (`remove_other_generations`).
+A crash before the COMMIT leaves the copies unnamed (cut off or deleted when the store opens);
+after it, the old segment is named by no row and deleted when the store opens.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from storage import segments
-from storage.payload_file import PayloadFile
+from storage.payload_segments import SEGMENT_ROWS, SYNC_CHUNK, place
 
 if TYPE_CHECKING:
     from storage.store import Store
 
-BASE_NAME = "messages.payloads"
-COPY_CHUNK = 1 << 20
-MAX_LIVE_SHARE = 0.5       # compact only when at least half of the file is garbage
+MAX_LIVE_SHARE = 0.5       # compact a segment when at most half of it is live…
+SMALL_SHARE = 0.25         # …or when it is under a quarter of a full one (bytes and rows)
 
-LIVE_ROWS = """
-WITH marks AS (
+SEGMENT_ROWS_LIVE = """
+WITH seg AS (
+    SELECT session, kind, seq, writer, lsn, payload_at, payload_len FROM checkpoints
+    WHERE payload_at >= ? AND payload_at < ?),
+marks AS (
     SELECT session, kind, max(seq) AS newest, max(CASE WHEN is_full THEN seq END) AS full_seq
-    FROM checkpoints GROUP BY session, kind)
-SELECT c.writer, c.lsn, c.payload_at, c.payload_len
-FROM checkpoints c JOIN marks m ON c.session = m.session AND c.kind = m.kind
-WHERE c.payload_at IS NOT NULL AND c.payload_at + c.payload_len <= ?
-  AND ((c.kind = 'blob' AND c.seq = m.newest) OR (c.kind = 'agent' AND c.seq >= coalesce(m.full_seq, c.seq)))
-ORDER BY c.payload_at
+    FROM checkpoints WHERE session IN (SELECT session FROM seg) GROUP BY session, kind)
+SELECT seg.writer, seg.lsn, seg.payload_at, seg.payload_len,
+       (seg.kind = 'blob' AND seg.seq = marks.newest)
+       OR (seg.kind = 'agent' AND seg.seq >= coalesce(marks.full_seq, seg.seq)) AS live
+FROM seg JOIN marks ON seg.session = marks.session AND seg.kind = marks.kind
+ORDER BY seg.payload_at
 """
-
-
-def payload_path(db_dir: Path, generation: int) -> Path:
-    return db_dir / (BASE_NAME if generation == 0 else f"{BASE_NAME}.{generation}")
-
-
-def remove_other_generations(db_dir: Path, generation: int) -> list[Path]:
-    """Deletes payload files of other generations (a compaction that crashed before or after
-    its commit); returns them."""
-    keep = payload_path(db_dir, generation)
-    gone = [p for p in db_dir.glob(f"{BASE_NAME}*") if p != keep]
-    for path in gone:
-        path.unlink()
-    if gone:
-        segments.fsync_dir(db_dir)
-    return gone
 
 
 @dataclass
 class Plan:
-    generation: int
-    path: Path
-    old_end: int                  # E: the old file's end when the live rows were listed
-    new_end: int = 0              # where the copied live bytes end in the new file
+    segment: int
+    size: int                     # the segment's bytes
+    live_bytes: int = 0
     moves: tuple[list[int], list[int], list[int]] = field(default_factory=lambda: ([], [], []))
 
 
-def copy_live(store: "Store", min_bytes: int) -> Plan | None:
-    """Steps 1 and 2: the new generation's file with the live payloads below E, or None when the
-    file is too small or not garbage enough to be worth it."""
-    with store.loading:
-        end = store.payloads.end
-        # What is live changes slowly (about one payload per session), so until the file is
-        # twice what was live at the last look, skip asking DuckDB (a scan of every row); at
-        # worst a pass comes a little late.
-        if end < max(1, min_bytes) or end * MAX_LIVE_SHARE < store.payload_live_bytes:
-            return None
-        live = store.conns["messages"].execute(LIVE_ROWS, [end]).fetchall()
-        plan = Plan(store.payload_generation + 1, payload_path(store.db_dir, store.payload_generation + 1), end)
-    store.payload_live_bytes = sum(length for _, _, _, length in live)
-    if store.payload_live_bytes > end * MAX_LIVE_SHARE:
+def order(store: "Store") -> list[int]:
+    """The sealed segments, starting after the last one a pass looked at (round robin: a pass
+    has a time budget, the next one goes on from there)."""
+    numbers = sorted(store.payloads.sealed_segments())
+    after = [n for n in numbers if n > store.payload_cursor]
+    return after + [n for n in numbers if n <= store.payload_cursor]
+
+
+def copy_live(store: "Store", segment: int) -> Plan | None:
+    """Step 1: the segment's live payloads copied to the compaction's segment, or None when the
+    segment is worth keeping as it is."""
+    store.payload_cursor = segment
+    size = store.payloads.sealed_segments().get(segment)
+    if size is None:
         return None
-    writers, lsns, offsets = plan.moves
-    fd = os.open(plan.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        at = 0                        # where the current run of adjacent payloads goes
-        run_start = run_end = -1
-        for writer, lsn, offset, length in live:
-            if offset != run_end:     # not adjacent to the previous one: that run goes out first
-                at = _copy(store.payloads, fd, run_start, run_end, at)
-                run_start = offset
-            writers.append(writer)
-            lsns.append(lsn)
-            offsets.append(at + offset - run_start)
-            run_end = offset + length
-        plan.new_end = _copy(store.payloads, fd, run_start, run_end, at)
-        os.fdatasync(fd)
-    except BaseException:
-        os.close(fd)
-        plan.path.unlink(missing_ok=True)
-        raise
-    os.close(fd)
-    segments.fsync_dir(store.db_dir)
+    with store.loading:
+        rows = store.conns["messages"].execute(SEGMENT_ROWS_LIVE, [place(segment, 0), place(segment + 1, 0)]).fetchall()
+    plan = Plan(segment, size)
+    live = [row for row in rows if row[4]]
+    plan.live_bytes = sum(row[3] for row in live)
+    small = size < store.payloads.segment_bytes * SMALL_SHARE and len(rows) < SEGMENT_ROWS * SMALL_SHARE
+    if plan.live_bytes > size * MAX_LIVE_SHARE and not small:
+        return None
+    writers, lsns, places = plan.moves
+    out = store.payloads.compactor
+    unsynced = 0
+    for writer, lsn, at, length, _ in live:
+        new_at, _ = out.append(store.payloads.read(at, length))
+        writers.append(writer)
+        lsns.append(lsn)
+        places.append(new_at)
+        unsynced += length
+        if unsynced >= SYNC_CHUNK:
+            out.sync()
+            unsynced = 0
+    out.sync()
     return plan
 
 
-def _copy(source: PayloadFile, fd: int, start: int, end: int, at: int) -> int:
-    """Copies [start, end) of `source` to `fd` at `at`; returns where the copy ends. Synced a
-    chunk at a time, so writer/log's commit fsyncs on the same disk do not queue behind it all."""
-    while start < end:
-        data = source.read(start, min(COPY_CHUNK, end - start))
-        os.pwrite(fd, data, at)
-        os.fdatasync(fd)
-        start += len(data)
-        at += len(data)
-    return at
-
-
 def swap(store: "Store", plan: Plan) -> int:
-    """Step 3 (on the query thread): the new generation in force. Returns the bytes freed."""
+    """Step 2 (on the query thread): the moved rows name their new places, the segment goes.
+    Returns the bytes freed."""
     with store.loading:
-        old = store.payloads
+        con = store.conns["messages"]
+        con.execute("BEGIN TRANSACTION")
         try:
-            fd = os.open(plan.path, os.O_WRONLY)
-            try:
-                end = _copy(old, fd, plan.old_end, old.end, plan.new_end)
-                os.fdatasync(fd)
-            finally:
-                os.close(fd)
-            _repoint(store, plan)
+            con.execute("CREATE TEMP TABLE IF NOT EXISTS payload_moves (writer SMALLINT, lsn BIGINT, new_at BIGINT)")
+            con.execute("DELETE FROM payload_moves")
+            if plan.moves[0]:
+                appender = con.appender("payload_moves")
+                appender.append_rows(list(zip(*plan.moves)))
+                appender.flush()
+                con.execute("UPDATE checkpoints SET payload_at = m.new_at FROM payload_moves m "
+                            "WHERE checkpoints.writer = m.writer AND checkpoints.lsn = m.lsn")
+            # what is left in the segment's range is what no read needs
+            con.execute("UPDATE checkpoints SET payload_at = NULL, payload_len = NULL "
+                        "WHERE payload_at >= ? AND payload_at < ?", [place(plan.segment, 0), place(plan.segment + 1, 0)])
+            con.execute("COMMIT")
         except BaseException:
-            plan.path.unlink(missing_ok=True)
+            try:
+                con.execute("ROLLBACK")
+            except Exception:  # noqa: BLE001 — a failed COMMIT already ended the transaction
+                pass
             raise
-        new = PayloadFile(plan.path)
-        new.open(end)
-        store.payloads, store.payload_generation = new, plan.generation
-        freed = old.end - end
-        old.close()
-        old.path.unlink(missing_ok=True)
-        segments.fsync_dir(store.db_dir)
-        return freed
-
-
-def _repoint(store: "Store", plan: Plan) -> None:
-    con = store.conns["messages"]
-    con.execute("BEGIN TRANSACTION")
-    try:
-        con.execute("CREATE TEMP TABLE IF NOT EXISTS payload_moves (writer SMALLINT, lsn BIGINT, new_at BIGINT)")
-        con.execute("DELETE FROM payload_moves")
-        con.execute("INSERT INTO payload_moves SELECT unnest(?), unnest(?), unnest(?)", list(plan.moves))
-        # in this order: the dead rows by their old offsets, the loader's newer rows by theirs, then the moves
-        con.execute("UPDATE checkpoints SET payload_at = NULL, payload_len = NULL WHERE payload_at < ? AND NOT EXISTS "
-                    "(SELECT 1 FROM payload_moves m WHERE m.writer = checkpoints.writer AND m.lsn = checkpoints.lsn)",
-                    [plan.old_end])
-        con.execute("UPDATE checkpoints SET payload_at = payload_at + ? WHERE payload_at >= ?",
-                    [plan.new_end - plan.old_end, plan.old_end])
-        con.execute("UPDATE checkpoints SET payload_at = m.new_at FROM payload_moves m "
-                    "WHERE checkpoints.writer = m.writer AND checkpoints.lsn = m.lsn")
-        con.execute("DELETE FROM payload_file")
-        con.execute("INSERT INTO payload_file VALUES (?)", [plan.generation])
-        con.execute("COMMIT")
-    except BaseException:
-        try:
-            con.execute("ROLLBACK")
-        except Exception:  # noqa: BLE001 — a failed COMMIT already ended the transaction
-            pass
-        raise
+        store.payloads.drop(plan.segment)
+    return plan.size - plan.live_bytes

@@ -16,17 +16,18 @@ messages.db
               payload_at, payload_len)
       kind 'agent': an agent session's state (payload = msgpack list of messages, starting at
       message index `first_idx`; `is_full` marks a complete snapshot); kind 'blob': an external
-      runtime's checkpoint under `key` (payload = its bytes). The payload itself lives in
-      messages.payloads (storage/payload_file.py) at [payload_at, payload_at + payload_len);
-      the `payload` column is NULL except in rows written before that file existed. Only the
-      newest 'blob' row of a session in each load batch has its payload copied there (nothing
-      reads an older one); the others have `payload`, `payload_at` and `payload_len` NULL.
-      A payload compaction (storage/payload_compaction.py) NULLs those columns of the rows no
-      read needs any more and moves the others into the next generation of the file. Once the
-      log's compaction has dropped a superseded 'blob' record, its row goes too
+      runtime's checkpoint under `key` (payload = its bytes). The payload itself lives in the
+      payload segments (storage/payload_segments.py): `payload_at` is a place (segment << 40 |
+      offset), `payload_len` its length; the `payload` column is NULL except in rows written
+      before those files existed. Only the newest 'blob' row of a session in each load batch has
+      its payload copied there (nothing reads an older one); the others have `payload`,
+      `payload_at` and `payload_len` NULL. A payload compaction (storage/payload_compaction.py)
+      moves a segment's live payloads to another and NULLs those columns of its other rows.
+      Once the log's compaction has dropped a superseded 'blob' record, its row goes too
       (`Store.forget_superseded`).
   payload_file(generation)
-      which file holds the payloads: messages.payloads (0, or no row) or messages.payloads.<n>
+      older versions only: which single file held the payloads (messages.payloads, or
+      messages.payloads.<n>); it becomes payload segment 0 when the store opens
 access.db
   access(ts, method, route, status, tenant, session, duration_ms, writer, lsn)
 flows.db

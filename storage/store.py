@@ -19,9 +19,9 @@ import msgpack
 import orjson
 
 from agentos import metrics, native_memory
-from storage import payload_compaction, records, schema, segments, store_queries
+from storage import payload_segments, records, schema, segments, store_queries
 from storage.bloom import BloomFilter
-from storage.payload_file import PayloadFile
+from storage.payload_segments import PayloadSegments
 from storage.projection import project
 from storage.store_queries import StoreQueries
 
@@ -33,11 +33,12 @@ PAYLOAD_COLUMN = 7            # of a checkpoints row as projected: its bytes go 
 BATCH_INTERVAL_SECS = 1.0
 MIN_DB_MEMORY_MB = 16
 CHECKPOINT_THRESHOLD = "4MB"
+OPEN_ROWS_PER_FETCH = 10_000
 
 
 class Store(StoreQueries):
     def __init__(self, data_dir: Path, writers: int, memory_limit_mb: int, jsonl_dir: str = "",
-                 log: logging.Logger | None = None) -> None:
+                 log: logging.Logger | None = None, payload_segment_bytes: int = payload_segments.SEGMENT_BYTES) -> None:
         self.db_dir = data_dir / "db"
         self.wal_root = data_dir / "wal"
         self.writers = writers
@@ -59,9 +60,8 @@ class Store(StoreQueries):
         self.stats = {"records": 0, "rows": 0, "batches": 0, "bad_records": 0, "load_errors": 0}
         self.backlog = False
         self.loading = threading.Lock()   # held while a batch loads; a recycle waits for it
-        self.payload_generation = 0   # which payload file is in force (storage/payload_compaction.py)
-        self.payload_live_bytes = 0   # of it, what reads still needed when the compaction last looked
-        self.payloads = PayloadFile(payload_compaction.payload_path(self.db_dir, 0))
+        self.payloads = PayloadSegments(self.db_dir / payload_segments.DIR_NAME, payload_segment_bytes)
+        self.payload_cursor = -1      # the payload segment a compaction pass looked at last
         self.read_bytes = READ_BYTES
         # "kind:session" of every checkpoint loaded: a session not in it has none (storage/bloom.py)
         self.checkpointed = BloomFilter()
@@ -84,21 +84,17 @@ class Store(StoreQueries):
                         last[db][writer] = max(last[db].get(writer, -1), lsn)
             # Records before this position are in the file (the one at `lsn` itself included).
             self.progress[db] = {w: lsn + 1 for w, lsn in last[db].items()}
-        for kind, session in self.conns["messages"].execute("SELECT DISTINCT kind, session FROM checkpoints").fetchall():
-            self.checkpointed.add(f"{kind}:{session}")
-        self.payload_generation = self.conns["messages"].execute(
-            "SELECT coalesce(max(generation), 0) FROM payload_file").fetchone()[0]
-        self.payloads = PayloadFile(payload_compaction.payload_path(self.db_dir, self.payload_generation))
-        for path in payload_compaction.remove_other_generations(self.db_dir, self.payload_generation):
-            self.log.info("removed %s, left by a payload compaction that did not finish", path.name)
-        end = self.conns["messages"].execute(
-            "SELECT coalesce(max(payload_at + payload_len), 0) FROM checkpoints").fetchone()[0]
-        cut = self.payloads.open(end)
-        if cut > 0:
-            self.log.info("dropped %d bytes of payloads no committed row names (loaded again from the log)", cut)
-        elif cut < 0:
-            self.log.error("%s is %d bytes short of what DuckDB's rows name: those checkpoints cannot be read",
-                           self.payloads.path, -cut)
+        # in pieces: a million sessions' names at once would hold a few hundred MB for a moment
+        result = self.conns["messages"].execute("SELECT DISTINCT kind, session FROM checkpoints")
+        while rows := result.fetchmany(OPEN_ROWS_PER_FETCH):
+            for kind, session in rows:
+                self.checkpointed.add(f"{kind}:{session}")
+        # Where each payload segment's last committed row ends (a segment no row names is garbage).
+        ends = self.conns["messages"].execute(
+            f"SELECT payload_at >> {payload_segments.SHIFT}, max(payload_at + payload_len) FROM checkpoints "
+            "WHERE payload_at IS NOT NULL GROUP BY 1").fetchall()
+        for note in self.payloads.open({n: end - payload_segments.place(n, 0) for n, end in ends}, self._legacy_payloads()):
+            (self.log.error if note.startswith("ERROR") else self.log.info)("%s", note)
         # A log that an earlier configuration wrote (more writers, or the gateway's own) is still loaded.
         if self.wal_root.is_dir():
             self.writers = max([self.writers, *(int(p.name) + 1 for p in self.wal_root.iterdir() if p.name.isdigit())])
@@ -106,6 +102,15 @@ class Store(StoreQueries):
             start = min(last[db].get(writer, 0) for db in self.conns)
             self.readers[writer] = segments.SegmentReader(self.wal_root / str(writer), start)
             self.loaded[writer] = start
+
+    def _legacy_payloads(self) -> Path:
+        """The single payload file of older versions (`payload_file` named its generation)."""
+        (generation,) = self.conns["messages"].execute("SELECT coalesce(max(generation), 0) FROM payload_file").fetchone()
+        name = payload_segments.LEGACY_NAME + (f".{generation}" if generation else "")
+        for path in self.db_dir.glob(payload_segments.LEGACY_NAME + "*"):
+            if path.name != name:
+                path.unlink()
+        return self.db_dir / name
 
     def _connect(self, db: str) -> duckdb.DuckDBPyConnection:
         # Small on purpose: DuckDB keeps the blocks it wrote in its buffer pool until the limit
@@ -192,7 +197,7 @@ class Store(StoreQueries):
         events_for_jsonl: list[dict] = []
         count = 0
         self.backlog = False
-        payloads_end = self.payloads.end
+        payloads_mark = self.payloads.loader.mark()
         for writer, reader in self.readers.items():
             batch = reader.read(self.read_bytes, None if self.limits is None else self.limits.get(writer, 0))
             if batch and batch[-1][4] - batch[0][0] > self.read_bytes // 2:
@@ -224,7 +229,7 @@ class Store(StoreQueries):
             rows["checkpoints"] = self._payloads_out(rows["checkpoints"])
         started = time.monotonic()
         try:
-            self.payloads.sync()   # before the rows that point into it commit
+            self.payloads.loader.sync()   # before the rows that point into it commit
             for db in self.conns:
                 tables = {t: r for t, r in rows.items() if schema.TABLE_DB[t] == db}
                 if tables or positions[db]:
@@ -233,7 +238,7 @@ class Store(StoreQueries):
             for writer, start in starts.items():
                 self.readers[writer].position = start  # re-read; files already committed skip by progress
             if not self._committed(positions["messages"]):
-                self.payloads.rewind(payloads_end)
+                self.payloads.loader.rewind(payloads_mark)
             # DuckDB may have refused the batch for want of memory: try a smaller one next time
             self.read_bytes = max(MIN_READ_BYTES, self.read_bytes // 2)
             raise
@@ -267,7 +272,7 @@ class Store(StoreQueries):
 
     def _payload_out(self, row: tuple) -> tuple:
         """A checkpoints row with its payload moved to the payload file: (…, NULL, …, at, len)."""
-        at, length = self.payloads.append(row[PAYLOAD_COLUMN])
+        at, length = self.payloads.loader.append(row[PAYLOAD_COLUMN])
         return row[:PAYLOAD_COLUMN] + (None,) + row[PAYLOAD_COLUMN + 1:] + (at, length)
 
     def _committed(self, positions: dict[int, int]) -> bool:

@@ -30,6 +30,7 @@ from broker.address import bus_address
 
 SYNC_TIMEOUT_SECS = 30.0
 KNOWN_WRITER_SECS = 2.0    # how long a `sync` waits for a writer it has heard from before using its files
+PAYLOAD_PASS_SECS = 10.0   # a payload compaction pass stops after this long; the next goes on from there
 
 
 class StoreService:
@@ -37,7 +38,7 @@ class StoreService:
         self.log = log
         self.config = config
         self.store = Store(Path(config.storage.dir), config.logs, config.storage.duckdb_memory_limit_mb,
-                           config.storage.jsonl_dir, log)
+                           config.storage.jsonl_dir, log, payload_segment_bytes=config.storage.segment_bytes)
         self.queries = ThreadPoolExecutor(1, thread_name_prefix="store-query")
         self.maintenance = ThreadPoolExecutor(1, thread_name_prefix="store-compact")
         self.loader: ThreadPoolExecutor | None = None
@@ -252,20 +253,29 @@ class StoreService:
                     self.log.exception("reopening %s.db failed", db)
 
     async def compact_payloads(self) -> None:
-        """Every `storage.compaction_interval_secs`: trim the payload file if it is worth it."""
+        """Every `storage.compaction_interval_secs`: compact the payload segments worth it, for at
+        most PAYLOAD_PASS_SECS (the next pass goes on where this one stopped)."""
         min_bytes = int(self.config.storage.payload_compaction_min_mb * (1 << 20))
         while True:
             await asyncio.sleep(self.config.storage.compaction_interval_secs)
-            try:
-                plan = await self.loop.run_in_executor(self.maintenance, payload_compaction.copy_live,
-                                                       self.store, min_bytes)
-                if plan is not None:
+            if self.store.payloads.total_bytes < min_bytes:
+                continue
+            deadline = time.monotonic() + PAYLOAD_PASS_SECS
+            for segment in payload_compaction.order(self.store):
+                if time.monotonic() > deadline:
+                    break
+                try:
+                    plan = await self.loop.run_in_executor(self.maintenance, payload_compaction.copy_live,
+                                                           self.store, segment)
+                    if plan is None:
+                        continue
                     freed = await self.loop.run_in_executor(self.queries, payload_compaction.swap, self.store, plan)
-                    metrics.payload_freed_bytes.inc(freed)
-                    self.log.info("compaction: payload file generation %d, %d bytes of superseded checkpoints freed",
-                                  plan.generation, freed)
-            except Exception:   # never fatal: the old file stays in force, the next pass tries again
-                self.log.exception("payload compaction failed")
+                except Exception:   # never fatal: the segment stays in force, a later pass tries again
+                    self.log.exception("compacting payload segment %d failed", segment)
+                    break
+                metrics.payload_freed_bytes.inc(freed)
+                self.log.info("compaction: payload segment %d rewritten, %d bytes of superseded checkpoints freed",
+                              segment, freed)
 
     async def report(self) -> None:
         while True:
@@ -275,7 +285,7 @@ class StoreService:
             metrics.store_lag_seconds.set(seconds)
             metrics.message_store_queue.set(records)
             metrics.access_log_queue.set(records)
-            metrics.payload_file_bytes.set(self.store.payloads.end)
+            metrics.payload_file_bytes.set(self.store.payloads.total_bytes)
 
 
 def _positions(pairs: list) -> dict[int, int]:

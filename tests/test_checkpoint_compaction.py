@@ -1,5 +1,5 @@
 """Superseded checkpoints leave the log's sealed segments and writer/store's payload file."""
-from storage import compaction, payload_compaction, records, segments
+from storage import compaction, payload_compaction, payload_segments, records, segments
 from storage.records import RecordKind
 from storage.store import Store
 
@@ -28,12 +28,26 @@ def reads(store):
             [(r["seq"], r["messages"]) for r in store.query("checkpoint_chain", "c")[0]])
 
 
-def test_compacting_the_payload_file_keeps_what_reads_need_across_a_restart(tmp_path):
+def payload_files(tmp_path):
+    return sorted(p.name for p in (tmp_path / "db" / payload_segments.DIR_NAME).iterdir())
+
+
+def compact_all(store):
+    """One pass over every sealed segment, as writer/store's compaction task makes it."""
+    freed = 0
+    for segment in payload_compaction.order(store):
+        plan = payload_compaction.copy_live(store, segment)
+        if plan is not None:
+            freed += payload_compaction.swap(store, plan)
+    return freed
+
+
+def test_compacting_a_segment_keeps_what_reads_need_across_a_restart(tmp_path):
     log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=1 << 20)
     store = Store(tmp_path, writers=1, memory_limit_mb=64)
     store.open()
-    # Four load batches: each leaves the newest blob of a and b in the file, and an agent chain
-    # whose full snapshot comes at seq 3 (seqs 1–2 are unreachable after it).
+    # Four load batches: each leaves the newest blob of a and b in the segment, and an agent
+    # chain whose full snapshot comes at seq 3 (seqs 1–2 are unreachable after it).
     for n in range(4):
         write_batch(log, [(RecordKind.BLOB, f"a{n}", blob("a", n, b"A" * 3000 + bytes([n]))),
                           (RecordKind.BLOB, f"b{n}", blob("b", n, b"B" * 1000 + bytes([n]))),
@@ -41,11 +55,16 @@ def test_compacting_the_payload_file_keeps_what_reads_need_across_a_restart(tmp_
         store.load_all()
     before = reads(store)
     assert before[0]["a"][0]["payload"] == b"A" * 3000 + b"\x03" and [s for s, _ in before[1]] == [3, 4]
-    old_size = (tmp_path / "db" / "messages.payloads").stat().st_size
+    assert payload_compaction.order(store) == []      # the loader still writes to segment 0
+    store.close()
 
-    plan = payload_compaction.copy_live(store, min_bytes=0)
-    assert plan is not None and plan.generation == 1
-    # The loader goes on between the copy and the swap: its rows must move with the file's tail.
+    store = Store(tmp_path, writers=1, memory_limit_mb=64)   # a restart seals it
+    store.open()
+    old_size = (tmp_path / "db" / payload_segments.DIR_NAME / "00000000").stat().st_size
+    assert payload_compaction.order(store) == [0]
+    plan = payload_compaction.copy_live(store, 0)
+    assert plan is not None and len(plan.moves[0]) == 4     # a3, b3 and c's chain (seq 3, 4)
+    # The loader goes on between the copy and the swap: its rows go to a segment of their own.
     write_batch(log, [(RecordKind.BLOB, "b4", blob("b", 4, b"late"))])
     store.load_all()
     freed = payload_compaction.swap(store, plan)
@@ -53,29 +72,32 @@ def test_compacting_the_payload_file_keeps_what_reads_need_across_a_restart(tmp_
     after = reads(store)
     assert after[0]["a"] == before[0]["a"] and after[0]["b"][0]["payload"] == b"late"
     assert after[1] == before[1]
-    new_file = tmp_path / "db" / "messages.payloads.1"
-    assert not (tmp_path / "db" / "messages.payloads").exists()
-    assert new_file.stat().st_size == old_size + len(b"late") - freed and freed > old_size // 2
+    assert payload_files(tmp_path) == ["00000001", "00000002"]   # the compaction's, the loader's
+    assert freed == old_size - plan.live_bytes and freed > old_size // 2
     # Every row is still there; the unreachable ones no longer name a payload.
     assert store.query("count", "")[0][0]["checkpoints"] == 13
     (named,) = store.conns["messages"].execute("SELECT count(*) FROM checkpoints WHERE payload_at IS NOT NULL").fetchone()
     # a's newest, c's chain from its full snapshot, b's newest and the one it superseded during
-    # the copy (that one goes in the next compaction)
+    # the copy (that one goes in a later compaction)
     assert named == 1 + 2 + 2
     store.close()
 
-    again = Store(tmp_path, writers=1, memory_limit_mb=64)   # a restart reads the new generation
+    again = Store(tmp_path, writers=1, memory_limit_mb=64)   # a restart reads the moved payloads
     again.open()
-    assert again.payload_generation == 1 and reads(again) == after
+    assert reads(again) == after
     write_batch(log, [(RecordKind.BLOB, "a9", blob("a", 9, b"after the restart"))])
     log.close()
     again.load_all()
     assert again.query("blob_latest", "a")[0][0]["payload"] == b"after the restart"
-    assert payload_compaction.copy_live(again, min_bytes=1 << 30) is None   # too small to bother
+    # the two small segments merge into one; what reads see does not change
+    compact_all(again)
+    assert payload_files(tmp_path) == ["00000003", "00000004"]
+    assert again.query("blob_latest", "b")[0][0]["payload"] == b"late"
+    assert [(r["seq"], r["messages"]) for r in again.query("checkpoint_chain", "c")[0]] == before[1]
     again.close()
 
 
-def test_a_compaction_that_stopped_before_its_swap_leaves_the_old_file_in_force(tmp_path):
+def test_a_compaction_that_stopped_before_or_after_its_commit_loses_nothing(tmp_path, monkeypatch):
     log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=1 << 20)
     store = Store(tmp_path, writers=1, memory_limit_mb=64)
     store.open()
@@ -83,15 +105,53 @@ def test_a_compaction_that_stopped_before_its_swap_leaves_the_old_file_in_force(
         write_batch(log, [(RecordKind.BLOB, f"a{n}", blob("a", n, bytes([n]) * 2000))])
         store.load_all()
     log.close()
-    plan = payload_compaction.copy_live(store, min_bytes=0)
-    assert plan is not None and plan.path.exists()
-    store.close()   # the process ends here, say: the copy is not in force
+    store.close()
+    store = Store(tmp_path, writers=1, memory_limit_mb=64)
+    store.open()
+    plan = payload_compaction.copy_live(store, 0)
+    assert plan is not None and payload_files(tmp_path) == ["00000000", "00000001"]
+    store.close()   # the process ends here, say: the copy is named by no row
 
     again = Store(tmp_path, writers=1, memory_limit_mb=64)
     again.open()
-    assert again.payload_generation == 0 and not plan.path.exists()
+    assert payload_files(tmp_path) == ["00000000"]
     assert again.query("blob_latest", "a")[0][0]["payload"] == b"\x02" * 2000
+    plan = payload_compaction.copy_live(again, 0)
+    monkeypatch.setattr(again.payloads, "drop", lambda number: None)   # ends after its COMMIT
+    payload_compaction.swap(again, plan)
     again.close()
+    monkeypatch.undo()
+
+    third = Store(tmp_path, writers=1, memory_limit_mb=64)
+    third.open()
+    assert payload_files(tmp_path) == ["00000002"]    # segment 0 was named by no row any more
+    assert third.query("blob_latest", "a")[0][0]["payload"] == b"\x02" * 2000
+    third.close()
+
+
+def test_a_single_payload_file_of_an_older_version_becomes_segment_zero(tmp_path):
+    log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=1 << 20)
+    write_batch(log, [(RecordKind.BLOB, "a0", blob("a", 0, b"zero"))])
+    store = Store(tmp_path, writers=1, memory_limit_mb=64)
+    store.open()
+    store.load_all()
+    store.close()
+    # as an older version left it: generation 1 in force, its file, and a leftover generation 0
+    (tmp_path / "db" / payload_segments.DIR_NAME / "00000000").rename(tmp_path / "db" / "messages.payloads.1")
+    (tmp_path / "db" / "messages.payloads").write_bytes(b"stale")
+    import duckdb
+    with duckdb.connect(str(tmp_path / "db" / "messages.db")) as con:
+        con.execute("INSERT INTO payload_file VALUES (1)")
+    store = Store(tmp_path, writers=1, memory_limit_mb=64)
+    store.open()
+    assert not list((tmp_path / "db").glob("messages.payloads*"))
+    assert store.query("blob_latest", "a")[0][0]["payload"] == b"zero"
+    write_batch(log, [(RecordKind.BLOB, "a1", blob("a", 1, b"one"))])
+    log.close()
+    store.load_all()
+    assert store.query("blob_latest", "a")[0][0]["payload"] == b"one"
+    assert payload_files(tmp_path) == ["00000000", "00000001"]
+    store.close()
 
 
 def test_forgetting_superseded_rows_keeps_each_sessions_newest_and_the_progress(tmp_path):
@@ -117,14 +177,19 @@ def test_forgetting_superseded_rows_keeps_each_sessions_newest_and_the_progress(
     again.close()
 
 
-def test_a_half_live_file_is_left_alone(tmp_path):
+def test_a_full_segment_mostly_live_is_left_alone(tmp_path, monkeypatch):
+    monkeypatch.setattr(payload_compaction, "SMALL_SHARE", 0.0)   # as if it were full
     log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=1 << 20)
     write_batch(log, [(RecordKind.BLOB, f"{sid}", blob(sid, 1, b"x" * 1000)) for sid in "abcd"])
+    write_batch(log, [(RecordKind.BLOB, "a2", blob("a", 2, b"y" * 1000))])
     log.close()
     store = Store(tmp_path, writers=1, memory_limit_mb=64)
     store.open()
     store.load_all()
-    assert payload_compaction.copy_live(store, min_bytes=0) is None   # all of it is live
+    store.close()
+    store = Store(tmp_path, writers=1, memory_limit_mb=64)
+    store.open()
+    assert payload_compaction.copy_live(store, 0) is None   # 4 of 5 payloads live
     store.close()
 
 
@@ -176,17 +241,17 @@ def test_a_running_server_drops_superseded_checkpoints_from_its_log_and_payload_
 
     # no gateway cache: every latest read comes from writer/store's rows and payload file
     server = make_server({"gateway": {"checkpoint_cache_mb": 0},
-                          "storage": {"segment_bytes": 64 << 10, "compaction_interval_secs": 1,
+                          "storage": {"segment_bytes": 256 << 10, "compaction_interval_secs": 1,
                                       "payload_compaction_min_mb": 0}})
     sessions = [f"ck-{i}" for i in range(4)]
     puts = 30
     for n in range(puts):
         for sid in sessions:
             status, _, _ = get_json(f"{server.url}/v1/sessions/{sid}/checkpoints/n{n}", method="PUT",
-                                    body=f"{sid}/{n};".encode() * 300,
+                                    body=f"{sid}/{n};".encode() * 3000,
                                     headers={"Content-Type": "application/octet-stream"})
             assert status == 200
-    wait_until(lambda: "compaction: dropped" in server.log() and "payload file generation" in server.log(), 30,
+    wait_until(lambda: "compaction: dropped" in server.log() and "compaction: payload segment" in server.log(), 30,
                "a compaction pass over the log and over the payload file", interval=0.3)
 
     def latest_all():
@@ -196,7 +261,7 @@ def test_a_running_server_drops_superseded_checkpoints_from_its_log_and_payload_
                 out[sid] = (resp.status, resp.headers["X-Checkpoint-Key"], resp.read())
         return out
 
-    expected = {sid: (200, f"n{puts - 1}", f"{sid}/{puts - 1};".encode() * 300) for sid in sessions}
+    expected = {sid: (200, f"n{puts - 1}", f"{sid}/{puts - 1};".encode() * 3000) for sid in sessions}
     assert latest_all() == expected
     wait_until(lambda: scrape(server.url).get("agentos_payload_file_bytes", 0) > 0, 10, "the store's gauges")
     seen = scrape(server.url)
@@ -209,9 +274,8 @@ def test_a_running_server_drops_superseded_checkpoints_from_its_log_and_payload_
              for _, kind, rid, _, _ in records.scan(path.read_bytes()) if kind == RecordKind.BLOB]
     assert len(blobs) < len(sessions) * puts / 2, f"{len(blobs)} of {len(sessions) * puts} checkpoints still in the log"
     assert compaction.read_mark(wal) > 0
-    payload_files = list((data_dir / "db").glob("messages.payloads*"))
-    assert len(payload_files) == 1 and payload_files[0].name != "messages.payloads"
-    assert payload_files[0].stat().st_size < len(sessions) * puts * 2400 / 2
+    wait_until(lambda: scrape(server.url)["agentos_payload_file_bytes"] < len(sessions) * puts * 24000 / 2, 10,
+               "the payload segments to hold less than half of what was written")
 
     assert server.stop() == 0
     with duckdb.connect(str(data_dir / "db" / "messages.db"), read_only=True) as con:

@@ -139,6 +139,10 @@ def blob(session, seq, payload):
                                 "at": 1.0})
 
 
+def segment_path(tmp_path, number):
+    return tmp_path / "db" / "payloads" / f"{number:08d}"
+
+
 def test_checkpoints_larger_than_duckdbs_memory_limit_still_load(tmp_path):
     """16 MB of checkpoint payloads in one batch, with DuckDB held to 16 MB per file: the payloads
     go to the payload file, DuckDB only gets their places, and every one reads back."""
@@ -169,14 +173,17 @@ def test_payloads_no_committed_row_names_are_cut_off_on_open_and_loaded_again(tm
     store.close()
     log.write(records.frame(RecordKind.BLOB, b"b2", blob("s", 2, b"second")), sync=True)
     log.close()
-    with open(tmp_path / "db" / "messages.payloads", "ab") as f:
+    with open(segment_path(tmp_path, 0), "ab") as f:
         f.write(b"half-written payload of a batch that never committed")
+    with open(segment_path(tmp_path, 1), "wb") as f:     # a segment begun by that batch
+        f.write(b"more of it")
     store = Store(tmp_path, writers=1, memory_limit_mb=64)
     store.open()
-    assert store.payloads.end == len(b"first")
+    assert store.payloads.total_bytes == len(b"first") and not segment_path(tmp_path, 1).exists()
     store.load_all()
     assert store.query("blob_latest", "s")[0] == [{"key": "k2", "seq": 2, "payload": b"second"}]
-    assert (tmp_path / "db" / "messages.payloads").read_bytes() == b"firstsecond"
+    assert segment_path(tmp_path, 0).read_bytes() == b"first"
+    assert segment_path(tmp_path, 2).read_bytes() == b"second"   # each start begins a segment
     store.close()
 
 
@@ -198,11 +205,11 @@ def test_a_batch_duckdb_refuses_is_retried_smaller_and_its_payloads_are_rewritte
     monkeypatch.setattr(store, "_commit", refuse_once)
     with pytest.raises(MemoryError):
         store.load_once()
-    assert store.read_bytes < 8 << 20 and store.payloads.end == 0
+    assert store.read_bytes < 8 << 20 and store.payloads.total_bytes == 0
     store.load_all()
     assert store.query("count", "")[0][0]["checkpoints"] == 5
     assert store.query("blob_latest", "s4")[0][0]["payload"] == bytes([4]) * 10
-    assert (tmp_path / "db" / "messages.payloads").stat().st_size == 50
+    assert segment_path(tmp_path, 0).stat().st_size == 50   # the retry wrote over the refused batch
     store.close()
 
 
@@ -218,13 +225,13 @@ def test_only_a_sessions_newest_blob_of_a_batch_is_copied_to_the_payload_file(tm
     assert store.query("count", "")[0][0]["checkpoints"] == 8
     assert store.query("blob_latest", "a")[0] == [{"key": "k3", "seq": 3, "payload": b"a:3;"}]
     assert store.query("blob_latest", "b")[0] == [{"key": "k3", "seq": 3, "payload": b"b:3;"}]
-    assert (tmp_path / "db" / "messages.payloads").read_bytes() == b"a:3;b:3;"
+    assert segment_path(tmp_path, 0).read_bytes() == b"a:3;b:3;"
     log.write(records.frame(RecordKind.BLOB, b"a-4", blob("a", 4, b"a:4;")), sync=True)
     log.close()
     store.load_all()
     assert store.query("blob_latest", "a")[0][0]["payload"] == b"a:4;"
     assert store.query("blob_latest", "b")[0][0]["payload"] == b"b:3;"
-    assert (tmp_path / "db" / "messages.payloads").read_bytes() == b"a:3;b:3;a:4;"
+    assert segment_path(tmp_path, 0).read_bytes() == b"a:3;b:3;a:4;"
     store.close()
 
 
@@ -254,25 +261,31 @@ def test_checkpoint_rows_from_before_the_payload_file_still_read(tmp_path):
     store.close()
 
 
-def test_payload_file_syncs_in_chunks_and_reads_back_every_byte(tmp_path, monkeypatch):
+def test_payload_segments_sync_in_chunks_start_anew_when_full_and_read_back_every_byte(tmp_path, monkeypatch):
     """A sync larger than one flush chunk is flushed in pieces of whole payloads, each at most the
-    chunk size plus one payload, and every byte lands where append() promised."""
-    from storage import payload_file
+    chunk size plus one payload; a full segment is followed by a new one; every byte lands where
+    append() promised."""
+    from storage import payload_segments
 
-    monkeypatch.setattr(payload_file, "SYNC_CHUNK", 1000)
+    monkeypatch.setattr(payload_segments, "SYNC_CHUNK", 1000)
+    monkeypatch.setattr(payload_segments, "SEGMENT_ROWS", 6)
     flushed = []
     real_pwritev, real_fdatasync = os.pwritev, os.fdatasync
-    monkeypatch.setattr(payload_file.os, "pwritev",
+    monkeypatch.setattr(payload_segments.os, "pwritev",
                         lambda fd, parts, at: (flushed.append(sum(map(len, parts))), real_pwritev(fd, parts, at))[1])
     syncs = []
-    monkeypatch.setattr(payload_file.os, "fdatasync", lambda fd: (syncs.append(fd), real_fdatasync(fd)))
-    f = payload_file.PayloadFile(tmp_path / "p")
-    assert f.open(0) == 0
+    monkeypatch.setattr(payload_segments.os, "fdatasync", lambda fd: (syncs.append(fd), real_fdatasync(fd)))
+    segs = payload_segments.PayloadSegments(tmp_path / "p")
+    assert segs.open({}) == []
     parts = [bytes([i]) * (300 + 300 * i) for i in range(8)]
-    spots = [f.append(p) for p in parts]
-    f.sync()
+    spots = [segs.loader.append(p) for p in parts]
+    segs.loader.sync()
     assert len(flushed) == len(syncs) > 1 and sum(flushed) == sum(map(len, parts))
     assert max(flushed) < 1000 + max(map(len, parts))
-    assert [f.read(at, n) for at, n in spots] == parts
-    f.close()
-    assert (tmp_path / "p").stat().st_size == sum(map(len, parts))
+    assert [payload_segments.segment_of(at) for at, _ in spots] == [0] * 6 + [1] * 2
+    assert [segs.read(at, n) for at, n in spots] == parts
+    assert segs.sealed_segments() == {0: sum(map(len, parts[:6]))} and segs.total_bytes == sum(map(len, parts))
+    segs.close()
+    assert (tmp_path / "p" / "00000001").stat().st_size == sum(map(len, parts[6:]))
+
+
