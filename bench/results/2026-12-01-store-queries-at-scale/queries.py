@@ -14,7 +14,19 @@ import duckdb
 
 sys.path.insert(0, os.environ.get("ROOT") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../.."))
 from storage import schema  # noqa: E402
-from storage.payload_compaction import LIVE_ROWS  # noqa: E402
+from storage.payload_compaction import SEGMENT_ROWS_LIVE  # noqa: E402
+
+# the payload compaction's query before payload segments (storage/payload_compaction.py at 67b7d76)
+LIVE_ROWS = """
+WITH marks AS (
+    SELECT session, kind, max(seq) AS newest, max(CASE WHEN is_full THEN seq END) AS full_seq
+    FROM checkpoints GROUP BY session, kind)
+SELECT c.writer, c.lsn, c.payload_at, c.payload_len
+FROM checkpoints c JOIN marks m ON c.session = m.session AND c.kind = m.kind
+WHERE c.payload_at IS NOT NULL AND c.payload_at + c.payload_len <= ?
+  AND ((c.kind = 'blob' AND c.seq = m.newest) OR (c.kind = 'agent' AND c.seq >= coalesce(m.full_seq, c.seq)))
+ORDER BY c.payload_at
+"""
 from storage.store_queries import SUPERSEDED  # noqa: E402
 
 
@@ -24,11 +36,11 @@ def build(path: str, sessions: int) -> None:
         con.execute(stmt)
     # agent sessions: seq 0 full, 1..2 deltas; payloads 20 KB apart in the payload file
     con.execute(
-        "INSERT INTO checkpoints SELECT 'sess-' || lpad(to_hex(s), 16, '0'), 'default', 'agent', '', q, q = 0, q * 4, "
+        "INSERT INTO checkpoints SELECT 'sess-' || lower(lpad(to_hex(s), 16, '0')), 'default', 'agent', '', q, q = 0, q * 4, "
         "NULL, 1.7e9 + s, 0, s * 3 + q, (s * 3 + q) * 20480, 20480 FROM range(?) t(s), range(3) u(q)", [sessions])
     base = sessions * 3
     con.execute(
-        "INSERT INTO checkpoints SELECT 'ext-' || lpad(to_hex(s), 16, '0'), 'default', 'blob', 'step-' || q, q, false, "
+        "INSERT INTO checkpoints SELECT 'ext-' || lower(lpad(to_hex(s), 16, '0')), 'default', 'blob', 'step-' || q, q, false, "
         "0, NULL, 1.7e9 + s, 0, ? + s * 5 + q, (? + s * 5 + q) * 20480, 20480 FROM range(?) t(s), range(5) u(q)",
         [base, base, sessions // 5])
     con.execute("CHECKPOINT")
@@ -47,7 +59,9 @@ def main() -> None:
         "store open: max(lsn) by writer": ("SELECT writer, max(lsn) FROM checkpoints GROUP BY writer", []),
         "store open: DISTINCT kind, session": ("SELECT DISTINCT kind, session FROM checkpoints", []),
         "store open: payload end": ("SELECT coalesce(max(payload_at + payload_len), 0) FROM checkpoints", []),
-        "payload compaction: LIVE_ROWS": (LIVE_ROWS, [total * 20480]),
+        "payload compaction before: LIVE_ROWS (every row)": (LIVE_ROWS, [total * 20480]),
+        "payload compaction after: SEGMENT_ROWS_LIVE (16,384 rows' range)": (
+            SEGMENT_ROWS_LIVE, [sessions * 20480, (sessions + 16384) * 20480]),
         "log compaction: SUPERSEDED (a 64 MB segment's range)": (
             "SELECT lsn, session, seq FROM checkpoints WHERE kind = 'blob' AND writer = ? AND lsn IN "
             f"({SUPERSEDED}) ORDER BY lsn", [0, 0, sessions * 3, sessions * 3 + 3200]),
