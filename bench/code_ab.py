@@ -5,7 +5,7 @@ and storage/ in turn (the venv installs the checkout in editable mode, so the tr
 runs that code) and runs `bench checkpoints` once per round and commit, into
 `runs/<date>-r<round>-<rev>/`; odd rounds take the commits in the order given, even rounds in
 reverse. It refuses a work tree with changes under those directories (a checkout would overwrite
-them) and restores HEAD's copies at the end, also after a failure. Then, or alone, it reads those
+them) and restores HEAD's copies at the end, also after a failure (without overlay: a file one commit lacks is removed). Then, or alone, it reads those
 runs back and writes the folder's table: median checkpoints/s and commit p99 per commit
 (`bench.checkpoint_compare.compare_table`, the first commit named being the base), the server's
 CPU per checkpoint, every run's row, and a plot of checkpoints/s per round.
@@ -46,11 +46,11 @@ def run_rounds(folder: Path, revs: list[str], rounds: int, bench_args: list[str]
     try:
         for rnd in range(1, rounds + 1):
             for rev in (revs if rnd % 2 else revs[::-1]):
-                _checked(call, ["git", "-C", str(ROOT), "checkout", "-q", rev, "--", *SWAPPED])
+                _checked(call, ["git", "-C", str(ROOT), "checkout", "-q", "--no-overlay", rev, "--", *SWAPPED])
                 _checked(call, [sys.executable, "-m", "bench.checkpoints", *bench_args, "--results-root",
                                 str(folder / "runs"), "--results-name", f"r{rnd}-{rev}"])
     finally:
-        call(["git", "-C", str(ROOT), "checkout", "-q", "HEAD", "--", *SWAPPED])
+        call(["git", "-C", str(ROOT), "checkout", "-q", "--no-overlay", "HEAD", "--", *SWAPPED])
 
 
 def _checked(call: Callable[[list[str]], int], argv: list[str]) -> None:

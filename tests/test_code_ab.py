@@ -45,7 +45,7 @@ def test_run_alternates_the_commits_and_restores_head_even_when_a_run_fails(tmp_
     monkeypatch.setattr(code_ab.subprocess, "run", lambda *a, **k: type("P", (), {"stdout": ""})())
     with pytest.raises(SystemExit, match="exited with 1"):
         code_ab.run_rounds(tmp_path, ["aaaaaaa", "bbbbbbb"], 3, ["--scales", "10k"], call=call)
-    checkouts = [argv[5] for argv in calls if "checkout" in argv]
+    checkouts = [argv[6] for argv in calls if "checkout" in argv]
     names = [argv[-1] for argv in calls if "bench.checkpoints" in argv]
     assert names == ["r1-aaaaaaa", "r1-bbbbbbb", "r2-bbbbbbb"]         # odd rounds in order, even reversed
     assert checkouts == ["aaaaaaa", "bbbbbbb", "bbbbbbb", "HEAD"]       # HEAD's copies back after the failure
