@@ -79,9 +79,9 @@ class LeaseKeeper:
                 self.lease = await asyncio.to_thread(self.store.write_lease, self.node, self.lease.epoch,
                                                      cluster.lease_ttl_secs, self.lease.etag)
             except LeaseLost:
+                on_renewed(self.lease.epoch, 0.0)   # the writers first: they refuse from their next append
                 log.error("the cluster lease was taken by another node: this node stops acknowledging now")
                 metrics.lease_epoch.set(0)
-                on_renewed(self.lease.epoch, 0.0)
                 await on_lost()
                 return
             except S3Unavailable as exc:

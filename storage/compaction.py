@@ -1,12 +1,15 @@
 """Compaction: what no read needs leaves the log, the bucket and DuckDB.
 
-Two things go, both only from sealed segments the store has loaded and the bucket has received:
+Three things go, all only from sealed segments the store has loaded and the bucket has received:
 - the journal records of flow runs closed before `storage.retention_secs` (then the store deletes
   their rows too);
 - external checkpoints (BLOB records) older than their session's newest one: the only read of
   them is `GET …/checkpoints/latest`, which the store answers from its newest row and the payload
   segments (storage/payload_compaction.py trims those likewise). Then the store deletes their
-  rows; the writer's largest position stays, as the store's progress.
+  rows; the writer's largest position stays, as the store's progress;
+- access rows (ACCESS records) of segments last written before `storage.retention_secs` (the
+  file's modification time: every record in it is older), once per segment; writer/store
+  deletes their rows by their time (`Store.purge_access`).
 A rewritten segment replaces the old one under the same name (start position), and one object
 replaces the segment's objects in the bucket; a node restoring from the bucket simply finds a
 shorter range there. The active segment is never touched, so nothing a sender waits for moves.
@@ -30,6 +33,7 @@ if TYPE_CHECKING:
     from storage.log_writer import LogWriter
 
 MARK_FILE = "compacted"      # beside the segments: where the superseded-checkpoint pass has reached
+ACCESS_MARK_FILE = "access-expired"   # …and where the access-row retention pass has
 SYNC_PIECE = 1 << 20         # a rewritten segment goes to disk in synced pieces of this size
 
 
@@ -96,6 +100,7 @@ async def compact_once(writer: "LogWriter") -> int:
     ready = min(int(info["loaded"].get(str(writer.index), 0)),
                 writer.shipper.shipped if writer.shipper is not None else 1 << 62)
     dropped = await _drop_superseded(writer, ready)
+    dropped += await _drop_expired_access(writer, ready, cutoff)
     # Only segments the superseded-checkpoint pass is done with: that pass finds records by the
     # positions the store loaded them at, which a rewrite here would move.
     done = min(ready, read_mark(writer.directory))
@@ -157,6 +162,32 @@ async def _drop_superseded(writer: "LogWriter", ready: int) -> int:
         mark = end
     if dropped:
         writer.log.info("compaction: dropped %d superseded checkpoints from the log up to position %d", dropped, mark)
+    return dropped
+
+
+async def _drop_expired_access(writer: "LogWriter", ready: int, cutoff: float) -> int:
+    """The access records of each sealed segment last written before `cutoff` leave it, in log
+    order, once (the `access-expired` mark). By the file's modification time, not by decoding
+    the records: a segment is written in order, so everything in it is older than its file. A
+    later rewrite (a closed run's retention) makes a file look newer; that segment has had its
+    turn by then, since both wait for the same window. Only segments the superseded-checkpoint
+    pass is done with: it finds records by the positions the store loaded them at."""
+    loop = asyncio.get_running_loop()
+    mark = read_mark(writer.directory, ACCESS_MARK_FILE)
+    done = min(ready, read_mark(writer.directory))
+    dropped = 0
+    for start, end, path in sealed_segments(writer.directory):
+        if end <= mark:
+            continue
+        if end > done or path.stat().st_mtime >= cutoff:
+            break
+        count = await _rewrite(writer, start, end, path, lambda kind, body: kind == records.RecordKind.ACCESS)
+        await loop.run_in_executor(writer.io, write_mark, writer.directory, end, ACCESS_MARK_FILE)
+        mark = end
+        dropped += count
+    if dropped:
+        metrics.compacted_records.labels("expired_access").inc(dropped)
+        writer.log.info("retention: dropped %d access records from the log up to position %d", dropped, mark)
     return dropped
 
 
@@ -236,21 +267,21 @@ async def _rewrite(writer: "LogWriter", start: int, end: int, path: Path, drop: 
     return count
 
 
-def read_mark(directory: Path) -> int:
-    """Where the last superseded-checkpoint pass ended (0: none yet, or the file is unreadable)."""
+def read_mark(directory: Path, name: str = MARK_FILE) -> int:
+    """Where the last pass of a kind ended (0: none yet, or the file is unreadable)."""
     try:
-        return int((directory / MARK_FILE).read_text().strip() or 0)
+        return int((directory / name).read_text().strip() or 0)
     except (OSError, ValueError):
         return 0
 
 
-def write_mark(directory: Path, position: int) -> None:
-    tmp = directory / (MARK_FILE + ".tmp")
+def write_mark(directory: Path, position: int, name: str = MARK_FILE) -> None:
+    tmp = directory / (name + ".tmp")
     with open(tmp, "w") as f:
         f.write(f"{position}\n")
         f.flush()
         os.fdatasync(f.fileno())
-    os.replace(tmp, directory / MARK_FILE)
+    os.replace(tmp, directory / name)
     segments.fsync_dir(directory)
 
 

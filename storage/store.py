@@ -34,6 +34,7 @@ BATCH_INTERVAL_SECS = 1.0
 MIN_DB_MEMORY_MB = 16
 CHECKPOINT_THRESHOLD = "4MB"
 OPEN_ROWS_PER_FETCH = 10_000
+ACCESS_PURGE_ROWS = 500_000   # access rows deleted per retention pass, at most
 
 
 class Store(StoreQueries):
@@ -344,6 +345,24 @@ class Store(StoreQueries):
         except Exception:
             con.execute("ROLLBACK")
             raise
+        return count
+
+    def purge_access(self, before: float) -> int:
+        """Delete access rows older than `before` (UNIX seconds), at most ACCESS_PURGE_ROWS a call
+        (a busy server writes millions a day; the next call goes on), keeping each log's newest
+        row: it is the file's progress."""
+        with self.loading:   # the loader writes through the same connection
+            con = self.conns["access"]
+            con.execute("BEGIN TRANSACTION")
+            try:
+                (count,) = con.execute(
+                    "DELETE FROM access WHERE rowid IN (SELECT rowid FROM access a WHERE ts < ? AND "
+                    "lsn < (SELECT max(lsn) FROM access b WHERE b.writer = a.writer) LIMIT ?)",
+                    [before, ACCESS_PURGE_ROWS]).fetchone()
+                con.execute("COMMIT")
+            except Exception:
+                con.execute("ROLLBACK")
+                raise
         return count
 
 

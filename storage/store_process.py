@@ -277,6 +277,20 @@ class StoreService:
                 self.log.info("compaction: payload segment %d rewritten, %d bytes of superseded checkpoints freed",
                               segment, freed)
 
+    async def expire_access(self) -> None:
+        """Every `storage.compaction_interval_secs`: access rows older than `storage.retention_secs`
+        leave access.db (the logs' compaction drops their records likewise)."""
+        while True:
+            await asyncio.sleep(self.config.storage.compaction_interval_secs)
+            before = time.time() - self.config.storage.retention_secs
+            try:
+                count = await self.loop.run_in_executor(self.queries, self.store.purge_access, before)
+            except Exception:   # DuckDB trouble: the next pass tries again
+                self.log.exception("removing expired access rows failed")
+                continue
+            if count:
+                self.log.info("retention: removed %d access rows from before %.3f", count, before)
+
     async def report(self) -> None:
         while True:
             await asyncio.sleep(1.0)
@@ -304,7 +318,9 @@ def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> in
         reporter = asyncio.create_task(service_.report())
         recycler = asyncio.create_task(service_.recycle_files())
         compactor = asyncio.create_task(service_.compact_payloads())
+        expirer = asyncio.create_task(service_.expire_access())
         await stop.wait()
+        expirer.cancel()
         learner.cancel()
         reporter.cancel()
         recycler.cancel()

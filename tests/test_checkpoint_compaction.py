@@ -220,12 +220,37 @@ def test_a_segment_loses_exactly_the_checkpoints_named_and_nothing_else(tmp_path
     assert path.read_bytes() == data
 
 
+def test_access_rows_older_than_the_window_leave_duckdb_but_each_logs_newest_record_stays(tmp_path):
+    log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=1 << 20)
+    for n in range(6):   # two a record, one second apart: 100.0 … 105.5
+        rows = [[100.0 + n + half, "GET", "/healthz", 200, "t", "", 1.0] for half in (0.0, 0.5)]
+        log.write(records.frame(RecordKind.ACCESS, f"x{n}".encode(), records.encode_body({"at": rows[-1][0], "rows": rows})),
+                  sync=True)
+    log.close()
+    store = Store(tmp_path, writers=1, memory_limit_mb=64)
+    store.open()
+    store.load_all()
+    assert store.purge_access(103.0) == 6      # 100.0 … 102.5
+    assert store.purge_access(103.0) == 0
+    assert store.purge_access(1e12) == 4       # all but the newest record's rows: the file's progress
+    left = store.conns["access"].execute("SELECT ts FROM access ORDER BY ts").fetchall()
+    assert left == [(105.0,), (105.5,)]
+    store.close()
+    again = Store(tmp_path, writers=1, memory_limit_mb=64)   # nothing comes back from the log
+    again.open()
+    again.load_all()
+    assert again.query("count", "")[0][0]["access"] == 2
+    again.close()
+
+
 def test_the_compaction_mark_survives_and_an_unreadable_one_starts_over(tmp_path):
     assert compaction.read_mark(tmp_path) == 0
     compaction.write_mark(tmp_path, 4096)
     assert compaction.read_mark(tmp_path) == 4096
     (tmp_path / compaction.MARK_FILE).write_text("garbage")
     assert compaction.read_mark(tmp_path) == 0
+    compaction.write_mark(tmp_path, 77, compaction.ACCESS_MARK_FILE)   # each pass has its own
+    assert compaction.read_mark(tmp_path, compaction.ACCESS_MARK_FILE) == 77 and compaction.read_mark(tmp_path) == 0
     assert segments.list_segments(tmp_path) == []    # the mark is not mistaken for a segment
 
 
