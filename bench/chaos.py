@@ -41,6 +41,8 @@ from bench.sse_client import run_turn
 from bench.steps import start_workers, stop_workers
 
 FLOW_STEPS = 5
+VERIFY_CONCURRENCY = 16     # runs asked at once when the load has stopped
+VERIFY_SECS_PER_RUN = 0.02  # the wait for runs to finish grows by this for each run to ask
 
 
 def killable(pids: dict[str, int]) -> list[str]:
@@ -204,31 +206,39 @@ async def verify(server: ServerProcess, ledger: Ledger, timeout: float) -> dict[
                 stored.update({m["turn_id"]: m["content"] for m in body["messages"] if m["role"] == "assistant"})
                 after = body["next_after"]
             lost["turns"] += [(session, t) for t, text in wanted.items() if stored.get(t) != text]
-        deadline = time.monotonic() + timeout
+        # Every run is asked at least once, VERIFY_CONCURRENCY at a time, each request bounded; the
+        # wait for runs still going is bounded as a whole (a stalled shard answers nothing), and
+        # grows with how many runs there are to ask.
+        deadline = time.monotonic() + timeout + VERIFY_SECS_PER_RUN * len(ledger.flows)
         pending = dict(ledger.flows)
         results: collections.Counter = collections.Counter()
-        while pending and time.monotonic() < deadline:
-            for run_id in list(pending):
+        gate = asyncio.Semaphore(VERIFY_CONCURRENCY)
+
+        async def check(run_id: str) -> None:
+            async with gate:
                 if time.monotonic() >= deadline:
-                    break   # a stalled shard answers nothing: the wait is bounded as a whole
+                    return
                 try:
                     async with http.get(f"{server.url}/v1/runs/{run_id}",
                                         timeout=aiohttp.ClientTimeout(total=5)) as resp:
                         body = await resp.json()
                 except (asyncio.TimeoutError, aiohttp.ClientError):
-                    continue   # still pending
-                if resp.status == 200 and body.get("status") in ("completed", "failed", "cancelled"):
-                    pending.pop(run_id)
-                    ok = body["status"] == "completed" and body.get("result") == FLOW_STEPS
-                    outcome = body["status"]
-                    if outcome == "completed" and not ok:
-                        outcome = "completed with a wrong result"
-                    results[outcome] += 1
-                    if not ok:
-                        lost["flows"].append(run_id)
-                elif resp.status == 404:
-                    pending.pop(run_id)
+                    return   # still pending
+            if resp.status == 200 and body.get("status") in ("completed", "failed", "cancelled"):
+                pending.pop(run_id)
+                ok = body["status"] == "completed" and body.get("result") == FLOW_STEPS
+                outcome = body["status"]
+                if outcome == "completed" and not ok:
+                    outcome = "completed with a wrong result"
+                results[outcome] += 1
+                if not ok:
                     lost["flows"].append(run_id)
+            elif resp.status == 404:
+                pending.pop(run_id)
+                lost["flows"].append(run_id)
+
+        while pending and time.monotonic() < deadline:
+            await asyncio.gather(*(check(run_id) for run_id in list(pending)))
             if pending:
                 await asyncio.sleep(0.5)
         lost["flows"] += list(pending)
