@@ -3,7 +3,8 @@
 Three things go, all only from sealed segments the store has loaded and the bucket has received:
 - the journal records of flow runs closed before `storage.retention_secs` (then the store deletes
   their rows too);
-- external checkpoints (BLOB records) older than their session's newest one: the only read of
+- external checkpoints (BLOB records) older than their session's newest one (each segment once
+  after it is loaded, then again in turn, a few segments a pass): the only read of
   them is `GET …/checkpoints/latest`, which the store answers from its newest row and the payload
   segments (storage/payload_compaction.py trims those likewise). Then the store deletes their
   rows; the writer's largest position stays, as the store's progress;
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
 
 MARK_FILE = "compacted"      # beside the segments: where the superseded-checkpoint pass has reached
 ACCESS_MARK_FILE = "access-expired"   # …and where the access-row retention pass has
+REVISIT_MARK_FILE = "revisited"        # …and the segment the revisiting pass goes on from
+REVISITS_PER_PASS = 4      # sealed segments a pass asks the store about again
 SYNC_PIECE = 1 << 20         # a rewritten segment goes to disk in synced pieces of this size
 
 
@@ -100,6 +103,7 @@ async def compact_once(writer: "LogWriter") -> int:
     ready = min(int(info["loaded"].get(str(writer.index), 0)),
                 writer.shipper.shipped if writer.shipper is not None else 1 << 62)
     dropped = await _drop_superseded(writer, ready)
+    dropped += await _revisit_superseded(writer)
     dropped += await _drop_expired_access(writer, ready, cutoff)
     # Only segments the superseded-checkpoint pass is done with: that pass finds records by the
     # positions the store loaded them at, which a rewrite here would move.
@@ -163,6 +167,49 @@ async def _drop_superseded(writer: "LogWriter", ready: int) -> int:
     if dropped:
         writer.log.info("compaction: dropped %d superseded checkpoints from the log up to position %d", dropped, mark)
     return dropped
+
+
+async def _revisit_superseded(writer: "LogWriter") -> int:
+    """The first pass over a segment keeps each session's newest checkpoint as of then, so a
+    session that checkpoints less often than compaction runs would keep every checkpoint in the
+    log. So passes also go round the segments the first pass has had, REVISITS_PER_PASS at a
+    time (the `revisited` mark says where to go on), ask the store which of their checkpoints
+    are superseded now, and drop those. The first rewrite moved records off the positions the
+    store knows, so here they are found by session and seq (bodies decoded on the I/O thread);
+    a segment the store names nothing in is not even read."""
+    loop = asyncio.get_running_loop()
+    done = [seg for seg in sealed_segments(writer.directory) if seg[1] <= read_mark(writer.directory)]
+    if not done:
+        return 0
+    at = read_mark(writer.directory, REVISIT_MARK_FILE)
+    turn = [seg for seg in done if seg[0] >= at] + [seg for seg in done if seg[0] < at]
+    dropped = 0
+    for start, end, path in turn[:REVISITS_PER_PASS]:
+        reply = await writer.bus.request(STORE, Kind.STORE_SUPERSEDED,
+                                         {"writer": writer.index, "start": start, "end": end}, timeout=60.0)
+        if reply.body.get("error"):
+            break   # the store is busy or in trouble: a later pass goes on from the mark
+        named = {(str(session), int(seq)) for _, session, seq in reply.body["rows"]}
+        if named:
+            count = await _rewrite(writer, start, end, path, _checkpoints_in(named))
+            dropped += count
+            metrics.compacted_records.labels("superseded_checkpoint").inc(count)
+            await writer.bus.request(STORE, Kind.STORE_FORGET, {"writer": writer.index, "start": start, "end": end},
+                                     timeout=60.0)
+        await loop.run_in_executor(writer.io, write_mark, writer.directory, end, REVISIT_MARK_FILE)
+    if dropped:
+        writer.log.info("compaction: dropped %d superseded checkpoints from segments seen before", dropped)
+    return dropped
+
+
+def _checkpoints_in(named: set[tuple[str, int]]) -> Callable[[int, bytes], bool]:
+    """Picks the external checkpoints (BLOB records) whose (session, seq) is named."""
+    def drop(kind: int, body: bytes) -> bool:
+        if kind != records.RecordKind.BLOB:
+            return False
+        decoded = records.decode_body(body)
+        return (decoded.get("session"), decoded.get("seq")) in named
+    return drop
 
 
 async def _drop_expired_access(writer: "LogWriter", ready: int, cutoff: float) -> int:

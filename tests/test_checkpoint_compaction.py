@@ -308,3 +308,45 @@ def test_a_running_server_drops_superseded_checkpoints_from_its_log_and_payload_
     assert rows < len(sessions) * puts / 2, f"{rows} rows of {len(sessions) * puts} checkpoints still in DuckDB"
     server.start()   # the same directory: the compacted log and the new payload generation
     assert latest_all() == expected
+
+
+def test_checkpoints_superseded_after_their_segments_first_pass_leave_the_log_too(make_server, tmp_path):
+    """Real processes: sessions that checkpoint less often than compaction runs. Each round of
+    checkpoints lands after the first pass has had the previous round's segments, so only a
+    later look at those segments can find them superseded."""
+    from harness import get_json, wait_until
+
+    server = make_server({"storage": {"segment_bytes": 64 << 10, "compaction_interval_secs": 1}})
+    wal = tmp_path / "data" / "wal" / "1"    # the gateway's own log holds the PUTs
+    sessions = [f"slow-{i}" for i in range(4)]
+    rounds = 4
+    for n in range(rounds):
+        for sid in sessions:
+            status, _, _ = get_json(f"{server.url}/v1/sessions/{sid}/checkpoints/r{n}", method="PUT",
+                                    body=f"{sid}/{n};".encode() * 2800,
+                                    headers={"Content-Type": "application/octet-stream"})
+            assert status == 200
+        sealed = compaction.sealed_segments(wal)
+        if sealed:
+            wait_until(lambda: compaction.read_mark(wal) >= sealed[-1][1], 30,
+                       "the first pass over the segments sealed so far", interval=0.2)
+
+    def stale_in_passed_segments():
+        mark = compaction.read_mark(wal)
+        stale = []
+        for start, end, path in compaction.sealed_segments(wal):
+            if end <= mark:
+                for _, kind, _, body, _ in records.scan(path.read_bytes()):
+                    decoded = records.decode_body(body) if kind == RecordKind.BLOB else {}
+                    if decoded and decoded["key"] != f"r{rounds - 1}":
+                        stale.append((path.name, decoded["key"]))
+        return stale
+
+    wait_until(lambda: not stale_in_passed_segments(), 30,
+               "the superseded checkpoints of segments seen before to leave the log", interval=0.3)
+    assert "from segments seen before" in server.log()
+    import urllib.request
+    for sid in sessions:   # every session's newest is still there
+        with urllib.request.urlopen(f"{server.url}/v1/sessions/{sid}/checkpoints/latest", timeout=10) as resp:
+            assert resp.headers["X-Checkpoint-Key"] == f"r{rounds - 1}"
+            assert resp.read() == f"{sid}/{rounds - 1};".encode() * 2800
