@@ -60,6 +60,9 @@ def runs_in(runs: set[str]) -> Callable[[int, bytes], bool]:
 
 
 def replace_segment(path: Path, data: bytes) -> None:
+    """`data` in place of the segment, durably; the file keeps its modification time (when its
+    records were written: the access-row retention goes by it)."""
+    written = os.stat(path)
     tmp = path.with_suffix(".compacting")
     with open(tmp, "wb") as f:
         # synced a piece at a time: writer/log's commit fsyncs share the disk and would otherwise
@@ -71,6 +74,7 @@ def replace_segment(path: Path, data: bytes) -> None:
             os.fdatasync(f.fileno())
         if not data:
             os.fdatasync(f.fileno())
+    os.utime(tmp, ns=(written.st_atime_ns, written.st_mtime_ns))
     os.replace(tmp, path)
     segments.fsync_dir(path.parent)
 
@@ -215,10 +219,9 @@ def _checkpoints_in(named: set[tuple[str, int]]) -> Callable[[int, bytes], bool]
 async def _drop_expired_access(writer: "LogWriter", ready: int, cutoff: float) -> int:
     """The access records of each sealed segment last written before `cutoff` leave it, in log
     order, once (the `access-expired` mark). By the file's modification time, not by decoding
-    the records: a segment is written in order, so everything in it is older than its file. A
-    later rewrite (a closed run's retention) makes a file look newer; that segment has had its
-    turn by then, since both wait for the same window. Only segments the superseded-checkpoint
-    pass is done with: it finds records by the positions the store loaded them at."""
+    the records: a segment is written in order, so everything in it is older than its file
+    (compaction's rewrites keep that time). Only segments the superseded-checkpoint pass is done
+    with: it finds records by the positions the store loaded them at."""
     loop = asyncio.get_running_loop()
     mark = read_mark(writer.directory, ACCESS_MARK_FILE)
     done = min(ready, read_mark(writer.directory))
@@ -275,6 +278,8 @@ def drop_records(path: Path, named: list[tuple[int, str, int]], length: int) -> 
             os.fdatasync(dst)
         finally:
             os.close(dst)
+        written = os.fstat(src)
+        os.utime(tmp, ns=(written.st_atime_ns, written.st_mtime_ns))   # see replace_segment
         os.replace(tmp, path)
         segments.fsync_dir(path.parent)
         return len(cut), skipped

@@ -1,4 +1,6 @@
 """Superseded checkpoints leave the log's sealed segments and writer/store's payload file."""
+import os
+
 from storage import compaction, payload_compaction, payload_segments, records, segments
 from storage.records import RecordKind
 from storage.store import Store
@@ -210,9 +212,11 @@ def test_a_segment_loses_exactly_the_checkpoints_named_and_nothing_else(tmp_path
     # the wrong seq are not those checkpoints
     named = [(offsets["a1"], "a", 1), (offsets["e1"], "a", 1), (offsets["a2"], "a", 2), (offsets["a2"] + 7, "a", 2),
              (offsets["b1"], "b", 7)]
+    os.utime(path, (1_000_000_000, 1_000_000_000))   # written long ago
     assert compaction.drop_records(path, named, length) == (2, 3)
     data = path.read_bytes()
     assert [rid for _, _, rid, _, _ in records.scan(data)] == [b"e1", b"b1", b"a3"]
+    assert path.stat().st_mtime == 1_000_000_000      # still: the access-row retention goes by it
     assert len(data) == length - (offsets["e1"] - offsets["a1"]) - (offsets["a3"] - offsets["a2"])
     # A crash after the rewrite, before the mark moved: the same names again find other records
     # at those offsets (e1 now starts where a1 did) and drop nothing.
