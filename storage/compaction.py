@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 MARK_FILE = "compacted"      # beside the segments: where the superseded-checkpoint pass has reached
 ACCESS_MARK_FILE = "access-expired"   # …and where the access-row retention pass has
 REVISIT_MARK_FILE = "revisited"        # …and the segment the revisiting pass goes on from
-REVISITS_PER_PASS = 4      # sealed segments a pass asks the store about again
+REVISITS_PER_PASS = 4      # sealed segments a pass asks the store about again…
+REVISIT_AFTER_PASSES = 10  # …once they were written this many compaction intervals ago
 SYNC_PIECE = 1 << 20         # a rewritten segment goes to disk in synced pieces of this size
 
 
@@ -176,13 +177,18 @@ async def _drop_superseded(writer: "LogWriter", ready: int) -> int:
 async def _revisit_superseded(writer: "LogWriter") -> int:
     """The first pass over a segment keeps each session's newest checkpoint as of then, so a
     session that checkpoints less often than compaction runs would keep every checkpoint in the
-    log. So passes also go round the segments the first pass has had, REVISITS_PER_PASS at a
-    time (the `revisited` mark says where to go on), ask the store which of their checkpoints
+    log. So passes also go round the segments the first pass has had, once they are a few
+    intervals old, REVISITS_PER_PASS at a time (the `revisited` mark says where to go on), ask
+    the store which of their checkpoints
     are superseded now, and drop those. The first rewrite moved records off the positions the
     store knows, so here they are found by session and seq (bodies decoded on the I/O thread);
     a segment the store names nothing in is not even read."""
     loop = asyncio.get_running_loop()
-    done = [seg for seg in sealed_segments(writer.directory) if seg[1] <= read_mark(writer.directory)]
+    # Not the segments just written: a burst of checkpoints supersedes them again within seconds,
+    # and its commits share the disk and this process with the rewrites.
+    before = time.time() - REVISIT_AFTER_PASSES * writer.config.storage.compaction_interval_secs
+    done = [seg for seg in sealed_segments(writer.directory)
+            if seg[1] <= read_mark(writer.directory) and seg[2].stat().st_mtime < before]
     if not done:
         return 0
     at = read_mark(writer.directory, REVISIT_MARK_FILE)

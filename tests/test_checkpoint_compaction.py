@@ -346,7 +346,7 @@ def test_checkpoints_superseded_after_their_segments_first_pass_leave_the_log_to
                         stale.append((path.name, decoded["key"]))
         return stale
 
-    wait_until(lambda: not stale_in_passed_segments(), 30,
+    wait_until(lambda: not stale_in_passed_segments(), 60,   # revisits wait ten intervals
                "the superseded checkpoints of segments seen before to leave the log", interval=0.3)
     assert "from segments seen before" in server.log()
     import urllib.request
