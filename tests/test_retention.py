@@ -55,7 +55,8 @@ def test_a_run_whose_end_is_in_the_segment_being_written_stays_whole_until_that_
     store.open()
     writer = types.SimpleNamespace(index=0, directory=directory, io=ThreadPoolExecutor(1), object_store=None,
                                    shipper=None, log=logging.getLogger("test"), bus=StoreOverBus(store),
-                                   config=types.SimpleNamespace(storage=types.SimpleNamespace(retention_secs=1, compaction_interval_secs=30)))
+                                   config=types.SimpleNamespace(storage=types.SimpleNamespace(
+                                       retention_secs=1, compaction_interval_secs=30)))
     try:
         # a: both records sealed; b: started in a sealed segment, ended in the one being written
         for frame in (flow("a", "run.started", 0), flow("a", "run.ended", 1), flow("b", "run.started", 0),
