@@ -104,7 +104,8 @@ class StorageConfig:
     # The gateway group-commits its own records (checkpoint PUTs, access rows) to a log of its
     # own, index `log_writers`, instead of sending them to a writer/log process (storage/log_writer.py).
     gateway_log: bool = True
-    retention_secs: float = 7 * 24 * 3600.0   # closed runs and access rows older than this leave the log, the bucket and DuckDB
+    # closed runs and access rows older than this leave the log, the bucket and DuckDB
+    retention_secs: float = 7 * 24 * 3600.0
     # a pass reads only the segments sealed since the last one; a busy checkpointer writes tens
     # of MB/s, most of it superseded within seconds
     compaction_interval_secs: float = 30.0

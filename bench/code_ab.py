@@ -5,8 +5,9 @@ and storage/ in turn (the venv installs the checkout in editable mode, so the tr
 runs that code) and runs `bench checkpoints` once per round and commit, into
 `runs/<date>-r<round>-<rev>/`; odd rounds take the commits in the order given, even rounds in
 reverse. It refuses a work tree with changes under those directories (a checkout would overwrite
-them) and restores HEAD's copies at the end, also after a failure (without overlay: a file one commit lacks is removed). Then, or alone, it reads those
-runs back and writes the folder's table: median checkpoints/s and commit p99 per commit
+them) and restores HEAD's copies at the end, also after a failure (checkouts without overlay: a
+file one commit lacks is removed). Then, or alone, it reads those runs back and writes the
+folder's table: median checkpoints/s and commit p99 per commit
 (`bench.checkpoint_compare.compare_table`, the first commit named being the base), the server's
 CPU per checkpoint, every run's row, and a plot of checkpoints/s per round.
 

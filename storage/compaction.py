@@ -179,16 +179,15 @@ async def _revisit_superseded(writer: "LogWriter") -> int:
     session that checkpoints less often than compaction runs would keep every checkpoint in the
     log. So passes also go round the segments the first pass has had, once they are a few
     intervals old, REVISITS_PER_PASS at a time (the `revisited` mark says where to go on), ask
-    the store which of their checkpoints
-    are superseded now, and drop those. The first rewrite moved records off the positions the
-    store knows, so here they are found by session and seq (bodies decoded on the I/O thread);
-    a segment the store names nothing in is not even read."""
+    the store which of their checkpoints are superseded now, and drop those. The first rewrite
+    moved records off the positions the store knows, so here they are found by session and seq
+    (bodies decoded on the I/O thread); a segment the store names nothing in is not even read."""
     loop = asyncio.get_running_loop()
     # Not the segments just written: a burst of checkpoints supersedes them again within seconds,
     # and its commits share the disk and this process with the rewrites.
     before = time.time() - REVISIT_AFTER_PASSES * writer.config.storage.compaction_interval_secs
-    done = [seg for seg in sealed_segments(writer.directory)
-            if seg[1] <= read_mark(writer.directory) and seg[2].stat().st_mtime < before]
+    first_pass = read_mark(writer.directory)
+    done = [seg for seg in sealed_segments(writer.directory) if seg[1] <= first_pass and seg[2].stat().st_mtime < before]
     if not done:
         return 0
     at = read_mark(writer.directory, REVISIT_MARK_FILE)

@@ -39,7 +39,8 @@ ACCESS_PURGE_ROWS = 500_000   # access rows deleted per retention pass, at most
 
 class Store(StoreQueries):
     def __init__(self, data_dir: Path, writers: int, memory_limit_mb: int, jsonl_dir: str = "",
-                 log: logging.Logger | None = None, payload_segment_bytes: int = payload_segments.SEGMENT_BYTES) -> None:
+                 log: logging.Logger | None = None,
+                 payload_segment_bytes: int = payload_segments.SEGMENT_BYTES) -> None:
         self.db_dir = data_dir / "db"
         self.wal_root = data_dir / "wal"
         self.writers = writers
@@ -94,7 +95,8 @@ class Store(StoreQueries):
         ends = self.conns["messages"].execute(
             f"SELECT payload_at >> {payload_segments.SHIFT}, max(payload_at + payload_len) FROM checkpoints "
             "WHERE payload_at IS NOT NULL GROUP BY 1").fetchall()
-        for note in self.payloads.open({n: end - payload_segments.place(n, 0) for n, end in ends}, self._legacy_payloads()):
+        committed = {n: end - payload_segments.place(n, 0) for n, end in ends}
+        for note in self.payloads.open(committed, self._legacy_payloads()):
             (self.log.error if note.startswith("ERROR") else self.log.info)("%s", note)
         # A log that an earlier configuration wrote (more writers, or the gateway's own) is still loaded.
         if self.wal_root.is_dir():
@@ -106,7 +108,8 @@ class Store(StoreQueries):
 
     def _legacy_payloads(self) -> Path:
         """The single payload file of older versions (`payload_file` named its generation)."""
-        (generation,) = self.conns["messages"].execute("SELECT coalesce(max(generation), 0) FROM payload_file").fetchone()
+        (generation,) = self.conns["messages"].execute(
+            "SELECT coalesce(max(generation), 0) FROM payload_file").fetchone()
         name = payload_segments.LEGACY_NAME + (f".{generation}" if generation else "")
         for path in self.db_dir.glob(payload_segments.LEGACY_NAME + "*"):
             if path.name != name:

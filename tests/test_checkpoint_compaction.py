@@ -228,8 +228,8 @@ def test_access_rows_older_than_the_window_leave_duckdb_but_each_logs_newest_rec
     log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=1 << 20)
     for n in range(6):   # two a record, one second apart: 100.0 … 105.5
         rows = [[100.0 + n + half, "GET", "/healthz", 200, "t", "", 1.0] for half in (0.0, 0.5)]
-        log.write(records.frame(RecordKind.ACCESS, f"x{n}".encode(), records.encode_body({"at": rows[-1][0], "rows": rows})),
-                  sync=True)
+        body = records.encode_body({"at": rows[-1][0], "rows": rows})
+        log.write(records.frame(RecordKind.ACCESS, f"x{n}".encode(), body), sync=True)
     log.close()
     store = Store(tmp_path, writers=1, memory_limit_mb=64)
     store.open()
