@@ -224,18 +224,13 @@ async def verify(server: ServerProcess, ledger: Ledger, timeout: float) -> dict[
                         body = await resp.json()
                 except (asyncio.TimeoutError, aiohttp.ClientError):
                     return   # still pending
-            if resp.status == 200 and body.get("status") in ("completed", "failed", "cancelled"):
+            if resp.status == 404 or body.get("status") in ("completed", "failed", "cancelled"):
                 pending.pop(run_id)
-                ok = body["status"] == "completed" and body.get("result") == FLOW_STEPS
-                outcome = body["status"]
-                if outcome == "completed" and not ok:
-                    outcome = "completed with a wrong result"
-                results[outcome] += 1
+                ok = resp.status == 200 and body["status"] == "completed" and body.get("result") == FLOW_STEPS
+                outcome = "not found" if resp.status == 404 else body["status"]
+                results["completed with a wrong result" if outcome == "completed" and not ok else outcome] += 1
                 if not ok:
                     lost["flows"].append(run_id)
-            elif resp.status == 404:
-                pending.pop(run_id)
-                lost["flows"].append(run_id)
 
         while pending and time.monotonic() < deadline:
             await asyncio.gather(*(check(run_id) for run_id in list(pending)))

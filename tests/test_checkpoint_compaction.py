@@ -1,6 +1,7 @@
 """Superseded checkpoints leave the log's sealed segments and writer/store's payload file."""
 import os
 
+from bench.failover import put
 from storage import compaction, payload_compaction, payload_segments, records, segments
 from storage.records import RecordKind
 from storage.store import Store
@@ -266,7 +267,7 @@ def test_a_running_server_drops_superseded_checkpoints_from_its_log_and_payload_
     import urllib.request
 
     import duckdb
-    from harness import get_json, scrape, wait_until
+    from harness import scrape, wait_until
 
     # no gateway cache: every latest read comes from writer/store's rows and payload file
     server = make_server({"gateway": {"checkpoint_cache_mb": 0},
@@ -276,10 +277,7 @@ def test_a_running_server_drops_superseded_checkpoints_from_its_log_and_payload_
     puts = 30
     for n in range(puts):
         for sid in sessions:
-            status, _, _ = get_json(f"{server.url}/v1/sessions/{sid}/checkpoints/n{n}", method="PUT",
-                                    body=f"{sid}/{n};".encode() * 3000,
-                                    headers={"Content-Type": "application/octet-stream"})
-            assert status == 200
+            assert put(server.url, sid, f"n{n}", f"{sid}/{n};".encode() * 3000) == 200
     wait_until(lambda: "compaction: dropped" in server.log() and "compaction: payload segment" in server.log(), 30,
                "a compaction pass over the log and over the payload file", interval=0.3)
 
@@ -318,7 +316,7 @@ def test_checkpoints_superseded_after_their_segments_first_pass_leave_the_log_to
     """Real processes: sessions that checkpoint less often than compaction runs. Each round of
     checkpoints lands after the first pass has had the previous round's segments, so only a
     later look at those segments can find them superseded."""
-    from harness import get_json, wait_until
+    from harness import wait_until
 
     server = make_server({"storage": {"segment_bytes": 64 << 10, "compaction_interval_secs": 1}})
     wal = tmp_path / "data" / "wal" / "1"    # the gateway's own log holds the PUTs
@@ -326,10 +324,7 @@ def test_checkpoints_superseded_after_their_segments_first_pass_leave_the_log_to
     rounds = 4
     for n in range(rounds):
         for sid in sessions:
-            status, _, _ = get_json(f"{server.url}/v1/sessions/{sid}/checkpoints/r{n}", method="PUT",
-                                    body=f"{sid}/{n};".encode() * 2800,
-                                    headers={"Content-Type": "application/octet-stream"})
-            assert status == 200
+            assert put(server.url, sid, f"r{n}", f"{sid}/{n};".encode() * 2800) == 200
         sealed = compaction.sealed_segments(wal)
         if sealed:
             wait_until(lambda: compaction.read_mark(wal) >= sealed[-1][1], 30,
