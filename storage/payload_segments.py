@@ -135,8 +135,7 @@ class PayloadSegments:
         self.dir = directory
         self.segment_bytes = segment_bytes
         self.lock = threading.Lock()       # the maps below: loader, queries and compaction share them
-        self.sizes: dict[int, int] = {}    # sealed segments: bytes
-        self.writing: set[int] = set()     # segments an appender holds open
+        self.sizes: dict[int, int] = {}    # sealed segments (no appender writes to them): bytes
         self.next_number = 0
         self.readers: OrderedDict[int, int] = OrderedDict()   # segment -> read-only fd, least recent first
         self.loader = Appender(self)
@@ -189,14 +188,12 @@ class PayloadSegments:
         with self.lock:
             number = self.next_number
             self.next_number += 1
-            self.writing.add(number)
         fd = os.open(self.path(number), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         fsync_dir(self.dir)
         return number, fd
 
     def sealed(self, number: int, size: int) -> None:
         with self.lock:
-            self.writing.discard(number)
             self.sizes[number] = size
 
     def sealed_segments(self) -> dict[int, int]:
