@@ -26,6 +26,7 @@ from broker.protocol import Kind, Message
 from storage.log_client import LogWriteError
 from broker.address import bus_address
 
+CLOSE_WAIT_SECS = 5.0   # for a closing session's turn to end, and for the log to take its records
 
 
 class Actor:
@@ -48,7 +49,8 @@ class Actor:
         for kind, handler in self.flows.handlers().items():
             self.bus.on(kind, handler)
         for kind, handler in {Kind.TURN_START: self.on_turn_start, Kind.TURN_CANCEL: self.on_turn_cancel,
-                              Kind.TURN_RESUME: self.on_turn_resume, Kind.PERMIT_GRANT: self.permits.on_grant,
+                              Kind.TURN_RESUME: self.on_turn_resume, Kind.SESSION_CLOSE: self.on_session_close,
+                              Kind.PERMIT_GRANT: self.permits.on_grant,
                               Kind.STATS: self.on_stats}.items():
             self.bus.on(kind, handler)
 
@@ -101,6 +103,21 @@ class Actor:
             turn.pending_cancel = None
         turn.replay(msg.body["after"], msg.src)
         self.bus.reply(msg, Kind.TURN_STATUS, {"turn_id": turn.turn_id, "state": "ended" if turn.ended else "running"})
+
+    async def on_session_close(self, msg: Message) -> None:
+        """Before the gateway closes a session (storage/session_closing.py): its turn ends, it
+        leaves memory (its next use starts from what the store then has: nothing), and whatever
+        this actor appended for it is acknowledged, so the log's ends cover it."""
+        session = self.sessions.get(msg.body["session"])
+        turn = session.active if session is not None else None
+        if turn is not None:
+            turn.cancel("session_closed")
+            if turn.task is not None:
+                await asyncio.wait([turn.task], timeout=CLOSE_WAIT_SECS)
+        self.sessions.drop(msg.body["session"])
+        drained = await self.persistence.log.drain(CLOSE_WAIT_SECS)
+        self.bus.reply(msg, Kind.TURN_STATUS, {"turn_id": turn.turn_id if turn else "",
+                                               "state": "closed" if drained else "busy"})
 
     def on_stats(self, msg: Message) -> None:
         running = sum(1 for t in self.turns.values() if not t.ended)

@@ -47,6 +47,9 @@ class SessionTable:
         session.last_used = time.monotonic()
         return session
 
+    def drop(self, session_id: str) -> None:
+        self.sessions.pop(session_id, None)
+
     def evict_idle(self, now: float) -> int:
         idle = [sid for sid, s in self.sessions.items()
                 if s.active is None and now - s.last_used > self.ttl_secs]

@@ -79,7 +79,7 @@ store_lag_seconds = Gauge("agentos_store_lag_seconds", "Age of the oldest record
 store_rows = Counter("agentos_store_rows_total", "Rows loaded into DuckDB, by table", ["table"])
 store_batch_ms = Histogram("agentos_store_batch_ms", "Time to load one batch into DuckDB, ms", buckets=MS_BUCKETS)
 compacted_records = Counter("agentos_compacted_records_total", "Records compaction removed from the log, by reason "
-                            "(superseded_checkpoint, closed_run, expired_access)", ["reason"])
+                            "(superseded_checkpoint, closed_run, expired_access, closed_session)", ["reason"])
 payload_file_bytes = Gauge("agentos_payload_file_bytes", "Bytes in writer/store's checkpoint payload segments",
                            multiprocess_mode="livesum")
 payload_freed_bytes = Counter("agentos_payload_freed_bytes_total", "Bytes of superseded checkpoints a payload "

@@ -81,6 +81,7 @@ class Gateway:
     def routes(self) -> list[web.RouteDef]:
         return [
             web.post("/v1/sessions", self.new_session),
+            web.delete("/v1/sessions/{sid}", self.history.close_session),
             web.post("/v1/sessions/{sid}/turns", self.post_turn),
             web.delete("/v1/sessions/{sid}/turns/current", self.cancel_turn),
             web.get("/v1/sessions/{sid}/turns/{turn_id}/events", self.resume_turn),

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from broker.client import BusError
 from broker.protocol import Kind
-from broker.sharding import STORE
+from broker.sharding import STORE, actor_name
 from gateway.errors import ApiError, json_response
 from gateway.latest_checkpoints import Checkpoint, LatestCheckpoints
 from storage.log_client import LogWriteError
@@ -124,6 +124,29 @@ class HistoryRoutes:
         self.latest.offer(sid, Checkpoint(key, seq, payload))
         return {"session_id": external_sid, "key": key, "seq": seq, "durability": self.gw.config.storage.durability}
 
+    async def close_session(self, request: web.Request) -> web.Response:
+        """Close a session: its transcript, events and checkpoints are gone for every read once
+        this answers, and leave the disk with the log's compaction (storage/session_closing.py).
+        Closing one that has nothing is no error; its id may be used again, starting empty."""
+        tenant, sid, _ = self.gw.session_of(request)
+        try:
+            status = await self.gw.bus.request(actor_name(sid, self.gw.shards), Kind.SESSION_CLOSE, {"session": sid},
+                                               timeout=15.0, session=sid)
+        except BusError as exc:
+            raise ApiError(503, "actor_unavailable", f"the session's actor did not answer: {exc}") from None
+        if status.body["state"] != "closed":
+            raise ApiError(503, "storage_error", "the session's last records are not durable yet; try again")
+        # Every record of the session acknowledged so far lies before these ends.
+        upto = (await self._query({"query": "log_ends", "session": ""}))["rows"]
+        try:
+            await self.gw.log_client.append(RecordKind.CLOSE, {"session": sid, "tenant": tenant, "upto": upto,
+                                                               "at": time.time()}, sid, sync=True)
+        except LogWriteError as exc:
+            status_code, code = WRITE_ERRORS.get(exc.code, (503, "storage_error"))
+            raise ApiError(status_code, code, f"session not closed: {exc}") from None
+        self.latest.forget(sid)
+        return web.Response(status=204)
+
     def _next_seq(self) -> int:
         """Checkpoint numbers: microseconds since the epoch, strictly increasing in this process."""
         self._seq = max(self._seq + 1, time.time_ns() // 1000)
@@ -139,7 +162,7 @@ class HistoryRoutes:
         latest = self.latest.get(sid)
         if latest is None:
             query = {"query": "blob_latest", "session": sid, "tenant": tenant}
-            if self.settled is not None and not self.latest.evicted:
+            if self.settled is not None and not self.latest.evicted and sid not in self.latest.closed:
                 query["sync_to"] = self.settled     # every later PUT would have been a hit
             else:
                 query["sync"] = True

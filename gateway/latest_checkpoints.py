@@ -11,11 +11,15 @@ gateway process: a second one would have to route each session's checkpoints to 
 While nothing has been pushed out (`evicted` is 0), a miss needs only what was durable before
 this process started: everything written since is here. So the store need not catch up with the
 log's end first — which, under a burst of writes, is what a first read of a new session waited on.
+A session closed since is the exception (`closed`): the store's state at start still has its
+checkpoints, so a miss on it reads with `sync`, which includes the close.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 from typing import NamedTuple
+
+MAX_CLOSED = 100_000
 
 
 class Checkpoint(NamedTuple):
@@ -32,6 +36,17 @@ class LatestCheckpoints:
         self.hits = 0
         self.misses = 0
         self.evicted = 0
+        self.closed: set[str] = set()   # sessions closed while this process ran (see the docstring)
+
+    def forget(self, session: str) -> None:
+        """The session was closed: nothing of it is to be served from here or from the store's past."""
+        old = self.entries.pop(session, None)
+        if old is not None:
+            self.bytes -= len(old.payload)
+        if len(self.closed) >= MAX_CLOSED:   # past this, every miss reads with `sync`
+            self.closed.clear()
+            self.evicted += 1
+        self.closed.add(session)
 
     def get(self, session: str) -> Checkpoint | None:
         found = self.hit(session)
@@ -57,6 +72,7 @@ class LatestCheckpoints:
             self.bytes -= len(old.payload)
         self.entries[session] = checkpoint
         self.entries.move_to_end(session)
+        self.closed.discard(session)
         self.bytes += len(checkpoint.payload)
         while self.bytes > self.max_bytes and self.entries:
             _, evicted = self.entries.popitem(last=False)

@@ -110,6 +110,12 @@ PATHS: dict[str, dict] = {
         "summary": "Run a turn: the reply streams back as Server-Sent Events", "parameters": [SID],
         "requestBody": {"required": True, "content": _json(_ref("TurnInput"))},
         "responses": {"200": SSE_RESPONSE, **_errors(400, 401, 413, 429, 503)}}},
+    "/v1/sessions/{sid}": {"delete": {
+        "summary": "Close a session: its running turn is cancelled, and its transcript, events and checkpoints "
+                   "are gone for every read once this answers (and leave the disk with the log's compaction); "
+                   "the id may be used again, starting empty",
+        "parameters": [SID],
+        "responses": {"204": {"description": "closed (also when it had nothing)"}, **_errors(400, 401, 503, 507)}}},
     "/v1/sessions/{sid}/turns/current": {"delete": {
         "summary": "Cancel the running turn", "parameters": [SID],
         "responses": {"200": {"description": "cancelled", "content": _json(_ref("Cancelled"))},

@@ -10,7 +10,8 @@ Three things go, all only from sealed segments the store has loaded and the buck
   rows; the writer's largest position stays, as the store's progress;
 - access rows (ACCESS records) of segments last written before `storage.retention_secs` (the
   file's modification time: every record in it is older), once per segment; writer/store
-  deletes their rows by their time (`Store.purge_access`).
+  deletes their rows by their time (`Store.purge_access`);
+- the records of closed sessions (storage/closed_compaction.py).
 A rewritten segment replaces the old one under the same name (start position), and one object
 replaces the segment's objects in the bucket; a node restoring from the bucket simply finds a
 shorter range there. The active segment is never touched, so nothing a sender waits for moves.
@@ -110,6 +111,8 @@ async def compact_once(writer: "LogWriter") -> int:
     dropped = await _drop_superseded(writer, ready)
     dropped += await _revisit_superseded(writer)
     dropped += await _drop_expired_access(writer, ready, cutoff)
+    from storage import closed_compaction   # it builds on this module's rewrites
+    dropped += await closed_compaction.drop_closed(writer, ready)
     # Only segments the superseded-checkpoint pass is done with: that pass finds records by the
     # positions the store loaded them at, which a rewrite here would move.
     done = min(ready, read_mark(writer.directory))
@@ -125,7 +128,7 @@ async def compact_once(writer: "LogWriter") -> int:
         low, high = min(f for f, _ in spans.values()), max(last for _, last in spans.values())
         for start, end, path in segments_done:
             if end > low and start <= high:   # only segments that can hold their records are read
-                purged += await _rewrite(writer, start, end, path, runs_in(runs))
+                purged += await rewrite_segment(writer, start, end, path, runs_in(runs))
         metrics.compacted_records.labels("closed_run").inc(purged)
         # also when a pass before a crash had already rewritten the segments: the rows still go
         await writer.bus.request(STORE, Kind.STORE_PURGE, {"runs": sorted(runs)}, timeout=60.0)
@@ -200,7 +203,7 @@ async def _revisit_superseded(writer: "LogWriter") -> int:
             break   # the store is busy or in trouble: a later pass goes on from the mark
         named = {(str(session), int(seq)) for _, session, seq in reply.body["rows"]}
         if named:
-            count = await _rewrite(writer, start, end, path, _checkpoints_in(named))
+            count = await rewrite_segment(writer, start, end, path, _checkpoints_in(named))
             dropped += count
             metrics.compacted_records.labels("superseded_checkpoint").inc(count)
             await writer.bus.request(STORE, Kind.STORE_FORGET, {"writer": writer.index, "start": start, "end": end},
@@ -236,7 +239,7 @@ async def _drop_expired_access(writer: "LogWriter", ready: int, cutoff: float) -
             continue
         if end > done or path.stat().st_mtime >= cutoff:
             break
-        count = await _rewrite(writer, start, end, path, lambda kind, body: kind == records.RecordKind.ACCESS)
+        count = await rewrite_segment(writer, start, end, path, lambda kind, body: kind == records.RecordKind.ACCESS)
         await loop.run_in_executor(writer.io, write_mark, writer.directory, end, ACCESS_MARK_FILE)
         mark = end
         dropped += count
@@ -311,16 +314,19 @@ def _blob_end(fd: int, offset: int, size: int, session: str, seq: int) -> int | 
     return offset + 8 + length
 
 
-async def _rewrite(writer: "LogWriter", start: int, end: int, path: Path, drop: Callable[[int, bytes], bool]) -> int:
-    """Rewrites one sealed segment (and its bucket objects) without what `drop` picks."""
+async def rewrite_segment(writer: "LogWriter", start: int, end: int, path: Path, drop: Callable[[int, bytes], bool]) -> int:
+    """Rewrites one sealed segment (and its bucket objects) without what `drop` picks. The bucket
+    first: a pass cut short in between (a stop, a crash) leaves the local segment as it was, so
+    the next pass finds the same records and does both again; the other way round it would find
+    nothing left to drop and the bucket would keep them."""
     loop = asyncio.get_running_loop()
     result = await loop.run_in_executor(writer.io, lambda: compact(path.read_bytes(), drop))
     if result is None:
         return 0
     data, count = result
-    await loop.run_in_executor(writer.io, replace_segment, path, data)
     if writer.object_store is not None:
         await loop.run_in_executor(writer.io, _replace_objects, writer, start, end, data)
+    await loop.run_in_executor(writer.io, replace_segment, path, data)
     return count
 
 

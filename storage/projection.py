@@ -46,6 +46,11 @@ def project(kind: int, body: dict[str, Any], writer: int, lsn: int) -> Iterator[
     elif kind == RecordKind.FLOW:
         yield "flow_records", (body.get("run", ""), tenant, body.get("type", ""), int(body.get("seq", -1)),
                                _pack(body), at, writer, lsn)
+    elif kind == RecordKind.CLOSE:
+        if not session or not isinstance(session, str):   # '' names the progress rows
+            raise ValueError("a CLOSE record must name a session")
+        upto = [[int(log), int(position)] for log, position in body.get("upto") or []]
+        yield "closed_sessions", (session, tenant, _json(upto), at, False, writer, lsn)
     elif kind == RecordKind.ACCESS:
         if "rows" in body:   # many requests: [at, method, route, status, tenant, session, duration_ms] each
             for r_at, method, route, status, r_tenant, r_session, duration_ms in body["rows"]:

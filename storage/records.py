@@ -42,6 +42,7 @@ class RecordKind(enum.IntEnum):
     BLOB = 3
     ACCESS = 4
     FLOW = 5
+    CLOSE = 6     # a session closed: its records before the logs' ends then leave (storage/session_closing.py)
 
 
 KNOWN_KINDS = frozenset(int(k) for k in RecordKind)

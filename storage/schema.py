@@ -28,6 +28,13 @@ messages.db
   payload_file(generation)
       older versions only: which single file held the payloads (messages.payloads, or
       messages.payloads.<n>); it becomes payload segment 0 when the store opens
+  closed_sessions(session, tenant, upto JSON text, ts, applied, writer, lsn)
+      a session closed (DELETE /v1/sessions/{sid}): its rows before `upto` ({log: position}) are
+      deleted; `applied` once they are (storage/session_closing.py)
+  closed_records(session, log, position)
+      where the log still holds records of closed sessions, until its compaction drops them
+  Rows whose session is '' only keep a log's progress in their file, after the rows they replace
+  were deleted (their type, role or kind is 'progress').
 access.db
   access(ts, method, route, status, tenant, session, duration_ms, writer, lsn)
 flows.db
@@ -53,6 +60,9 @@ DATABASES: dict[str, list[str]] = {
         "ALTER TABLE checkpoints ADD COLUMN IF NOT EXISTS payload_at BIGINT",
         "ALTER TABLE checkpoints ADD COLUMN IF NOT EXISTS payload_len INTEGER",
         "CREATE TABLE IF NOT EXISTS payload_file (generation BIGINT)",
+        "CREATE TABLE IF NOT EXISTS closed_sessions (session VARCHAR, tenant VARCHAR, upto VARCHAR, ts DOUBLE, "
+        "applied BOOLEAN, writer SMALLINT, lsn BIGINT)",
+        "CREATE TABLE IF NOT EXISTS closed_records (session VARCHAR, log SMALLINT, position BIGINT)",
     ],
     "flows": [
         "CREATE TABLE IF NOT EXISTS flow_records (run VARCHAR, tenant VARCHAR, type VARCHAR, seq INTEGER, "
@@ -65,6 +75,8 @@ DATABASES: dict[str, list[str]] = {
 }
 
 TABLE_DB = {"events": "events", "messages": "messages", "checkpoints": "messages", "access": "access",
-            "flow_records": "flows"}
+            "flow_records": "flows", "closed_sessions": "messages"}
+# Tables the loader also appends to whose rows say nothing of its progress (no writer, lsn).
+BOOK_TABLE_DB = {"closed_records": "messages"}
 KIND_DB = {RecordKind.EVENT: "events", RecordKind.CHECKPOINT: "messages", RecordKind.BLOB: "messages",
-           RecordKind.ACCESS: "access", RecordKind.FLOW: "flows"}
+           RecordKind.ACCESS: "access", RecordKind.FLOW: "flows", RecordKind.CLOSE: "messages"}

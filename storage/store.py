@@ -19,10 +19,11 @@ import msgpack
 import orjson
 
 from agentos import metrics, native_memory
-from storage import payload_segments, records, schema, segments, store_queries
+from storage import payload_segments, records, schema, segments, session_closing, store_queries
 from storage.bloom import BloomFilter
 from storage.payload_segments import PayloadSegments
 from storage.projection import project
+from storage.session_closing import SessionClosing
 from storage.store_queries import StoreQueries
 
 READ_BYTES = 8 << 20          # per log and batch, at most; halved after a batch DuckDB could not take
@@ -37,7 +38,7 @@ OPEN_ROWS_PER_FETCH = 10_000
 ACCESS_PURGE_ROWS = 500_000   # access rows deleted per retention pass, at most
 
 
-class Store(StoreQueries):
+class Store(StoreQueries, SessionClosing):
     def __init__(self, data_dir: Path, writers: int, memory_limit_mb: int, jsonl_dir: str = "",
                  log: logging.Logger | None = None,
                  payload_segment_bytes: int = payload_segments.SEGMENT_BYTES) -> None:
@@ -67,6 +68,8 @@ class Store(StoreQueries):
         self.read_bytes = READ_BYTES
         # "kind:session" of every checkpoint loaded: a session not in it has none (storage/bloom.py)
         self.checkpointed = BloomFilter()
+        self.closing: dict[str, dict[int, int]] = {}   # see storage/session_closing.py
+        self.pending_closes: list[tuple[str, dict[int, int], int, int]] = []
 
     # -- opening --------------------------------------------------------------------------
 
@@ -105,6 +108,8 @@ class Store(StoreQueries):
             start = min(last[db].get(writer, 0) for db in self.conns)
             self.readers[writer] = segments.SegmentReader(self.wal_root / str(writer), start)
             self.loaded[writer] = start
+        self.pending_closes = self.open_closing()   # a crash cut their deletions short
+        self.apply_pending_closes()
 
     def _legacy_payloads(self) -> Path:
         """The single payload file of older versions (`payload_file` named its generation)."""
@@ -213,6 +218,10 @@ class Store(StoreQueries):
                     continue  # loaded before a restart
                 try:
                     decoded = records.decode_body(body)
+                    if self.closing and (closed := self.closed_before(kind, decoded, writer, position)):
+                        rows.setdefault("closed_records", []).append((closed, writer, position))
+                        positions[db][writer] = position + 1
+                        continue
                     for table, row in list(project(kind, decoded, writer, position)):  # all or nothing
                         if table == "checkpoints":
                             # before the commit: a query can only see the row once this is set
@@ -235,7 +244,7 @@ class Store(StoreQueries):
         try:
             self.payloads.loader.sync()   # before the rows that point into it commit
             for db in self.conns:
-                tables = {t: r for t, r in rows.items() if schema.TABLE_DB[t] == db}
+                tables = {t: r for t, r in rows.items() if schema.TABLE_DB.get(t, schema.BOOK_TABLE_DB.get(t)) == db}
                 if tables or positions[db]:
                     self._commit(db, tables, positions[db])
         except Exception:
@@ -247,6 +256,14 @@ class Store(StoreQueries):
             self.read_bytes = max(MIN_READ_BYTES, self.read_bytes // 2)
             raise
         self.read_bytes = min(READ_BYTES, self.read_bytes * 2)
+        self.loaded.update(scanned)
+        for session, tenant, upto, _, _, writer, lsn in rows.get("closed_sessions", ()):
+            ends = session_closing.parse_upto(upto)
+            self.expect_close(session, ends)
+            self.pending_closes.append((session, ends, writer, lsn))
+        if self.pending_closes:
+            self.apply_pending_closes()
+        self.settle_closing()
         self._write_jsonl(events_for_jsonl)
         total_rows = sum(len(r) for r in rows.values())
         for table, table_rows in rows.items():
@@ -255,7 +272,6 @@ class Store(StoreQueries):
         self.stats["records"] += count
         self.stats["rows"] += total_rows
         self.stats["batches"] += 1
-        self.loaded.update(scanned)
         self.on_loaded(dict(self.loaded), count)
         return count
 

@@ -52,6 +52,8 @@ class StoreService:
                                              Kind.STORE_PURGE: self.on_purge, Kind.STATS: self.on_stats,
                                              Kind.STORE_SUPERSEDED: self.on_superseded,
                                              Kind.STORE_FORGET: self.on_forget,
+                                             Kind.STORE_CLOSED: self.on_closed,
+                                             Kind.STORE_FORGET_CLOSED: self.on_forget_closed,
                                              Kind.PEER_RESTARTED: self.on_peer_restarted},
                        role="store", heartbeat_secs=config.broker.heartbeat_secs, log=log)
 
@@ -213,23 +215,32 @@ class StoreService:
 
     async def on_superseded(self, msg: Message) -> None:
         b = msg.body
-        try:
-            positions = await self.loop.run_in_executor(self.queries, self.store.superseded_blobs,
-                                                        int(b["writer"]), int(b["start"]), int(b["end"]))
-        except Exception as exc:  # noqa: BLE001 — DuckDB trouble: the asking pass tries again later
-            self.bus.reply(msg, Kind.STORE_ROWS, {"rows": [], "error": f"superseded checkpoints: {exc}"})
-            return
-        self.bus.reply(msg, Kind.STORE_ROWS, {"rows": positions})
+        await self._answer(msg, "superseded checkpoints", self.store.superseded_blobs,
+                           int(b["writer"]), int(b["start"]), int(b["end"]))
 
     async def on_forget(self, msg: Message) -> None:
+        b = msg.body   # on failure the rows stay; nothing reads them either way
+        await self._answer(msg, "forgetting checkpoints", lambda *a: [self.store.forget_superseded(*a)],
+                           int(b["writer"]), int(b["start"]), int(b["end"]))
+
+    async def on_closed(self, msg: Message) -> None:
+        await self._answer(msg, "records of closed sessions", self.store.closed_records,
+                           int(msg.body["writer"]), int(msg.body["end"]))
+
+    async def on_forget_closed(self, msg: Message) -> None:
         b = msg.body
+        await self._answer(msg, "forgetting records of closed sessions", lambda *a: [self.store.forget_closed(*a)],
+                           int(b["writer"]), int(b["start"]), int(b["end"]))
+
+    async def _answer(self, msg: Message, what: str, call, *args) -> None:
+        """Rows from `call(*args)` on the query thread; DuckDB trouble is answered as an error
+        (the asking compaction pass tries again later)."""
         try:
-            count = await self.loop.run_in_executor(self.queries, self.store.forget_superseded,
-                                                    int(b["writer"]), int(b["start"]), int(b["end"]))
-        except Exception as exc:  # noqa: BLE001 — the rows stay; nothing reads them either way
-            self.bus.reply(msg, Kind.STORE_ROWS, {"rows": [], "error": f"forgetting checkpoints: {exc}"})
+            rows = await self.loop.run_in_executor(self.queries, call, *args)
+        except Exception as exc:  # noqa: BLE001
+            self.bus.reply(msg, Kind.STORE_ROWS, {"rows": [], "error": f"{what}: {exc}"})
             return
-        self.bus.reply(msg, Kind.STORE_ROWS, {"rows": [count]})
+        self.bus.reply(msg, Kind.STORE_ROWS, {"rows": rows})
 
     def on_stats(self, msg: Message) -> None:
         records, seconds = self.lag()

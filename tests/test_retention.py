@@ -27,6 +27,10 @@ class StoreOverBus:
             rows = [s.forget_superseded(body["writer"], body["start"], body["end"])]
         elif kind == Kind.STORE_PURGE:
             rows = [s.purge_runs(body["runs"])]
+        elif kind == Kind.STORE_CLOSED:
+            rows = s.closed_records(body["writer"], body["end"])
+        elif kind == Kind.STORE_FORGET_CLOSED:
+            rows = [s.forget_closed(body["writer"], body["start"], body["end"])]
         else:
             raise AssertionError(kind)
         return types.SimpleNamespace(body={"rows": rows})

@@ -78,7 +78,7 @@ def test_store_loads_exactly_once_across_a_restart_and_rebuilds_checkpoint_chain
     while store.load_once():
         pass
     counts = store.query("count", "")[0][0]
-    assert counts == {"events": 5, "messages": 6, "checkpoints": 4, "access": 3, "flow_records": 0}
+    assert counts == {"events": 5, "messages": 6, "checkpoints": 4, "access": 3, "flow_records": 0, "closed_sessions": 0}
     assert store.stats["bad_records"] == 1
     assert store.conns["access"].execute("SELECT status, session FROM access WHERE ts >= 5 ORDER BY ts").fetchall() \
         == [(200, "s"), (404, "s2")]

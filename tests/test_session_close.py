@@ -1,0 +1,206 @@
+"""Closing a session (DELETE /v1/sessions/{sid}): its transcript, events and checkpoints leave
+DuckDB at once and the log with its compaction; the id can be used again, starting empty."""
+import time
+
+from storage import records, segments
+from storage.records import RecordKind
+from storage.store import Store
+
+
+def event(session, seq, at=1.0):
+    return records.encode_body({"session": session, "tenant": "t", "turn": "t1", "seq": seq, "type": "step.completed",
+                                "data": {"n": seq}, "at": at})
+
+
+def agent(session, seq, messages, at=1.0):
+    return records.encode_body({"session": session, "tenant": "t", "turn": f"turn{seq}", "seq": seq, "full": True,
+                                "first": 0, "messages": messages, "at": at})
+
+
+def blob(session, seq, at=1.0):
+    return records.encode_body({"session": session, "tenant": "t", "key": f"k{seq}", "seq": seq, "payload": b"p" * 100,
+                                "at": at})
+
+
+def close(session, upto, at=2.0):
+    return records.encode_body({"session": session, "tenant": "t", "upto": upto, "at": at})
+
+
+def write(log, frames):
+    log.write(b"".join(records.frame(kind, b"", body) for kind, body in frames), sync=True)
+
+
+def logs(tmp_path):
+    return [segments.SegmentLog(tmp_path / "wal" / str(i), segment_bytes=1 << 20) for i in range(2)]
+
+
+def opened(tmp_path):
+    store = Store(tmp_path, writers=2, memory_limit_mb=64)
+    store.open()
+    store.load_all()
+    return store
+
+
+def reads(store, session):
+    return {"messages": store.query("messages", session)[0], "events": store.query("events", session)[0],
+            "chain": store.query("checkpoint_chain", session)[0], "latest": store.query("blob_latest", session)[0]}
+
+
+def hello(n):
+    return [{"role": "user", "content": f"hello {i}"} for i in range(n)]
+
+
+def test_a_closed_session_leaves_duckdb_and_another_stays_across_a_restart(tmp_path):
+    actors, gateway = logs(tmp_path)
+    for sid in ("gone", "kept"):
+        write(actors, [(RecordKind.EVENT, event(sid, 0)), (RecordKind.CHECKPOINT, agent(sid, 1, hello(2)))])
+        write(gateway, [(RecordKind.BLOB, blob(sid, 1))])
+    store = opened(tmp_path)
+    before = reads(store, "kept")
+    assert all(before.values()) and all(reads(store, "gone").values())
+    write(gateway, [(RecordKind.CLOSE, close("gone", [[0, actors.end], [1, gateway.end]]))])
+    store.load_all()
+    assert not any(reads(store, "gone").values())
+    assert reads(store, "kept") == before
+    # the log still holds its records: the store says where, for the log's compaction
+    named = {log: store.closed_records(log, 1 << 40) for log in (0, 1)}
+    assert [s for _, s, _ in named[0]] == ["gone", "gone"] and [s for _, s, _ in named[1]] == ["gone"]
+    assert all(at == 2.0 for rows in named.values() for _, _, at in rows)
+    counts = store.query("count", "")[0][0]
+    store.close()
+    for log in (actors, gateway):
+        log.close()
+
+    again = opened(tmp_path)   # a restart reads nothing twice and brings nothing back
+    assert again.query("count", "")[0][0] == counts
+    assert not any(reads(again, "gone").values()) and reads(again, "kept") == before
+    assert again.forget_closed(0, 0, 1 << 40) == 2 and again.closed_records(0, 1 << 40) == []
+    again.close()
+
+
+def test_records_before_the_close_that_a_log_yields_later_are_never_loaded_and_the_id_starts_over(tmp_path):
+    """The store reads its logs side by side: the close (in the gateway's log) can come before
+    records of the session it covers (in an actor's log)."""
+    actors, gateway = logs(tmp_path)
+    write(actors, [(RecordKind.EVENT, event("s", 0))])
+    first = actors.end
+    late = [(RecordKind.EVENT, event("s", 1)), (RecordKind.CHECKPOINT, agent("s", 1, hello(3)))]
+    upto = first + sum(len(records.frame(k, b"", b)) for k, b in late)
+    write(gateway, [(RecordKind.CLOSE, close("s", [[0, upto], [1, gateway.end]]))])
+    store = Store(tmp_path, writers=2, memory_limit_mb=64)
+    store.open()
+    store.limits = {0: first, 1: gateway.end}   # log 0 is loaded only so far
+    store.load_all()
+    assert not any(reads(store, "s").values()) and "s" in store.closing
+    write(actors, late)                         # …then the records before the close come
+    write(actors, [(RecordKind.CHECKPOINT, agent("s", 1, [{"role": "user", "content": "new life"}], at=3.0))])
+    store.limits = None
+    store.load_all()
+    assert store.closing == {}
+    assert [m["content"] for m in reads(store, "s")["messages"]] == ["new life"]
+    assert [p for p, _, _ in store.closed_records(0, 1 << 40)] == [0, first, first + len(records.frame(
+        RecordKind.EVENT, b"", late[0][1]))]
+    store.close()
+
+
+def test_a_close_whose_deletions_failed_is_applied_at_the_next_open(tmp_path, monkeypatch):
+    actors, gateway = logs(tmp_path)
+    write(actors, [(RecordKind.CHECKPOINT, agent("s", 1, hello(2)))])
+    write(gateway, [(RecordKind.CLOSE, close("s", [[0, actors.end], [1, gateway.end]]))])
+
+    def fail(*args):
+        raise RuntimeError("DuckDB refused")
+    monkeypatch.setattr(Store, "apply_close", fail)
+    store = opened(tmp_path)
+    assert reads(store, "s")["messages"] and len(store.pending_closes) == 1
+    store.close()
+    monkeypatch.undo()
+    again = opened(tmp_path)
+    assert not any(reads(again, "s").values()) and again.pending_closes == []
+    again.close()
+
+
+def test_compaction_drops_a_closed_sessions_records_by_name_and_time():
+    from storage.closed_compaction import records_of
+
+    drop = records_of({"gone": 5.0})
+    assert drop(RecordKind.EVENT, event("gone", 0, at=4.0))
+    assert drop(RecordKind.BLOB, blob("gone", 1, at=5.0))
+    assert not drop(RecordKind.CHECKPOINT, agent("gone", 2, hello(1), at=6.0))   # the id's next life
+    assert not drop(RecordKind.EVENT, event("kept", 0, at=1.0))
+    assert not drop(RecordKind.CLOSE, close("gone", [], at=1.0))
+
+
+def test_closing_a_session_over_http_removes_it_for_reads_at_once_and_from_the_log_later(make_server, tmp_path):
+    """Real processes: a session with turns and external checkpoints is closed; every read of it
+    404s right away, also after a restart, while another session is untouched; its id starts
+    over; the log's compaction then drops its records."""
+    import urllib.error
+    import urllib.request
+
+    from harness import get_json, turn, wait_until
+
+    from bench.failover import put
+
+    server = make_server({"storage": {"segment_bytes": 4096, "compaction_interval_secs": 1}})
+    base = server.url
+    for sid in ("doomed", "other"):
+        assert turn(base, sid, "remember me").terminal == "turn.completed"
+        assert put(base, sid, "k1", b"state " * 200) == 200
+    fresh_prompt = turn(base, "fresh", "remember me").data("turn.completed")["usage"]["prompt_tokens"]
+
+    def left_in_logs(before):
+        left = []
+        for wal in (tmp_path / "data" / "wal").iterdir():
+            for _, path in segments.list_segments(wal):
+                for _, kind, _, body, _ in records.scan(path.read_bytes()):
+                    if kind in (RecordKind.EVENT, RecordKind.CHECKPOINT, RecordKind.BLOB):
+                        decoded = records.decode_body(body)
+                        if decoded.get("session") == "doomed" and decoded.get("at", 0) < before:
+                            left.append((wal.name, path.name, kind))
+        return left
+
+    assert left_in_logs(time.time())
+    status, _, _ = get_json(f"{base}/v1/sessions/doomed", method="DELETE")
+    assert status == 204
+    closed_at = time.time()
+
+    def gone(sid):
+        statuses = []
+        for path in ("messages", "events", "checkpoints/latest"):
+            try:
+                with urllib.request.urlopen(f"{base}/v1/sessions/{sid}/{path}", timeout=10) as resp:
+                    statuses.append(resp.status)
+            except urllib.error.HTTPError as exc:
+                statuses.append(exc.code)
+        return statuses
+
+    assert gone("doomed") == [404, 404, 404]
+    assert gone("other") == [200, 200, 200]
+    assert get_json(f"{base}/v1/sessions/never-seen", method="DELETE")[0] == 204
+    server.stop()
+    base = server.start().url   # a new port
+    assert gone("doomed") == [404, 404, 404] and gone("other") == [200, 200, 200]
+
+    # the id starts over: the model sees no history, and the transcript holds only the new turn
+    again = turn(base, "doomed", "remember me")
+    assert again.data("turn.completed")["usage"]["prompt_tokens"] == fresh_prompt
+    _, _, body = get_json(f"{base}/v1/sessions/doomed/messages")
+    assert [m["content"] for m in body["messages"]] == ["remember me", again.text]
+
+    for n in range(12):   # more records seal the segments holding the old ones
+        assert put(base, "filler", f"f{n}", b"x" * 1500) == 200
+        turn(base, "doomed", f"more {n}")
+    wait_until(lambda: not left_in_logs(closed_at), 60, "the closed session's records to leave the log", interval=0.5)
+    assert "records of closed sessions" in server.log()
+
+
+def test_a_close_record_that_names_no_session_or_bad_ends_is_skipped(tmp_path):
+    actors, gateway = logs(tmp_path)
+    write(actors, [(RecordKind.CHECKPOINT, agent("s", 1, hello(2)))])
+    write(gateway, [(RecordKind.CLOSE, close("", [[0, 1 << 30]])), (RecordKind.CLOSE, close("s", [["x", None]])),
+                    (RecordKind.CLOSE, close("s", "everything"))])
+    store = opened(tmp_path)
+    assert store.stats["bad_records"] == 3
+    assert [m["content"] for m in reads(store, "s")["messages"]] == ["hello 0", "hello 1"]
+    store.close()
