@@ -155,6 +155,9 @@ class ServerProcess:
             except ProcessLookupError:
                 pass
         self.proc.wait(10)
+        if self._log is not None:   # a later start() opens it again
+            self._log.close()
+            self._log = None
 
     def kill_all(self) -> None:
         for pid in [self.proc.pid, *self.seen_pids]:

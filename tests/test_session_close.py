@@ -204,3 +204,42 @@ def test_a_close_record_that_names_no_session_or_bad_ends_is_skipped(tmp_path):
     assert store.stats["bad_records"] == 3
     assert [m["content"] for m in reads(store, "s")["messages"]] == ["hello 0", "hello 1"]
     store.close()
+
+
+def test_closed_sessions_stay_closed_through_kill9_of_the_store_and_of_the_whole_tree(make_server):
+    """Real processes: writer/store killed right after closes were acknowledged (before or while
+    it deletes their rows), then the whole tree: every close holds, every other session reads."""
+    import urllib.error
+    import urllib.request
+
+    from harness import get_json, turn
+
+    from bench.failover import put
+
+    server = make_server({"storage": {"compaction_interval_secs": 1}})
+    sessions = [f"kill-{i}" for i in range(6)]
+    for sid in sessions:
+        assert turn(server.url, sid, f"hello from {sid}").terminal == "turn.completed"
+        assert put(server.url, sid, "k1", sid.encode() * 100) == 200
+
+    def statuses(base):
+        out = {}
+        for sid in sessions:
+            try:
+                with urllib.request.urlopen(f"{base}/v1/sessions/{sid}/checkpoints/latest", timeout=10) as resp:
+                    latest = resp.status
+            except urllib.error.HTTPError as exc:
+                latest = exc.code
+            out[sid] = (get_json(f"{base}/v1/sessions/{sid}/messages")[0], latest)
+        return out
+
+    for sid in sessions[:2]:
+        assert get_json(f"{server.url}/v1/sessions/{sid}", method="DELETE")[0] == 204
+    server.kill9("writer/store")
+    assert get_json(f"{server.url}/v1/sessions/{sessions[2]}", method="DELETE")[0] == 204
+    server.crash()
+    base = server.start().url
+    expected = {sid: (404, 404) if sid in sessions[:3] else (200, 200) for sid in sessions}
+    assert statuses(base) == expected
+    server.kill9("writer/store")
+    assert statuses(base) == expected
