@@ -149,6 +149,19 @@ class SessionClosing:
             raise
         return count
 
+    def prune_closes(self) -> int:
+        """Delete the rows of closes that are done: applied, every log loaded past their ends, and
+        none of the session's records left in any log. Each log's newest close row stays (the
+        file's progress); a log rebuilt from the bucket replays the CLOSE records anyway."""
+        with self.loading:   # the loader writes through the same connection, and sets `closing`
+            waiting = sorted(self.closing)
+            (count,) = self.conns["messages"].execute(
+                "DELETE FROM closed_sessions c WHERE applied "
+                "AND NOT EXISTS (SELECT 1 FROM closed_records r WHERE r.session = c.session) "
+                "AND session NOT IN (SELECT unnest(?::VARCHAR[])) "
+                "AND lsn < (SELECT max(lsn) FROM closed_sessions m WHERE m.writer = c.writer)", [waiting]).fetchone()
+        return count
+
     def closed_records(self, log: int, end: int, limit: int = 20_000) -> list[list]:
         """[position, session, closed at] of records of closed sessions before `end` in `log`."""
         return [list(r) for r in self.cursors["messages"].execute(

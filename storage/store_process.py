@@ -290,7 +290,8 @@ class StoreService:
 
     async def expire_access(self) -> None:
         """Every `storage.compaction_interval_secs`: access rows older than `storage.retention_secs`
-        leave access.db (the logs' compaction drops their records likewise)."""
+        leave access.db (the logs' compaction drops their records likewise), and so do the rows of
+        closes that are done (storage/session_closing.py)."""
         while True:
             await asyncio.sleep(self.config.storage.compaction_interval_secs)
             before = time.time() - self.config.storage.retention_secs
@@ -301,6 +302,10 @@ class StoreService:
                 continue
             if count:
                 self.log.info("retention: removed %d access rows from before %.3f", count, before)
+            try:
+                await self.loop.run_in_executor(self.queries, self.store.prune_closes)
+            except Exception:   # the rows stay until a later pass; nothing reads them
+                self.log.exception("pruning closed sessions failed")
 
     async def report(self) -> None:
         while True:

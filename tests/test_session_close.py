@@ -243,3 +243,23 @@ def test_closed_sessions_stay_closed_through_kill9_of_the_store_and_of_the_whole
     assert statuses(base) == expected
     server.kill9("writer/store")
     assert statuses(base) == expected
+
+
+def test_a_close_leaves_its_row_once_its_records_are_gone_from_every_log(tmp_path):
+    actors, gateway = logs(tmp_path)
+    write(actors, [(RecordKind.CHECKPOINT, agent("a", 1, hello(2)))])
+    write(gateway, [(RecordKind.CLOSE, close("a", [[0, actors.end], [1, gateway.end]]))])
+    write(gateway, [(RecordKind.CLOSE, close("b", [[0, actors.end], [1, gateway.end]]))])
+    store = opened(tmp_path)
+
+    def closes():
+        return store.conns["messages"].execute("SELECT session FROM closed_sessions ORDER BY lsn").fetchall()
+
+    assert store.prune_closes() == 0                 # a's record is still in log 0
+    assert store.forget_closed(0, 0, actors.end) == 1
+    assert store.prune_closes() == 1 and closes() == [("b",)]   # b's row holds log 1's progress
+    counts = store.query("count", "")[0][0]
+    store.close()
+    again = opened(tmp_path)                         # nothing is read twice
+    assert again.query("count", "")[0][0] == counts and not any(reads(again, "a").values())
+    again.close()
