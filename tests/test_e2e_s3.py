@@ -6,9 +6,11 @@ import os
 import re
 import threading
 import time
+import urllib.error
 
 import botocore.exceptions
 import duckdb
+import pytest
 
 from harness import get_json, pid_alive, scrape, turn, wait_until
 from bench.failover import latest_key as latest, put
@@ -37,6 +39,9 @@ def test_a_fresh_node_with_an_empty_disk_recovers_everything_from_the_bucket(mak
         assert put(a.url, f"fresh-{i}", "k", f"state {i}".encode()) == 200
     answer = turn(a.url, "fresh-chat", "remember this")
     assert answer.terminal == "turn.completed"
+    assert turn(a.url, "fresh-closed", "forget this").terminal == "turn.completed"
+    assert put(a.url, "fresh-closed", "k", b"closed state") == 200
+    assert get_json(f"{a.url}/v1/sessions/fresh-closed", method="DELETE")[0] == 204
     run = start_flow(a.url, "five_steps", {"file": str(tmp_path / "fx"), "delay": 0.01})
     assert run_result(a.url, run["run_id"])["result"] == 100
     requests = 'agentos_s3_requests_total{{op="{}",purpose="{}"}}'
@@ -53,6 +58,10 @@ def test_a_fresh_node_with_an_empty_disk_recovers_everything_from_the_bucket(mak
     assert [latest(b.url, f"fresh-{i}") for i in range(10)] == [f"state {i}".encode() for i in range(10)]
     messages = get_json(f"{b.url}/v1/sessions/fresh-chat/messages")[2]["messages"]
     assert [m["content"] for m in messages] == ["remember this", answer.text]
+    assert get_json(f"{b.url}/v1/sessions/fresh-closed/messages")[0] == 404   # its close came with the log
+    with pytest.raises(urllib.error.HTTPError) as missing:
+        latest(b.url, "fresh-closed")
+    assert missing.value.code == 404
     body = get_json(f"{b.url}/v1/runs/{run['run_id']}")[2]
     assert body["status"] == "completed" and body["result"] == 100
 
