@@ -2,8 +2,8 @@
 few seconds, then an accounting done by the load generator itself.
 
 Load: turn clients (SSE, resumed with Last-Event-ID when a connection drops), checkpoint clients
-(numbered PUTs per session) and flow clients (runs of SYNC steps started with an Idempotency-Key)
-on one real process tree with full persistence and one worker process. Every few seconds (jittered)
+(numbered PUTs per session), flow clients (runs of SYNC steps started with an Idempotency-Key) and
+close clients (a session filled, then closed) on one real process tree with full persistence and one worker process. Every few seconds (jittered)
 one role of the tree — broker, gateway, an actor, the scheduler, a log writer, the store writer or
 the mock model — gets SIGKILL, in a shuffled order that reaches every role once per round; the
 supervisor restarts it.
@@ -11,7 +11,8 @@ supervisor restarts it.
 The accounting, after the kills stop and the tree has settled:
 - lost: acknowledged records that are not there. A completed turn whose assistant message is not
   in the transcript (or differs from what was streamed); an acknowledged checkpoint that is not in
-  the log; an accepted flow run that never completes with its result.
+  the log; an accepted flow run that never completes with its result; a session whose close was
+  acknowledged that a read still finds (bench/chaos_closes.py).
 - hung: streams that neither ended with a terminal event nor closed cleanly within the deadline.
 - restarts per role, and each process's private memory after warm-up and after the run.
 Exit status 1 if anything was lost or hung.
@@ -34,7 +35,9 @@ from typing import Any
 import aiohttp
 
 from bench.logged_checkpoints import checkpoints_in_log, lost_from_log
-from bench.results import ResultsDir, markdown_table, pyplot
+from bench.chaos_closes import close_client, reopened
+from bench.chaos_report import write_report
+from bench.results import ResultsDir
 from bench.sampling import memory_by_process
 from bench.server_proc import ServerProcess, wait_until
 from bench.sse_client import run_turn
@@ -62,6 +65,8 @@ class Ledger:
         self.checkpoint_errors = collections.Counter()
         self.flows: dict[str, str] = {}                   # run id -> idempotency key
         self.flow_errors = collections.Counter()
+        self.closed: list[str] = []                      # sessions whose close was acknowledged
+        self.close_errors = collections.Counter()
         self.timeline: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
         self.t0 = time.monotonic()
 
@@ -174,6 +179,8 @@ async def load(server: ServerProcess, args, ledger: Ledger, kills: list[dict]) -
                   for i in range(args.checkpoint_clients)]
         tasks += [asyncio.ensure_future(flow_client(http, base, i, ledger, stop_load, args.pause))
                   for i in range(args.flow_clients)]
+        tasks += [asyncio.ensure_future(close_client(http, base, i, ledger.closed, ledger.close_errors, stop_load,
+                                                     args.deadline, args.pause)) for i in range(args.close_clients)]
         await asyncio.sleep(args.warmup)
         before = memory_by_process(server)
         chaos_from = time.monotonic() - ledger.t0
@@ -238,6 +245,7 @@ async def verify(server: ServerProcess, ledger: Ledger, timeout: float) -> dict[
                 await asyncio.sleep(0.5)
         lost["flows"] += list(pending)
         results["unfinished"] = len(pending)
+        lost["closes"] = await reopened(http, server.url, ledger.closed)
     return {"lost": lost, "flow_results": dict(results)}
 
 
@@ -257,6 +265,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--turn-clients", type=int, default=16)
     p.add_argument("--checkpoint-clients", type=int, default=4)
     p.add_argument("--flow-clients", type=int, default=4)
+    p.add_argument("--close-clients", type=int, default=2, help="clients that fill a session, then close it")
     p.add_argument("--pause", type=float, default=0.05, help="each client's think time between requests")
     p.add_argument("--roles", type=lambda v: [r for r in v.split(",") if r], default=[],
                    help="kill only these roles (comma-separated names as `agent-os status` shows them)")
@@ -319,20 +328,22 @@ def main(argv: list[str] | None = None) -> int:
 
 def accounting(args, ledger: Ledger, kills: list[dict], checked: dict, lost_checkpoints: list,
                restarts: dict[str, int], phases: dict, after: dict) -> dict[str, Any]:
-    lost = len(checked["lost"]["turns"]) + len(checked["lost"]["flows"]) + len(lost_checkpoints)
+    lost = len(checked["lost"]["turns"]) + len(checked["lost"]["flows"]) + len(lost_checkpoints) \
+        + len(checked["lost"]["closes"])
     before = phases["before"]
     return {
         "duration_secs": args.duration, "kills": len(kills),
         "kills_by_role": dict(collections.Counter(k["role"] for k in kills)),
         "restarts_by_role": restarts,
         "lost": lost, "lost_turns": checked["lost"]["turns"][:20], "lost_flows": checked["lost"]["flows"][:20],
-        "lost_checkpoints": lost_checkpoints[:20],
+        "lost_checkpoints": lost_checkpoints[:20], "closes_undone": checked["lost"]["closes"][:20],
         "hung": ledger.turns["hung"],
         "turn_outcomes": dict(ledger.turns), "turns_resumed": ledger.resumed, "streams_with_gaps": ledger.reordered,
         "acknowledged": {"turns": len(ledger.completed), "checkpoints": sum(map(len, ledger.checkpoints.values())),
-                         "flows": len(ledger.flows)},
+                         "flows": len(ledger.flows), "closes": len(ledger.closed)},
         "checkpoint_errors": {str(k): v for k, v in ledger.checkpoint_errors.items()},
         "flow_errors": {str(k): v for k, v in ledger.flow_errors.items()},
+        "close_errors": {str(k): v for k, v in ledger.close_errors.items()},
         "flow_results": checked["flow_results"],
         "memory_kib": {name: {"before_private": before.get(name, {}).get("private_kib"),
                               "after_private": m["private_kib"], "before_rss": before.get(name, {}).get("rss_kib"),
@@ -340,59 +351,6 @@ def accounting(args, ledger: Ledger, kills: list[dict], checked: dict, lost_chec
                               "restarted": before.get(name, {}).get("pid") != m["pid"]}
                        for name, m in after.items()},
     }
-
-
-def write_report(results: ResultsDir, row: dict, kills: list[dict], ledger: Ledger, phases: dict) -> None:
-    acked = row["acknowledged"]
-    lines = [
-        f"# Chaos: {row['duration_secs']:.0f} s of SIGKILLs ({row['kills']} kills)", "",
-        f"**lost = {row['lost']}**, **hung = {row['hung']}** "
-        f"(acknowledged: {acked['turns']} completed turns, {acked['checkpoints']} checkpoints, "
-        f"{acked['flows']} flow runs)", "",
-        "Lost counts a completed turn whose assistant message is missing from the transcript or differs from "
-        "what was streamed, an acknowledged checkpoint missing from the log, an accepted flow run that did not "
-        "complete with its result. Hung counts streams with neither a terminal event nor a clean close within "
-        "the deadline.", "",
-        "## Turn outcomes", "",
-        markdown_table(["outcome", "turns"], sorted(row["turn_outcomes"].items())), "",
-        f"Streams picked up again with Last-Event-ID after a drop: {row['turns_resumed']}; "
-        f"streams whose event ids had a gap or repeat: {row['streams_with_gaps']}.", "",
-        f"Flow runs: {row['flow_results']}; start errors seen by clients (retried with the same key): "
-        f"{row['flow_errors']}. Checkpoint PUT errors: {row['checkpoint_errors']}.", "",
-        "## Kills and restarts per role", "",
-        markdown_table(["role", "kills", "restarts"],
-                       [(name, row["kills_by_role"].get(name, 0), n) for name, n in sorted(row["restarts_by_role"].items())]),
-        "", "## Memory per process (private KiB)", "",
-        "Before: after warm-up, under load, before the first kill. After: the settled tree after the run "
-        "(a process that was restarted is a new incarnation).", "",
-        markdown_table(["process", "before", "after", "restarted"],
-                       [(name, m["before_private"], m["after_private"], "yes" if m["restarted"] else "")
-                        for name, m in sorted(row["memory_kib"].items())]),
-    ]
-    results.write_summary("\n".join(lines))
-    plt = pyplot()
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), gridspec_kw={"height_ratios": [3, 2]})
-    span = range(0, int(max(ledger.timeline or [0])) + 1)
-    for what in ("turns", "checkpoints", "flows"):
-        top.plot(list(span), [ledger.timeline.get(t, {}).get(what, 0) for t in span], label=f"{what} acknowledged/s")
-    for k in kills:
-        top.axvline(k["t"], color="red", alpha=0.25, linewidth=0.8)
-    top.axvspan(phases["chaos_from"], phases["chaos_to"], color="red", alpha=0.04, label="kills (red lines)")
-    top.set_xlabel("seconds")
-    top.legend(loc="upper right", fontsize=8)
-    top.set_title(f"Acknowledged work per second under SIGKILL; lost={row['lost']} hung={row['hung']}")
-    names = sorted(row["memory_kib"])
-    xs = range(len(names))
-    bottom.bar([x - 0.2 for x in xs], [(row["memory_kib"][n]["before_private"] or 0) / 1024 for n in names], 0.4,
-               label="after warm-up")
-    bottom.bar([x + 0.2 for x in xs], [row["memory_kib"][n]["after_private"] / 1024 for n in names], 0.4,
-               label="after the run")
-    bottom.set_xticks(list(xs), names, rotation=30, ha="right", fontsize=8)
-    bottom.set_ylabel("private MiB")
-    bottom.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(results.figure_path("chaos.png"), dpi=110)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,63 @@
+"""The chaos bench's report: summary.md and chaos.png from the accounting (bench/chaos.py)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from bench.results import ResultsDir, markdown_table, pyplot
+
+if TYPE_CHECKING:
+    from bench.chaos import Ledger
+
+
+def write_report(results: ResultsDir, row: dict, kills: list[dict], ledger: "Ledger", phases: dict) -> None:
+    acked = row["acknowledged"]
+    lines = [
+        f"# Chaos: {row['duration_secs']:.0f} s of SIGKILLs ({row['kills']} kills)", "",
+        f"**lost = {row['lost']}**, **hung = {row['hung']}** "
+        f"(acknowledged: {acked['turns']} completed turns, {acked['checkpoints']} checkpoints, "
+        f"{acked['flows']} flow runs, {acked['closes']} closed sessions)", "",
+        "Lost counts a completed turn whose assistant message is missing from the transcript or differs from "
+        "what was streamed, an acknowledged checkpoint missing from the log, an accepted flow run that did not "
+        "complete with its result, a closed session that a read still finds. Hung counts streams with neither a terminal event nor a clean close within "
+        "the deadline.", "",
+        "## Turn outcomes", "",
+        markdown_table(["outcome", "turns"], sorted(row["turn_outcomes"].items())), "",
+        f"Streams picked up again with Last-Event-ID after a drop: {row['turns_resumed']}; "
+        f"streams whose event ids had a gap or repeat: {row['streams_with_gaps']}.", "",
+        f"Flow runs: {row['flow_results']}; start errors seen by clients (retried with the same key): "
+        f"{row['flow_errors']}. Checkpoint PUT errors: {row['checkpoint_errors']}. Close errors (retried): "
+        f"{row['close_errors']}; closed sessions found again: {row['closes_undone']}.", "",
+        "## Kills and restarts per role", "",
+        markdown_table(["role", "kills", "restarts"],
+                       [(name, row["kills_by_role"].get(name, 0), n) for name, n in sorted(row["restarts_by_role"].items())]),
+        "", "## Memory per process (private KiB)", "",
+        "Before: after warm-up, under load, before the first kill. After: the settled tree after the run "
+        "(a process that was restarted is a new incarnation).", "",
+        markdown_table(["process", "before", "after", "restarted"],
+                       [(name, m["before_private"], m["after_private"], "yes" if m["restarted"] else "")
+                        for name, m in sorted(row["memory_kib"].items())]),
+    ]
+    results.write_summary("\n".join(lines))
+    plt = pyplot()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), gridspec_kw={"height_ratios": [3, 2]})
+    span = range(0, int(max(ledger.timeline or [0])) + 1)
+    for what in ("turns", "checkpoints", "flows"):
+        top.plot(list(span), [ledger.timeline.get(t, {}).get(what, 0) for t in span], label=f"{what} acknowledged/s")
+    for k in kills:
+        top.axvline(k["t"], color="red", alpha=0.25, linewidth=0.8)
+    top.axvspan(phases["chaos_from"], phases["chaos_to"], color="red", alpha=0.04, label="kills (red lines)")
+    top.set_xlabel("seconds")
+    top.legend(loc="upper right", fontsize=8)
+    top.set_title(f"Acknowledged work per second under SIGKILL; lost={row['lost']} hung={row['hung']}")
+    names = sorted(row["memory_kib"])
+    xs = range(len(names))
+    bottom.bar([x - 0.2 for x in xs], [(row["memory_kib"][n]["before_private"] or 0) / 1024 for n in names], 0.4,
+               label="after warm-up")
+    bottom.bar([x + 0.2 for x in xs], [row["memory_kib"][n]["after_private"] / 1024 for n in names], 0.4,
+               label="after the run")
+    bottom.set_xticks(list(xs), names, rotation=30, ha="right", fontsize=8)
+    bottom.set_ylabel("private MiB")
+    bottom.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(results.figure_path("chaos.png"), dpi=110)
+    plt.close(fig)
