@@ -108,13 +108,17 @@ class Actor:
         """Before the gateway closes a session (storage/session_closing.py): its turn ends, it
         leaves memory (its next use starts from what the store then has: nothing), and whatever
         this actor appended for it is acknowledged, so the log's ends cover it."""
-        session = self.sessions.get(msg.body["session"])
-        turn = session.active if session is not None else None
-        if turn is not None:
+        sid = msg.body["session"]
+        await self.flows.ready.wait()   # a turn our predecessor was running is known by then
+        running = [t for t in self.turns.values() if t.session_id == sid and not t.ended]
+        for turn in running:
+            turn.cancel_reason = "session_closed"   # one still loading to resume sees it and stops
             turn.cancel("session_closed")
-            if turn.task is not None:
-                await asyncio.wait([turn.task], timeout=CLOSE_WAIT_SECS)
-        self.sessions.drop(msg.body["session"])
+        tasks = [t.task for t in running if t.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=CLOSE_WAIT_SECS)
+        self.sessions.drop(sid)
+        turn = running[0] if running else None
         drained = await self.persistence.log.drain(CLOSE_WAIT_SECS)
         self.bus.reply(msg, Kind.TURN_STATUS, {"turn_id": turn.turn_id if turn else "",
                                                "state": "closed" if drained else "busy"})
@@ -145,8 +149,9 @@ class Actor:
             self.log.error("cannot resume turn %s: %s", turn.turn_id, exc)
             self._abandon(turn)
             return
-        if session.active is not None:
-            self.flows.record(run, "run.ended", sync=False, status="cancelled", error="superseded by a newer turn")
+        if session.active is not None or turn.cancel_reason:   # a newer turn, or the session was closed
+            self.flows.record(run, "run.ended", sync=False, status="cancelled",
+                              error=turn.cancel_reason or "superseded by a newer turn")
             self._abandon(turn)
             return
         if len(session.messages) <= user_index:
