@@ -22,6 +22,8 @@ from storage.session_closing import SESSION_KINDS
 if TYPE_CHECKING:
     from storage.log_writer import LogWriter
 
+FEW_NAMES = 8
+
 
 async def drop_closed(writer: "LogWriter", ready: int) -> int:
     """One pass: rewrite the segments holding records of closed sessions; returns records dropped."""
@@ -56,11 +58,12 @@ async def drop_closed(writer: "LogWriter", ready: int) -> int:
 
 def records_of(closed: dict[str, float]) -> Callable[[int, bytes], bool]:
     """Picks the records of these sessions written no later than each one's close."""
-    needles = [s.encode() for s in closed]
+    # A body holding one of a few names has its bytes: most records are passed over undecoded.
+    # With many names, looking for each costs more than decoding.
+    needles = [s.encode() for s in closed] if len(closed) <= FEW_NAMES else []
 
     def drop(kind: int, body: bytes) -> bool:
-        # the name's bytes appear in a body that has it: most records are passed over undecoded
-        if kind not in SESSION_KINDS or not any(n in body for n in needles):
+        if kind not in SESSION_KINDS or (needles and not any(n in body for n in needles)):
             return False
         decoded = records.decode_body(body)
         closed_at = closed.get(decoded.get("session"))

@@ -296,3 +296,12 @@ def test_a_turn_resumed_after_its_actor_died_does_not_bring_a_closed_session_bac
     while time.monotonic() < deadline:
         assert [get_json(f"{server.url}/v1/sessions/{sid}/{p}")[0] for p in ("messages", "events")] == [404, 404]
         time.sleep(0.5)
+
+
+def test_compaction_picks_the_same_records_with_many_closed_sessions_in_a_segment():
+    from storage.closed_compaction import FEW_NAMES, records_of
+
+    many = {f"gone-{i}": 5.0 for i in range(FEW_NAMES + 1)}
+    drop = records_of(many)
+    assert drop(RecordKind.EVENT, event("gone-3", 0, at=4.0))
+    assert not drop(RecordKind.EVENT, event("gone-3", 0, at=6.0)) and not drop(RecordKind.EVENT, event("kept", 0))
