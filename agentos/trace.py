@@ -12,7 +12,7 @@ import zmq
 
 from agentos.config import Config
 from agentos.rundir import RunDir
-from broker import protocol
+from broker import codec
 from broker.address import bus_address
 from broker.protocol import ProtocolError
 
@@ -41,7 +41,7 @@ def main(config: Config, session: str | None = None, kind: str | None = None, tu
             if not sock.poll(200):
                 continue
             try:
-                kind_s, src, dest, header, at = protocol.decode_trace_record(sock.recv())
+                kind_s, src, dest, header, at = codec.decode_trace_record(sock.recv())
             except ProtocolError:
                 continue
             if (session and header[3] != session) or (turn and header[4] != turn):

@@ -31,7 +31,7 @@ from typing import Any, Awaitable, Callable, Mapping
 
 import zmq
 
-from broker import frames, protocol
+from broker import codec, frames
 from broker.address import BusAddress
 from broker.protocol import BROKER, REQUESTS, Kind, Message, ProtocolError
 from broker.requests import Attempts, AttemptTimeout, BusError, BusTimeout, Undeliverable
@@ -169,12 +169,12 @@ class Bus:
     def send(self, dest: str, kind: Kind, body: dict[str, Any], *, session: str = "", turn: str = "",
              reply_to: int = 0, id: int | None = None) -> int:
         msg_id = self.new_id() if id is None else id
-        self._send_envelope(dest, protocol.encode(dest, kind, body, id=msg_id, reply_to=reply_to,
+        self._send_envelope(dest, codec.encode(dest, kind, body, id=msg_id, reply_to=reply_to,
                                                   session=session, turn=turn))
         return msg_id
 
     def reply(self, msg: Message, kind: Kind, body: dict[str, Any]) -> None:
-        envelope = protocol.encode(msg.src, kind, body, id=self.new_id(), reply_to=msg.id,
+        envelope = codec.encode(msg.src, kind, body, id=self.new_id(), reply_to=msg.id,
                                    session=msg.session, turn=msg.turn)
         key = (msg.src, msg.id)
         if key in self._replied:
@@ -207,12 +207,12 @@ class Bus:
             chunk: list[bytes] = []
             size = 0
             for envelope in envelopes:
-                if chunk and size + len(envelope) > protocol.MAX_BATCH_BYTES:
-                    self._push(protocol.encode_batch(dest, chunk) if len(chunk) > 1 else chunk[0])
+                if chunk and size + len(envelope) > codec.MAX_BATCH_BYTES:
+                    self._push(codec.encode_batch(dest, chunk) if len(chunk) > 1 else chunk[0])
                     chunk, size = [], 0
                 chunk.append(envelope)
                 size += len(envelope) + 4
-            self._push(protocol.encode_batch(dest, chunk) if len(chunk) > 1 else chunk[0])
+            self._push(codec.encode_batch(dest, chunk) if len(chunk) > 1 else chunk[0])
         self._drain()  # a send may have consumed the socket's read edge
 
     def _push(self, frame: bytes) -> None:
@@ -255,7 +255,7 @@ class Bus:
         from the receive path itself. A hot path (the log client) saves the two loop iterations a
         task costs: one to start sending, one to wake on the reply."""
         msg_id = self.new_id()
-        envelope = protocol.encode(dest, kind, body, id=msg_id, session=session, turn=turn)
+        envelope = codec.encode(dest, kind, body, id=msg_id, session=session, turn=turn)
         attempts = Attempts(self, dest, kind, msg_id, envelope, done, timeout, attempt_secs)
         attempts.send()
         return attempts
@@ -290,20 +290,20 @@ class Bus:
 
     def _deliver(self, envelope: bytes) -> None:
         try:
-            name, offset = protocol.split_name(envelope)
-            if envelope[offset + 1:offset + 1 + envelope[offset]] != protocol.BATCH_BYTES:
+            name, offset = codec.split_name(envelope)
+            if envelope[offset + 1:offset + 1 + envelope[offset]] != codec.BATCH_BYTES:
                 self.received += 1
-                self._dispatch(protocol.decode(envelope))
+                self._dispatch(codec.decode(envelope))
                 return
             src = name.decode()
-            inner = protocol.split_batch(protocol.split_rest(envelope, offset)[2])
+            inner = codec.split_batch(codec.split_rest(envelope, offset)[2])
         except (ProtocolError, UnicodeDecodeError) as exc:
             self._bad(envelope[6:6 + envelope[5]] if len(envelope) > 6 else b"?", str(exc))
             return
         for one in inner:
             self.received += 1
             try:
-                msg = protocol.decode(one, src)
+                msg = codec.decode(one, src)
             except ProtocolError as exc:
                 self._bad(src.encode(), str(exc))
                 continue

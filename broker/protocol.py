@@ -1,29 +1,13 @@
-"""The wire protocol: every message kind that crosses the bus, its fields, and the codec.
-
-Nothing else invents kinds. A message is one ZeroMQ frame (an envelope) laid out so that the
-broker can route it without decoding anything but the first name:
-
-    PROTO (5 bytes) | u8 name length | name | u8 kind length | kind | u16 header length | header | body
-
-From a peer to the broker `name` is the destination; the broker swaps it for the sender's name
-and forwards the rest byte for byte. The header is a msgpack array [id, sent_at, reply_to,
-session, turn]; the body a msgpack map whose fields each kind declares below. Decoding rejects
-another major protocol version and missing or mistyped required fields, and ignores unknown
-fields, so adding a field is never a breaking change. No pickle anywhere.
-
-One frame rather than a multipart list: pyzmq's multipart helpers cost ~20 µs per message on
-these machines (enum conversions per part), a single frame under 1 µs.
+"""The bus protocol: every message kind that crosses the bus and its fields. Nothing else invents
+kinds. How a message is laid out in a frame, and decoded with these checks: broker/codec.py.
 """
 from __future__ import annotations
 
 import enum
 import re
-import struct
-import time
 from dataclasses import dataclass
 from typing import Any
 
-import msgpack
 
 # A peer's socket identity: NAME#INCARNATION (hex), which the broker and the log inboxes check.
 IDENTITY = re.compile(rb"^[a-z][a-z0-9_.\-/]{0,62}#[0-9a-f]{1,16}$")
@@ -114,7 +98,6 @@ class Kind(enum.StrEnum):
     ATTR_GET = "attr.get"
     ATTR_UPDATE = "attr.update"
     ATTR_VALUES = "attr.values"
-    # checkpoint.*: gateway <-> session actor (external runtimes' checkpoints)
 
 
 # Required and optional body fields per kind: name -> accepted type(s).
@@ -270,7 +253,6 @@ REQUESTS: dict[Kind, Kind] = {
 }
 
 KIND_BYTES: dict[Kind, bytes] = {k: k.value.encode() for k in Kind}
-_KIND_BY_BYTES: dict[bytes, Kind] = {v: k for k, v in KIND_BYTES.items()}
 TURN_EVENTS = frozenset({Kind.TURN_STARTED, Kind.TURN_DELTA, Kind.TURN_TOOL, Kind.TURN_DONE, Kind.TURN_FAILED,
                          Kind.TURN_CANCELLED})
 TURN_TERMINAL = frozenset({Kind.TURN_DONE, Kind.TURN_FAILED, Kind.TURN_CANCELLED})
@@ -294,175 +276,3 @@ class Message:
 
     def __repr__(self) -> str:
         return f"<Message {self.kind} {self.src} id={self.id} session={self.session!r}>"
-
-
-_packb = msgpack.Packer(use_bin_type=True).pack
-_U16 = struct.Struct("<H")
-_KIND_PREFIX: dict[Kind, bytes] = {k: bytes([len(v)]) + v for k, v in KIND_BYTES.items()}
-_NAME_PREFIX: dict[str, bytes] = {}
-MAX_HEADER_BYTES = 0xFFFF
-
-
-def name_prefix(name: str | bytes) -> bytes:
-    """PROTO plus the length-prefixed name: the routing part of an envelope."""
-    cached = _NAME_PREFIX.get(name)  # type: ignore[arg-type]
-    if cached is None:
-        raw = name if isinstance(name, bytes) else name.encode()
-        if not 0 < len(raw) <= MAX_NAME_BYTES:
-            raise ProtocolError(f"name must be 1..{MAX_NAME_BYTES} bytes: {raw[:80]!r}")
-        cached = PROTO + bytes([len(raw)]) + raw
-        if len(_NAME_PREFIX) < 10_000:
-            _NAME_PREFIX[name] = cached  # type: ignore[index]
-    return cached
-
-
-def encode(dest: str | bytes, kind: Kind, body: dict[str, Any], *, id: int = 0, reply_to: int = 0,
-           session: str = "", turn: str = "", sent_at: float | None = None) -> bytes:
-    """The envelope a peer sends to the broker."""
-    header = _packb([id, time.time() if sent_at is None else sent_at, reply_to, session, turn])
-    if len(header) > MAX_HEADER_BYTES:
-        raise ProtocolError("header too large (session or turn id too long)")
-    return b"".join((name_prefix(dest), _KIND_PREFIX[kind], _U16.pack(len(header)), header, _packb(body)))
-
-
-def split_name(envelope: bytes) -> tuple[bytes, int]:
-    """(name, offset of the kind) for routing; raises ProtocolError on a malformed prefix."""
-    if envelope[:5] != PROTO:
-        check_proto(envelope[:5])
-    if len(envelope) < 7:
-        raise ProtocolError("envelope too short")
-    end = 6 + envelope[5]
-    if envelope[5] == 0 or len(envelope) < end + 4:
-        raise ProtocolError("envelope truncated in its name")
-    return envelope[6:end], end
-
-
-def split_rest(envelope: bytes, offset: int) -> tuple[bytes, bytes, bytes]:
-    """(kind, header, body) bytes from the kind's offset, without decoding any of them."""
-    kind_end = offset + 1 + envelope[offset]
-    if len(envelope) < kind_end + 2:
-        raise ProtocolError("envelope truncated in its kind")
-    kind = envelope[offset + 1:kind_end]
-    header_end = kind_end + 2 + _U16.unpack_from(envelope, kind_end)[0]
-    if len(envelope) < header_end:
-        raise ProtocolError("envelope truncated in its header")
-    return kind, envelope[kind_end + 2:header_end], envelope[header_end:]
-
-
-def check_proto(prefix: bytes) -> None:
-    if prefix != PROTO:
-        if prefix.startswith(PROTO_FAMILY):
-            raise ProtocolError(f"unsupported protocol version {prefix!r} (this peer speaks {PROTO!r})")
-        raise ProtocolError("not an Agent OS bus message")
-
-
-def decode_header(raw: bytes) -> tuple[int, float, int, str, str]:
-    try:
-        header = msgpack.unpackb(raw, use_list=True)
-    except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise ProtocolError(f"header is not msgpack: {exc}") from None
-    if not isinstance(header, list) or len(header) < 5:
-        raise ProtocolError("header must be an array of at least 5 items")
-    id, sent_at, reply_to, session, turn = header[:5]
-    if not (isinstance(id, int) and isinstance(sent_at, _NUM) and isinstance(reply_to, int)
-            and isinstance(session, str) and isinstance(turn, str)):
-        raise ProtocolError("header fields have the wrong types")
-    return id, float(sent_at), reply_to, session, turn
-
-
-def decode_kind(raw: bytes) -> Kind:
-    kind = _KIND_BY_BYTES.get(raw)
-    if kind is None:
-        raise ProtocolError(f"unknown message kind {raw[:MAX_NAME_BYTES]!r}")
-    return kind
-
-
-def decode_body(kind: Kind, raw: bytes) -> dict[str, Any]:
-    try:
-        body = msgpack.unpackb(raw, use_list=True, strict_map_key=True)
-    except Exception as exc:
-        raise ProtocolError(f"{kind}: body is not msgpack: {exc}") from None
-    if not isinstance(body, dict):
-        raise ProtocolError(f"{kind}: body must be a map")
-    spec = SPECS[kind]
-    for name, types in spec.required.items():
-        value = body.get(name)
-        if value is None or not isinstance(value, types) or (isinstance(value, bool) and types is int):
-            raise ProtocolError(f"{kind}: field {name!r} missing or not {_type_name(types)}")
-    for name, types in spec.optional.items():
-        value = body.get(name)
-        if value is not None and not isinstance(value, types):
-            raise ProtocolError(f"{kind}: field {name!r} is not {_type_name(types)}")
-    return body
-
-
-def _type_name(types: type | tuple[type, ...]) -> str:
-    if isinstance(types, tuple):
-        return " or ".join(t.__name__ for t in types)
-    return types.__name__
-
-
-def decode(envelope: bytes, src: str | None = None) -> Message:
-    """A message as delivered by the broker, whose name field is the sender (or `src`, for an
-    envelope taken out of a batch, whose own name field still says where it was going)."""
-    name, offset = split_name(envelope)
-    kind_raw, header, body = split_rest(envelope, offset)
-    kind = decode_kind(kind_raw)
-    if kind is Kind.BATCH:
-        raise ProtocolError("a batch inside a batch")
-    id, sent_at, reply_to, session, turn = decode_header(header)
-    if src is None:
-        try:
-            src = name.decode()
-        except UnicodeDecodeError:
-            raise ProtocolError("source name is not UTF-8") from None
-    return Message(src, kind, id, sent_at, reply_to, session, turn, decode_body(kind, body))
-
-
-# A batch: envelopes sent to one destination within one event-loop iteration travel as one
-# frame. The broker routes it like any message; the receiver takes the envelopes out in order.
-_U32 = struct.Struct("<I")
-BATCH_BYTES = KIND_BYTES[Kind.BATCH]
-MAX_BATCH_BYTES = 1 << 20
-
-
-def encode_batch(dest: str | bytes, envelopes: list[bytes]) -> bytes:
-    header = _packb([0, time.time(), 0, "", ""])
-    parts = [name_prefix(dest), _KIND_PREFIX[Kind.BATCH], _U16.pack(len(header)), header]
-    for envelope in envelopes:
-        parts.append(_U32.pack(len(envelope)))
-        parts.append(envelope)
-    return b"".join(parts)
-
-
-def split_batch(body: bytes) -> list[bytes]:
-    out = []
-    pos, end = 0, len(body)
-    while pos < end:
-        if end - pos < 4:
-            raise ProtocolError("batch truncated in a length")
-        size = _U32.unpack_from(body, pos)[0]
-        pos += 4
-        if size > end - pos:
-            raise ProtocolError("batch truncated in an envelope")
-        out.append(body[pos:pos + size])
-        pos += size
-    return out
-
-
-# The trace tap: one frame per routed message, `kind NUL msgpack[src, dest, header, broker_time]`,
-# so a subscriber filters by kind with a plain ZeroMQ prefix subscription.
-def trace_record(kind: bytes, src: bytes, dest: bytes, header: bytes, at: float) -> bytes:
-    return kind + b"\x00" + _packb([src, dest, header, at])
-
-
-def decode_trace_record(record: bytes) -> tuple[str, str, str, tuple[int, float, int, str, str], float]:
-    kind, sep, rest = record.partition(b"\x00")
-    if not sep:
-        raise ProtocolError("trace record without separator")
-    try:
-        src, dest, header, at = msgpack.unpackb(rest)
-    except Exception as exc:
-        raise ProtocolError(f"bad trace record: {exc}") from None
-    return kind.decode(errors="replace"), src.decode(errors="replace"), dest.decode(errors="replace"), \
-        decode_header(header), float(at)

@@ -22,7 +22,7 @@ import zmq
 from agentos import metrics
 from zmq.auth.thread import ThreadAuthenticator
 
-from broker import frames, protocol
+from broker import codec, frames, protocol
 from broker.address import ZAP_DOMAIN, BusAddress
 from broker.protocol import BROKER, KIND_BYTES, Kind, ProtocolError
 
@@ -31,7 +31,7 @@ log = logging.getLogger("agent-os.broker")
 _BROKER_NAME = BROKER.encode()
 _UNDELIVERABLE = KIND_BYTES[Kind.UNDELIVERABLE]
 _UNDELIVERABLE_PREFIX = bytes([len(_UNDELIVERABLE)]) + _UNDELIVERABLE
-_BROKER_PREFIX = protocol.name_prefix(BROKER)
+_BROKER_PREFIX = codec.name_prefix(BROKER)
 _U16 = struct.Struct("<H")
 _QUIET_KINDS = {KIND_BYTES[Kind.HEARTBEAT], KIND_BYTES[Kind.HELLO]}
 _MAX_KIND_LABELS = 128
@@ -94,13 +94,13 @@ class Broker:
             self._announce_restart(name, identity)
         self.identity_of[name] = identity
         self.name_of[identity] = name
-        self.prefix_of[identity] = protocol.name_prefix(name)
+        self.prefix_of[identity] = codec.name_prefix(name)
         return name
 
     def _announce_restart(self, name: bytes, new_identity: bytes) -> None:
         """Whatever was asked of the old incarnation died with it: its askers re-send now rather
         than after their attempt timeout (restarts are rare; the broadcast is cheap)."""
-        envelope = protocol.encode(BROKER, Kind.PEER_RESTARTED, {"name": name.decode()})
+        envelope = codec.encode(BROKER, Kind.PEER_RESTARTED, {"name": name.decode()})
         now = time.monotonic()
         for identity, seen in self.last_seen.items():
             if identity != new_identity and now - seen <= self.peer_timeout:
@@ -137,7 +137,7 @@ class Broker:
         """Tell the sender its message was not delivered; the header (and so the id) is its own."""
         self.undeliverable[reason] = self.undeliverable.get(reason, 0) + 1
         try:
-            kind, header, _ = protocol.split_rest(envelope, offset)
+            kind, header, _ = codec.split_rest(envelope, offset)
         except ProtocolError:
             return
         if kind == _UNDELIVERABLE:
@@ -159,13 +159,13 @@ class Broker:
             self._malformed(identity, "peer identity is not NAME#INCARNATION")
             return
         try:
-            dest, offset = protocol.split_name(envelope)
+            dest, offset = codec.split_name(envelope)
         except ProtocolError as exc:
             self._malformed(identity, str(exc))
             return
         self.last_seen[identity] = now
         kind = envelope[offset + 1:offset + 1 + envelope[offset]]
-        if kind == protocol.BATCH_BYTES:
+        if kind == codec.BATCH_BYTES:
             inner = self._open_batch(identity, envelope, offset)
             if inner is None:
                 return
@@ -211,8 +211,8 @@ class Broker:
         """The envelopes of a batch with their kind offsets, counted by kind; None if malformed."""
         try:
             out = []
-            for one in protocol.split_batch(protocol.split_rest(envelope, offset)[2]):
-                _, one_offset = protocol.split_name(one)
+            for one in codec.split_batch(codec.split_rest(envelope, offset)[2]):
+                _, one_offset = codec.split_name(one)
                 self._count(one[one_offset + 1:one_offset + 1 + one[one_offset]])
                 out.append((one, one_offset))
         except ProtocolError as exc:
@@ -222,17 +222,17 @@ class Broker:
 
     def _publish(self, src: bytes, dest: bytes, envelope: bytes, offset: int) -> None:
         try:
-            kind, header, _ = protocol.split_rest(envelope, offset)
-            frames.send(self.tap, protocol.trace_record(kind, src, dest, header, time.time()))
+            kind, header, _ = codec.split_rest(envelope, offset)
+            frames.send(self.tap, codec.trace_record(kind, src, dest, header, time.time()))
         except (zmq.ZMQError, ProtocolError):
             pass  # a slow trace subscriber never slows routing
 
     def _control(self, identity: bytes, name: bytes, envelope: bytes, offset: int) -> None:
         try:
-            kind_raw, header, body_raw = protocol.split_rest(envelope, offset)
-            kind = protocol.decode_kind(kind_raw)
-            msg_id, _, _, _, _ = protocol.decode_header(header)
-            body = protocol.decode_body(kind, body_raw)
+            kind_raw, header, body_raw = codec.split_rest(envelope, offset)
+            kind = codec.decode_kind(kind_raw)
+            msg_id, _, _, _, _ = codec.decode_header(header)
+            body = codec.decode_body(kind, body_raw)
         except ProtocolError as exc:
             self._malformed(identity, str(exc))
             return
@@ -252,7 +252,7 @@ class Broker:
 
     def _reply(self, identity: bytes, reply_to: int, kind: Kind, body: dict) -> None:
         try:
-            frames.router_send(self.router, identity, protocol.encode(BROKER, kind, body, reply_to=reply_to))
+            frames.router_send(self.router, identity, codec.encode(BROKER, kind, body, reply_to=reply_to))
         except zmq.ZMQError:
             pass
 

@@ -10,7 +10,7 @@ zmq against 0.06 ms over a Unix stream (1 in flight), and 1.6 ms against 0.2 ms 
 
 The protocol, declared here for both ends: every frame is a 4-byte big-endian length and that
 many bytes. A client's first frame is its bus identity (`name#incarnation`, as on the bus);
-each later frame is a bus envelope (broker/protocol.py), a batch or a single message, from that
+each later frame is a bus envelope (broker/codec.py), a batch or a single message, from that
 sender. Only `log.append` is taken; the inbox answers each with one envelope naming the writer
 as its source, batched per connection and loop iteration. A frame over `MAX_FRAME_BYTES`, a bad
 identity or a malformed envelope closes the connection (the sender reconnects and re-sends).
@@ -22,7 +22,7 @@ import asyncio
 import logging
 from typing import Callable
 
-from broker import protocol
+from broker import codec, protocol
 from broker.protocol import Kind, Message, ProtocolError
 
 MAX_FRAME_BYTES = 64 << 20
@@ -119,15 +119,15 @@ class LogInbox:
             sender.transport.abort()
 
     def receive(self, sender: _Sender, envelope: bytes) -> None:
-        dest, offset = protocol.split_name(envelope)
+        dest, offset = codec.split_name(envelope)
         if dest.decode() != self.name:
             raise ProtocolError(f"addressed to {dest!r}, not {self.name}")
         kind = envelope[offset + 1:offset + 1 + envelope[offset]]
-        if kind == protocol.BATCH_BYTES:
-            inner = protocol.split_batch(protocol.split_rest(envelope, offset)[2])
-            messages = [protocol.decode(one, sender.src) for one in inner]
+        if kind == codec.BATCH_BYTES:
+            inner = codec.split_batch(codec.split_rest(envelope, offset)[2])
+            messages = [codec.decode(one, sender.src) for one in inner]
         else:
-            messages = [protocol.decode(envelope, sender.src)]
+            messages = [codec.decode(envelope, sender.src)]
         for msg in messages:
             if msg.kind is Kind.LOG_APPEND:
                 self.received += 1
@@ -141,7 +141,7 @@ class LogInbox:
             return False
         if sender.transport is None:
             return True   # gone: the client re-sends on its new connection and gets a new ack
-        envelope = protocol.encode(self.name, kind, body, id=msg_id, reply_to=msg.id, session=msg.session,
+        envelope = codec.encode(self.name, kind, body, id=msg_id, reply_to=msg.id, session=msg.session,
                                    turn=msg.turn)
         queued = self.out.get(sender)
         if queued is None:
@@ -157,5 +157,5 @@ class LogInbox:
         out, self.out = self.out, {}
         for sender, envelopes in out.items():
             if sender.transport is not None:
-                one = envelopes[0] if len(envelopes) == 1 else protocol.encode_batch(self.name, envelopes)
+                one = envelopes[0] if len(envelopes) == 1 else codec.encode_batch(self.name, envelopes)
                 sender.transport.write(frame(one))

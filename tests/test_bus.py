@@ -6,7 +6,7 @@ import threading
 import pytest
 import zmq
 
-from broker import frames, protocol
+from broker import codec, frames
 from broker.client import Bus, BusTimeout
 from broker.protocol import Kind
 from broker.server import Broker
@@ -94,13 +94,13 @@ def test_a_resent_request_runs_once_and_gets_the_same_reply(broker):
         raw = zmq.Context.instance().socket(zmq.DEALER)
         raw.setsockopt(zmq.ROUTING_ID, b"cli/1#abc")
         raw.connect(endpoint)
-        envelope = protocol.encode("actor/0", Kind.STATS, {}, id=42)
+        envelope = codec.encode("actor/0", Kind.STATS, {}, id=42)
         replies = []
         for _ in range(3):
             frames.send(raw, envelope)
             for _ in range(250):
                 try:
-                    replies.append(protocol.decode(frames.recv(raw)))
+                    replies.append(codec.decode(frames.recv(raw)))
                     break
                 except zmq.Again:
                     await asyncio.sleep(0.02)
@@ -134,8 +134,8 @@ def test_malformed_input_is_counted_and_dropped(broker):
         raw.send(b"AOS/1\x07actor/0\x03???")
         raw.send(b"AOS/1\x06broker" + b"\x0bctl.unknown\x00\x00")
         # Well-routed but garbage inside: the broker forwards it, the peer counts and drops it.
-        raw.send(protocol.name_prefix("actor/0") + b"\x09ctl.stats\x02\x00\xc1\xc1\x80")
-        raw.send(protocol.encode("actor/0", Kind.STATS, {}, id=5))
+        raw.send(codec.name_prefix("actor/0") + b"\x09ctl.stats\x02\x00\xc1\xc1\x80")
+        raw.send(codec.encode("actor/0", Kind.STATS, {}, id=5))
         for _ in range(200):
             if got:
                 break

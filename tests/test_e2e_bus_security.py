@@ -10,7 +10,7 @@ import msgpack
 import zmq
 import zmq.auth
 
-from broker import protocol
+from broker import codec
 from broker.protocol import Kind
 from harness import REPO, get_json, turn, wait_until
 from storage.log_inbox import frame
@@ -43,13 +43,13 @@ def test_tcp_with_curve_serves_known_keys_and_refuses_others(make_server, make_w
         rogue.setsockopt(zmq.ROUTING_ID, b"rogue/0#1")
         rogue.setsockopt(zmq.LINGER, 0)
         rogue.connect(f"tcp://127.0.0.1:{port}")
-        rogue.send(protocol.encode("broker", Kind.PEERS, {}, id=1))
+        rogue.send(codec.encode("broker", Kind.PEERS, {}, id=1))
         assert rogue.poll(2000) == 0   # refused: no answer, ever
         plain = ctx.socket(zmq.DEALER)  # no CURVE at all
         plain.setsockopt(zmq.LINGER, 0)
         plain.setsockopt(zmq.ROUTING_ID, b"plain/0#1")
         plain.connect(f"tcp://127.0.0.1:{port}")
-        plain.send(protocol.encode("broker", Kind.PEERS, {}, id=1))
+        plain.send(codec.encode("broker", Kind.PEERS, {}, id=1))
         assert plain.poll(1000) == 0
         for sock in (rogue, plain):
             sock.close(0)
@@ -80,7 +80,7 @@ def test_random_and_oversized_frames_to_every_role(make_server):
                 header = rng.choice([msgpack.packb([1, 0.0, 0, "", ""]), os.urandom(12), msgpack.packb("x")])
                 body = rng.choice([os.urandom(rng.randint(0, 64)), msgpack.packb({"x": 1}), msgpack.packb([1, 2]),
                                    msgpack.packb({"turn_id": 5, "seq": "x", "session": None})])
-                fuzz.send(protocol.name_prefix(name) + bytes([len(kind)]) + kind + len(header).to_bytes(2, "little")
+                fuzz.send(codec.name_prefix(name) + bytes([len(kind)]) + kind + len(header).to_bytes(2, "little")
                           + header + body)
             fuzz.send_multipart([b"AOS/1", name.encode(), b"multi", b"part"])
         fuzz.send(b"AOS/1\x06broker" + b"\x00" * (65 << 20))   # over the bus's 64 MiB message limit
@@ -107,7 +107,7 @@ def test_garbage_on_a_writers_direct_inbox_closes_that_connection_only(make_serv
     attempts = [b"\x00\x00\x00\x05hello",                                   # not a bus identity
                 (70 << 20).to_bytes(4, "big"),                              # a frame over 64 MiB
                 frame(b"fuzz/0#1") + frame(os.urandom(40)),                  # a bad envelope
-                frame(b"fuzz/0#1") + frame(protocol.encode("writer/log/1", Kind.LOG_APPEND, {"records": []}, id=1)),
+                frame(b"fuzz/0#1") + frame(codec.encode("writer/log/1", Kind.LOG_APPEND, {"records": []}, id=1)),
                 os.urandom(300)]
     attempts += [bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 200))) for _ in range(20)]
     for data in attempts:

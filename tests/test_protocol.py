@@ -1,64 +1,64 @@
 import msgpack
 import pytest
 
-from broker import protocol
+from broker import codec, protocol
 from broker.protocol import Kind, ProtocolError
 from broker.sharding import actor_name, shard_of
 
 
 def as_delivered(envelope: bytes, src: str) -> bytes:
     """What the broker does: swap the destination for the source, keep the rest."""
-    _, offset = protocol.split_name(envelope)
-    return protocol.name_prefix(src) + envelope[offset:]
+    _, offset = codec.split_name(envelope)
+    return codec.name_prefix(src) + envelope[offset:]
 
 
 def test_round_trip_through_the_broker_swap():
-    env = protocol.encode("actor/1", Kind.TURN_START, {"turn_id": "t1", "session": "s", "tenant": "d", "input": "hi"},
+    env = codec.encode("actor/1", Kind.TURN_START, {"turn_id": "t1", "session": "s", "tenant": "d", "input": "hi"},
                           id=7, session="s", turn="t1")
-    dest, _ = protocol.split_name(env)
+    dest, _ = codec.split_name(env)
     assert dest == b"actor/1"
-    msg = protocol.decode(as_delivered(env, "gateway/0"))
+    msg = codec.decode(as_delivered(env, "gateway/0"))
     assert (msg.src, msg.kind, msg.id, msg.session, msg.turn) == ("gateway/0", Kind.TURN_START, 7, "s", "t1")
     assert msg.body["input"] == "hi"
 
 
 def test_unknown_fields_are_ignored_missing_ones_rejected():
-    env = protocol.encode("x", Kind.PERMIT_GRANT, {"permit_id": "p", "future_field": [1, 2]})
-    assert protocol.decode(as_delivered(env, "scheduler")).body["permit_id"] == "p"
-    env = protocol.encode("x", Kind.PERMIT_GRANT, {"permit": "p"})
+    env = codec.encode("x", Kind.PERMIT_GRANT, {"permit_id": "p", "future_field": [1, 2]})
+    assert codec.decode(as_delivered(env, "scheduler")).body["permit_id"] == "p"
+    env = codec.encode("x", Kind.PERMIT_GRANT, {"permit": "p"})
     with pytest.raises(ProtocolError, match="permit_id"):
-        protocol.decode(as_delivered(env, "scheduler"))
-    env = protocol.encode("x", Kind.TURN_DELTA, {"turn_id": "t", "seq": True, "text": "x"})
+        codec.decode(as_delivered(env, "scheduler"))
+    env = codec.encode("x", Kind.TURN_DELTA, {"turn_id": "t", "seq": True, "text": "x"})
     with pytest.raises(ProtocolError, match="seq"):
-        protocol.decode(as_delivered(env, "actor/0"))
+        codec.decode(as_delivered(env, "actor/0"))
 
 
 def test_other_major_version_is_rejected():
-    env = protocol.encode("x", Kind.STATS, {})
+    env = codec.encode("x", Kind.STATS, {})
     with pytest.raises(ProtocolError, match="version"):
-        protocol.decode(b"AOS/2" + env[5:])
+        codec.decode(b"AOS/2" + env[5:])
     with pytest.raises(ProtocolError, match="not an Agent OS"):
-        protocol.decode(b"HTTP/" + env[5:])
+        codec.decode(b"HTTP/" + env[5:])
 
 
 @pytest.mark.parametrize("garbage", [b"", b"AOS/1", b"AOS/1\x05ab", b"AOS/1\x01a\x09turn.star",
                                      b"AOS/1\x01a\x0aturn.start\xff\xff", b"\x00" * 40])
 def test_truncated_or_garbage_envelopes_raise_protocol_error(garbage):
     with pytest.raises(ProtocolError):
-        protocol.decode(garbage)
+        codec.decode(garbage)
 
 
 def test_unknown_kind_and_bad_header():
-    env = protocol.encode("x", Kind.STATS, {})
-    _, off = protocol.split_name(env)
+    env = codec.encode("x", Kind.STATS, {})
+    _, off = codec.split_name(env)
     bad_kind = env[:off] + bytes([9]) + b"ctl.nope!" + env[off + 1 + env[off]:]
     with pytest.raises(ProtocolError, match="unknown message kind"):
-        protocol.decode(bad_kind)
+        codec.decode(bad_kind)
     header = msgpack.packb(["id", 0, 0, "", ""])
     kind = protocol.KIND_BYTES[Kind.STATS]
-    env = protocol.name_prefix("x") + bytes([len(kind)]) + kind + len(header).to_bytes(2, "little") + header + b"\x80"
+    env = codec.name_prefix("x") + bytes([len(kind)]) + kind + len(header).to_bytes(2, "little") + header + b"\x80"
     with pytest.raises(ProtocolError, match="header"):
-        protocol.decode(env)
+        codec.decode(env)
 
 
 def test_every_kind_has_a_spec_and_requests_have_reply_kinds():
@@ -79,8 +79,8 @@ def test_sharding_is_stable_and_spread():
 
 
 def test_trace_record_round_trip():
-    env = protocol.encode("actor/0", Kind.TURN_DELTA, {"turn_id": "t", "seq": 2, "text": "x"}, session="s", turn="t")
-    _, off = protocol.split_name(env)
-    kind, header, _ = protocol.split_rest(env, off)
-    record = protocol.trace_record(kind, b"actor/0", b"gateway/0", header, 123.5)
-    assert protocol.decode_trace_record(record)[:3] == ("turn.delta", "actor/0", "gateway/0")
+    env = codec.encode("actor/0", Kind.TURN_DELTA, {"turn_id": "t", "seq": 2, "text": "x"}, session="s", turn="t")
+    _, off = codec.split_name(env)
+    kind, header, _ = codec.split_rest(env, off)
+    record = codec.trace_record(kind, b"actor/0", b"gateway/0", header, 123.5)
+    assert codec.decode_trace_record(record)[:3] == ("turn.delta", "actor/0", "gateway/0")
