@@ -157,6 +157,20 @@ def get_json(url: str, method: str = "GET", body: bytes | None = None, headers=N
         return exc.code, dict(exc.headers), json.loads(raw) if raw else {}
 
 
+def status_of(url: str) -> int:
+    """The status of a GET whatever its body (read, so the connection is closed, not left to GC)."""
+    import urllib.error
+    import urllib.request
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            resp.read()
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        with exc:
+            exc.read()
+        return exc.code
+
+
 def metric_values(text: str) -> dict[str, float]:
     """name{labels} -> value, parsed with prometheus-client's own parser."""
     from prometheus_client.parser import text_string_to_metric_families

@@ -135,10 +135,7 @@ def test_closing_a_session_over_http_removes_it_for_reads_at_once_and_from_the_l
     """Real processes: a session with turns and external checkpoints is closed; every read of it
     404s right away, also after a restart, while another session is untouched; its id starts
     over; the log's compaction then drops its records."""
-    import urllib.error
-    import urllib.request
-
-    from harness import get_json, turn, wait_until
+    from harness import get_json, status_of, turn, wait_until
 
     from bench.failover import put
 
@@ -166,14 +163,7 @@ def test_closing_a_session_over_http_removes_it_for_reads_at_once_and_from_the_l
     closed_at = time.time()
 
     def gone(sid):
-        statuses = []
-        for path in ("messages", "events", "checkpoints/latest"):
-            try:
-                with urllib.request.urlopen(f"{base}/v1/sessions/{sid}/{path}", timeout=10) as resp:
-                    statuses.append(resp.status)
-            except urllib.error.HTTPError as exc:
-                statuses.append(exc.code)
-        return statuses
+        return [status_of(f"{base}/v1/sessions/{sid}/{path}") for path in ("messages", "events", "checkpoints/latest")]
 
     assert gone("doomed") == [404, 404, 404]
     assert gone("other") == [200, 200, 200]
@@ -209,10 +199,7 @@ def test_a_close_record_that_names_no_session_or_bad_ends_is_skipped(tmp_path):
 def test_closed_sessions_stay_closed_through_kill9_of_the_store_and_of_the_whole_tree(make_server):
     """Real processes: writer/store killed right after closes were acknowledged (before or while
     it deletes their rows), then the whole tree: every close holds, every other session reads."""
-    import urllib.error
-    import urllib.request
-
-    from harness import get_json, turn
+    from harness import get_json, status_of, turn
 
     from bench.failover import put
 
@@ -225,12 +212,8 @@ def test_closed_sessions_stay_closed_through_kill9_of_the_store_and_of_the_whole
     def statuses(base):
         out = {}
         for sid in sessions:
-            try:
-                with urllib.request.urlopen(f"{base}/v1/sessions/{sid}/checkpoints/latest", timeout=10) as resp:
-                    latest = resp.status
-            except urllib.error.HTTPError as exc:
-                latest = exc.code
-            out[sid] = (get_json(f"{base}/v1/sessions/{sid}/messages")[0], latest)
+            out[sid] = (status_of(f"{base}/v1/sessions/{sid}/messages"),
+                        status_of(f"{base}/v1/sessions/{sid}/checkpoints/latest"))
         return out
 
     for sid in sessions[:2]:
