@@ -157,12 +157,12 @@ def get_json(url: str, method: str = "GET", body: bytes | None = None, headers=N
         return exc.code, dict(exc.headers), json.loads(raw) if raw else {}
 
 
-def status_of(url: str) -> int:
+def status_of(url: str, headers=None) -> int:
     """The status of a GET whatever its body (read, so the connection is closed, not left to GC)."""
     import urllib.error
     import urllib.request
     try:
-        with urllib.request.urlopen(url, timeout=10) as resp:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=10) as resp:
             resp.read()
             return resp.status
     except urllib.error.HTTPError as exc:

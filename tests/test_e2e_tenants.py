@@ -5,7 +5,7 @@ import json
 
 import aiohttp
 
-from harness import get_json, run_turn, turn
+from harness import get_json, run_turn, status_of, turn
 
 ACME = {"Authorization": "Bearer key-acme"}
 GLOBEX = {"Authorization": "Bearer key-globex"}
@@ -38,6 +38,13 @@ def test_keys_tenants_and_isolation(make_server, make_worker):
             if m["role"] == "user"] == ["globex here"]
     assert [m["content"] for m in get_json(f"{base}/v1/sessions/s1/messages", headers=ACME)[2]["messages"]
             if m["role"] == "user"] == ["acme's secret"]
+    # closing its "s1" closes globex's own: acme's stays whole
+    assert get_json(f"{base}/v1/sessions/s1", method="DELETE", headers=GLOBEX)[0] == 204
+    assert get_json(f"{base}/v1/sessions/s1/messages", headers=GLOBEX)[0] == 404
+    assert [m["content"] for m in get_json(f"{base}/v1/sessions/s1/messages", headers=ACME)[2]["messages"]
+            if m["role"] == "user"] == ["acme's secret"]
+    assert status_of(f"{base}/v1/sessions/s1/checkpoints/latest", headers=ACME) == 200
+    assert get_json(f"{base}/v1/sessions/s1", method="DELETE", headers={"Authorization": "Bearer nope"})[0] == 401
 
     status, _, run = get_json(f"{base}/v1/flows/waiter/runs", method="POST", headers=ACME,
                               body=json.dumps({"input": {}, "run_id": "order-1"}).encode())
