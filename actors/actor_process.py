@@ -118,9 +118,8 @@ class Actor:
         if tasks:
             await asyncio.wait(tasks, timeout=CLOSE_WAIT_SECS)
         self.sessions.drop(sid)
-        turn = running[0] if running else None
         drained = await self.persistence.log.drain(CLOSE_WAIT_SECS)
-        self.bus.reply(msg, Kind.TURN_STATUS, {"turn_id": turn.turn_id if turn else "",
+        self.bus.reply(msg, Kind.TURN_STATUS, {"turn_id": running[0].turn_id if running else "",
                                                "state": "closed" if drained else "busy"})
 
     def on_stats(self, msg: Message) -> None:
