@@ -168,6 +168,11 @@ def test_a_node_whose_lease_was_taken_acknowledges_nothing_more(make_s3_server, 
         raise AssertionError("could not take the lease in 20 tries")
     taken_at = time.monotonic()
     wait_until(lambda: "the cluster lease was taken" in node.log(), 10, "the node to notice")
+    # The supervisor tells the writers over the bus, once, and stops the tree. The PUTs go to the
+    # gateway's own log: wait until the gateway has the news, or the tree is gone (a gateway that
+    # started a moment before may not hear it; until then an ack is as good as one a moment earlier).
+    wait_until(lambda: re.search(r"gateway/0 ERROR the cluster lease is lost", node.log())
+               or node.proc.poll() is not None, 10, "the gateway's log to stop acknowledging")
     statuses = [put(node.url, "fence", f"after{i}", b"after", timeout=5) for i in range(3)]
     assert 200 not in statuses, statuses
     assert node.proc.wait(20) == 4          # EXIT_LEASE_LOST
