@@ -4,8 +4,7 @@ import asyncio
 
 import aiohttp
 
-from broker.sharding import actor_name
-from harness import get_json, run_turn, turn, wait_until
+from harness import get_json, run_turn, turn, turn_killing_its_actor, wait_until
 
 TOOLS = "[[mock tool_calls=get_weather,search ttft_ms=20]]"
 
@@ -40,16 +39,7 @@ def test_a_turn_survives_kill9_of_its_actor_mid_turn(make_server, make_worker, t
     make_worker(server, env={"FLOWS_APP_TOOL_MARKER": str(marker), "FLOWS_APP_TOOL_DELAY": "2"})
     sid = "agent-kill"
 
-    async def go():
-        async def on_event(name, result):
-            if name == "tool" and result.events[-1][1]["phase"] == "call" and result.events[-1][1]["name"] == "search":
-                # The weather step is committed, the search step is running: kill the actor now.
-                await asyncio.get_running_loop().run_in_executor(None, server.kill9, actor_name(sid, 2))
-
-        async with aiohttp.ClientSession() as s:
-            return await run_turn(s, server.url, sid, f"weather and news {TOOLS}", on_event=on_event, timeout=60)
-
-    result = asyncio.run(go())
+    result = turn_killing_its_actor(server, sid, "weather and news")
     assert result.terminal is None and result.events[-1][0] == "turn.interrupted", result.events[-3:]
     assert result.events[-1][1]["code"] == "resumed_in_background"
 

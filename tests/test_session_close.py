@@ -252,27 +252,12 @@ def test_a_turn_resumed_after_its_actor_died_does_not_bring_a_closed_session_bac
     """Real processes: the actor is killed mid-turn (its successor resumes the turn in the
     background), the session is closed meanwhile; the resumed turn stops instead of writing a
     transcript for the closed session."""
-    import asyncio
-
-    import aiohttp
-
-    from broker.sharding import actor_name
-    from harness import get_json, run_turn
+    from harness import get_json, turn_killing_its_actor
 
     server = make_server({"gateway": {"turn_probe_secs": 1}})
     make_worker(server, env={"FLOWS_APP_TOOL_MARKER": str(tmp_path / "tools.txt"), "FLOWS_APP_TOOL_DELAY": "2"})
     sid = "closed-mid-turn"
-
-    async def go():
-        async def on_event(name, result):
-            if name == "tool" and result.events[-1][1]["phase"] == "call" and result.events[-1][1]["name"] == "search":
-                await asyncio.get_running_loop().run_in_executor(None, server.kill9, actor_name(sid, 2))
-
-        async with aiohttp.ClientSession() as s:
-            return await run_turn(s, server.url, sid, "weather and news [[mock tool_calls=get_weather,search "
-                                  "ttft_ms=20]]", on_event=on_event, timeout=60)
-
-    result = asyncio.run(go())
+    result = turn_killing_its_actor(server, sid, "weather and news")
     assert result.events[-1][0] == "turn.interrupted", result.events[-3:]
     assert get_json(f"{server.url}/v1/sessions/{sid}", method="DELETE")[0] == 204
     deadline = time.monotonic() + 8   # the tool takes 2 s: a resumed turn would have finished by then
