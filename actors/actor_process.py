@@ -15,6 +15,7 @@ from agentos import metrics, service
 from agentos.config import Config
 from agentos.rundir import RunDir
 from actors.agent_loop import AgentLoop
+from actors.closing import ClosingSessions
 from actors.flow_runs import Flows
 from actors.permit_client import PermitClient
 from actors.persistence import Persistence, StorageUnavailable
@@ -37,6 +38,7 @@ class Actor:
         self.sessions = SessionTable(config.kernel.session_ttl_secs)
         self.turns: dict[str, Turn] = {}
         self.finished: collections.deque[Turn] = collections.deque()
+        self.closing = ClosingSessions()
         self.bus = Bus(self.name, bus_endpoint, {}, heartbeat_secs=config.broker.heartbeat_secs, log=log)
         self.provider = Provider(config.provider)
         self.permits = PermitClient(self.bus)
@@ -50,6 +52,7 @@ class Actor:
             self.bus.on(kind, handler)
         for kind, handler in {Kind.TURN_START: self.on_turn_start, Kind.TURN_CANCEL: self.on_turn_cancel,
                               Kind.TURN_RESUME: self.on_turn_resume, Kind.SESSION_CLOSE: self.on_session_close,
+                              Kind.SESSION_CLOSED: lambda msg: self.closing.end(msg.body["session"]),
                               Kind.PERMIT_GRANT: self.permits.on_grant,
                               Kind.STATS: self.on_stats}.items():
             self.bus.on(kind, handler)
@@ -63,6 +66,9 @@ class Actor:
         if known is not None:  # a re-sent start: answer as the first time
             self.bus.reply(msg, Kind.TURN_STARTED, known.events[0][1])
             return
+        if session_id in self.closing:   # it starts once the close is done, on an empty session
+            asyncio.ensure_future(self._start_after_close(msg))
+            return
         session = self.sessions.open(session_id, b["tenant"])
         if session.active is not None:
             session.active.cancel("superseded")
@@ -73,6 +79,10 @@ class Actor:
         session.active = turn
         self.turns[turn_id] = turn
         turn.task = asyncio.get_running_loop().create_task(self.run_turn(turn, session))
+
+    async def _start_after_close(self, msg: Message) -> None:
+        await self.closing.wait(msg.body["session"])
+        self.on_turn_start(msg)
 
     def on_turn_cancel(self, msg: Message) -> None:
         session = self.sessions.get(msg.body["session"])
@@ -109,6 +119,7 @@ class Actor:
         leaves memory (its next use starts from what the store then has: nothing), and whatever
         this actor appended for it is acknowledged, so the log's ends cover it."""
         sid = msg.body["session"]
+        self.closing.begin(sid)         # before any await: a turn start after this one waits
         await self.flows.ready.wait()   # a turn our predecessor was running is known by then
         running = [t for t in self.turns.values() if t.session_id == sid and not t.ended]
         for turn in running:
@@ -168,6 +179,9 @@ class Actor:
 
     async def run_turn(self, turn: Turn, session: Session, journal=None) -> None:
         try:
+            turn.running = True
+            if turn.cancel_reason:    # cancelled before this first step (Turn.cancel)
+                raise asyncio.CancelledError
             if journal is None:
                 self.persistence.event_nowait(turn, "turn.started", {"input_chars": len(turn.input)})
             data = await self.loop.run(turn, session, journal)

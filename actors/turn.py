@@ -21,7 +21,7 @@ OUTCOMES = {Kind.TURN_DONE: "completed", Kind.TURN_FAILED: "failed", Kind.TURN_C
 class Turn:
     __slots__ = ("turn_id", "session_id", "tenant", "input", "gateway", "bus", "events", "seq", "task",
                  "cancel_reason", "started_at", "first_token_at", "ended_at", "_pending_text", "_flush_scheduled",
-                 "outcome", "delta_window", "_last_flush", "replay_pos", "resumed", "pending_cancel")
+                 "outcome", "delta_window", "_last_flush", "replay_pos", "resumed", "pending_cancel", "running")
 
     def __init__(self, bus: Bus, turn_id: str, session_id: str, tenant: str, text: str, gateway: str,
                  delta_window_secs: float = 0.0) -> None:
@@ -46,6 +46,7 @@ class Turn:
         self.replay_pos: int | None = None   # while a resumed turn replays its journal
         self.resumed = False                 # finishing after a restart, with nobody streaming it
         self.pending_cancel: asyncio.TimerHandle | None = None   # a disconnect's cancel, in its grace
+        self.running = False                 # its task has taken its first step (see cancel)
 
     @property
     def ended(self) -> bool:
@@ -109,5 +110,8 @@ class Turn:
         if self.ended or self.task is None or self.task.done():
             return False
         self.cancel_reason = reason
-        self.task.cancel()
+        # A task cancelled before its first step never enters its coroutine, so it would end
+        # with no event and no bookkeeping; one not yet running sees the reason when it starts.
+        if self.running:
+            self.task.cancel()
         return True

@@ -49,6 +49,7 @@ class Kind(enum.StrEnum):
     TURN_STATUS = "turn.status"
     TURN_TOOL = "turn.tool"
     SESSION_CLOSE = "turn.close_session"
+    SESSION_CLOSED = "turn.session_closed"
     # permit.*: actors <-> scheduler
     PERMIT_REQUEST = "permit.request"
     PERMIT_GRANT = "permit.grant"
@@ -149,6 +150,9 @@ SPECS: dict[Kind, Spec] = {
     # Before a session's CLOSE record: its turn cancelled, the session out of memory, the actor's
     # records acknowledged (storage/session_closing.py); replied as TURN_STATUS, state "closed".
     Kind.SESSION_CLOSE: _spec({"session": str}),
+    # gateway -> actor, once the CLOSE record is durable (or the close gave up): the session's
+    # held turns may start (actors/closing.py). No reply.
+    Kind.SESSION_CLOSED: _spec({"session": str}),
     Kind.PERMIT_REQUEST: _spec({"permit_id": str, "tenant": str}),
     Kind.PERMIT_GRANT: _spec({"permit_id": str}),
     Kind.PERMIT_RELEASE: _spec({"permit_id": str}, backoff_secs=_NUM),

@@ -129,9 +129,16 @@ class HistoryRoutes:
         this answers, and leave the disk with the log's compaction (storage/session_closing.py).
         Closing one that has nothing is no error; its id may be used again, starting empty."""
         tenant, sid, _ = self.gw.session_of(request)
+        actor = actor_name(sid, self.gw.shards)
         try:
-            status = await self.gw.bus.request(actor_name(sid, self.gw.shards), Kind.SESSION_CLOSE, {"session": sid},
-                                               timeout=15.0, session=sid)
+            await self._close(tenant, sid, actor)
+        finally:   # the actor holds the session's new turns until now (actors/closing.py)
+            self.gw.bus.send(actor, Kind.SESSION_CLOSED, {"session": sid}, session=sid)
+        return web.Response(status=204)
+
+    async def _close(self, tenant: str, sid: str, actor: str) -> None:
+        try:
+            status = await self.gw.bus.request(actor, Kind.SESSION_CLOSE, {"session": sid}, timeout=15.0, session=sid)
         except BusError as exc:
             raise ApiError(503, "actor_unavailable", f"the session's actor did not answer: {exc}") from None
         if status.body["state"] != "closed":
@@ -145,7 +152,6 @@ class HistoryRoutes:
             status_code, code = WRITE_ERRORS.get(exc.code, (503, "storage_error"))
             raise ApiError(status_code, code, f"session not closed: {exc}") from None
         self.latest.forget(sid)
-        return web.Response(status=204)
 
     def _next_seq(self) -> int:
         """Checkpoint numbers: microseconds since the epoch, strictly increasing in this process."""

@@ -113,7 +113,8 @@ PATHS: dict[str, dict] = {
     "/v1/sessions/{sid}": {"delete": {
         "summary": "Close a session: its running turn is cancelled, and its transcript, events and checkpoints "
                    "are gone for every read once this answers (and leave the disk with the log's compaction); "
-                   "the id may be used again, starting empty",
+                   "the id may be used again, starting empty (a turn posted while the close is under way "
+                   "starts once it is done)",
         "parameters": [SID],
         "responses": {"204": {"description": "closed (also when it had nothing)"}, **_errors(400, 401, 503, 507)}}},
     "/v1/sessions/{sid}/turns/current": {"delete": {

@@ -55,6 +55,21 @@ def test_a_new_turn_cancels_the_running_one(shared_server):
     wait_until(lambda: get_json(shared_server.mock_url + "/stats")[2]["current"] == 0, 10, "mock streams to close")
 
 
+def test_turns_posted_at_the_same_moment_end_one_superseded_and_one_completed(shared_server):
+    """Two starts reach the actor together: the first is cancelled before its task ever ran, and
+    its stream must still end (it once hung, with the turn counted in flight for good)."""
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            return [await asyncio.gather(*(run_turn(s, shared_server.url, f"e2e-together-{i}", f"t{k}", timeout=15)
+                                           for k in range(2))) for i in range(3)]
+
+    for pair in asyncio.run(go()):
+        assert sorted(r.terminal for r in pair) == ["turn.cancelled", "turn.completed"]
+        cancelled = next(r for r in pair if r.terminal == "turn.cancelled")
+        assert cancelled.data("turn.cancelled")["reason"] == "superseded"
+    wait_until(lambda: get_json(f"{shared_server.url}/readyz")[2]["in_flight"] == 0, 10, "no turn left in flight")
+
+
 def test_client_disconnect_cancels_the_turn(shared_server):
     before = scrape(shared_server.url).get('agentos_turns_total{outcome="cancelled"}', 0)
 

@@ -1,5 +1,6 @@
 """Closing a session (DELETE /v1/sessions/{sid}): its transcript, events and checkpoints leave
 DuckDB at once and the log with its compaction; the id can be used again, starting empty."""
+import asyncio
 import time
 
 from storage import records, segments
@@ -273,3 +274,68 @@ def test_compaction_picks_the_same_records_with_many_closed_sessions_in_a_segmen
     drop = records_of(many)
     assert drop(RecordKind.EVENT, event("gone-3", 0, at=4.0))
     assert not drop(RecordKind.EVENT, event("gone-3", 0, at=6.0)) and not drop(RecordKind.EVENT, event("kept", 0))
+
+
+def test_a_turn_posted_while_its_session_closes_lands_wholly_before_or_wholly_after_the_close(make_server):
+    """Real processes: turns posted a few milliseconds apart from a DELETE of their session. A turn
+    the close overtook is gone with the session; one that came after starts the id's new life,
+    with no history from before the close and its transcript whole — never half of each."""
+    import aiohttp
+    from harness import run_turn, turn
+
+    server = make_server()
+    base = server.url
+    fresh_prompt = turn(base, "fresh", "new").data("turn.completed")["usage"]["prompt_tokens"]
+
+    async def race(sid, delay):
+        async with aiohttp.ClientSession() as s:
+            async def close():
+                async with s.delete(f"{base}/v1/sessions/{sid}") as resp:
+                    return resp.status
+
+            async def late_turn():
+                await asyncio.sleep(delay)
+                return await run_turn(s, base, sid, "new")
+
+            closed, result = await asyncio.gather(close(), late_turn())
+            async with s.get(f"{base}/v1/sessions/{sid}/messages") as resp:
+                messages = (await resp.json()).get("messages") if resp.status == 200 else None
+            return closed, result, messages
+
+    outcomes = []
+    for i in range(16):
+        sid = f"race-{i}"
+        assert turn(base, sid, "old [[mock ttft_ms=5]]").terminal == "turn.completed"
+        closed, result, messages = asyncio.run(race(sid, i * 0.001))
+        assert closed == 204
+        if messages is None:                      # the close came after the turn, or cancelled it
+            outcomes.append("gone")
+            continue
+        assert result.terminal == "turn.completed", (i, result.events[-2:])
+        assert result.data("turn.completed")["usage"]["prompt_tokens"] == fresh_prompt, i
+        assert [m["content"] for m in messages] == ["new", result.text], i
+        outcomes.append("after")
+    assert "after" in outcomes, outcomes
+
+
+def test_a_closing_sessions_hold_ends_with_its_last_close_or_by_itself(monkeypatch):
+    from actors import closing
+
+    async def go():
+        holds = closing.ClosingSessions()
+        holds.begin("s")
+        holds.begin("s")                  # two DELETEs in flight
+        waiter = asyncio.ensure_future(holds.wait("s"))
+        holds.end("s")
+        await asyncio.sleep(0.01)
+        assert "s" in holds and not waiter.done()
+        holds.end("s")
+        await asyncio.wait_for(waiter, 1)
+        assert "s" not in holds
+        holds.end("s")                    # a late or repeated notice is harmless
+        monkeypatch.setattr(closing, "HOLD_SECS", 0.05)
+        holds.begin("t")                  # its gateway never says it is done
+        await asyncio.wait_for(holds.wait("t"), 1)
+        assert "t" not in holds
+
+    asyncio.run(go())
