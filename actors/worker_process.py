@@ -68,7 +68,11 @@ class WorkerRuntime:
         if runner is None:
             self.bus.send(SCHEDULER, Kind.TASK_DECLINE, {"task_id": task["task_id"]})
             return
-        self.running[task["task_id"]] = (task, asyncio.ensure_future(self._run(runner, task)))
+        running = asyncio.ensure_future(self._run(runner, task))
+        # On the task, not in _run's `finally`: a cancel that comes before its first step (the
+        # offer and the cancel in one batch) never enters _run, and the slot would stay taken.
+        running.add_done_callback(lambda _: self._ended(task["task_id"]))
+        self.running[task["task_id"]] = (task, running)
 
     def on_cancel(self, msg: Message) -> None:
         """Its turn or run was cancelled: stop it (a sync function in a thread runs to its end)."""
@@ -83,9 +87,10 @@ class WorkerRuntime:
             pass
         except Exception:
             self.log.exception("task %s (%s %s) failed in the worker", task["task_id"], task["kind"], task["name"])
-        finally:
-            self.running.pop(task["task_id"], None)
-            self.bus.send(SCHEDULER, Kind.TASK_DONE, {"task_id": task["task_id"]})
+
+    def _ended(self, task_id: str) -> None:
+        self.running.pop(task_id, None)
+        self.bus.send(SCHEDULER, Kind.TASK_DONE, {"task_id": task_id})
 
     async def run_flow(self, task: dict) -> None:
         fn = self.app.flows.get(task["name"])

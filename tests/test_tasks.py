@@ -54,3 +54,44 @@ def test_timers_fire_once_in_due_order():
     assert timers.due(4) == []
     assert timers.due(11) == [("actor/1", "b", "r2"), ("actor/0", "a", "r1")]
     assert timers.due(20) == [] and len(timers) == 0
+
+
+def test_a_worker_frees_the_slot_of_a_task_cancelled_before_it_ran():
+    """The offer and its cancel arrive in one batch: the task never takes a step, yet its slot
+    comes back and the scheduler hears it is done (else the worker would run one slot short)."""
+    import asyncio
+    import logging
+
+    from actors.sdk import App, tool
+    from actors.worker_process import SCHEDULER, WorkerRuntime
+    from broker.protocol import Kind, Message
+
+    class FakeBus:
+        def __init__(self):
+            self.handlers, self.sent = {}, []
+
+        def on(self, kind, handler):
+            self.handlers[kind] = handler
+
+        def send(self, dest, kind, body):
+            self.sent.append((dest, kind, body))
+
+    async def go():
+        @tool
+        async def slow() -> str:
+            await asyncio.sleep(10)
+            return "never"
+
+        app = App(tools=[slow])
+        bus = FakeBus()
+        worker = WorkerRuntime(app, bus, 1, logging.getLogger("test"))
+        offer = {"task_id": "t1", "kind": "tool", "name": "slow", "tenant": "", "payload": {}}
+        bus.handlers[Kind.TASK_OFFER](Message("scheduler", Kind.TASK_OFFER, 1, 0.0, 0, "", "", offer))
+        bus.handlers[Kind.TASK_CANCEL](Message("actor/0", Kind.TASK_CANCEL, 2, 0.0, 0, "", "", {"task_id": "t1"}))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        return worker, bus
+
+    worker, bus = asyncio.run(go())
+    assert worker.running == {}
+    assert (SCHEDULER, Kind.TASK_DONE, {"task_id": "t1"}) in bus.sent
