@@ -54,16 +54,16 @@ from agentos.config import Config
 from agentos.rundir import RunDir
 from broker.client import Bus
 from broker.protocol import Kind, Message
-from broker.sharding import STORE, log_writer
+from broker.sharding import log_writer
 from storage import bucket_restore, compaction, records, segments
 from storage.s3 import ObjectStore, S3Unavailable
 from storage.shipper import Shipper
 from broker.address import bus_address, direct_log_endpoint
 from storage.log_inbox import LogInbox
 from storage.recent_ids import RecentIds
+from storage.store_notices import StoreNotices
 
 RECENT_SCAN_BYTES = 128 << 20
-FLUSHED_EVERY_SECS = 0.01  # at most one `log.flushed` notice per this: the store loads in big batches anyway
 
 
 class LocalAppend:
@@ -111,15 +111,13 @@ class LogWriter:
         self.lease_lost = False
         self.awaiting_ship: list[tuple[int, list]] = []
         self.held: list[tuple[list, int]] = []      # acks waiting for the lease to be renewed
-        self.notice: list[int] = [0, 0]             # (position, records) the store has not been told of
-        self.notice_timer: asyncio.TimerHandle | None = None
-        self.notice_sent_at = 0.0
         endpoint = direct_log_endpoint(bus_endpoint, index)
         self.inbox = LogInbox(log_writer(index), endpoint, self.on_append, log) if endpoint and not embedded else None
         self.tasks: list[asyncio.Task] = []
         self.bus = Bus(log_writer(index), bus_endpoint, {Kind.LOG_APPEND: self.on_append, Kind.STATS: self.on_stats,
                                                              Kind.LEASE: self.on_lease},
                        role="writer", heartbeat_secs=config.broker.heartbeat_secs, log=log)
+        self.notices = StoreNotices(self.bus, index)
 
     async def open(self) -> None:
         loop = asyncio.get_running_loop()
@@ -285,32 +283,13 @@ class LogWriter:
                 metrics.inc(metrics.log_fsyncs)
                 metrics.observe(metrics.log_fsync_ms, (time.monotonic() - started) * 1000.0)
                 metrics.observe(metrics.log_batch_records, sum(n for _, n in waiting))
-            self._notify_store(end, count)
+            self.notices.written(end, count)
             if self.shipper is not None and size:
                 self.shipper.submit(end - size, end, b"".join(data), new_segment=self.segments.start != segment_before)
             if self.durability == "s3":
                 self.awaiting_ship.append((end, waiting))  # acknowledged once the bucket has it
                 continue
             self._acknowledge(waiting, end)
-
-    def _notify_store(self, end: int, count: int) -> None:
-        """Tell writer/store where the log ends, coalesced: one notice per batch costs two bus hops
-        and a loader wake per fsync, and a `sync` query reads the log's end from the files anyway."""
-        self.notice = [end, self.notice[1] + count]
-        if self.notice_timer is not None:
-            return
-        wait = self.notice_sent_at + FLUSHED_EVERY_SECS - time.monotonic()
-        if wait <= 0:
-            self._send_notice()
-        else:
-            self.notice_timer = asyncio.get_running_loop().call_later(wait, self._send_notice)
-
-    def _send_notice(self) -> None:
-        self.notice_timer = None
-        self.notice_sent_at = time.monotonic()
-        end, count = self.notice
-        self.notice = [end, 0]
-        self.bus.send(STORE, Kind.LOG_FLUSHED, {"writer": self.index, "position": end, "count": count})
 
     def _acknowledge(self, waiting: list[tuple[Message, int]], end: int) -> None:
         if self.lease_lost:
