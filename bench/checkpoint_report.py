@@ -270,6 +270,13 @@ def summary_markdown(rows: list[dict], config: dict) -> str:
                   f"A byte passed back and forth between two processes over pipes, n={wakeup['n']}: round trip "
                   f"p50 {wakeup['p50_us']:.1f} µs, p99 {wakeup['p99_us']:.1f} µs; {held}. Every hop between "
                   "client, server processes and disk pays a wakeup (bench/cpu_idle.py)."]
+    cpu = config.get("python_workload")
+    if cpu:
+        parts += ["", "## CPU speed", "",
+                  f"A fixed Python workload (a 22 KB record packed and checksummed, a JSON answer, some dict "
+                  f"work; bench/cpu_speed.py), {cpu['trials']} × {cpu['iterations']} iterations: "
+                  f"{cpu['p50_us']:.1f} µs per iteration (fastest trial {cpu['min_us']:.1f}). This VM's "
+                  "speed changes by the hour; compare runs' rates only beside this number."]
     floors = _floors(config)
     if floors:
         dev = floors[0].get("device", {})

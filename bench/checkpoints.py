@@ -271,6 +271,7 @@ def _main(argv: list[str] | None) -> int:
     if not factories:
         parser.error("no target to run")
     from bench.cpu_idle import idle_latency_limit, wakeup_round_trip
+    from bench.cpu_speed import python_workload
     from bench.disk_floor import device_of, fsync_floor
 
     floor_dir = args.floor_dir or args.peer_tmp
@@ -285,6 +286,8 @@ def _main(argv: list[str] | None) -> int:
             parser.error(f"--cpu-latency-us: {exc}")
         wakeup = wakeup_round_trip()
         print(f"wakeup round trip between two processes: p50 {wakeup['p50_us']} µs, p99 {wakeup['p99_us']} µs")
+        cpu = python_workload()
+        print(f"fixed Python workload: {cpu['p50_us']} µs per iteration (fastest trial {cpu['min_us']})")
         floors = [fsync_floor(floor_dir, args.floor_iterations, size) for size in floor_sizes] \
             if args.floor_iterations > 0 else []
         for floor in floors:
@@ -299,6 +302,7 @@ def _main(argv: list[str] | None) -> int:
               "disk_floors": floors,
               "cpu_latency_us": args.cpu_latency_us,
               "wakeup_round_trip": wakeup,
+              "python_workload": cpu,
               "devices": {"bench_dir": bench_dev, "peer_tmp": peer_dev,
                           "same_device": bench_dev["st_dev"] == peer_dev["st_dev"]},
               "argv": _masked(sys.argv[1:] if argv is None else argv)}
