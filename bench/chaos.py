@@ -1,7 +1,8 @@
 """`agent-os bench chaos --minutes N`: mixed load while a random role is killed with SIGKILL every
 few seconds, then an accounting done by the load generator itself.
 
-Load: turn clients (SSE, resumed with Last-Event-ID when a connection drops), checkpoint clients
+Load: turn clients (SSE, resumed with Last-Event-ID when a connection drops; every fourth time two
+turns at once on the session, one superseding the other), checkpoint clients
 (numbered PUTs per session), flow clients (runs of SYNC steps started with an Idempotency-Key) and
 close clients (a session filled, then closed) on one real process tree with full persistence and one worker process. Every few seconds (jittered)
 one role of the tree — broker, gateway, an actor, the scheduler, a log writer, the store writer or
@@ -79,14 +80,18 @@ async def turn_client(http, base: str, index: int, ledger: Ledger, stop: asyncio
     session, n = f"chaos-t{index}", 0
     while not stop.is_set():
         n += 1
-        out = await run_turn(http, base, session, f"turn {n} of client {index}", deadline)
-        ledger.turns[out.outcome] += 1
-        ledger.resumed += out.resumes > 0
-        ledger.reordered += not out.gapless
-        if out.outcome == "completed":
-            ledger.completed.append((session, out.turn_id, out.text))
-            ledger.tick("turns")
-        await asyncio.sleep(pause if out.outcome not in ("refused", "rejected") else 0.5)
+        # Every fourth time two turns at once: one supersedes the other, perhaps before it ran.
+        texts = [f"turn {n} of client {index}"] + ([f"turn {n}b of client {index}"] if n % 4 == 0 else [])
+        outs = await asyncio.gather(*(run_turn(http, base, session, text, deadline) for text in texts))
+        for out in outs:
+            ledger.turns[out.outcome] += 1
+            ledger.resumed += out.resumes > 0
+            ledger.reordered += not out.gapless
+            if out.outcome == "completed":
+                ledger.completed.append((session, out.turn_id, out.text))
+                ledger.tick("turns")
+        refused = any(out.outcome in ("refused", "rejected") for out in outs)
+        await asyncio.sleep(pause if not refused else 0.5)
 
 
 async def checkpoint_client(http, base: str, index: int, ledger: Ledger, stop: asyncio.Event, pause: float) -> None:
