@@ -2,7 +2,8 @@
 few seconds, then an accounting done by the load generator itself.
 
 Load: turn clients (SSE, resumed with Last-Event-ID when a connection drops; every fourth time two
-turns at once on the session, one superseding the other), checkpoint clients
+turns at once on the session, one superseding the other; every seventh time a turn cancelled a few
+milliseconds in), checkpoint clients
 (numbered PUTs per session), flow clients (runs of SYNC steps started with an Idempotency-Key) and
 close clients (a session filled, then closed) on one real process tree with full persistence and one worker process. Every few seconds (jittered)
 one role of the tree — broker, gateway, an actor, the scheduler, a log writer, the store writer or
@@ -80,9 +81,12 @@ async def turn_client(http, base: str, index: int, ledger: Ledger, stop: asyncio
     session, n = f"chaos-t{index}", 0
     while not stop.is_set():
         n += 1
-        # Every fourth time two turns at once: one supersedes the other, perhaps before it ran.
+        # Every fourth time two turns at once: one supersedes the other, perhaps before it ran;
+        # every seventh the client cancels its turn a few milliseconds in.
         texts = [f"turn {n} of client {index}"] + ([f"turn {n}b of client {index}"] if n % 4 == 0 else [])
-        outs = await asyncio.gather(*(run_turn(http, base, session, text, deadline) for text in texts))
+        cancel = [_cancel_soon(http, base, session, random.uniform(0.0, 0.03))] if n % 7 == 3 else []
+        outs = (await asyncio.gather(*(run_turn(http, base, session, text, deadline) for text in texts),
+                                     *cancel))[:len(texts)]
         for out in outs:
             ledger.turns[out.outcome] += 1
             ledger.resumed += out.resumes > 0
@@ -92,6 +96,16 @@ async def turn_client(http, base: str, index: int, ledger: Ledger, stop: asyncio
                 ledger.tick("turns")
         refused = any(out.outcome in ("refused", "rejected") for out in outs)
         await asyncio.sleep(pause if not refused else 0.5)
+
+
+async def _cancel_soon(http, base: str, session: str, after: float) -> None:
+    await asyncio.sleep(after)
+    try:
+        async with http.delete(f"{base}/v1/sessions/{session}/turns/current",
+                               timeout=aiohttp.ClientTimeout(total=30)) as resp:
+            await resp.read()
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        pass    # a kill in the way: the turn then simply runs to its end
 
 
 async def checkpoint_client(http, base: str, index: int, ledger: Ledger, stop: asyncio.Event, pause: float) -> None:
