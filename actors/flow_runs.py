@@ -31,11 +31,10 @@ from actors.run_requests import RunRequests, TaskFailed
 from actors.worker_requests import WorkerRequests
 from broker.client import Bus
 from broker.protocol import Kind, Message
-from broker.sharding import shard_of
+from broker.sharding import SCHEDULER, shard_of
 from storage.log_client import LogClient
 from storage.records import RecordKind
 
-SCHEDULER = "scheduler"
 EXEC_GRACE_SECS = 4.0
 TIMER_GRACE_SECS = 2.0
 RESYNC_SECS = 10.0

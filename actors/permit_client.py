@@ -12,9 +12,9 @@ import time
 
 from agentos import metrics
 from broker.client import Bus
+from broker.sharding import SCHEDULER
 from broker.protocol import Kind, Message
 
-SCHEDULER = "scheduler"
 _RESEND_SECS = 2.0
 _SYNC_SECS = 2.0
 

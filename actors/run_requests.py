@@ -13,6 +13,7 @@ import asyncio
 
 from actors.flow_state import WAITABLE, Run
 from broker.protocol import Kind, Message
+from broker.sharding import SCHEDULER
 
 
 class TaskFailed(RuntimeError):
@@ -84,9 +85,13 @@ class RunRequests:
             return
         if not run.ended:
             await self.end(run, "cancelled", error="cancelled by request")
+            task_id = f"{run.run_id}#{run.exec}"
             worker = self.run_workers.pop(run.run_id, "")
             if worker:  # stop its execution now rather than at its next step
-                self.bus.send(worker, Kind.TASK_CANCEL, {"task_id": f"{run.run_id}#{run.exec}"})
+                self.bus.send(worker, Kind.TASK_CANCEL, {"task_id": task_id})
+            # and one this actor has not heard from yet: the scheduler drops the execution if it is
+            # queued, or tells the worker it offered it to (else its step in flight ran to its end)
+            self.bus.send(SCHEDULER, Kind.TASK_CANCEL, {"task_id": task_id})
         self.bus.reply(msg, Kind.FLOW_RUN, run.summary())
 
     async def on_publish(self, msg: Message) -> None:

@@ -16,10 +16,10 @@ from agentos.rundir import RunDir
 from actors.permits import Grant, PermitPool
 from actors.tasks import Offer, TaskBoard, Timers
 from broker.client import Bus
+from broker.sharding import SCHEDULER
 from broker.protocol import Kind, Message
 from broker.address import bus_address
 
-SCHEDULER = "scheduler"
 
 
 class Scheduler:

@@ -22,10 +22,10 @@ from typing import Any
 from agentos.config import Config
 from actors.sdk import App, FlowContext, Superseded, Suspended
 from broker.client import Bus, BusError
+from broker.sharding import SCHEDULER
 from broker.protocol import Kind, Message
 from broker.address import bus_address
 
-SCHEDULER = "scheduler"
 REQUEST_TIMEOUT_SECS = 300.0
 
 

@@ -19,6 +19,7 @@ def actor_name(session_id: str, shards: int) -> str:
 
 
 STORE = "writer/store"
+SCHEDULER = "scheduler"
 LOG_WRITER_PREFIX = "writer/log/"
 
 

@@ -168,3 +168,25 @@ def test_failures_children_cancel_and_non_determinism(make_server, make_worker, 
     assert body["status"] == "failed" and "NonDeterministic" in body["error"] and "'first'" in body["error"]
     assert get_json(f"{base}/v1/runs/no-such-run")[0] == 404
     assert get_json(f"{base}/v1/flows/bad%20name/runs", method="POST", body=b"{}")[0] == 400
+
+
+def test_a_run_cancelled_right_after_its_start_stops_its_step_in_flight(make_server, make_worker, tmp_path):
+    """Cancels 0-30 ms after the starts: before the actor has heard which worker runs them, the
+    scheduler passes the cancel on, so no step's side effect lands after the cancel was answered
+    (each step waits 0.3 s before its effect), and the worker's two slots are free afterwards."""
+    server = make_server()
+    make_worker(server, slots=2)
+    base = server.url
+    runs = []
+    for i in range(10):
+        status, _, body = start(base, "five_steps", {"file": str(tmp_path / f"run{i}"), "delay": 0.3})
+        assert status in (200, 201), body
+        time.sleep(i * 0.003)
+        status, _, cancelled = get_json(f"{base}/v1/runs/{body['run_id']}:cancel", method="POST")
+        assert (status, cancelled["status"]) == (200, "cancelled")
+        runs.append(body["run_id"])
+    later = start(base, "five_steps", {"file": str(tmp_path / "later"), "delay": 0.01})[2]["run_id"]
+    assert result(base, later, timeout=30)["status"] == "completed"
+    assert [get_json(f"{base}/v1/runs/{run_id}")[2]["status"] for run_id in runs] == ["cancelled"] * 10
+    assert lines(tmp_path / "later") == [f"step {n}" for n in range(5)]
+    assert not [i for i in range(10) if lines(tmp_path / f"run{i}")], "a cancelled run's step took effect"
