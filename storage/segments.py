@@ -28,15 +28,13 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from storage import records
 
 log = logging.getLogger("agent-os.storage")
 SUFFIX = ".seg"
 SPARE = "spare.zero"
-ZERO_CHUNK = 256 << 10  # fdatasync'd at a time beside the log's commits (see zero_file) ...
-ZERO_CHUNK_LATE = 1 << 20   # ... and once the segment in use is three quarters full
+ZERO_CHUNK = 1 << 20    # fdatasync'd at a time
 ZERO_WRITE = 16 << 10   # bytes per write (see zero_file)
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024   # buffers per pwritev
 FIRST_READ = 64 << 10   # a read first looks this far: past the data a zeroed tail costs one small read
@@ -56,15 +54,8 @@ def list_segments(directory: Path) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
-def zero_file(path: Path, size: int, late: Callable[[], bool] = lambda: True) -> None:
+def zero_file(path: Path, size: int) -> None:
     """`path` as `size` zero bytes, written (not a hole, not unwritten extents) and fsync'd.
-
-    A chunk (ZERO_CHUNK) at a time: the log's commits run beside it, and each commit's fdatasync
-    waits behind the zeros already queued at the disk. Beside a continuous zeroing, a 225 KB
-    commit took 1.12-1.37 ms on average with 1 MB chunks, 0.82-0.93 with 256 KB ones (0.43-0.59
-    alone), the zeroing going at 148-232 MB/s instead of 271-414
-    (bench/results/2026-12-01-zeroing-chunk-vs-commits/). When `late()` says the segment in use
-    is nearly full, the zeroing takes ZERO_CHUNK_LATE chunks so that the rotation does not wait.
 
     In small writes (ZERO_WRITE), because the page cache keeps the folio size a write created,
     and dirtying any byte of a folio later writes the whole folio back. With 1 MB writes of zeros,
@@ -78,7 +69,9 @@ def zero_file(path: Path, size: int, late: Callable[[], bool] = lambda: True) ->
         done = 0
         while done < size:
             done += os.write(fd, zeros[:size - done])
-            if done % (ZERO_CHUNK_LATE if late() else ZERO_CHUNK) == 0 or done == size:
+            if done % ZERO_CHUNK == 0 or done == size:
+                # A chunk at a time: 64 MB of dirty zeros flushed at once would queue ahead of the
+                # log's own small writes and stall their fdatasync for tens of milliseconds.
                 os.fdatasync(fd)
     finally:
         os.close(fd)
@@ -215,7 +208,7 @@ class SegmentLog:
 
         def zero() -> None:
             try:
-                zero_file(spare, self.segment_bytes, lambda: self.size * 4 > self.segment_bytes * 3)
+                zero_file(spare, self.segment_bytes)
             except OSError as exc:
                 spare.unlink(missing_ok=True)
                 log.warning("log %s: could not zero the next segment (%s); it will be zeroed when needed",

@@ -134,23 +134,3 @@ def test_recent_ids_for_deduplication(tmp_path):
         log.write(f, sync=False)
     log.close()
     assert segments.recent_ids(tmp_path, 1 << 20)[-3:] == [b"id-17", b"id-18", b"id-19"]
-
-
-def test_a_spare_is_zeroed_in_small_synced_chunks_until_the_segment_in_use_is_nearly_full(tmp_path, monkeypatch):
-    """Beside the log's commits the zeros go to the disk 256 KB at a time (a commit's fdatasync
-    waits behind what is queued), and in 1 MB chunks once the rotation is near."""
-    from storage import segments as seg
-
-    synced = []
-    real = seg.os.fdatasync
-    monkeypatch.setattr(seg.os, "fdatasync", lambda fd: (synced.append(fd), real(fd)))
-    path = tmp_path / "spare"
-    seg.zero_file(path, 4 << 20, late=lambda: False)
-    assert len(synced) == 16 and path.read_bytes() == bytes(4 << 20)
-    synced.clear()
-    seg.zero_file(path, 4 << 20)
-    assert len(synced) == 4
-    synced.clear()
-    calls = iter(range(10_000))
-    seg.zero_file(path, 4 << 20, late=lambda: next(calls) >= 64)   # asked every 16 KB: late from the second MB on
-    assert len(synced) == 4 + 3
