@@ -1,4 +1,4 @@
-import os, sys, time, statistics, threading, subprocess
+import os, sys, time, statistics, subprocess
 D = "/tmp/dbg/io"
 SIZE = 64 << 20
 def zeroed(p):

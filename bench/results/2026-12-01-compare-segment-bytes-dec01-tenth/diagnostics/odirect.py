@@ -1,4 +1,4 @@
-import mmap, os, sys, time, statistics
+import mmap, os, time, statistics
 D = "/tmp/dbg/io"
 SIZE = 64 << 20
 def zeroed(name):
