@@ -339,3 +339,46 @@ def test_a_closing_sessions_hold_ends_with_its_last_close_or_by_itself(monkeypat
         assert "t" not in holds
 
     asyncio.run(go())
+
+
+def test_a_checkpoint_put_racing_a_close_is_gone_with_it_or_the_new_latest_also_after_a_restart(make_server):
+    """Real processes: PUTs a fraction of a millisecond to ten apart from a DELETE. The latest
+    checkpoint afterwards is the racing PUT's or none — never the one from before the close — and a
+    restarted tree answers the same."""
+    import aiohttp
+
+    server = make_server()
+
+    async def race(base):
+        seen = []
+        async with aiohttp.ClientSession() as s:
+            for i in range(20):
+                sid = f"put-race-{i}"
+                async with s.put(f"{base}/v1/sessions/{sid}/checkpoints/old", data=b"old") as resp:
+                    assert resp.status == 200
+
+                async def close():
+                    async with s.delete(f"{base}/v1/sessions/{sid}") as resp:
+                        return resp.status
+
+                async def put():
+                    await asyncio.sleep(i * 0.0005)
+                    async with s.put(f"{base}/v1/sessions/{sid}/checkpoints/new", data=b"new") as resp:
+                        return resp.status
+
+                assert await asyncio.gather(close(), put()) == [204, 200]
+                seen.append(await latest(s, base, sid))
+        return seen
+
+    async def latest(s, base, sid):
+        async with s.get(f"{base}/v1/sessions/{sid}/checkpoints/latest") as resp:
+            return resp.status, (await resp.read() if resp.status == 200 else b"")
+
+    async def read_all(base):
+        async with aiohttp.ClientSession() as s:
+            return [await latest(s, base, f"put-race-{i}") for i in range(20)]
+
+    seen = asyncio.run(race(server.url))
+    assert set(seen) <= {(404, b""), (200, b"new")}, seen
+    server.stop()
+    assert asyncio.run(read_all(server.start().url)) == seen
