@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import datetime
 import signal
 import shutil
 import subprocess
@@ -279,6 +280,7 @@ def _main(argv: list[str] | None) -> int:
         floor_sizes = [int(x) for x in _csv(args.floor_bytes)]
     except ValueError:
         parser.error("--floor-bytes: comma-separated byte counts")
+    started_at = datetime.datetime.now().isoformat(timespec="seconds")   # the results are written at the end
     with contextlib.ExitStack() as held:
         try:
             held.enter_context(idle_latency_limit(args.cpu_latency_us))
@@ -296,7 +298,8 @@ def _main(argv: list[str] | None) -> int:
         rows, described = run_benchmark(cfg, factories)
     floor = floors[0] if floors else None
     bench_dev, peer_dev = device_of(Path(__file__).parent), device_of(args.peer_tmp)
-    config = {"bench": dataclasses.asdict(cfg), "targets": described, "agentos_config": overrides,
+    config = {"started_at": started_at, "finished_at": datetime.datetime.now().isoformat(timespec="seconds"),
+              "bench": dataclasses.asdict(cfg), "targets": described, "agentos_config": overrides,
               "compare": compare,
               "disk_floor": floor,
               "disk_floors": floors,

@@ -39,6 +39,8 @@ class ResultsDir:
         self.path.mkdir(parents=True, exist_ok=True)
 
     def write_config(self, config: dict[str, Any]) -> Path:
+        """config.json; `started_at` is now unless `config` says when the run began (a bench that
+        writes its folder only at the end)."""
         data = {"machine": machine(), "started_at": _dt.datetime.now().isoformat(timespec="seconds"), **config}
         return self._write_json("config.json", data)
 

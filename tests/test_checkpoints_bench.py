@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import threading
+import time
 import zlib
 
 import pytest
@@ -211,8 +212,15 @@ def fake_server():
 
 
 def test_agentos_end_to_end_counts_errors_and_reads_before_writing(fake_server, tmp_path,
-                                                                   capsys):
+                                                                   capsys, monkeypatch):
     api, url = fake_server
+    run_benchmark = checkpoints.run_benchmark
+
+    def slower(*args):          # a run that lasts into the next second, so the two times differ
+        time.sleep(1.05)
+        return run_benchmark(*args)
+
+    monkeypatch.setattr(checkpoints, "run_benchmark", slower)
     code = checkpoints.main([
         "--scales", "5x3", "--modes", "write,mixed", "--workers", "2", "--targets", "agentos",
         "--agentos-url", url, "--agentos-api-key", "secret", "--floor-iterations", "5",
@@ -247,6 +255,8 @@ def test_agentos_end_to_end_counts_errors_and_reads_before_writing(fake_server, 
 
     config = json.loads((folder / "config.json").read_text())
     assert config["targets"]["agentos"]["durability_acked"] == ["local"]
+    # the folder is written at the end: its start is the run's, not the writing's
+    assert config["started_at"] < config["finished_at"]
     assert config["disk_floor"]["n"] == 5
     assert "secret" not in (folder / "config.json").read_text()
     summary = (folder / "summary.md").read_text()
