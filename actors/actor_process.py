@@ -23,7 +23,7 @@ from actors.provider import Provider, ProviderError
 from actors.session import Session, SessionTable
 from actors.turn import Turn
 from broker.client import Bus
-from broker.protocol import Kind, Message
+from broker.protocol import TURN_START_TIMEOUT_SECS, Kind, Message
 from storage.log_client import LogWriteError
 from broker.address import bus_address
 
@@ -82,6 +82,8 @@ class Actor:
 
     async def _start_after_close(self, msg: Message) -> None:
         await self.closing.wait(msg.body["session"])
+        if time.time() - msg.sent_at > TURN_START_TIMEOUT_SECS:
+            return    # a slow close: the gateway has answered 503, and the client may try again
         self.on_turn_start(msg)
 
     def on_turn_cancel(self, msg: Message) -> None:

@@ -12,6 +12,10 @@ from typing import Any
 # A peer's socket identity: NAME#INCARNATION (hex), which the broker and the log inboxes check.
 IDENTITY = re.compile(rb"^[a-z][a-z0-9_.\-/]{0,62}#[0-9a-f]{1,16}$")
 
+# A gateway gives up on a turn start not answered within this (503 to its client); an actor starts
+# no turn whose start is older, for nobody would stream it.
+TURN_START_TIMEOUT_SECS = 10.0
+
 PROTO = b"AOS/1"          # protocol id and major version, the first frame of every message
 PROTO_FAMILY = b"AOS/"
 BROKER = "broker"          # destination name of the broker itself

@@ -18,7 +18,7 @@ from aiohttp import web
 from agentos import metrics
 from agentos.config import Config
 from broker.client import Bus, BusError
-from broker.protocol import BROKER, TURN_EVENTS, Kind, Message
+from broker.protocol import BROKER, TURN_EVENTS, TURN_START_TIMEOUT_SECS, Kind, Message
 from broker.sharding import STORE, actor_name
 from gateway.access import AccessLog, access_middleware
 from gateway.errors import ApiError, error_response, json_response
@@ -32,7 +32,6 @@ from storage.log_writer import LogWriter
 
 SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
 KEEPALIVE_SECS = 15.0
-START_TIMEOUT_SECS = 10.0
 MAX_FAILED_PROBES = 6
 
 
@@ -197,7 +196,7 @@ class Gateway:
             try:
                 started = await self.bus.request(actor, Kind.TURN_START,
                                                  {"turn_id": turn_id, "session": sid, "tenant": tenant, "input": text},
-                                                 timeout=START_TIMEOUT_SECS, session=sid, turn=turn_id)
+                                                 timeout=TURN_START_TIMEOUT_SECS, session=sid, turn=turn_id)
             except BusError as exc:
                 raise ApiError(503, "actor_unavailable", f"the session's actor did not answer: {exc}",
                                {"Retry-After": self.retry_after}) from None

@@ -382,3 +382,35 @@ def test_a_checkpoint_put_racing_a_close_is_gone_with_it_or_the_new_latest_also_
     assert set(seen) <= {(404, b""), (200, b"new")}, seen
     server.stop()
     assert asyncio.run(read_all(server.start().url)) == seen
+
+
+def test_a_turn_held_behind_a_close_longer_than_its_gateway_waited_is_not_started(monkeypatch):
+    """A close slower than the gateway's start timeout: the gateway answered 503, so the held start
+    is dropped rather than run for nobody; one within the timeout starts once the close is done."""
+    import logging
+
+    from actors.actor_process import Actor
+    from agentos.config import Config
+    from broker.protocol import TURN_START_TIMEOUT_SECS, Kind, Message
+
+    async def go():
+        config = Config()
+        config.provider.base_url = "http://127.0.0.1:9/v1"
+        actor = Actor(config, 0, "ipc:///nonexistent/bus.sock", logging.getLogger("test"))
+        started = []
+        monkeypatch.setattr(actor, "on_turn_start", started.append)
+
+        def start(turn_id, age):
+            body = {"turn_id": turn_id, "session": "s", "tenant": "", "input": "hi"}
+            return Message("gateway/0#1", Kind.TURN_START, 1, time.time() - age, 0, "s", turn_id, body)
+
+        late, fresh = start("t-late", TURN_START_TIMEOUT_SECS + 1), start("t-fresh", 0)
+        actor.closing.begin("s")
+        held = [asyncio.ensure_future(actor._start_after_close(m)) for m in (late, fresh)]
+        await asyncio.sleep(0.01)
+        assert started == []
+        actor.closing.end("s")
+        await asyncio.gather(*held)
+        return started
+
+    assert [m.body["turn_id"] for m in asyncio.run(go())] == ["t-fresh"]
