@@ -176,7 +176,8 @@ class FrontConnection(asyncio.Protocol):
                     return
                 end = self.buf.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES + 4)
                 if end < 0:
-                    if len(self.buf) > MAX_HEAD_BYTES:
+                    # a head ended by bare LFs never shows CRLF CRLF: aiohttp refuses it at once
+                    if len(self.buf) > MAX_HEAD_BYTES or self.buf.find(b"\n\n", 0, MAX_HEAD_BYTES) >= 0:
                         self._hand_over()
                     return
                 self.head = self._parse_head(bytes(self.buf[:end]))

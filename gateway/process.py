@@ -15,6 +15,7 @@ from agentos.config import Config
 from agentos.rundir import RunDir, write_port_file
 from gateway.app import Gateway
 from gateway.fast_path import FrontServer
+from gateway.malformed_http import ServerLog
 from broker.address import bus_address
 from storage.log_writer import LogWriter
 
@@ -29,7 +30,8 @@ def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> in
             await own_log.start()
         gateway = Gateway(config, endpoint, index, log, own_log)
         await gateway.bus.start()
-        runner = web.AppRunner(gateway.make_app(), handler_cancellation=True, access_log=None)
+        runner = web.AppRunner(gateway.make_app(), handler_cancellation=True, access_log=None,
+                               logger=ServerLog(log, gateway.access))
         await runner.setup()
         host, port = config.listen_host_port
         if port == 0:

@@ -154,3 +154,32 @@ def test_with_the_fast_path_off_aiohttp_serves_the_checkpoint_routes(make_server
         status, headers, _ = responses.next()
         assert status == 200 and "aiohttp" in headers["server"]
         assert responses.next()[2] == b"plain"
+
+
+def test_malformed_requests_are_counted_and_logged_without_a_traceback_each(shared_server):
+    """aiohttp alone logged each one at ERROR with a traceback: any client could flood the log."""
+    key = 'agentos_http_requests_total{route="malformed",status="400"}'
+    before_count = scrape(shared_server.url).get(key, 0.0)
+    before_log = shared_server.log_path.read_bytes()
+    malformed = (b"PUT /v1/sessions/m/checkpoints/k HTTP/1.1\r\nHost: t\r\nno colon here\r\nContent-Length: 1\r\n\r\nx",
+                 b"PUT /v1/sessions/m/checkpoints/k HTTP/1.1\r\nHost: t\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nxy",
+                 b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03 not http at all\r\n\r\n")
+    for i in range(30):
+        with connect(shared_server) as sock:
+            sock.sendall(malformed[i % 3])
+            status, headers, _ = Responses(sock).next()
+            assert status == 400
+    wait_until(lambda: scrape(shared_server.url).get(key, 0.0) >= before_count + 30, 10,
+               "the malformed requests to be counted")
+    added = shared_server.log_path.read_bytes()[len(before_log):]
+    assert b"Traceback" not in added
+    assert added.count(b"malformed HTTP request answered 400") <= 1   # one line a minute at most
+    assert get_json(f"{shared_server.url}/v1/sessions/fp-after-malformed/checkpoints/k", method="PUT", body=b"ok")[0] == 200
+
+
+def test_a_head_ended_by_bare_line_feeds_is_refused_at_once(shared_server):
+    """The lean path waited for CRLF CRLF that never came: the client hung until the idle timeout."""
+    with connect(shared_server) as sock:
+        sock.settimeout(5)
+        sock.sendall(b"PUT /v1/sessions/lf/checkpoints/k HTTP/1.1\nHost: t\nContent-Length: 1\n\nx")
+        assert Responses(sock).next()[0] == 400
