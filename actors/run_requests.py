@@ -16,6 +16,11 @@ from broker.protocol import Kind, Message
 from broker.sharding import SCHEDULER
 
 
+# An update holds its run's lock until its handler has run; the gateway gives up on the request
+# after twice the flow client's 30 s timeout, so the lock is given up before that.
+UPDATE_WAIT_SECS = 50.0
+
+
 class TaskFailed(RuntimeError):
     """A task (an update handler, a tool) failed on its worker, after its retries."""
 
@@ -140,11 +145,19 @@ class RunRequests:
         """One read-modify-write under the run's lock (the loop in on_attr_update)."""
         b = msg.body
         key = b["key"]
+        task = self.submit_task("update", b["handler"], run.tenant,
+                                {"key": key, "value": run.attrs.get(key), "arg": b.get("arg")}, run.run_id)
         try:
-            value = await self.submit_task("update", b["handler"], run.tenant,
-                                           {"key": key, "value": run.attrs.get(key), "arg": b.get("arg")}, run.run_id)
+            value = await asyncio.wait_for(asyncio.shield(task), UPDATE_WAIT_SECS)
         except TaskFailed as exc:
             self.bus.reply(msg, Kind.ATTR_VALUES, {"found": True, "code": "handler_failed", "error": str(exc)})
+            return
+        except asyncio.TimeoutError:
+            # The run's other updates wait behind this one: give the lock up rather than hold it
+            # for a handler no worker runs (all of them busy, or stopped).
+            self.cancel_task(next((tid for tid, entry in self.tasks.items() if entry[0] is task), ""))
+            self.bus.reply(msg, Kind.ATTR_VALUES, {"found": True, "code": "unavailable", "error":
+                           f"no worker ran update handler {b['handler']!r} within {UPDATE_WAIT_SECS:g}s"})
             return
         await self.record(run, "attr.set", key=key, value=value, seq=-1)
         self.bus.reply(msg, Kind.ATTR_VALUES, {"found": True, "values": {key: value}})

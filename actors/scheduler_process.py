@@ -31,6 +31,7 @@ class Scheduler:
         self.trace_ids: dict[str, tuple[str, str]] = {}  # permit -> (session, turn), for the trace tap
         self.board = TaskBoard()
         self.timers = Timers()
+        self.started = time.monotonic()
 
     def handlers(self) -> dict:
         return {Kind.PERMIT_REQUEST: self.on_request, Kind.PERMIT_RELEASE: self.on_release,
@@ -56,7 +57,16 @@ class Scheduler:
             self.bus.send(worker, Kind.TASK_OFFER, body, session=task.get("run_id") or "")
 
     def on_submit(self, msg: Message) -> None:
-        self._offer(self.board.submit({**msg.body, "actor": msg.src}, time.monotonic()))
+        task = {**msg.body, "actor": msg.src}
+        if (task.get("kind") == "update" and not self.board.offered(task)
+                and time.monotonic() - self.started > self.board.worker_timeout):  # workers have said hello
+            # An update is a caller waiting with the run's lock held: a handler that no worker has
+            # fails now. (A flow run or a tool waits in its queue for a worker that has it.)
+            self.bus.send(msg.src, Kind.TASK_RESULT, {"task_id": task["task_id"], "ok": False,
+                                                      "error": f"no worker has an update handler named {task['name']!r}"},
+                          session=task.get("run_id") or "")
+            return
+        self._offer(self.board.submit(task, time.monotonic()))
 
     def on_decline(self, msg: Message) -> None:
         self._offer(self.board.decline(msg.src, msg.body["task_id"], time.monotonic()))

@@ -137,7 +137,7 @@ class StepContext:
         self._beat(value)
 
 
-def _check_encodable(value: Any, what: str) -> None:
+def check_encodable(value: Any, what: str) -> None:
     try:
         msgpack.packb(value, use_bin_type=True)
     except (TypeError, ValueError) as exc:
@@ -207,7 +207,7 @@ class FlowContext:
             attempt = go["attempt"]
             try:
                 result = await self._attempt(fn, args, kwargs, timeout, seq, attempt, go.get("heartbeat"))
-                _check_encodable(result, f"the result of step {name!r}")
+                check_encodable(result, f"the result of step {name!r}")
             except (Suspended, Superseded):
                 raise
             except Exception as exc:  # the step's own failure: journaled, then retried or raised
@@ -234,7 +234,7 @@ class FlowContext:
         for attempt in range(1, retry.max_attempts + 1):
             try:
                 result = await self._attempt(fn, args, kwargs, timeout, seq, attempt, None)
-                _check_encodable(result, f"the result of step {name!r}")
+                check_encodable(result, f"the result of step {name!r}")
             except (Suspended, Superseded):
                 raise
             except Exception as exc:
@@ -268,9 +268,14 @@ class FlowContext:
             return go.get("result")
         raise WaitTimeout(f"no message on channel {channel!r} within {timeout}s")
 
-    async def child(self, flow: str, input: Any = None, run_id: str | None = None) -> Any:
-        """Start a child flow and wait for its result."""
-        _check_encodable(input, "a child flow's input")
+    async def child(self, flow: str | Callable[..., Any], input: Any = None, run_id: str | None = None) -> Any:
+        """Start a child flow — its name, or the flow function itself — and wait for its result."""
+        if callable(flow):                # the name this worker's app registered it under
+            flows = getattr(getattr(self._rt, "app", None), "flows", {})
+            flow = next((name for name, fn in flows.items() if fn is flow), flow.__name__)
+        if not isinstance(flow, str):
+            raise TypeError(f"ctx.child takes a flow (its function or its name), not {type(flow).__name__}")
+        check_encodable(input, "a child flow's input")
         go = await self._op("child", flow, input=input, **({"child": run_id} if run_id else {}))
         if go.get("ok", True):
             return go.get("result")
@@ -278,7 +283,7 @@ class FlowContext:
 
     async def set_attr(self, key: str, value: Any) -> None:
         """Set one of the run's attributes (journaled; readable without a worker)."""
-        _check_encodable(value, f"attribute {key!r}")
+        check_encodable(value, f"attribute {key!r}")
         await self._op("attr_set", key, key=key, value=value)
         self._attrs[key] = value
 

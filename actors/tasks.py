@@ -105,6 +105,11 @@ class TaskBoard:
 
     # -- tasks -------------------------------------------------------------------------------
 
+    def offered(self, task: dict[str, Any]) -> bool:
+        """Does any live worker say it can run this task?"""
+        cap = capability(task)
+        return any(cap in info.capabilities for info in self.workers.values())
+
     def submit(self, task: dict[str, Any], now: float) -> list[Offer]:
         if task["task_id"] in self.tasks:
             return []  # already with a worker: a re-submission of the same task

@@ -20,7 +20,7 @@ import sys
 from typing import Any
 
 from agentos.config import Config
-from actors.sdk import App, FlowContext, Superseded, Suspended
+from actors.sdk import App, FlowContext, Superseded, Suspended, check_encodable
 from broker.client import Bus, BusError
 from broker.sharding import SCHEDULER
 from broker.protocol import Kind, Message
@@ -102,6 +102,7 @@ class WorkerRuntime:
             if fn is None:
                 raise LookupError(f"this worker has no flow named {task['name']!r}")
             result = await fn(ctx, payload.get("input"))
+            check_encodable(result, f"the result of flow {task['name']!r}")   # else the run retried for ever
             body = {"ok": True, "result": result}
         except (Suspended, Superseded):
             return
@@ -118,6 +119,7 @@ class WorkerRuntime:
                 raise LookupError(f"this worker has no tool named {task['name']!r}")
             arguments = payload.get("arguments") or {}
             result = await _call(tool.fn, **arguments) if isinstance(arguments, dict) else await _call(tool.fn, arguments)
+            check_encodable(result, f"the result of tool {task['name']!r}")
             body = {"ok": True, "result": result}
         except Exception as exc:  # reported to the turn, which shows it to the model
             body = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
@@ -129,7 +131,9 @@ class WorkerRuntime:
         try:
             if handler is None:
                 raise LookupError(f"this worker has no update handler named {task['name']!r}")
-            body = {"ok": True, "result": await _call(handler, payload.get("value"), payload.get("arg"))}
+            result = await _call(handler, payload.get("value"), payload.get("arg"))
+            check_encodable(result, f"the result of update handler {task['name']!r}")
+            body = {"ok": True, "result": result}
         except Exception as exc:
             body = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         await self._request(task["actor"], Kind.TASK_RESULT, {"task_id": task["task_id"], **body}, task.get("run_id", ""))

@@ -25,6 +25,13 @@ def _name(request: web.Request, key: str, what: str) -> str:
     return value
 
 
+def _only(body: dict, fields: tuple[str, ...], shape: str) -> None:
+    """A misspelt field would otherwise reach the run as a null (`{"x": 1}` published nothing)."""
+    unknown = sorted(set(body) - set(fields))
+    if unknown:
+        raise ApiError(400, "invalid_body", f"unknown field(s) {', '.join(map(repr, unknown))}: the body is {shape}")
+
+
 def _error(exc: FlowError) -> ApiError:
     return ApiError(STATUS_OF.get(exc.code, 502), exc.code, exc.message)
 
@@ -91,6 +98,7 @@ class FlowRoutes:
         tenant, run_id, outward_id = self._run(request)
         key = _name(request, "key", "key")
         body = await self.gw.json_body(request)
+        _only(body, ("handler", "arg"), '{"handler": ..., "arg": ...}')
         handler = body.get("handler")
         if not isinstance(handler, str) or not NAME.match(handler):
             raise ApiError(400, "invalid_handler", "body must name an update handler: {\"handler\": ..., \"arg\": ...}")
@@ -104,6 +112,7 @@ class FlowRoutes:
         tenant, run_id, outward_id = self._run(request)
         channel = _name(request, "channel", "channel")
         body = await self.gw.json_body(request)
+        _only(body, ("message",), '{"message": ...}')
         try:
             await self.client.publish(run_id, channel, body.get("message"), tenant=tenant)
         except FlowError as exc:

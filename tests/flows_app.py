@@ -90,7 +90,7 @@ async def with_attrs(ctx, args):
 
 async def parent(ctx, n):
     a = await ctx.child("child", n)
-    b = await ctx.child("child", n + 1)
+    b = await ctx.child(child, n + 1)     # by its function, as well as by its name
     return a + b
 
 
@@ -132,6 +132,15 @@ def incr(value, arg):
     return (value or 0) + (arg or 1)
 
 
+async def unencodable(ctx, args):
+    """Returns what msgpack cannot carry: the run must fail, not be retried for ever."""
+    return object()
+
+
+def unencodable_update(value, arg):
+    return object()
+
+
 @tool(description="Look up the weather in a city",
       parameters={"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]})
 def get_weather(q):
@@ -152,7 +161,7 @@ async def search(q):
 
 
 app = App(flows=[five_steps, sync_then_check, sleeper, waiter, async_steps, with_attrs, parent, child, failing,
-                 flaky, branchy],
-          tools=[get_weather, search], updates={"incr": incr})
+                 flaky, branchy, unencodable],
+          tools=[get_weather, search], updates={"incr": incr, "unencodable": unencodable_update})
 
 _ = NO_RETRY

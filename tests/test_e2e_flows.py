@@ -190,3 +190,34 @@ def test_a_run_cancelled_right_after_its_start_stops_its_step_in_flight(make_ser
     assert [get_json(f"{base}/v1/runs/{run_id}")[2]["status"] for run_id in runs] == ["cancelled"] * 10
     assert lines(tmp_path / "later") == [f"step {n}" for n in range(5)]
     assert not [i for i in range(10) if lines(tmp_path / f"run{i}")], "a cancelled run's step took effect"
+
+
+def test_bad_updates_and_results_fail_clearly_and_leave_the_run_usable(make_server, make_worker):
+    """Each of these once hung: an unknown handler held the run's lock for good (every later update
+    timed out), and a result msgpack cannot carry had its run retried for ever."""
+    server = make_server()
+    make_worker(server)
+    base = server.url
+    run_id = start(base, "with_attrs", {})[2]["run_id"]
+    wait_until(lambda: get_json(f"{base}/v1/runs/{run_id}/attributes")[2].get("attributes") == {"status": "started"},
+               20, "the run to start")
+
+    def update(body: dict) -> tuple[int, dict]:
+        status, _, answer = get_json(f"{base}/v1/runs/{run_id}/attributes/count:update", method="POST",
+                                     body=json.dumps(body).encode())
+        return status, answer
+
+    status, answer = update({"handler": "no_such_handler", "arg": 1})
+    assert status == 422 and "no worker has an update handler named 'no_such_handler'" in answer["error"]["message"]
+    status, answer = update({"handler": "unencodable"})
+    assert status == 422 and "msgpack-serialisable" in answer["error"]["message"]
+    assert update({"handler": "incr", "arg": 2}) == (200, {"run_id": run_id, "key": "count", "value": 2})
+    status, answer = update({"handler": "incr", "args": 2})           # misspelt: not a silent null
+    assert status == 400 and "'args'" in answer["error"]["message"]
+    status, _, answer = get_json(f"{base}/v1/runs/{run_id}/channels/finish", method="POST", body=b'{"msg": "x"}')
+    assert status == 400 and answer["error"]["code"] == "invalid_body"
+    assert get_json(f"{base}/v1/runs/{run_id}/channels/finish", method="POST", body=b'{"message": "x"}')[0] == 202
+    assert result(base, run_id)["result"] == {"status": "done", "count": 2}
+
+    failed = result(base, start(base, "unencodable", {})[2]["run_id"], timeout=30)
+    assert failed["status"] == "failed" and "the result of flow 'unencodable' must be msgpack-serialisable" in failed["error"]

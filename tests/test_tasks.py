@@ -46,6 +46,16 @@ def test_silent_workers_expire_and_lost_offers_come_back_to_the_slot_count():
     assert board.expire(9) == ["w"] and board.stats()["workers"] == 0
 
 
+def test_a_task_is_offered_only_while_a_live_worker_has_its_capability():
+    board = TaskBoard(worker_timeout_secs=3)
+    incr = task(1, "update", "incr")
+    assert not board.offered(incr)
+    board.hello("w", ["update:incr"], 0, [], 1, 0)          # full, but it has the handler
+    assert board.offered(incr) and not board.offered(task(2, "update", "decr"))
+    board.expire(9)
+    assert not board.offered(incr)
+
+
 def test_timers_fire_once_in_due_order():
     timers = Timers()
     timers.set("a", "actor/0", "r1", 10)
