@@ -30,7 +30,7 @@ from actors.flow_state import Op, Run, apply, replay
 from actors.run_requests import RunRequests, TaskFailed
 from actors.worker_requests import WorkerRequests
 from broker.client import Bus
-from broker.protocol import Kind, Message
+from broker.protocol import MAX_RUN_BYTES, Kind, Message
 from broker.sharding import SCHEDULER, shard_of
 from storage.log_client import LogClient
 from storage.records import RecordKind
@@ -81,6 +81,13 @@ class Flows(WorkerRequests, RunRequests):
         """Apply a record to the run now and append it; SYNC returns the future of its ack."""
         body = {"run": run.run_id, "tenant": run.tenant, "type": kind, "at": time.time(), "exec": run.exec, **fields}
         apply(run, body)
+        if run.journal_bytes > MAX_RUN_BYTES and not run.over_limit and not run.ended and run.flow != "turn":
+            run.over_limit = True   # this record is kept; the run's end follows it
+            ending = asyncio.ensure_future(self.end(run, "failed", error=(
+                f"the run's journal passed {MAX_RUN_BYTES:,} bytes of values, the most a run records "
+                "(its steps' results, attributes, messages): start a new run to go on")))
+            _ENDING.add(ending)             # held: the loop keeps only weak references to tasks
+            ending.add_done_callback(_ENDING.discard)
         # Routed like the run's actor: a turn's run (`session/turn`) goes to its session's writer.
         coro = self.journal_log.append(RecordKind.FLOW, body, run.run_id.split("/", 1)[0], sync=True)
         fut = asyncio.ensure_future(coro)
@@ -266,6 +273,9 @@ class Flows(WorkerRequests, RunRequests):
         for run in self.runs.values():
             counts[run.status] = counts.get(run.status, 0) + 1
         return {"runs": counts, "tasks_waiting": len(self.tasks)}
+
+
+_ENDING: set = set()
 
 
 def _log_failure(fut: asyncio.Future) -> None:

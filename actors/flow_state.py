@@ -30,6 +30,8 @@ import collections
 import time
 from typing import Any
 
+import msgpack
+
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
 
 WAITABLE = ("suspended",)   # besides its end, what a caller of FLOW_GET may wait for (`until`)
@@ -65,7 +67,7 @@ class Op:
 class Run:
     __slots__ = ("run_id", "flow", "tenant", "input", "status", "result", "error", "exec", "last_alive", "ops",
                  "attrs", "channels", "waiting", "parent", "parent_seq", "parent_actor", "pending", "updates",
-                 "updating", "created_at", "ended_at", "msg_counter", "waiters")
+                 "updating", "created_at", "ended_at", "msg_counter", "waiters", "journal_bytes", "over_limit")
 
     def __init__(self, run_id: str, flow: str, tenant: str) -> None:
         self.run_id = run_id
@@ -91,6 +93,8 @@ class Run:
         self.ended_at = 0.0
         self.msg_counter = 0
         self.waiters: list = []                # (status or None, future): callers waiting for the end or that status
+        self.journal_bytes = 0                 # of the values its records hold (MAX_RUN_BYTES)
+        self.over_limit = False
 
     @property
     def ended(self) -> bool:
@@ -125,9 +129,30 @@ def _op(run: Run, record: dict[str, Any], kind: str) -> Op:
     return op
 
 
+_VALUE_FIELDS = ("input", "result", "value", "message", "error")
+_pack = msgpack.Packer(use_bin_type=True).pack
+
+
+def value_bytes(record: dict[str, Any]) -> int:
+    """About what the record's values take as msgpack (strings and bytes as their length)."""
+    total = 0
+    for key in _VALUE_FIELDS:
+        value = record.get(key)
+        if value is None:
+            continue
+        if isinstance(value, (str, bytes)):
+            total += len(value)
+        elif isinstance(value, (bool, int, float)):
+            total += 9
+        else:
+            total += len(_pack(value))
+    return total
+
+
 def apply(run: Run, record: dict[str, Any]) -> None:
     """Change the run's state as the record says (see the module docstring for the types)."""
     kind = record["type"]
+    run.journal_bytes += value_bytes(record)
     if "exec" in record and record["exec"] > run.exec:
         run.exec = record["exec"]
     if kind == "run.started":

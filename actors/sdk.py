@@ -44,6 +44,8 @@ from typing import Any, Awaitable, Callable
 
 import msgpack
 
+from broker.protocol import MAX_VALUE_BYTES
+
 __all__ = ["App", "Retry", "NO_RETRY", "Tool", "tool", "FlowContext", "StepContext", "StepFailed",
            "NonDeterministic", "WaitTimeout", "ChildFailed"]
 
@@ -138,11 +140,15 @@ class StepContext:
 
 
 def check_encodable(value: Any, what: str) -> None:
+    """Refuse, with an error that says why, a value a run cannot record (see MAX_VALUE_BYTES)."""
     try:
-        msgpack.packb(value, use_bin_type=True)
+        size = len(msgpack.packb(value, use_bin_type=True))
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{what} must be msgpack-serialisable (dict, list, str, bytes, numbers, bool, None): "
                         f"{exc}") from None
+    if size > MAX_VALUE_BYTES:
+        raise ValueError(f"{what} is {size:,} bytes as msgpack; a run records values of at most "
+                         f"{MAX_VALUE_BYTES:,} bytes")
 
 
 class FlowContext:

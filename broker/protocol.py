@@ -16,6 +16,18 @@ IDENTITY = re.compile(rb"^[a-z][a-z0-9_.\-/]{0,62}#[0-9a-f]{1,16}$")
 # no turn whose start is older, for nobody would stream it.
 TURN_START_TIMEOUT_SECS = 10.0
 
+# The largest value a run records (a step's, tool's, handler's or flow's result, a flow's input,
+# an attribute, a channel message), as msgpack. Each travels the bus in one message and lands in
+# the log in one record, which carry at most 64 MB (the broker's MAXMSGSIZE, the log's
+# MAX_RECORD_BYTES: a bigger one would cut a worker off the bus, or read back as a torn record),
+# and in a DuckDB row, which the store loads within a small memory limit. Temporal's limit for a
+# payload is 2 MB; this leaves room for big tool outputs and model contexts.
+MAX_VALUE_BYTES = 4 << 20
+# The most a run's journal holds of such values, all told (Temporal's history limit is 50 MB): an
+# execution's offer carries them all in one message, and an actor loads them in one answer. A
+# run that passes it fails, rather than cut its actor off the bus at its next execution.
+MAX_RUN_BYTES = 32 << 20
+
 PROTO = b"AOS/1"          # protocol id and major version, the first frame of every message
 PROTO_FAMILY = b"AOS/"
 BROKER = "broker"          # destination name of the broker itself

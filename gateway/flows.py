@@ -5,9 +5,11 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+import msgpack
 from aiohttp import web
 
 from actors.flow_client import WAITABLE, FlowClient, FlowError
+from broker.protocol import MAX_VALUE_BYTES
 from gateway.errors import ApiError, json_response
 from gateway.tenancy import external, internal
 
@@ -30,6 +32,14 @@ def _only(body: dict, fields: tuple[str, ...], shape: str) -> None:
     unknown = sorted(set(body) - set(fields))
     if unknown:
         raise ApiError(400, "invalid_body", f"unknown field(s) {', '.join(map(repr, unknown))}: the body is {shape}")
+
+
+def _check_size(value, what: str) -> None:
+    """Only matters with gateway.max_body_bytes raised past the limit of what a run records."""
+    size = len(msgpack.packb(value, use_bin_type=True))
+    if size > MAX_VALUE_BYTES:
+        raise ApiError(413, "value_too_large", f"{what} is {size:,} bytes as msgpack; a run records values "
+                                               f"of at most {MAX_VALUE_BYTES:,} bytes")
 
 
 def _error(exc: FlowError) -> ApiError:
@@ -55,6 +65,8 @@ class FlowRoutes:
         flow = _name(request, "flow", "flow")
         tenant = self.gw.tenant_of(request)
         body = await self.gw.json_body(request)
+        _only(body, ("input", "run_id"), '{"input": ..., "run_id": ...}')
+        _check_size(body.get("input"), "input")
         run_id = body.get("run_id")
         if run_id is not None and (not isinstance(run_id, str) or not NAME.match(run_id)):
             raise ApiError(400, "invalid_run_id", "run_id must be 1-200 characters of letters, digits and . _ : -")
@@ -99,6 +111,7 @@ class FlowRoutes:
         key = _name(request, "key", "key")
         body = await self.gw.json_body(request)
         _only(body, ("handler", "arg"), '{"handler": ..., "arg": ...}')
+        _check_size(body.get("arg"), "arg")
         handler = body.get("handler")
         if not isinstance(handler, str) or not NAME.match(handler):
             raise ApiError(400, "invalid_handler", "body must name an update handler: {\"handler\": ..., \"arg\": ...}")
@@ -113,6 +126,7 @@ class FlowRoutes:
         channel = _name(request, "channel", "channel")
         body = await self.gw.json_body(request)
         _only(body, ("message",), '{"message": ...}')
+        _check_size(body.get("message"), "message")
         try:
             await self.client.publish(run_id, channel, body.get("message"), tenant=tenant)
         except FlowError as exc:

@@ -10,7 +10,7 @@ Three things go, all only from sealed segments the store has loaded and the buck
   rows; the writer's largest position stays, as the store's progress;
 - access rows (ACCESS records) of segments last written before `storage.retention_secs` (the
   file's modification time: every record in it is older), once per segment; writer/store
-  deletes their rows by their time (`Store.purge_access`);
+  deletes their rows by their time (`StoreDeletions.purge_access`);
 - the records of closed sessions (storage/closed_compaction.py).
 A rewritten segment replaces the old one under the same name (start position), and one object
 replaces the segment's objects in the bucket; a node restoring from the bucket simply finds a

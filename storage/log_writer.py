@@ -205,12 +205,16 @@ class LogWriter:
             return
         new = 0
         now = time.monotonic()
-        for record in msg.body["records"]:
+        for record in msg.body["records"]:   # all checked before any is taken: a refusal takes none
             if not (isinstance(record, list) and len(record) == 3 and record[0] in records.KNOWN_KINDS
                     and isinstance(record[1], bytes) and 0 < len(record[1]) <= 255 and isinstance(record[2], bytes)):
                 self._reply(msg, Kind.ERROR, {"code": "bad_record", "message": "a record is not [kind, id, body]"})
                 return
-            kind, record_id, body = record
+            if 2 + len(record[1]) + len(record[2]) > records.MAX_RECORD_BYTES:
+                self._reply(msg, Kind.ERROR, {"code": "record_too_large", "message":
+                                              f"a record is over the log's limit of {records.MAX_RECORD_BYTES:,} bytes"})
+                return
+        for kind, record_id, body in msg.body["records"]:
             if not self.embedded:
                 # A call is never re-sent after it was written (a failed batch's ids are forgotten in
                 # `_failed`), so only messages from other processes need de-duplicating.

@@ -56,6 +56,9 @@ def frame(kind: int, record_id: bytes, body: bytes) -> bytes:
     if len(record_id) > 255:
         raise ValueError("record id longer than 255 bytes")
     head = bytes((kind, len(record_id))) + record_id
+    if len(head) + len(body) > MAX_RECORD_BYTES:   # written, it would read back as a torn record
+        raise ValueError(f"a record of {len(head) + len(body):,} bytes is over the log's limit of "
+                         f"{MAX_RECORD_BYTES:,}")
     # the checksum runs on in pieces, so a checkpoint's body is copied once, into the frame
     crc = crc32c.crc32c(body, crc32c.crc32c(head))
     return b"".join((struct.pack("<II", len(head) + len(body), crc), head, body))

@@ -24,7 +24,7 @@ messages.db
       `payload_at` and `payload_len` NULL. A payload compaction (storage/payload_compaction.py)
       moves a segment's live payloads to another and NULLs those columns of its other rows.
       Once the log's compaction has dropped a superseded 'blob' record, its row goes too
-      (`Store.forget_superseded`).
+      (`StoreDeletions.forget_superseded`, storage/store_deletions.py).
   payload_file(generation)
       older versions only: which single file held the payloads (messages.payloads, or
       messages.payloads.<n>); it becomes payload segment 0 when the store opens

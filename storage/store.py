@@ -19,11 +19,13 @@ import msgpack
 import orjson
 
 from agentos import metrics, native_memory
-from storage import payload_segments, records, schema, segments, session_closing, store_queries
+from storage import payload_segments, records, schema, segments, session_closing
 from storage.bloom import BloomFilter
+from storage.duck_memory import MemoryLimit
 from storage.payload_segments import PayloadSegments
 from storage.projection import project
 from storage.session_closing import SessionClosing
+from storage.store_deletions import StoreDeletions
 from storage.store_queries import StoreQueries
 
 READ_BYTES = 8 << 20          # per log and batch, at most; halved after a batch DuckDB could not take
@@ -33,12 +35,12 @@ PAYLOAD_COLUMN = 7            # of a checkpoints row as projected: its bytes go 
 # reader is waiting for it (`urgent`). Each load costs three DuckDB transactions whatever its size.
 BATCH_INTERVAL_SECS = 1.0
 MIN_DB_MEMORY_MB = 16
+BIG_RECORD_BYTES = 512 << 10   # past this a value takes blocks of its own size in DuckDB
 CHECKPOINT_THRESHOLD = "4MB"
 OPEN_ROWS_PER_FETCH = 10_000
-ACCESS_PURGE_ROWS = 500_000   # access rows deleted per retention pass, at most
 
 
-class Store(StoreQueries, SessionClosing):
+class Store(StoreQueries, SessionClosing, StoreDeletions):
     def __init__(self, data_dir: Path, writers: int, memory_limit_mb: int, jsonl_dir: str = "",
                  log: logging.Logger | None = None,
                  payload_segment_bytes: int = payload_segments.SEGMENT_BYTES) -> None:
@@ -46,6 +48,7 @@ class Store(StoreQueries, SessionClosing):
         self.wal_root = data_dir / "wal"
         self.writers = writers
         self.memory_limit_mb = memory_limit_mb
+        self.memory = {db: MemoryLimit(self.db_memory_mb) for db in schema.DATABASES}   # raised for big values
         self.jsonl_path = Path(jsonl_dir) / "events.jsonl" if jsonl_dir else None
         self.log = log or logging.getLogger("agent-os.writer/store")
         self.conns: dict[str, duckdb.DuckDBPyConnection] = {}
@@ -60,6 +63,7 @@ class Store(StoreQueries, SessionClosing):
         self.urgent = threading.Event()
         self.stopping = threading.Event()
         self.on_loaded: Callable[[dict[int, int], int], None] = lambda positions, rows: None
+        self.on_fatal: Callable[[BaseException], None] = lambda exc: None
         self.stats = {"records": 0, "rows": 0, "batches": 0, "bad_records": 0, "load_errors": 0}
         self.backlog = False
         self.loading = threading.Lock()   # held while a batch loads; a recycle waits for it
@@ -124,7 +128,7 @@ class Store(StoreQueries, SessionClosing):
     def _connect(self, db: str) -> duckdb.DuckDBPyConnection:
         # Small on purpose: DuckDB keeps the blocks it wrote in its buffer pool until the limit
         # presses, so a generous limit reads as memory that grows with the database.
-        per_db = max(MIN_DB_MEMORY_MB, self.memory_limit_mb // len(schema.DATABASES))
+        per_db = self.db_memory_mb
         # One thread: every DuckDB thread builds its own share of a query's hash tables, and under
         # this limit two threads ran out of memory (open_runs over 20k finished runs, and every
         # restarted actor then waited on it for good) where one thread spills to disk and answers.
@@ -184,6 +188,16 @@ class Store(StoreQueries, SessionClosing):
                 # Keep loading without a pause only while a backlog remains (reads came back full).
                 while self.load_once() >= 0 and self.backlog and not self.stopping.is_set():
                     pass
+            except duckdb.FatalException as exc:
+                # DuckDB invalidated the file (an autocheckpoint that failed after a durable
+                # COMMIT, say): nothing more loads until it is reopened, and only a fresh open
+                # reads its progress right (that commit's rows are in it). Crash-only: the
+                # process restarts; the log still holds every record.
+                self.stats["load_errors"] += 1
+                self.log.error("DuckDB invalidated a file; writer/store restarts to reopen it: %s",
+                               " ".join(str(exc).split())[:300])
+                self.on_fatal(exc)
+                return
             except Exception:  # DuckDB trouble: keep the position, try again shortly
                 self.stats["load_errors"] += 1
                 self.log.exception("loading a batch into DuckDB failed; retrying")
@@ -204,6 +218,7 @@ class Store(StoreQueries, SessionClosing):
         scanned: dict[int, int] = {}
         starts = {w: r.position for w, r in self.readers.items()}
         events_for_jsonl: list[dict] = []
+        big: set[str] = set()     # files a record of this batch brings a big value to
         count = 0
         self.backlog = False
         payloads_mark = self.payloads.loader.mark()
@@ -214,6 +229,8 @@ class Store(StoreQueries, SessionClosing):
             for position, kind, _, body, nxt in batch:
                 db = schema.KIND_DB.get(kind)
                 count += 1
+                if len(body) > BIG_RECORD_BYTES and kind != records.RecordKind.BLOB:   # blobs go to payloads
+                    big.add(db)
                 if db is None or position < self.progress[db].get(writer, 0):
                     continue  # loaded before a restart
                 try:
@@ -246,7 +263,7 @@ class Store(StoreQueries, SessionClosing):
             for db in self.conns:
                 tables = {t: r for t, r in rows.items() if schema.TABLE_DB.get(t, schema.BOOK_TABLE_DB.get(t)) == db}
                 if tables or positions[db]:
-                    self._commit(db, tables, positions[db])
+                    self._commit(db, tables, positions[db], db in big)
         except Exception:
             for writer, start in starts.items():
                 self.readers[writer].position = start  # re-read; files already committed skip by progress
@@ -299,7 +316,20 @@ class Store(StoreQueries, SessionClosing):
         """Whether messages.db took this batch (its progress reached every position in it)."""
         return all(self.progress["messages"].get(w, 0) >= p for w, p in positions.items())
 
-    def _commit(self, db: str, tables: dict[str, list[tuple]], positions: dict[int, int]) -> None:
+    @property
+    def db_memory_mb(self) -> int:
+        return max(MIN_DB_MEMORY_MB, self.memory_limit_mb // len(schema.DATABASES))
+
+    def _commit(self, db: str, tables: dict[str, list[tuple]], positions: dict[int, int], big: bool) -> None:
+        if big:   # raised up front: the COMMIT's autocheckpoint pins the value's block too, and its
+            # failure is fatal to the file, not an error to retry (storage/duck_memory.py)
+            with self.memory[db].raised(self.conns[db]):
+                self._append(db, tables)
+        else:
+            self.memory[db].run(self.conns[db], lambda: self._append(db, tables))
+        self.progress[db].update(positions)
+
+    def _append(self, db: str, tables: dict[str, list[tuple]]) -> None:
         con = self.conns[db]
         con.execute("BEGIN TRANSACTION")
         try:
@@ -314,7 +344,6 @@ class Store(StoreQueries, SessionClosing):
             except duckdb.TransactionException:
                 pass  # a failed COMMIT already ended the transaction
             raise
-        self.progress[db].update(positions)
 
     def _write_jsonl(self, events: list[dict]) -> None:
         if not events or self.jsonl_path is None:
@@ -322,67 +351,6 @@ class Store(StoreQueries, SessionClosing):
         self.jsonl_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.jsonl_path, "ab") as f:
             f.write(b"".join(orjson.dumps(e, default=_jsonable) + b"\n" for e in events))
-
-    def forget_superseded(self, writer: int, start: int, end: int) -> int:
-        """Delete the rows of the superseded external checkpoints in [start, end) of log `writer`
-        (the log no longer has them, nothing reads them), keeping the writer's largest lsn: it is
-        the file's progress."""
-        with self.loading:   # the loader writes through the same connection
-            con = self.conns["messages"]
-            con.execute("BEGIN TRANSACTION")
-            try:
-                (top,) = con.execute("SELECT max(lsn) FROM checkpoints WHERE writer = ?", [writer]).fetchone()
-                (count,) = con.execute(
-                    "DELETE FROM checkpoints WHERE kind = 'blob' AND writer = ? AND lsn <> ? AND lsn IN "
-                    f"({store_queries.SUPERSEDED})", [writer, top if top is not None else -1, writer, start, end]
-                ).fetchone()
-                con.execute("COMMIT")
-            except Exception:
-                con.execute("ROLLBACK")
-                raise
-            return count
-
-    def purge_runs(self, runs: list[str]) -> int:
-        """Delete the rows of these runs, keeping each log's progress (its largest lsn) in place."""
-        if not runs:
-            return 0
-        with self.loading:   # the loader writes through the same connection
-            return self._purge_runs(runs)
-
-    def _purge_runs(self, runs: list[str]) -> int:
-        con = self.conns["flows"]
-        con.execute("BEGIN TRANSACTION")
-        try:
-            marks = con.execute("SELECT writer, max(lsn) FROM flow_records GROUP BY writer").fetchall()
-            count = con.execute("SELECT count(*) FROM flow_records WHERE run IN (SELECT unnest(?))", [runs]).fetchone()[0]
-            con.execute("DELETE FROM flow_records WHERE run IN (SELECT unnest(?))", [runs])
-            for writer, lsn in marks:  # a progress mark, so a restart does not read these records again
-                con.execute("INSERT INTO flow_records VALUES ('', '', 'progress', -1, NULL, 0, ?, ?)", [writer, lsn])
-            con.execute("DELETE FROM flow_records WHERE type = 'progress' AND lsn < (SELECT max(lsn) FROM flow_records "
-                        "f WHERE f.writer = flow_records.writer)")
-            con.execute("COMMIT")
-        except Exception:
-            con.execute("ROLLBACK")
-            raise
-        return count
-
-    def purge_access(self, before: float) -> int:
-        """Delete access rows older than `before` (UNIX seconds), at most ACCESS_PURGE_ROWS a call
-        (a busy server writes millions a day; the next call goes on), keeping each log's newest
-        row: it is the file's progress."""
-        with self.loading:   # the loader writes through the same connection
-            con = self.conns["access"]
-            con.execute("BEGIN TRANSACTION")
-            try:
-                (count,) = con.execute(
-                    "DELETE FROM access WHERE rowid IN (SELECT rowid FROM access a WHERE ts < ? AND "
-                    "lsn < (SELECT max(lsn) FROM access b WHERE b.writer = a.writer) LIMIT ?)",
-                    [before, ACCESS_PURGE_ROWS]).fetchone()
-                con.execute("COMMIT")
-            except Exception:
-                con.execute("ROLLBACK")
-                raise
-        return count
 
 
 def _jsonable(value: Any) -> Any:

@@ -68,6 +68,8 @@ class StoreService:
         self.store.limits = self.flushed
         self.loaded = dict(self.store.loaded)
         self.store.on_loaded = lambda positions, count: self.loop.call_soon_threadsafe(self._on_loaded, positions)
+        self.fatal = asyncio.Event()
+        self.store.on_fatal = lambda exc: self.loop.call_soon_threadsafe(self.fatal.set)
         self.loader = ThreadPoolExecutor(1, thread_name_prefix="store-loader")
         self.loader.submit(self.store.run_loader)
         behind = sum(max(files[w] - self.loaded.get(w, 0), 0) for w in files)
@@ -335,13 +337,16 @@ def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> in
         recycler = asyncio.create_task(service_.recycle_files())
         compactor = asyncio.create_task(service_.compact_payloads())
         expirer = asyncio.create_task(service_.expire_access())
-        await stop.wait()
+        fatal = asyncio.create_task(service_.fatal.wait())
+        await asyncio.wait([asyncio.create_task(stop.wait()), fatal], return_when=asyncio.FIRST_COMPLETED)
         expirer.cancel()
         learner.cancel()
         reporter.cancel()
         recycler.cancel()
         compactor.cancel()
         await service_.bus.close()
+        if fatal.done():          # the supervisor starts it again, and a fresh open reads the files right
+            return service.EXIT_FAILURE
         await service_.stop()
         return service.EXIT_OK
 

@@ -3,8 +3,10 @@ its own cursors (a slow query never stops the loader). `Store` (storage/store.py
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
+import duckdb
 import msgpack
 import orjson
 
@@ -15,7 +17,8 @@ EXPIRED_PER_ANSWER = 5000     # runs per `expired_runs` answer (see q_expired_ru
 
 
 class StoreQueries:
-    """Needs: `cursors` (one per DuckDB file), `payloads`, `checkpointed` and `loaded` of a Store."""
+    """Needs: `cursors` and `memory` (one per DuckDB file), `payloads`, `checkpointed` and `loaded`
+    of a Store."""
 
     def query(self, name: str, session: str, tenant: str | None = None, turn: str | None = None,
               after: int = -1, limit: int = 100) -> tuple[list[dict[str, Any]], int | None]:
@@ -24,7 +27,14 @@ class StoreQueries:
         handler = QUERIES.get(name)
         if handler is None:
             raise ValueError(f"unknown query {name!r}")
-        return handler(self, session, tenant, turn, after, limit)
+        try:
+            return handler(self, session, tenant, turn, after, limit)
+        except duckdb.OutOfMemoryException:
+            pass   # rows holding big values (storage/duck_memory.py): once more, every file's limit raised
+        with contextlib.ExitStack() as raised:
+            for db, cursor in self.cursors.items():
+                raised.enter_context(self.memory[db].raised(cursor))
+            return handler(self, session, tenant, turn, after, limit)
 
     def _tenant_clause(self, tenant: str | None) -> tuple[str, list]:
         return (" AND tenant = ?", [tenant]) if tenant else ("", [])

@@ -141,6 +141,17 @@ def unencodable_update(value, arg):
     return object()
 
 
+def chunk(i, n):
+    return str(i % 10) * n
+
+
+async def big_steps(ctx, args):
+    """`steps` results of `n` characters each, then a wait: the next execution replays them all."""
+    sizes = [len(await ctx.step(chunk, i, args["n"], name=f"chunk-{i}")) for i in range(args["steps"])]
+    await ctx.wait("go")
+    return sum(sizes)
+
+
 @tool(description="Look up the weather in a city",
       parameters={"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]})
 def get_weather(q):
@@ -161,7 +172,7 @@ async def search(q):
 
 
 app = App(flows=[five_steps, sync_then_check, sleeper, waiter, async_steps, with_attrs, parent, child, failing,
-                 flaky, branchy, unencodable],
+                 flaky, branchy, unencodable, big_steps],
           tools=[get_weather, search], updates={"incr": incr, "unencodable": unencodable_update})
 
 _ = NO_RETRY

@@ -10,7 +10,7 @@ from pathlib import Path
 import aiohttp
 
 from broker.sharding import actor_name
-from harness import Server, Worker, get_json, wait_until
+from harness import Server, Worker, get_json, scrape, wait_until
 
 
 def start(base, flow, input, headers=None):
@@ -221,3 +221,25 @@ def test_bad_updates_and_results_fail_clearly_and_leave_the_run_usable(make_serv
 
     failed = result(base, start(base, "unencodable", {})[2]["run_id"], timeout=30)
     assert failed["status"] == "failed" and "the result of flow 'unencodable' must be msgpack-serialisable" in failed["error"]
+
+
+def test_big_values_are_refused_and_a_run_holds_at_most_its_journal_limit(make_server, make_worker):
+    """A 50 MB result once wedged writer/store (DuckDB refused the batch, retried for ever); a
+    run of ~100 MB of step results cut its actor off the bus at its next execution (the offer
+    carrying its journal was over the broker's message limit) and never ran again."""
+    server = make_server()
+    make_worker(server)
+    base = server.url
+    too_big = result(base, start(base, "big_steps", {"steps": 1, "n": 5 << 20})[2]["run_id"])
+    assert too_big["status"] == "failed" and "a run records values of at most 4,194,304 bytes" in too_big["error"]
+    # 7 × 3 MB: under the run's limit; its next execution replays them all from one offer
+    kept = start(base, "big_steps", {"steps": 7, "n": 3 << 20})[2]["run_id"]
+    assert get_json(f"{base}/v1/runs/{kept}?wait=60&until=suspended")[2]["status"] == "suspended"
+    assert get_json(f"{base}/v1/runs/{kept}/channels/go", method="POST", body=b'{"message": 1}')[0] == 202
+    assert result(base, kept) == {"run_id": kept, "status": "completed", "flow": "big_steps", "result": 7 * (3 << 20)}
+    # 12 × 3 MB: past it, the run fails once its journal is full
+    over = result(base, start(base, "big_steps", {"steps": 12, "n": 3 << 20})[2]["run_id"])
+    assert over["status"] == "failed" and "the run's journal passed 33,554,432 bytes" in over["error"]
+    assert result(base, start(base, "async_steps", 3)[2]["run_id"])["result"] == 6   # the actors go on
+    wait_until(lambda: scrape(base).get("agentos_store_lag_records") == 0, 30,
+               "writer/store to load every record, the big values too")

@@ -196,11 +196,11 @@ def test_a_batch_duckdb_refuses_is_retried_smaller_and_its_payloads_are_rewritte
     store.open()
     real_commit, failures = store._commit, []
 
-    def refuse_once(db, tables, positions):
+    def refuse_once(db, tables, positions, big):
         if db == "messages" and not failures:
             failures.append(db)
             raise MemoryError("out of memory (simulated)")
-        real_commit(db, tables, positions)
+        real_commit(db, tables, positions, big)
 
     monkeypatch.setattr(store, "_commit", refuse_once)
     with pytest.raises(MemoryError):
@@ -289,3 +289,55 @@ def test_payload_segments_sync_in_chunks_start_anew_when_full_and_read_back_ever
     assert (tmp_path / "p" / "00000001").stat().st_size == sum(map(len, parts[6:]))
 
 
+
+
+def test_a_flow_record_bigger_than_duckdbs_memory_limit_loads_and_reads_back(tmp_path):
+    """A 12 MB value with DuckDB held to 16 MB per file: the loader retried that batch for ever (and
+    loaded nothing after it) before it learnt to raise the limit for the one commit."""
+    log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=64 << 20)
+    big = {"run": "r1", "tenant": "t", "type": "step.done", "seq": 0, "result": "x" * (12 << 20), "at": 1.0}
+    log.write(records.frame(RecordKind.FLOW, b"f1", records.encode_body(big)) + b"".join(frames(3)), sync=True)
+    # and a run's worth of 4 MB step results: each commit's autocheckpoint pins one such block
+    # (at the small limit that failure was fatal to the file)
+    for seq in range(1, 7):
+        step = {**big, "seq": seq, "result": "y" * (4 << 20)}
+        log.write(records.frame(RecordKind.FLOW, f"f{seq + 1}".encode(), records.encode_body(step)), sync=True)
+    log.close()
+    store = Store(tmp_path, writers=1, memory_limit_mb=64)
+    store.open()
+    try:
+        store.load_all()
+        assert store.stats["load_errors"] == 0 and store.stats["records"] == 10
+        rows = store.query("flow_records", "r1")[0]
+        assert [len(r["result"]) for r in rows] == [12 << 20] + [4 << 20] * 6
+        assert store.memory["flows"].raised_by == 0
+        assert store.conns["flows"].execute("SELECT current_setting('memory_limit')").fetchone()[0] == "15.2 MiB"
+    finally:
+        store.close()
+
+
+def test_a_file_duckdb_invalidated_stops_the_loader_and_asks_for_a_restart(tmp_path, monkeypatch):
+    """After a FatalException every statement on the file fails: the loader retried for ever."""
+    import threading
+
+    import duckdb
+
+    store = Store(tmp_path, writers=1, memory_limit_mb=64)
+    store.open()
+    fatal = []
+    store.on_fatal = fatal.append
+
+    def invalidated():
+        raise duckdb.FatalException("database has been invalidated because of a previous fatal error")
+
+    monkeypatch.setattr(store, "load_once", invalidated)
+    loader = threading.Thread(target=store.run_loader)
+    loader.start()
+    store.wake.set()
+    store.urgent.set()
+    loader.join(10)
+    try:
+        assert not loader.is_alive() and len(fatal) == 1 and store.stats["load_errors"] == 1
+    finally:
+        store.stopping.set()
+        store.close()

@@ -18,6 +18,15 @@ def test_frame_round_trip_and_corruption_is_detected():
     assert [r[2] for r in records.scan(f + f + f[:-3])] == [b"rid", b"rid"]
 
 
+def test_a_record_the_log_could_not_read_back_is_never_framed(monkeypatch):
+    """A record over MAX_RECORD_BYTES reads back as torn: written, it would end its log there."""
+    monkeypatch.setattr(records, "MAX_RECORD_BYTES", 1000)
+    whole = records.frame(RecordKind.FLOW, b"ok", b"x" * (1000 - 4))
+    assert records.parse(whole, 0)[2] == b"x" * 996
+    with pytest.raises(ValueError, match="over the log's limit"):
+        records.frame(RecordKind.FLOW, b"no", b"x" * 997)
+
+
 def test_a_list_of_frames_lands_as_if_joined_however_many_buffers_it_takes(tmp_path, monkeypatch):
     data = frames(12)
     lists = segments.SegmentLog(tmp_path / "lists", segment_bytes=1 << 20)

@@ -1,0 +1,54 @@
+"""DuckDB's memory limit, raised for a statement that holds a big value, then lowered again.
+
+writer/store keeps each DuckDB file to a small memory limit (storage/store.py says why). But a
+row may hold a value of up to MAX_VALUE_BYTES (a flow's result, a tool's output, a long message),
+and DuckDB copies such a value a few times through its buffer pool: at 16 MB, one 8 MB value can
+be neither loaded nor read back, however small the batch. The loader then retried that batch for
+ever and loaded nothing after it. So a statement DuckDB refuses for memory runs once more with the
+limit raised by RETRY_EXTRA_MB; the limit goes back down when the last such statement ends (the
+loader and the query thread may both be in one).
+"""
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from typing import Callable, Iterator, TypeVar
+
+import duckdb
+
+RETRY_EXTRA_MB = 1024   # a ceiling only: DuckDB takes what the statement needs
+
+T = TypeVar("T")
+
+
+class MemoryLimit:
+    """One DuckDB file's limit. `run(handle, fn)` calls fn(); refused for memory, once more raised."""
+
+    def __init__(self, base_mb: int) -> None:
+        self.base_mb = base_mb
+        self.lock = threading.Lock()
+        self.raised_by = 0       # statements running with the limit raised
+        self.retries = 0
+
+    def run(self, handle: duckdb.DuckDBPyConnection, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except duckdb.OutOfMemoryException:
+            pass
+        with self.raised(handle):
+            return fn()
+
+    @contextmanager
+    def raised(self, handle: duckdb.DuckDBPyConnection) -> Iterator[None]:
+        """The limit raised while inside (`handle`: the caller's own connection or cursor of the file)."""
+        with self.lock:
+            self.raised_by += 1
+            self.retries += 1
+            handle.execute(f"SET memory_limit = '{self.base_mb + RETRY_EXTRA_MB}MB'")
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.raised_by -= 1
+                if not self.raised_by:
+                    handle.execute(f"SET memory_limit = '{self.base_mb}MB'")
