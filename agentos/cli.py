@@ -36,7 +36,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from agentos.supervisor import Supervisor
 
     service.set_title("supervisor")
-    service.setup_logging("supervisor")
+    log = service.setup_logging("supervisor")
+    before, after = service.raise_open_files_limit()
+    if after != before:
+        log.info("open files limit raised from %d to %d (each client connection takes one)", before, after)
     try:
         return uvloop.run(Supervisor(config, run_dir, standby=args.standby).run())
     finally:

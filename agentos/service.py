@@ -10,6 +10,7 @@ import asyncio
 import ctypes
 import logging
 import os
+import resource
 import signal
 import sys
 from typing import Awaitable, Callable
@@ -21,6 +22,7 @@ EXIT_PARENT_GONE = 3
 EXIT_LEASE_LOST = 4
 
 _PR_SET_PDEATHSIG = 1
+MAX_OPEN_FILES = 1 << 20   # what the gateway asks for at most (each connection is one)
 
 
 def set_title(name: str) -> None:
@@ -40,6 +42,23 @@ def die_with_parent(parent_pid: int) -> None:
         return
     if os.getppid() != parent_pid:
         sys.exit(EXIT_PARENT_GONE)
+
+
+def raise_open_files_limit() -> tuple[int, int]:
+    """Lift the soft limit on open files to the hard one, for this process and its children.
+
+    Each client connection is a file in the gateway; most Linux systems start a service with a
+    soft limit of 1024 (the hard one is far higher), so a gateway past ~1000 concurrent streams
+    would fail to accept more. Returns (before, after)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = min(hard, MAX_OPEN_FILES) if hard != resource.RLIM_INFINITY else MAX_OPEN_FILES
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            return soft, wanted
+        except (ValueError, OSError):
+            pass
+    return soft, soft
 
 
 def setup_logging(name: str, level: str | None = None) -> logging.Logger:
