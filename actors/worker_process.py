@@ -31,7 +31,13 @@ REQUEST_TIMEOUT_SECS = 300.0
 
 def load_app(spec: str) -> App:
     module_name, _, attr = spec.partition(":")
-    module = importlib.import_module(module_name)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not module_name.startswith(exc.name):
+            raise            # the module is there; something it imports is not: its traceback says what
+        raise SystemExit(f"agent-os worker: no module named {module_name!r} here ({os.getcwd()}) "
+                         "or on PYTHONPATH") from None
     app = getattr(module, attr or "app", None)
     if not isinstance(app, App):
         raise SystemExit(f"agent-os worker: {module_name} has no App named {attr or 'app'!r}")

@@ -105,3 +105,15 @@ def test_a_worker_frees_the_slot_of_a_task_cancelled_before_it_ran():
     worker, bus = asyncio.run(go())
     assert worker.running == {}
     assert (SCHEDULER, Kind.TASK_DONE, {"task_id": "t1"}) in bus.sent
+
+
+def test_a_worker_names_the_module_it_cannot_find_and_shows_a_broken_ones_traceback(tmp_path, monkeypatch):
+    import pytest
+
+    from actors.worker_process import load_app
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(SystemExit, match="no module named 'no_such_flows_module' here"):
+        load_app("no_such_flows_module")
+    (tmp_path / "needs_missing_dep.py").write_text("import no_such_dependency_xyz\n")
+    with pytest.raises(ModuleNotFoundError, match="no_such_dependency_xyz"):
+        load_app("needs_missing_dep")
