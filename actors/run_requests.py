@@ -51,6 +51,13 @@ class RunRequests:
             self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": run_id, "status": "error", "code": "conflict",
                                                 "error": "this run id belongs to another tenant"})
             return
+        if run.flow != b["flow"] or (run.input != b.get("input") and not b.get("parent")):   # a parent re-asks as it replays
+            # the same key or run id with another request: a mistake the caller should hear of, not
+            # an answer about a run it did not ask for
+            self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": run_id, "status": "error", "code": "conflict", "error":
+                           f"this run was started with {'another flow' if run.flow != b['flow'] else 'another input'}"
+                           " (the same Idempotency-Key or run_id names the same request)"})
+            return
         self.bus.reply(msg, Kind.FLOW_RUN, {**run.summary(), "created": False})
 
     async def _create(self, b: dict) -> Run:

@@ -140,6 +140,11 @@ def test_idempotent_starts_return_the_same_run(make_server, make_worker):
     twice = get_json(f"{server.url}/v1/flows/async_steps/runs", method="POST",
                      body=json.dumps({"input": 2, "run_id": "my-run-1"}).encode())
     assert chosen[2]["run_id"] == twice[2]["run_id"] == "my-run-1" and twice[2]["created"] is False
+    other_input = start(server.url, "async_steps", 4, {"Idempotency-Key": "order-17"})
+    assert other_input[0] == 409 and "another input" in other_input[2]["error"]["message"]
+    other_flow = get_json(f"{server.url}/v1/flows/five_steps/runs", method="POST",
+                          body=json.dumps({"input": 2, "run_id": "my-run-1"}).encode())
+    assert other_flow[0] == 409 and "another flow" in other_flow[2]["error"]["message"]
     assert result(server.url, "my-run-1")["result"] == 2
 
 
