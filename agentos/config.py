@@ -15,6 +15,10 @@ from typing import Any, Mapping
 
 import yaml
 
+# A checkpoint is one log record, and a record is at most 64 MiB (storage/records.py): half that
+# leaves room for its fields and keeps a PUT's body in memory small.
+MAX_CHECKPOINT_BYTES = 32 << 20
+
 ENV_PREFIX = "AGENTOS_"
 TENANT_NAME = re.compile(r"^[A-Za-z0-9._\-]{1,64}$")
 
@@ -325,6 +329,9 @@ def validate(config: Config) -> None:
     _positive(config.storage.snapshot_every, "storage.snapshot_every")
     _positive(config.storage.segment_bytes, "storage.segment_bytes")
     _positive(config.storage.max_checkpoint_bytes, "storage.max_checkpoint_bytes")
+    if config.storage.max_checkpoint_bytes > MAX_CHECKPOINT_BYTES:   # one checkpoint is one log record
+        raise ConfigError(f"storage.max_checkpoint_bytes: at most {MAX_CHECKPOINT_BYTES} (32 MiB), "
+                          f"got {config.storage.max_checkpoint_bytes}")
     _positive(config.storage.commit_window_us, "storage.commit_window_us", allow_zero=True)
     _positive(config.storage.retention_secs, "storage.retention_secs")
     _positive(config.storage.compaction_interval_secs, "storage.compaction_interval_secs")

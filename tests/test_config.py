@@ -35,6 +35,7 @@ def test_yaml_then_env_overrides(tmp_path):
     ("storage:\n  durability: maybe\n", "storage.durability"),
     ("gateway:\n  listen: nowhere\n", "gateway.listen"),
     ("storage:\n  s3: 3\n", "storage.s3"),
+    ("storage:\n  max_checkpoint_bytes: 100000000\n", "storage.max_checkpoint_bytes"),   # over a log record
 ])
 def test_bad_keys_and_values_name_the_key(tmp_path, text, key):
     path = tmp_path / "c.yaml"
