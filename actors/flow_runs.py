@@ -249,11 +249,11 @@ class Flows(WorkerRequests, RunRequests):
             for run in list(self.runs.values()):
                 if run.flow == "turn":  # turns run in their actor, not on workers
                     if run.ended and now - run.last_alive > self.keep_ended_secs:
-                        del self.runs[run.run_id]
+                        self._forget(run.run_id)
                     continue
                 if run.ended:
                     if now - run.last_alive > self.keep_ended_secs and not run.updating:
-                        del self.runs[run.run_id]
+                        self._forget(run.run_id)
                     continue
                 op = self.blocked_on(run)
                 if op is None:
@@ -268,11 +268,17 @@ class Flows(WorkerRequests, RunRequests):
                     entry[2] = now
                     self.bus.send(SCHEDULER, Kind.TASK_SUBMIT, entry[1], session=entry[1].get("run_id", ""))
 
+    def _forget(self, run_id: str) -> None:
+        """An ended run leaves memory (its journal stays in the log and DuckDB), with what refers to it."""
+        del self.runs[run_id]
+        self.run_workers.pop(run_id, None)   # else one entry per run ever executed here
+        self.adopted.discard(run_id)
+
     def stats(self) -> dict[str, Any]:
         counts: dict[str, int] = {}
         for run in self.runs.values():
             counts[run.status] = counts.get(run.status, 0) + 1
-        return {"runs": counts, "tasks_waiting": len(self.tasks)}
+        return {"runs": counts, "tasks_waiting": len(self.tasks), "run_workers": len(self.run_workers)}
 
 
 _ENDING: set = set()

@@ -248,3 +248,20 @@ def test_big_values_are_refused_and_a_run_holds_at_most_its_journal_limit(make_s
     assert result(base, start(base, "async_steps", 3)[2]["run_id"])["result"] == 6   # the actors go on
     wait_until(lambda: scrape(base).get("agentos_store_lag_records") == 0, 30,
                "writer/store to load every record, the big values too")
+
+
+def test_ended_runs_leave_the_actors_memory_with_what_refers_to_them(make_server, make_worker, tmp_path):
+    """Each run's worker stayed in a table for good: one entry per run ever executed."""
+    server = make_server({"storage": {"retention_secs": 2}})   # ended runs stay in memory this long
+    make_worker(server)
+    # long enough for their worker to report them alive (about once a second)
+    runs = [start(server.url, "five_steps", {"file": str(tmp_path / f"r{i}"), "delay": 0.4})[2]["run_id"]
+            for i in range(6)]
+    assert all(result(server.url, run_id)["result"] == 100 for run_id in runs)
+
+    def flows_in_actors() -> list[dict]:
+        rows = json.loads(server.cli("status", "--json").stdout)["processes"]
+        return [r["stats"]["flows"] for r in rows if r["name"].startswith("actor/")]
+
+    wait_until(lambda: all(f["runs"] == {} and f["run_workers"] == 0 for f in flows_in_actors()), 30,
+               f"the ended runs to leave memory ({flows_in_actors()})")
