@@ -20,12 +20,21 @@ from collections import OrderedDict
 from typing import NamedTuple
 
 MAX_CLOSED = 100_000
+# What an entry costs beyond its payload (the dict slot, the tuple, the key strings): counted, or
+# a million sessions of tiny checkpoints would pass the byte bound many times over unseen.
+ENTRY_OVERHEAD_BYTES = 256
+
+
 
 
 class Checkpoint(NamedTuple):
     key: str
     seq: int
     payload: bytes
+
+
+def _cost(session: str, checkpoint: Checkpoint) -> int:
+    return len(checkpoint.payload) + len(session) + len(checkpoint.key) + ENTRY_OVERHEAD_BYTES
 
 
 class LatestCheckpoints:
@@ -42,7 +51,7 @@ class LatestCheckpoints:
         """The session was closed: nothing of it is to be served from here or from the store's past."""
         old = self.entries.pop(session, None)
         if old is not None:
-            self.bytes -= len(old.payload)
+            self.bytes -= _cost(session, old)
         if len(self.closed) >= MAX_CLOSED:   # past this, every miss reads with `sync`
             self.closed.clear()
             self.evicted += 1
@@ -69,13 +78,13 @@ class LatestCheckpoints:
         if old is not None:
             if old.seq >= checkpoint.seq:
                 return old
-            self.bytes -= len(old.payload)
+            self.bytes -= _cost(session, old)
         self.entries[session] = checkpoint
         self.entries.move_to_end(session)
         self.closed.discard(session)
-        self.bytes += len(checkpoint.payload)
+        self.bytes += _cost(session, checkpoint)
         while self.bytes > self.max_bytes and self.entries:
-            _, evicted = self.entries.popitem(last=False)
-            self.bytes -= len(evicted.payload)
+            gone, evicted = self.entries.popitem(last=False)
+            self.bytes -= _cost(gone, evicted)
             self.evicted += 1
         return checkpoint

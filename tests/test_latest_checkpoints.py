@@ -1,5 +1,7 @@
 """The gateway's memory of each session's newest checkpoint (gateway/latest_checkpoints.py)."""
-from gateway.latest_checkpoints import Checkpoint, LatestCheckpoints
+from gateway.latest_checkpoints import ENTRY_OVERHEAD_BYTES, Checkpoint, LatestCheckpoints
+
+COST = ENTRY_OVERHEAD_BYTES + 1 + 1    # an entry's cost beside its payload: a 1-character session and key
 
 
 def test_keeps_the_newest_checkpoint_whatever_order_they_arrive_in():
@@ -10,24 +12,35 @@ def test_keeps_the_newest_checkpoint_whatever_order_they_arrive_in():
     assert latest.offer("s", Checkpoint("k1", 1, b"one")) == Checkpoint("k2", 2, b"two")
     assert latest.get("s") == Checkpoint("k2", 2, b"two")
     latest.offer("s", Checkpoint("k3", 3, b"three"))
-    assert latest.get("s").key == "k3" and latest.bytes == len(b"three")
+    assert latest.get("s").key == "k3" and latest.bytes == len(b"three") + COST + 1   # key "k3"
 
 
 def test_the_byte_bound_drops_the_least_recently_used_sessions():
-    latest = LatestCheckpoints(max_bytes=25)
+    latest = LatestCheckpoints(max_bytes=25 + 2 * COST)
     for name in "ab":
         latest.offer(name, Checkpoint("k", 1, b"x" * 10))
     assert latest.evicted == 0                          # a miss may still trust "not here = older"
     latest.offer("c", Checkpoint("k", 1, b"x" * 10))
     assert latest.evicted == 1                          # ... not any more: the store must catch up
-    assert latest.get("a") is None                      # 30 bytes > 25: the oldest went
+    assert latest.get("a") is None                      # 3 entries > 2: the oldest went
     assert latest.get("b") is not None                  # ... and b is now the most recent
     latest.offer("d", Checkpoint("k", 1, b"y" * 10))
     assert latest.get("c") is None and latest.get("b") is not None and latest.get("d") is not None
-    assert latest.bytes == 20
+    assert latest.bytes == 20 + 2 * COST
     empty = LatestCheckpoints(max_bytes=0)               # cache off: every read goes to the store
     empty.offer("s", Checkpoint("k", 1, b"z"))
     assert empty.get("s") is None and empty.bytes == 0
+
+
+def test_tiny_checkpoints_count_what_each_entry_costs_not_only_their_payload():
+    """A byte bound of payloads alone held a million sessions of empty checkpoints: gigabytes."""
+    latest = LatestCheckpoints(max_bytes=100 * COST)
+    for i in range(10_000):
+        latest.offer(str(i % 10), Checkpoint("k", i, b""))            # the same 10 sessions: no growth
+    assert len(latest.entries) == 10
+    for i in range(10_000):
+        latest.offer(f"s{i}", Checkpoint("k", 1, b""))
+    assert len(latest.entries) <= 100 and latest.bytes <= latest.max_bytes
 
 
 def test_sync_to_is_read_as_log_positions_and_anything_else_is_refused():
