@@ -46,11 +46,11 @@ _HAND_OVER_HEADERS = frozenset({"transfer-encoding", "expect", "upgrade"})
 log = logging.getLogger("agent-os.gateway")
 
 
+_PHRASES = {s.value: s.phrase for s in HTTPStatus}   # looked up per answer: an Enum call is not cheap
+
+
 def _phrase(status: int) -> str:
-    try:
-        return HTTPStatus(status).phrase
-    except ValueError:
-        return "Unknown"
+    return _PHRASES.get(status, "Unknown")
 
 
 class _Request:
