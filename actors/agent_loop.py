@@ -192,7 +192,7 @@ class AgentLoop:
         except orjson.JSONDecodeError:
             return False, f"the arguments of {call.name} are not valid JSON: {call.arguments[:200]!r}"
         future = self.flows.submit_task("tool", call.name, turn.tenant, {"arguments": arguments}, run.run_id)
-        task_id = next(t for t, entry in self.flows.tasks.items() if entry[0] is future)
+        task_id = self.flows.task_id_of(future)
         try:
             return True, await asyncio.wait_for(asyncio.shield(future), TOOL_TIMEOUT_SECS)
         except TaskFailed as exc:

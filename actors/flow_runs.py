@@ -204,6 +204,10 @@ class Flows(WorkerRequests, RunRequests):
 
     # -- tasks for workers (update handlers, tools) --------------------------------------------
 
+    def task_id_of(self, future: asyncio.Future) -> str:
+        """The id `submit_task` gave the task of this future ("" once it is done)."""
+        return next((task_id for task_id, entry in self.tasks.items() if entry[0] is future), "")
+
     def cancel_task(self, task_id: str) -> None:
         """Stop a task wherever it is: on its worker, or still in the scheduler's queue."""
         entry = self.tasks.pop(task_id, None)

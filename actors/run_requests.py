@@ -162,7 +162,7 @@ class RunRequests:
         except asyncio.TimeoutError:
             # The run's other updates wait behind this one: give the lock up rather than hold it
             # for a handler no worker runs (all of them busy, or stopped).
-            self.cancel_task(next((tid for tid, entry in self.tasks.items() if entry[0] is task), ""))
+            self.cancel_task(self.task_id_of(task))
             self.bus.reply(msg, Kind.ATTR_VALUES, {"found": True, "code": "unavailable", "error":
                            f"no worker ran update handler {b['handler']!r} within {UPDATE_WAIT_SECS:g}s"})
             return
