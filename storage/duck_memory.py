@@ -2,11 +2,13 @@
 
 writer/store keeps each DuckDB file to a small memory limit (storage/store.py says why). But a
 row may hold a value of up to MAX_VALUE_BYTES (a flow's result, a tool's output, a long message),
-and DuckDB copies such a value a few times through its buffer pool: at 16 MB, one 8 MB value can
-be neither loaded nor read back, however small the batch. The loader then retried that batch for
-ever and loaded nothing after it. So a statement DuckDB refuses for memory runs once more with the
-limit raised by RETRY_EXTRA_MB; the limit goes back down when the last such statement ends (the
-loader and the query thread may both be in one).
+and DuckDB gives such a value blocks of its own size: at 16 MB, three 4 MB values in a batch, or
+one 8 MB value in a batch of its own, cannot be loaded or read back. The loader then retried that
+batch for ever and loaded nothing after it. Worse, a COMMIT whose autocheckpoint cannot pin such a
+block is durable yet invalidates the file (DuckDB's FatalException). So the loader commits a batch
+that holds a big record with the limit raised up front (`raised`), and any other statement DuckDB
+refuses for memory runs once more raised (`run`); the limit goes back down when the last raised
+statement ends (the loader and the query thread may both be in one).
 """
 from __future__ import annotations
 
