@@ -269,7 +269,9 @@ class FlowContext:
 
     async def wait(self, channel: str, timeout: float | None = None) -> Any:
         """The next message published to this run's `channel` (FIFO; one message per wait)."""
-        go = await self._op("wait", channel, channel=channel, **({"timeout": float(timeout)} if timeout else {}))
+        # timeout=0: take a message already there, or time out now
+        go = await self._op("wait", channel, channel=channel,
+                            **({"timeout": max(0.0, float(timeout))} if timeout is not None else {}))
         if go.get("ok", True):
             return go.get("result")
         raise WaitTimeout(f"no message on channel {channel!r} within {timeout}s")

@@ -80,7 +80,7 @@ class WorkerRequests:
         if op is None:
             timeout = b.get("timeout")
             await self.record(run, "wait", seq=seq, name=b["name"], channel=b["channel"],
-                              due=time.time() + float(timeout) if timeout else 0.0)
+                              due=time.time() + float(timeout) if timeout is not None else 0.0)
             op = run.ops[seq]
         if await self._take_message(run, op):
             self.bus.reply(msg, Kind.STEP_GO, {"action": "continue", **_outcome(op)})
