@@ -82,6 +82,12 @@ class Retry:
     multiplier: float = 2.0
     max_backoff_secs: float = 10.0
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:   # 0 ran an ASYNC step never
+            raise ValueError(f"Retry.max_attempts must be an int of at least 1, got {self.max_attempts!r}")
+        if min(self.backoff_secs, self.max_backoff_secs) < 0 or self.multiplier < 1:
+            raise ValueError("Retry: back-offs must not be negative and the multiplier at least 1")
+
     def delay(self, attempt: int) -> float:
         return min(self.max_backoff_secs, self.backoff_secs * self.multiplier ** max(0, attempt - 1))
 

@@ -117,3 +117,13 @@ def test_a_worker_names_the_module_it_cannot_find_and_shows_a_broken_ones_traceb
     (tmp_path / "needs_missing_dep.py").write_text("import no_such_dependency_xyz\n")
     with pytest.raises(ModuleNotFoundError, match="no_such_dependency_xyz"):
         load_app("needs_missing_dep")
+
+
+def test_a_retry_policy_that_would_never_run_a_step_is_refused():
+    import pytest
+
+    from actors.sdk import NO_RETRY, Retry
+    assert NO_RETRY.max_attempts == 1 and Retry().delay(3) == 0.4
+    for bad in ({"max_attempts": 0}, {"max_attempts": 2.5}, {"backoff_secs": -1}, {"multiplier": 0.5}):
+        with pytest.raises(ValueError):
+            Retry(**bad)
