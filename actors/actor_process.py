@@ -114,7 +114,10 @@ class Actor:
             turn.pending_cancel.cancel()
             turn.pending_cancel = None
         turn.replay(msg.body["after"], msg.src)
-        self.bus.reply(msg, Kind.TURN_STATUS, {"turn_id": turn.turn_id, "state": "ended" if turn.ended else "running"})
+        status = {"turn_id": turn.turn_id, "state": "ended" if turn.ended else "running"}
+        if turn.ended and turn.events:
+            status["last"] = turn.events[-1][1]["seq"]   # its terminal event's id
+        self.bus.reply(msg, Kind.TURN_STATUS, status)
 
     async def on_session_close(self, msg: Message) -> None:
         """Before the gateway closes a session (storage/session_closing.py): its turn ends, it

@@ -162,7 +162,7 @@ SPECS: dict[Kind, Spec] = {
     Kind.TURN_CANCEL: _spec({"session": str}, turn_id=str, reason=str, after_secs=_NUM),
     Kind.TURN_RESUME: _spec({"turn_id": str, "session": str, "after": int}),
     # Reply to a resume of a turn the actor does not know (lost in a crash) or that is alive.
-    Kind.TURN_STATUS: _spec({"turn_id": str, "state": str}),
+    Kind.TURN_STATUS: _spec({"turn_id": str, "state": str}, last=int),   # last: an ended turn's terminal event id
     # Before a session's CLOSE record: its turn cancelled, the session out of memory, the actor's
     # records acknowledged (storage/session_closing.py); replied as TURN_STATUS, state "closed".
     Kind.SESSION_CLOSE: _spec({"session": str}),

@@ -233,6 +233,10 @@ class Gateway:
                 raise ApiError(404, "not_found", "no such turn (or its events are past their retention)")
             if state == "resumed":
                 stream.interrupted()
+            if state == "ended" and after >= status.body.get("last", after + 1):
+                # The client has every event, the terminal one too: a stream would wait for good.
+                # 204 is also what tells an EventSource to stop reconnecting.
+                return web.Response(status=204)
             return await self._pump(request, stream)
         finally:
             self._unsubscribe(stream)

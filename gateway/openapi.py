@@ -127,7 +127,9 @@ PATHS: dict[str, dict] = {
         "parameters": [SID, _param("turn_id", ID),
                        _param("Last-Event-ID", {"type": "string", "pattern": "^[0-9]{1,18}$"}, "header", False),
                        _param("after", {"type": "integer", "minimum": 0, "maximum": 2 ** 62}, "query", False)],
-        "responses": {"200": SSE_RESPONSE, **_errors(400, 401, 404, 503)}}},
+        "responses": {"200": SSE_RESPONSE,
+                      "204": {"description": "the turn has ended and the client has every event, its last too"},
+                      **_errors(400, 401, 404, 503)}}},
     "/v1/sessions/{sid}/messages": {"get": {
         "summary": "The session's transcript", "parameters": [SID, AFTER, LIMIT],
         "responses": {"200": {"description": "a page of messages", "content": _json(_ref("Messages"))},

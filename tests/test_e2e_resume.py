@@ -47,9 +47,12 @@ def test_a_client_resumes_its_stream_after_a_disconnect(make_server):
             turn_id = head.data("turn.started")["turn_id"]
             rest = await resume(s, server.url, "resume-1", turn_id, head.ids[-1])
             again = await resume(s, server.url, "resume-1", turn_id, 0)   # replay it all, after the end
-            return head, rest, again
+            # every event already had, the terminal one too: nothing to wait for (it hung for good)
+            done = await asyncio.wait_for(resume(s, server.url, "resume-1", turn_id, rest.ids[-1]), 10)
+            return head, rest, again, done
 
-    head, rest, again = asyncio.run(go())
+    head, rest, again, done = asyncio.run(go())
+    assert done.status == 204
     assert rest.status == 200 and rest.terminal == "turn.completed"
     assert rest.ids == list(range(head.ids[-1] + 1, head.ids[-1] + 1 + len(rest.ids)))   # no gap, no repeat
     assert head.text + rest.text == expected_text(12)
