@@ -12,13 +12,17 @@ from __future__ import annotations
 import asyncio
 
 from actors.flow_state import WAITABLE, Run
+from broker.client import BusError
 from broker.protocol import Kind, Message
-from broker.sharding import SCHEDULER
+from broker.sharding import SCHEDULER, actor_name
 
 
 # An update holds its run's lock until its handler has run; the gateway gives up on the request
 # after twice the flow client's 30 s timeout, so the lock is given up before that.
 UPDATE_WAIT_SECS = 50.0
+
+
+_CANCELLING: set = set()
 
 
 class TaskFailed(RuntimeError):
@@ -104,7 +108,19 @@ class RunRequests:
             # and one this actor has not heard from yet: the scheduler drops the execution if it is
             # queued, or tells the worker it offered it to (else its step in flight ran to its end)
             self.bus.send(SCHEDULER, Kind.TASK_CANCEL, {"task_id": task_id})
+            for op in run.ops.values():   # and the child runs it waits on (they ran on, unheard of)
+                if op.op == "child" and op.child and not op.done:
+                    cancelling = asyncio.ensure_future(self._cancel_child(run, op.child))
+                    _CANCELLING.add(cancelling)            # held: the loop keeps only weak references
+                    cancelling.add_done_callback(_CANCELLING.discard)
         self.bus.reply(msg, Kind.FLOW_RUN, run.summary())
+
+    async def _cancel_child(self, run: Run, child: str) -> None:
+        try:
+            await self.bus.request(actor_name(child, self.shards), Kind.FLOW_CANCEL,
+                                   {"run_id": child, "tenant": run.tenant}, timeout=30.0, session=child)
+        except BusError as exc:
+            self.log.warning("could not cancel child %s of cancelled run %s: %s", child, run.run_id, exc)
 
     async def on_publish(self, msg: Message) -> None:
         b = msg.body

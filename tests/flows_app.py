@@ -145,6 +145,14 @@ def chunk(i, n):
     return str(i % 10) * n
 
 
+async def sleeps_an_hour(ctx, args):
+    await ctx.sleep(3600)
+
+
+async def parent_of_sleeper(ctx, args):
+    return await ctx.child(sleeps_an_hour, {}, run_id=args["child"])
+
+
 async def big_steps(ctx, args):
     """`steps` results of `n` characters each, then a wait: the next execution replays them all."""
     sizes = [len(await ctx.step(chunk, i, args["n"], name=f"chunk-{i}")) for i in range(args["steps"])]
@@ -172,7 +180,7 @@ async def search(q):
 
 
 app = App(flows=[five_steps, sync_then_check, sleeper, waiter, async_steps, with_attrs, parent, child, failing,
-                 flaky, branchy, unencodable, big_steps],
+                 flaky, branchy, unencodable, big_steps, sleeps_an_hour, parent_of_sleeper],
           tools=[get_weather, search], updates={"incr": incr, "unencodable": unencodable_update})
 
 _ = NO_RETRY

@@ -163,6 +163,12 @@ def test_failures_children_cancel_and_non_determinism(make_server, make_worker, 
     assert get_json(f"{base}/v1/runs/{waiting}?wait=1&until=sleeping")[0] == 400
     cancelled = get_json(f"{base}/v1/runs/{waiting}:cancel", method="POST")
     assert cancelled[2]["status"] == "cancelled"
+    # a cancelled parent's child is cancelled too (it slept on for its hour)
+    parent = start(base, "parent_of_sleeper", {"child": "kid-of-cancelled"})[2]["run_id"]
+    wait_until(lambda: get_json(f"{base}/v1/runs/kid-of-cancelled")[2].get("status") == "suspended", 20, "the child")
+    assert get_json(f"{base}/v1/runs/{parent}:cancel", method="POST")[2]["status"] == "cancelled"
+    wait_until(lambda: get_json(f"{base}/v1/runs/kid-of-cancelled")[2].get("status") == "cancelled", 20,
+               "the child's cancel")
     marker = tmp_path / "branch"
     branchy = start(base, "branchy", {"file": str(marker)})[2]["run_id"]
     wait_until(lambda: get_json(f"{base}/v1/runs/{branchy}")[2]["status"] in ("suspended", "running"), 10, "start")
