@@ -168,6 +168,9 @@ class RunRequests:
         """One read-modify-write under the run's lock (the loop in on_attr_update)."""
         b = msg.body
         key = b["key"]
+        if run.ended:   # as a publish to it is: nothing reads or locks its attributes for it any more
+            self.bus.reply(msg, Kind.ATTR_VALUES, {"found": True, "code": "ended", "error": f"the run is {run.status}"})
+            return
         task = self.submit_task("update", b["handler"], run.tenant,
                                 {"key": key, "value": run.attrs.get(key), "arg": b.get("arg")}, run.run_id)
         try:

@@ -229,6 +229,9 @@ def test_bad_updates_and_results_fail_clearly_and_leave_the_run_usable(make_serv
     assert status == 400 and answer["error"]["code"] == "invalid_body"
     assert get_json(f"{base}/v1/runs/{run_id}/channels/finish", method="POST", body=b'{"message": "x"}')[0] == 202
     assert result(base, run_id)["result"] == {"status": "done", "count": 2}
+    status, answer = update({"handler": "incr", "arg": 1})             # as a publish to an ended run is
+    assert status == 409 and answer["error"]["code"] == "ended"
+    assert get_json(f"{base}/v1/runs/{run_id}/attributes")[2]["attributes"]["count"] == 2
 
     failed = result(base, start(base, "unencodable", {})[2]["run_id"], timeout=30)
     assert failed["status"] == "failed" and "the result of flow 'unencodable' must be msgpack-serialisable" in failed["error"]
