@@ -194,7 +194,7 @@ class AgentLoop:
         future = self.flows.submit_task("tool", call.name, turn.tenant, {"arguments": arguments}, run.run_id)
         task_id = self.flows.task_id_of(future)
         try:
-            return True, await asyncio.wait_for(asyncio.shield(future), TOOL_TIMEOUT_SECS)
+            result = await asyncio.wait_for(asyncio.shield(future), TOOL_TIMEOUT_SECS)
         except TaskFailed as exc:
             return False, str(exc)
         except asyncio.TimeoutError:
@@ -203,6 +203,11 @@ class AgentLoop:
         except asyncio.CancelledError:
             self.flows.cancel_task(task_id)  # the turn was cancelled: its tool stops too
             raise
+        try:   # the model reads it as JSON, and so does the turn's stream
+            orjson.dumps(result)
+        except TypeError as exc:   # bytes, say: msgpack carried it here, JSON cannot
+            return False, f"the result of tool {call.name!r} is not JSON: {exc}"
+        return True, result
 
 
 def _model_result(answer: dict) -> ModelResult:

@@ -179,8 +179,13 @@ async def search(q):
     return {"results": [f"result for {q}"]}
 
 
+@tool(description="Read a file's raw bytes", parameters={"type": "object", "properties": {"q": {"type": "string"}}})
+def read_raw(q):
+    return {"name": q, "bytes": b"\x00\x01"}   # msgpack carries bytes; JSON, what the model reads, does not
+
+
 app = App(flows=[five_steps, sync_then_check, sleeper, waiter, async_steps, with_attrs, parent, child, failing,
                  flaky, branchy, unencodable, big_steps, sleeps_an_hour, parent_of_sleeper],
-          tools=[get_weather, search], updates={"incr": incr, "unencodable": unencodable_update})
+          tools=[get_weather, search, read_raw], updates={"incr": incr, "unencodable": unencodable_update})
 
 _ = NO_RETRY

@@ -79,3 +79,13 @@ def test_cancelling_a_turn_stops_its_running_tool(make_server, make_worker, tmp_
     assert result.terminal == "turn.cancelled"
     time.sleep(3.5)  # past the tool's own 3 s: had it not been stopped, it would have finished by now
     assert "search done cancel me" not in marker.read_text()
+
+
+def test_a_tool_result_json_cannot_carry_is_an_error_the_model_reads_not_a_failed_turn(make_server, make_worker):
+    """A tool returning bytes failed the whole turn with an internal error."""
+    server = make_server()
+    make_worker(server)
+    result = turn(server.url, "agent-raw", "read it [[mock tool_calls=read_raw ttft_ms=20]]")
+    assert result.terminal == "turn.completed", result.events[-1]
+    raw = next(d for e, d in result.events if e == "tool" and d["phase"] == "result")
+    assert raw["ok"] is False and "the result of tool 'read_raw' is not JSON" in raw["error"]
