@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 import msgpack
+import orjson
 
 from broker.protocol import MAX_VALUE_BYTES
 
@@ -145,13 +146,19 @@ class StepContext:
         self._beat(value)
 
 
-def check_encodable(value: Any, what: str) -> None:
-    """Refuse, with an error that says why, a value a run cannot record (see MAX_VALUE_BYTES)."""
+def check_encodable(value: Any, what: str, json: bool = False) -> None:
+    """Refuse, with an error that says why, a value a run cannot record (see MAX_VALUE_BYTES);
+    `json`: one read back over HTTP too (a flow's result, an attribute), where bytes cannot go."""
     try:
         size = len(msgpack.packb(value, use_bin_type=True))
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{what} must be msgpack-serialisable (dict, list, str, bytes, numbers, bool, None): "
                         f"{exc}") from None
+    if json:
+        try:
+            orjson.dumps(value)
+        except TypeError as exc:
+            raise TypeError(f"{what} must be JSON-serialisable (it is read over HTTP as JSON): {exc}") from None
     if size > MAX_VALUE_BYTES:
         raise ValueError(f"{what} is {size:,} bytes as msgpack; a run records values of at most "
                          f"{MAX_VALUE_BYTES:,} bytes")
@@ -297,7 +304,7 @@ class FlowContext:
 
     async def set_attr(self, key: str, value: Any) -> None:
         """Set one of the run's attributes (journaled; readable without a worker)."""
-        check_encodable(value, f"attribute {key!r}")
+        check_encodable(value, f"attribute {key!r}", json=True)
         await self._op("attr_set", key, key=key, value=value)
         self._attrs[key] = value
 

@@ -108,7 +108,7 @@ class WorkerRuntime:
             if fn is None:
                 raise LookupError(f"this worker has no flow named {task['name']!r}")
             result = await fn(ctx, payload.get("input"))
-            check_encodable(result, f"the result of flow {task['name']!r}")   # else the run retried for ever
+            check_encodable(result, f"the result of flow {task['name']!r}", json=True)   # else the run retried for ever
             body = {"ok": True, "result": result}
         except (Suspended, Superseded):
             return
@@ -125,7 +125,7 @@ class WorkerRuntime:
                 raise LookupError(f"this worker has no tool named {task['name']!r}")
             arguments = payload.get("arguments") or {}
             result = await _call(tool.fn, **arguments) if isinstance(arguments, dict) else await _call(tool.fn, arguments)
-            check_encodable(result, f"the result of tool {task['name']!r}")
+            check_encodable(result, f"the result of tool {task['name']!r}", json=True)
             body = {"ok": True, "result": result}
         except Exception as exc:  # reported to the turn, which shows it to the model
             body = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
@@ -138,7 +138,7 @@ class WorkerRuntime:
             if handler is None:
                 raise LookupError(f"this worker has no update handler named {task['name']!r}")
             result = await _call(handler, payload.get("value"), payload.get("arg"))
-            check_encodable(result, f"the result of update handler {task['name']!r}")
+            check_encodable(result, f"the result of update handler {task['name']!r}", json=True)
             body = {"ok": True, "result": result}
         except Exception as exc:
             body = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}

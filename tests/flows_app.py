@@ -141,6 +141,11 @@ def unencodable_update(value, arg):
     return object()
 
 
+async def returns_bytes(ctx, args):
+    """msgpack carries bytes, but a run's result is read over HTTP as JSON: its GET answered 500."""
+    return {"raw": b"\x00\xff"}
+
+
 def chunk(i, n):
     return str(i % 10) * n
 
@@ -185,7 +190,7 @@ def read_raw(q):
 
 
 app = App(flows=[five_steps, sync_then_check, sleeper, waiter, async_steps, with_attrs, parent, child, failing,
-                 flaky, branchy, unencodable, big_steps, sleeps_an_hour, parent_of_sleeper],
+                 flaky, branchy, unencodable, returns_bytes, big_steps, sleeps_an_hour, parent_of_sleeper],
           tools=[get_weather, search, read_raw], updates={"incr": incr, "unencodable": unencodable_update})
 
 _ = NO_RETRY

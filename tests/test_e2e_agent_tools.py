@@ -88,4 +88,4 @@ def test_a_tool_result_json_cannot_carry_is_an_error_the_model_reads_not_a_faile
     result = turn(server.url, "agent-raw", "read it [[mock tool_calls=read_raw ttft_ms=20]]")
     assert result.terminal == "turn.completed", result.events[-1]
     raw = next(d for e, d in result.events if e == "tool" and d["phase"] == "result")
-    assert raw["ok"] is False and "the result of tool 'read_raw' is not JSON" in raw["error"]
+    assert raw["ok"] is False and "the result of tool 'read_raw' must be JSON-serialisable" in raw["error"]

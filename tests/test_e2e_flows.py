@@ -235,6 +235,8 @@ def test_bad_updates_and_results_fail_clearly_and_leave_the_run_usable(make_serv
 
     failed = result(base, start(base, "unencodable", {})[2]["run_id"], timeout=30)
     assert failed["status"] == "failed" and "the result of flow 'unencodable' must be msgpack-serialisable" in failed["error"]
+    raw = result(base, start(base, "returns_bytes", {})[2]["run_id"], timeout=30)
+    assert raw["status"] == "failed" and "the result of flow 'returns_bytes' must be JSON-serialisable" in raw["error"]
     # a wait with timeout=0 times out at once when no message is there (it was taken as no timeout)
     polled = result(base, start(base, "waiter", {"timeout": 0})[2]["run_id"], timeout=30)
     assert polled["status"] == "failed" and "WaitTimeout" in polled["error"]
