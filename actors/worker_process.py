@@ -17,6 +17,7 @@ import logging
 import os
 import socket
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from agentos.config import Config
@@ -218,6 +219,9 @@ def main(config: Config, modules: list[str], slots: int, name: str | None, log: 
     service.set_title(worker_name)
 
     async def run(stop: asyncio.Event) -> int:
+        # Plain (not async) steps, tools and handlers run on threads: as many as the slots, or the
+        # default pool (cpu count + 4) would run only a few of a worker's blocking steps at once.
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(slots, thread_name_prefix="slot"))
         bus = Bus(worker_name, bus_address(config, run_dir), role="worker", heartbeat_secs=config.broker.heartbeat_secs, log=log)
         runtime = WorkerRuntime(app, bus, slots, log)
         await bus.start()

@@ -4,6 +4,7 @@ Side effects go to files named by the run's input, so a test can count how many 
 step really ran (across worker kills and actor restarts)."""
 import asyncio
 import os
+import threading
 import time
 
 from actors.sdk import App, NO_RETRY, Retry, tool
@@ -150,6 +151,25 @@ def chunk(i, n):
     return str(i % 10) * n
 
 
+_blocking = {"now": 0, "peak": 0}
+_blocking_lock = threading.Lock()
+
+
+def blocking_io(seconds):
+    """A plain function that blocks (as a requests.get would): it runs on a thread of the worker."""
+    with _blocking_lock:
+        _blocking["now"] += 1
+        _blocking["peak"] = max(_blocking["peak"], _blocking["now"])
+    time.sleep(seconds)
+    with _blocking_lock:
+        _blocking["now"] -= 1
+        return _blocking["peak"]
+
+
+async def one_blocking_step(ctx, seconds):
+    return await ctx.step(blocking_io, seconds)
+
+
 async def sleeps_an_hour(ctx, args):
     await ctx.sleep(3600)
 
@@ -190,7 +210,7 @@ def read_raw(q):
 
 
 app = App(flows=[five_steps, sync_then_check, sleeper, waiter, async_steps, with_attrs, parent, child, failing,
-                 flaky, branchy, unencodable, returns_bytes, big_steps, sleeps_an_hour, parent_of_sleeper],
+                 flaky, branchy, unencodable, returns_bytes, big_steps, sleeps_an_hour, parent_of_sleeper, one_blocking_step],
           tools=[get_weather, search, read_raw], updates={"incr": incr, "unencodable": unencodable_update})
 
 _ = NO_RETRY

@@ -279,3 +279,13 @@ def test_ended_runs_leave_the_actors_memory_with_what_refers_to_them(make_server
 
     wait_until(lambda: all(f["runs"] == {} and f["run_workers"] == 0 for f in flows_in_actors()), 30,
                f"the ended runs to leave memory ({flows_in_actors()})")
+
+
+def test_a_workers_blocking_steps_run_as_many_at_once_as_it_has_slots(make_server, make_worker):
+    """Plain steps ran on asyncio's default pool: at most 32 threads (cpu count + 4: six here),
+    whatever --slots said."""
+    server = make_server()
+    make_worker(server, slots=48)
+    runs = [start(server.url, "one_blocking_step", 2.0)[2]["run_id"] for _ in range(40)]
+    peaks = [result(server.url, run_id)["result"] for run_id in runs]
+    assert max(peaks) > 32, peaks
