@@ -117,7 +117,9 @@ class WorkerRequests:
                              run.run_id, exc)
             return
         status = reply.body["status"]
-        if status in ("completed", "failed", "cancelled") and not op.done:
+        if reply.body.get("code") == "conflict" and not op.done:   # its run id names another flow's run
+            await self._child_ended(run, op.seq, False, None, reply.body.get("error", "run id in use"))
+        elif status in ("completed", "failed", "cancelled") and not op.done:
             await self._child_ended(run, op.seq, status == "completed", reply.body.get("result"),
                                     reply.body.get("error", f"child flow {status}"))
 

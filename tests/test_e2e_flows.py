@@ -169,6 +169,10 @@ def test_failures_children_cancel_and_non_determinism(make_server, make_worker, 
     assert get_json(f"{base}/v1/runs/{parent}:cancel", method="POST")[2]["status"] == "cancelled"
     wait_until(lambda: get_json(f"{base}/v1/runs/kid-of-cancelled")[2].get("status") == "cancelled", 20,
                "the child's cancel")
+    # a child whose run id names another flow's run fails the parent's wait (it waited for good)
+    get_json(f"{base}/v1/flows/async_steps/runs", method="POST", body=b'{"input": 1, "run_id": "taken-id"}')
+    clash = result(base, start(base, "parent_of_sleeper", {"child": "taken-id"})[2]["run_id"], timeout=30)
+    assert clash["status"] == "failed" and "another flow" in clash["error"], clash
     marker = tmp_path / "branch"
     branchy = start(base, "branchy", {"file": str(marker)})[2]["run_id"]
     wait_until(lambda: get_json(f"{base}/v1/runs/{branchy}")[2]["status"] in ("suspended", "running"), 10, "start")
