@@ -36,6 +36,7 @@ from storage.log_client import LogClient
 from storage.records import RecordKind
 
 EXEC_GRACE_SECS = 4.0
+MAX_LOST_EXECUTIONS = 5         # in a row, with no record between: then the run fails (on_task_lost)
 TIMER_GRACE_SECS = 2.0
 RESYNC_SECS = 10.0
 ENDED_RETENTION_SECS = 60.0
@@ -73,7 +74,7 @@ class Flows(WorkerRequests, RunRequests):
                 Kind.STEP_HEARTBEAT: self.on_heartbeat, Kind.TIMER_FIRE: self.on_timer_fire,
                 Kind.CHANNEL_PUBLISH: self.on_publish, Kind.ATTR_GET: self.on_attr_get,
                 Kind.ATTR_UPDATE: self.on_attr_update, Kind.TASK_RESULT: self.on_task_result,
-                Kind.WORKER_ALIVE: self.on_alive}
+                Kind.WORKER_ALIVE: self.on_alive, Kind.TASK_LOST: self.on_task_lost}
 
     # -- the journal ---------------------------------------------------------------------------
 
@@ -81,6 +82,7 @@ class Flows(WorkerRequests, RunRequests):
         """Apply a record to the run now and append it; SYNC returns the future of its ack."""
         body = {"run": run.run_id, "tenant": run.tenant, "type": kind, "at": time.time(), "exec": run.exec, **fields}
         apply(run, body)
+        run.lost = 0   # it moves on: the workers that died before were not its doing
         if run.journal_bytes > MAX_RUN_BYTES and not run.over_limit and not run.ended and run.flow != "turn":
             run.over_limit = True   # this record is kept; the run's end follows it
             ending = asyncio.ensure_future(self.end(run, "failed", error=(
@@ -271,6 +273,23 @@ class Flows(WorkerRequests, RunRequests):
                 if now - entry[2] > EXEC_GRACE_SECS:
                     entry[2] = now
                     self.bus.send(SCHEDULER, Kind.TASK_SUBMIT, entry[1], session=entry[1].get("run_id", ""))
+
+    def on_task_lost(self, msg: Message) -> None:
+        """The worker running this execution died with it. Again and again with no step between,
+        and it is the run's own code that kills them: it fails rather than take down every worker."""
+        run = self.runs.get(msg.body["run_id"])
+        if run is None or run.ended or run.exec != msg.body["exec"]:
+            return
+        run.lost += 1
+        if run.lost < MAX_LOST_EXECUTIONS:
+            if self.blocked_on(run) is None:
+                self.dispatch(run)   # now, not after the watchdog's grace
+            return
+        ending = asyncio.ensure_future(self.end(run, "failed", error=(
+            f"its last {run.lost} executions died with their workers ({msg.body['worker']} the last) before "
+            "taking a step: its code may crash the worker process")))
+        _ENDING.add(ending)
+        ending.add_done_callback(_ENDING.discard)
 
     def _forget(self, run_id: str) -> None:
         """An ended run leaves memory (its journal stays in the log and DuckDB), with what refers to it."""

@@ -67,7 +67,7 @@ class Op:
 class Run:
     __slots__ = ("run_id", "flow", "tenant", "input", "status", "result", "error", "exec", "last_alive", "ops",
                  "attrs", "channels", "waiting", "parent", "parent_seq", "parent_actor", "pending", "updates",
-                 "updating", "created_at", "ended_at", "msg_counter", "waiters", "journal_bytes", "over_limit")
+                 "updating", "created_at", "ended_at", "msg_counter", "waiters", "journal_bytes", "over_limit", "lost")
 
     def __init__(self, run_id: str, flow: str, tenant: str) -> None:
         self.run_id = run_id
@@ -95,6 +95,7 @@ class Run:
         self.waiters: list = []                # (status or None, future): callers waiting for the end or that status
         self.journal_bytes = 0                 # of the values its records hold (MAX_RUN_BYTES)
         self.over_limit = False
+        self.lost = 0                          # executions in a row whose worker died with them
 
     @property
     def ended(self) -> bool:

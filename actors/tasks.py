@@ -53,6 +53,7 @@ class TaskBoard:
         self.queues: dict[str, collections.OrderedDict[str, dict]] = {}
         self.tasks: dict[str, tuple[str, dict]] = {}            # task id -> (worker, task)
         self._rotation: collections.deque[str] = collections.deque()
+        self.lost: list[tuple[str, dict]] = []     # tasks of expired workers, for the scheduler to report
         self.offered_total = 0
 
     # -- workers -----------------------------------------------------------------------------
@@ -80,7 +81,8 @@ class TaskBoard:
         return self._match(now)
 
     def expire(self, now: float) -> list[str]:
-        """Workers silent too long are gone; returns their names."""
+        """Workers silent too long are gone; returns their names (`lost` then holds the tasks
+        they had been given, as (worker, task))."""
         gone = [w for w in self.workers.values() if now - w.last_seen > self.worker_timeout]
         for info in gone:
             self._forget(info)
@@ -91,7 +93,9 @@ class TaskBoard:
         if info.name in self._rotation:
             self._rotation.remove(info.name)
         for task_id in info.assigned:
-            self.tasks.pop(task_id, None)
+            held = self.tasks.pop(task_id, None)
+            if held is not None:
+                self.lost.append(held)
 
     def tools(self) -> dict[str, dict]:
         """Tool schemas advertised by live workers, by tool name."""

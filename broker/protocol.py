@@ -103,6 +103,7 @@ class Kind(enum.StrEnum):
     TASK_DONE = "task.done"
     TASK_RESULT = "task.result"
     TASK_CANCEL = "task.cancel"
+    TASK_LOST = "task.lost"
     WORKER_HELLO = "worker.hello"
     WORKER_ALIVE = "worker.alive"
     TOOLS_LIST = "tools.list"
@@ -228,6 +229,8 @@ SPECS: dict[Kind, Spec] = {
     Kind.TASK_RESULT: _spec({"task_id": str, "ok": bool}, result=object, error=str),
     # actor -> worker running it (stop it now) and -> scheduler (drop it if still queued)
     Kind.TASK_CANCEL: _spec({"task_id": str}),
+    # scheduler -> actor: the worker a flow execution was given to went silent (died) with it
+    Kind.TASK_LOST: _spec({"run_id": str, "exec": int, "worker": str}),
     Kind.WORKER_HELLO: _spec({"slots": int, "running": list, "incarnation": int, "flows": list, "tools": list,
                               "handlers": list}, tool_schemas=list),
     Kind.WORKER_ALIVE: _spec({"runs": list, "tasks": list}),

@@ -170,6 +170,11 @@ async def one_blocking_step(ctx, seconds):
     return await ctx.step(blocking_io, seconds)
 
 
+async def kills_its_worker(ctx, args):
+    """Flow code that takes its worker process down (a crash in a C extension, the OOM killer)."""
+    os._exit(3)
+
+
 async def sleeps_an_hour(ctx, args):
     await ctx.sleep(3600)
 
@@ -210,7 +215,7 @@ def read_raw(q):
 
 
 app = App(flows=[five_steps, sync_then_check, sleeper, waiter, async_steps, with_attrs, parent, child, failing,
-                 flaky, branchy, unencodable, returns_bytes, big_steps, sleeps_an_hour, parent_of_sleeper, one_blocking_step],
+                 flaky, branchy, unencodable, returns_bytes, big_steps, sleeps_an_hour, parent_of_sleeper, one_blocking_step, kills_its_worker],
           tools=[get_weather, search, read_raw], updates={"incr": incr, "unencodable": unencodable_update})
 
 _ = NO_RETRY

@@ -293,3 +293,22 @@ def test_a_workers_blocking_steps_run_as_many_at_once_as_it_has_slots(make_serve
     runs = [start(server.url, "one_blocking_step", 2.0)[2]["run_id"] for _ in range(40)]
     peaks = [result(server.url, run_id)["result"] for run_id in runs]
     assert max(peaks) > 32, peaks
+
+
+def test_a_run_whose_code_kills_its_workers_fails_after_a_few(make_server, make_worker):
+    """It was given to the next worker for good: a poison run took every worker down in turn."""
+    from actors.flow_runs import MAX_LOST_EXECUTIONS
+    from bench.server_proc import ServerError
+
+    server = make_server()
+    run_id = None
+    for _ in range(MAX_LOST_EXECUTIONS):    # each worker in turn gets the run, and dies of it
+        try:
+            worker = make_worker(server)
+        except ServerError:
+            continue     # the run was waiting for it: it went down while it said hello
+        if run_id is None:
+            run_id = start(server.url, "kills_its_worker", {})[2]["run_id"]
+        wait_until(lambda: worker.proc.poll() is not None, 30, "the run to kill its worker")
+    body = get_json(f"{server.url}/v1/runs/{run_id}?wait=15")[2]
+    assert body["status"] == "failed" and f"its last {MAX_LOST_EXECUTIONS} executions died" in body["error"], body

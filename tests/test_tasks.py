@@ -44,6 +44,7 @@ def test_silent_workers_expire_and_lost_offers_come_back_to_the_slot_count():
     offers = board.hello("w", ["tool:x"], 1, [], 1, 5)
     assert [t["task_id"] for _, t in offers] == ["t2"]
     assert board.expire(9) == ["w"] and board.stats()["workers"] == 0
+    assert [(w, t["task_id"]) for w, t in board.lost] == [("w", "t2")]   # what the scheduler reports lost
 
 
 def test_a_task_is_offered_only_while_a_live_worker_has_its_capability():
