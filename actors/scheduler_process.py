@@ -58,12 +58,14 @@ class Scheduler:
 
     def on_submit(self, msg: Message) -> None:
         task = {**msg.body, "actor": msg.src}
-        if (task.get("kind") == "update" and not self.board.offered(task)
+        if (task.get("kind") in ("update", "tool") and not self.board.offered(task)
                 and time.monotonic() - self.started > self.board.worker_timeout):  # workers have said hello
-            # An update is a caller waiting with the run's lock held: a handler that no worker has
-            # fails now. (A flow run or a tool waits in its queue for a worker that has it.)
+            # An update is a caller waiting with the run's lock held, a tool a model that named one
+            # no worker has (they do make names up): either fails now, not after its timeout. (A
+            # flow run waits in its queue for a worker that has its flow.)
+            what = "an update handler" if task["kind"] == "update" else "a tool"
             self.bus.send(msg.src, Kind.TASK_RESULT, {"task_id": task["task_id"], "ok": False,
-                                                      "error": f"no worker has an update handler named {task['name']!r}"},
+                                                      "error": f"no worker has {what} named {task['name']!r}"},
                           session=task.get("run_id") or "")
             return
         self._offer(self.board.submit(task, time.monotonic()))

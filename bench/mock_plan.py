@@ -132,6 +132,7 @@ _MARKER_KEYS: dict[str, Callable[[str, object], object]] = {
     "tokens": _count,
     "error": _error_kind,
     "tool_calls": _tool_list,
+    "made_up_tool_calls": _tool_list,   # calls to tools the request did not offer: a model inventing one
 }
 
 
@@ -195,13 +196,14 @@ def plan_reply(body: object, profile: MockProfile, rng: random.Random) -> wire.P
     ttft_ms = float(overrides.get("ttft_ms", profile.ttft_ms))  # type: ignore[arg-type]
     tool_names: tuple[str, ...] = ()
     wanted = overrides.get("tool_calls", ())
+    made_up = overrides.get("made_up_tool_calls", ())
     answered = any(m.get("role") == "tool" for m in messages[last_user + 1:])  # all dicts by now
-    if wanted and not answered:
+    if (wanted or made_up) and not answered:
         offered = _tool_names(body.get("tools"))
         unknown = [name for name in wanted if name not in offered]
         if unknown:
             raise BadRequest(f"mock marker: tool_calls names tools not in the request: {unknown}")
-        tool_names = wanted  # type: ignore[assignment]
+        tool_names = (*wanted, *made_up)  # type: ignore[assignment]
     options = body.get("stream_options")
     return wire.Plan(
         model=model,

@@ -89,3 +89,13 @@ def test_a_tool_result_json_cannot_carry_is_an_error_the_model_reads_not_a_faile
     assert result.terminal == "turn.completed", result.events[-1]
     raw = next(d for e, d in result.events if e == "tool" and d["phase"] == "result")
     assert raw["ok"] is False and "the result of tool 'read_raw' must be JSON-serialisable" in raw["error"]
+
+
+def test_a_tool_the_model_made_up_is_an_error_it_reads_at_once(make_server, make_worker):
+    """A tool no worker has waited in the scheduler's queue for the tool timeout (two minutes)."""
+    server = make_server()
+    make_worker(server)
+    result = turn(server.url, "agent-made-up", "go [[mock made_up_tool_calls=no_such_tool ttft_ms=20]]")
+    assert result.terminal == "turn.completed", result.events[-1]
+    made_up = next(d for e, d in result.events if e == "tool" and d["phase"] == "result")
+    assert made_up["ok"] is False and "no worker has a tool named 'no_such_tool'" in made_up["error"]

@@ -368,6 +368,10 @@ def test_tool_calls_non_stream_and_unknown_tool(mock: Mock) -> None:
     status, _, raw = run(post(mock.url, chat("find [[mock tool_calls=nope]]", tools=TOOLS)))
     assert status == 400
     assert "nope" in orjson.loads(raw)["error"]["message"]
+    # a model that makes a tool up: asked for on purpose, it is called though not offered
+    status, _, raw = run(post(mock.url, chat("find [[mock made_up_tool_calls=nope]]", stream=False, tools=TOOLS)))
+    assert status == 200
+    assert orjson.loads(raw)["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "nope"
 
 
 # ---------------------------------------------------------------------------------------------
