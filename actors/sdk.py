@@ -273,7 +273,9 @@ class FlowContext:
         if inspect.iscoroutinefunction(fn):
             call: Awaitable = fn(*args, **kwargs)
         else:
-            call = asyncio.get_running_loop().run_in_executor(None, lambda: fn(*args, **kwargs))
+            threads = getattr(self._rt, "threads", None)   # the worker's, one per slot (actors/worker_process.py)
+            call = (threads.call(lambda: fn(*args, **kwargs)) if threads is not None
+                    else asyncio.get_running_loop().run_in_executor(None, lambda: fn(*args, **kwargs)))
         return await (asyncio.wait_for(call, timeout) if timeout else call)
 
     async def sleep(self, seconds: float) -> None:

@@ -17,8 +17,9 @@ import logging
 import os
 import socket
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
 from agentos.config import Config
 from actors.sdk import App, FlowContext, Superseded, Suspended, check_encodable
@@ -54,12 +55,35 @@ def merge(apps: list[App]) -> App:
     return merged
 
 
+class SlotThreads:
+    """Where plain (not async) steps, tools and handlers run: one thread per slot (asyncio's
+    default pool, cpu count + 4 threads, ran only a few of a worker's blocking steps at once), and
+    counted, so that a stopping worker need not wait for them (see `main`)."""
+
+    def __init__(self, slots: int) -> None:
+        self.pool = ThreadPoolExecutor(slots, thread_name_prefix="slot")
+        self.lock = threading.Lock()
+        self.busy = 0
+
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        def job() -> Any:
+            try:
+                return fn()
+            finally:
+                with self.lock:
+                    self.busy -= 1
+        with self.lock:
+            self.busy += 1
+        return await asyncio.get_running_loop().run_in_executor(self.pool, job)
+
+
 class WorkerRuntime:
     def __init__(self, app: App, bus: Bus, slots: int, log: logging.Logger) -> None:
         self.app = app
         self.bus = bus
         self.slots = slots
         self.log = log
+        self.threads = SlotThreads(slots)
         self.running: dict[str, tuple[dict, asyncio.Task]] = {}
         bus.on(Kind.TASK_OFFER, self.on_offer)
         bus.on(Kind.TASK_CANCEL, self.on_cancel)
@@ -125,7 +149,8 @@ class WorkerRuntime:
             if tool is None:
                 raise LookupError(f"this worker has no tool named {task['name']!r}")
             arguments = payload.get("arguments") or {}
-            result = await _call(tool.fn, **arguments) if isinstance(arguments, dict) else await _call(tool.fn, arguments)
+            result = (await _call(self.threads, tool.fn, **arguments) if isinstance(arguments, dict)
+                      else await _call(self.threads, tool.fn, arguments))
             check_encodable(result, f"the result of tool {task['name']!r}", json=True)
             body = {"ok": True, "result": result}
         except Exception as exc:  # reported to the turn, which shows it to the model
@@ -138,7 +163,7 @@ class WorkerRuntime:
         try:
             if handler is None:
                 raise LookupError(f"this worker has no update handler named {task['name']!r}")
-            result = await _call(handler, payload.get("value"), payload.get("arg"))
+            result = await _call(self.threads, handler, payload.get("value"), payload.get("arg"))
             check_encodable(result, f"the result of update handler {task['name']!r}", json=True)
             body = {"ok": True, "result": result}
         except Exception as exc:
@@ -202,10 +227,10 @@ class WorkerRuntime:
             await asyncio.sleep(1.0)
 
 
-async def _call(fn, *args: Any, **kwargs: Any) -> Any:
+async def _call(threads: SlotThreads, fn, *args: Any, **kwargs: Any) -> Any:
     if asyncio.iscoroutinefunction(fn):
         return await fn(*args, **kwargs)
-    return await asyncio.get_running_loop().run_in_executor(None, lambda: fn(*args, **kwargs))
+    return await threads.call(lambda: fn(*args, **kwargs))
 
 
 def main(config: Config, modules: list[str], slots: int, name: str | None, log: logging.Logger) -> int:
@@ -218,12 +243,12 @@ def main(config: Config, modules: list[str], slots: int, name: str | None, log: 
     worker_name = name or f"worker/{socket.gethostname()}-{os.getpid()}"
     service.set_title(worker_name)
 
+    runtimes: list[WorkerRuntime] = []
+
     async def run(stop: asyncio.Event) -> int:
-        # Plain (not async) steps, tools and handlers run on threads: as many as the slots, or the
-        # default pool (cpu count + 4) would run only a few of a worker's blocking steps at once.
-        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(slots, thread_name_prefix="slot"))
         bus = Bus(worker_name, bus_address(config, run_dir), role="worker", heartbeat_secs=config.broker.heartbeat_secs, log=log)
         runtime = WorkerRuntime(app, bus, slots, log)
+        runtimes.append(runtime)
         await bus.start()
         announcer = asyncio.create_task(runtime.announce())
         log.info("worker %s: %d slots; flows %s, tools %s, update handlers %s", worker_name, slots,
@@ -235,4 +260,12 @@ def main(config: Config, modules: list[str], slots: int, name: str | None, log: 
         await bus.close()
         return service.EXIT_OK
 
-    return service.run(run)
+    code = service.run(run)
+    busy = runtimes[0].threads.busy if runtimes else 0
+    if busy:
+        # A thread cannot be stopped, and the interpreter would wait for it at exit — an hour for
+        # an hour-long blocking step. Their runs go on elsewhere (the steps were not committed).
+        log.warning("stopping with %d blocking step(s) still on their threads; their runs retry them elsewhere", busy)
+        logging.shutdown()
+        os._exit(code)
+    return code

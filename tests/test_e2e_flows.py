@@ -312,3 +312,17 @@ def test_a_run_whose_code_kills_its_workers_fails_after_a_few(make_server, make_
         wait_until(lambda: worker.proc.poll() is not None, 30, "the run to kill its worker")
     body = get_json(f"{server.url}/v1/runs/{run_id}?wait=15")[2]
     assert body["status"] == "failed" and f"its last {MAX_LOST_EXECUTIONS} executions died" in body["error"], body
+
+
+def test_a_worker_stops_at_sigterm_though_a_blocking_step_runs(make_server, make_worker):
+    """The interpreter waited at exit for the step's thread: an hour for an hour-long step."""
+    import signal
+
+    server = make_server()
+    worker = make_worker(server)
+    run_id = start(server.url, "one_blocking_step", 3600)[2]["run_id"]
+    wait_until(lambda: get_json(f"{server.url}/v1/runs/{run_id}")[2].get("status") == "running", 10, "the run")
+    time.sleep(1.0)                                # its step on a thread by now
+    worker.proc.send_signal(signal.SIGTERM)
+    wait_until(lambda: worker.proc.poll() is not None, 20, "the worker to stop")
+    assert "blocking step(s) still on their threads" in worker.log_path.read_text()
