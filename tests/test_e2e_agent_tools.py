@@ -81,21 +81,15 @@ def test_cancelling_a_turn_stops_its_running_tool(make_server, make_worker, tmp_
     assert "search done cancel me" not in marker.read_text()
 
 
-def test_a_tool_result_json_cannot_carry_is_an_error_the_model_reads_not_a_failed_turn(make_server, make_worker):
-    """A tool returning bytes failed the whole turn with an internal error."""
+def test_a_tool_call_that_cannot_be_answered_is_an_error_the_model_reads_at_once(make_server, make_worker):
+    """A tool returning bytes failed the whole turn with an internal error; a tool no worker has
+    (the model made it up) waited in the scheduler's queue for the tool timeout, two minutes."""
     server = make_server()
     make_worker(server)
-    result = turn(server.url, "agent-raw", "read it [[mock tool_calls=read_raw ttft_ms=20]]")
-    assert result.terminal == "turn.completed", result.events[-1]
-    raw = next(d for e, d in result.events if e == "tool" and d["phase"] == "result")
-    assert raw["ok"] is False and "the result of tool 'read_raw' must be JSON-serialisable" in raw["error"]
-
-
-def test_a_tool_the_model_made_up_is_an_error_it_reads_at_once(make_server, make_worker):
-    """A tool no worker has waited in the scheduler's queue for the tool timeout (two minutes)."""
-    server = make_server()
-    make_worker(server)
-    result = turn(server.url, "agent-made-up", "go [[mock made_up_tool_calls=no_such_tool ttft_ms=20]]")
-    assert result.terminal == "turn.completed", result.events[-1]
-    made_up = next(d for e, d in result.events if e == "tool" and d["phase"] == "result")
-    assert made_up["ok"] is False and "no worker has a tool named 'no_such_tool'" in made_up["error"]
+    for sid, marker, error in (
+            ("agent-raw", "tool_calls=read_raw", "the result of tool 'read_raw' must be JSON-serialisable"),
+            ("agent-made-up", "made_up_tool_calls=no_such_tool", "no worker has a tool named 'no_such_tool'")):
+        result = turn(server.url, sid, f"go [[mock {marker} ttft_ms=20]]")
+        assert result.terminal == "turn.completed", result.events[-1]
+        answer = next(d for e, d in result.events if e == "tool" and d["phase"] == "result")
+        assert answer["ok"] is False and error in answer["error"], answer
