@@ -85,11 +85,9 @@ class Flows(WorkerRequests, RunRequests):
         run.lost = 0   # it moves on: the workers that died before were not its doing
         if run.journal_bytes > MAX_RUN_BYTES and not run.over_limit and not run.ended and run.flow != "turn":
             run.over_limit = True   # this record is kept; the run's end follows it
-            ending = asyncio.ensure_future(self.end(run, "failed", error=(
+            self.bus.spawn(self.end(run, "failed", error=(
                 f"the run's journal passed {MAX_RUN_BYTES:,} bytes of values, the most a run records "
                 "(its steps' results, attributes, messages): start a new run to go on")))
-            _ENDING.add(ending)             # held: the loop keeps only weak references to tasks
-            ending.add_done_callback(_ENDING.discard)
         # Routed like the run's actor: a turn's run (`session/turn`) goes to its session's writer.
         coro = self.journal_log.append(RecordKind.FLOW, body, run.run_id.split("/", 1)[0], sync=True)
         fut = asyncio.ensure_future(coro)
@@ -285,11 +283,9 @@ class Flows(WorkerRequests, RunRequests):
             if self.blocked_on(run) is None:
                 self.dispatch(run)   # now, not after the watchdog's grace
             return
-        ending = asyncio.ensure_future(self.end(run, "failed", error=(
+        self.bus.spawn(self.end(run, "failed", error=(
             f"its last {run.lost} executions died with their workers ({msg.body['worker']} the last) before "
             "taking a step: its code may crash the worker process")))
-        _ENDING.add(ending)
-        ending.add_done_callback(_ENDING.discard)
 
     def _forget(self, run_id: str) -> None:
         """An ended run leaves memory (its journal stays in the log and DuckDB), with what refers to it."""
@@ -302,9 +298,6 @@ class Flows(WorkerRequests, RunRequests):
         for run in self.runs.values():
             counts[run.status] = counts.get(run.status, 0) + 1
         return {"runs": counts, "tasks_waiting": len(self.tasks), "run_workers": len(self.run_workers)}
-
-
-_ENDING: set = set()
 
 
 def _log_failure(fut: asyncio.Future) -> None:

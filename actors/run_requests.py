@@ -22,9 +22,6 @@ from broker.sharding import SCHEDULER, actor_name
 UPDATE_WAIT_SECS = 50.0
 
 
-_CANCELLING: set = set()
-
-
 class TaskFailed(RuntimeError):
     """A task (an update handler, a tool) failed on its worker, after its retries."""
 
@@ -110,9 +107,7 @@ class RunRequests:
             self.bus.send(SCHEDULER, Kind.TASK_CANCEL, {"task_id": task_id})
             for op in run.ops.values():   # and the child runs it waits on (they ran on, unheard of)
                 if op.op == "child" and op.child and not op.done:
-                    cancelling = asyncio.ensure_future(self._cancel_child(run, op.child))
-                    _CANCELLING.add(cancelling)            # held: the loop keeps only weak references
-                    cancelling.add_done_callback(_CANCELLING.discard)
+                    self.bus.spawn(self._cancel_child(run, op.child))
         self.bus.reply(msg, Kind.FLOW_RUN, run.summary())
 
     async def _cancel_child(self, run: Run, child: str) -> None:

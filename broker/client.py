@@ -114,8 +114,8 @@ class Bus:
         self._sock = sock
         self._loop.add_reader(sock.getsockopt(zmq.FD), self._drain)
         self.send(BROKER, Kind.HELLO, {"role": self.role, "pid": os.getpid()})
-        self._spawn(self._heartbeat())
-        self._spawn(self._poke())
+        self.spawn(self._heartbeat())
+        self.spawn(self._poke())
 
     async def close(self) -> None:
         for task in list(self._tasks):
@@ -133,7 +133,9 @@ class Bus:
             self._sock.close(0)
             self._sock = None
 
-    def _spawn(self, coro: Awaitable) -> asyncio.Task:
+    def spawn(self, coro: Awaitable) -> asyncio.Task:
+        """Run `coro` in the background, held until it ends (the loop keeps only weak references
+        to tasks) and its exception logged."""
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
@@ -332,7 +334,7 @@ class Bus:
         if handler is None:
             return  # a late reply or a kind this role does not handle
         if msg.kind in self._async:
-            self._spawn(handler(msg))
+            self.spawn(handler(msg))
             return
         try:
             handler(msg)

@@ -58,7 +58,7 @@ class LogLink(Bus):
     def open(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._sock = self        # "started", for the bus's send path
-        self._spawn(self._keep_connected())
+        self.spawn(self._keep_connected())
 
     async def _keep_connected(self) -> None:
         delay = RECONNECT_SECS[0]
