@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
@@ -144,6 +145,14 @@ class StepContext:
     def heartbeat(self, value: Any = None) -> None:
         """Report progress; `value` is what the next attempt sees as `last_heartbeat`."""
         self._beat(value)
+
+
+def _seconds(value: Any, what: str) -> float:
+    """A duration a run waits: a finite number, negatives taken as 0."""
+    seconds = float(value)
+    if not math.isfinite(seconds):
+        raise ValueError(f"{what} takes a finite number of seconds, got {value!r}")
+    return max(0.0, seconds)
 
 
 def check_encodable(value: Any, what: str, json: bool = False) -> None:
@@ -280,13 +289,13 @@ class FlowContext:
 
     async def sleep(self, seconds: float) -> None:
         """A durable sleep: the run holds no worker meanwhile, and it survives restarts."""
-        await self._op("sleep", "sleep", due=time.time() + float(seconds))
+        await self._op("sleep", "sleep", due=time.time() + _seconds(seconds, "ctx.sleep"))
 
     async def wait(self, channel: str, timeout: float | None = None) -> Any:
         """The next message published to this run's `channel` (FIFO; one message per wait)."""
         # timeout=0: take a message already there, or time out now
         go = await self._op("wait", channel, channel=channel,
-                            **({"timeout": max(0.0, float(timeout))} if timeout is not None else {}))
+                            **({"timeout": _seconds(timeout, "ctx.wait's timeout")} if timeout is not None else {}))
         if go.get("ok", True):
             return go.get("result")
         raise WaitTimeout(f"no message on channel {channel!r} within {timeout}s")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import heapq
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -201,6 +202,8 @@ class Timers:
         self.timers: dict[str, tuple[str, str, float]] = {}   # id -> (actor, run_id, due)
 
     def set(self, timer_id: str, actor: str, run_id: str, due: float) -> None:
+        if not math.isfinite(due):   # a NaN on top of the heap would hold back every timer behind it
+            return
         known = self.timers.get(timer_id)
         self.timers[timer_id] = (actor, run_id, due)
         if known is None or known[2] != due:

@@ -128,3 +128,20 @@ def test_a_retry_policy_that_would_never_run_a_step_is_refused():
     for bad in ({"max_attempts": 0}, {"max_attempts": 2.5}, {"backoff_secs": -1}, {"multiplier": 0.5}):
         with pytest.raises(ValueError):
             Retry(**bad)
+
+
+def test_a_timer_that_is_not_a_time_holds_back_no_other():
+    """A flow sleeping NaN seconds put NaN on top of the heap: no timer behind it fired again."""
+    import asyncio
+
+    import pytest
+
+    from actors.sdk import FlowContext
+    timers = Timers()
+    timers.set("bad", "actor/0", "r1", float("nan"))
+    timers.set("ok", "actor/0", "r2", 10.0)
+    assert timers.due(20.0) == [("actor/0", "ok", "r2")] and len(timers) == 0
+    ctx = FlowContext(None, "r1", 1, None, [], {})
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="finite"):
+            asyncio.run(ctx.sleep(bad))
