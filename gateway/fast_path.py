@@ -193,7 +193,10 @@ class FrontConnection(asyncio.Protocol):
             if request.method == "GET" and self._answer_cached(request):
                 continue          # answered already: the next request may be whole in the buffer too
             self.request = request
-            self.task = asyncio.ensure_future(self._answer(request, payload))  # held: the loop keeps weak refs
+            if request.method == "PUT":
+                self._put(request, payload)   # answered now if refused: then the next request may go on
+            else:
+                self.task = asyncio.ensure_future(self._answer(request, payload))  # held: the loop keeps weak refs
 
     def _parse_head(self, raw: bytes) -> _Request | None:
         """The request if it is one of ours in its plain form, else None (aiohttp's to serve)."""
@@ -249,43 +252,74 @@ class FrontConnection(asyncio.Protocol):
         self.last_active = time.monotonic()
         return True
 
-    async def _answer(self, request: _Request, payload: bytes) -> None:
+    def _put(self, request: _Request, payload: bytes) -> None:
+        """A checkpoint PUT without a task: handed to the log with a callback that answers it in the
+        loop iteration its fdatasync returns in (a task would wake one iteration later, and cost
+        one to start)."""
         gateway = self.front.gateway
         tenant = ""
-        status = access.CLIENT_CLOSED    # unless answered below (a cancelled task is not)
+        try:
+            tenant = gateway.tenant_for(request.authorization)
+            sid = internal(tenant, check_session_id(request.sid))
+            gateway.history.save_checkpoint_then(
+                tenant, sid, request.sid, check_key(request.key), payload,
+                lambda body, error: self._put_done(request, tenant, body, error))
+        except ApiError as exc:
+            self._done(request, tenant, exc.status, self._error(exc))
+
+    def _put_done(self, request: _Request, tenant: str, body: dict | None, error: Exception | None) -> None:
+        if error is None:
+            self._done(request, tenant, 200, self._response(200, "application/json", orjson.dumps(body)))
+        elif isinstance(error, ApiError):
+            self._done(request, tenant, error.status, self._error(error))
+        else:
+            log.error("unhandled error in %s %s/%s", request.method, request.sid, request.key, exc_info=error)
+            self._done(request, tenant, 500, self._response(500, "application/json",
+                                                            error_body("internal", "internal error")))
+        self._go_on()
+
+    async def _answer(self, request: _Request, payload: bytes) -> None:
+        """A GET the gateway's cache could not answer: it asks the store."""
+        gateway = self.front.gateway
+        tenant = ""
+        status, response = access.CLIENT_CLOSED, b""   # unless answered below (a cancelled task is not)
         try:
             try:
                 tenant = gateway.tenant_for(request.authorization)
-                sid = internal(tenant, check_session_id(request.sid))
-                if request.method == "PUT":
-                    body = await gateway.history.save_checkpoint(tenant, sid, request.sid, check_key(request.key),
-                                                                 payload)
-                    status, response = 200, self._response(200, "application/json", orjson.dumps(body))
-                else:
-                    latest = await gateway.history.latest_checkpoint(tenant, sid)
-                    status, response = 200, self._checkpoint_head(latest) + latest.payload
+                latest = await gateway.history.latest_checkpoint(tenant, internal(tenant, check_session_id(request.sid)))
+                status, response = 200, self._checkpoint_head(latest) + latest.payload
             except ApiError as exc:
-                status = exc.status
-                extra = "".join(f"{name}: {value}\r\n" for name, value in exc.headers.items())
-                response = self._response(exc.status, "application/json", error_body(exc.code, exc.message), extra)
+                status, response = exc.status, self._error(exc)
             except Exception:
                 log.exception("unhandled error in %s %s/%s", request.method, request.sid, request.key)
                 status = 500
                 response = self._response(500, "application/json", error_body("internal", "internal error"))
-            if self.transport is None or self.transport.is_closing():
-                status = access.CLIENT_CLOSED
-            else:
-                self.transport.write(response)
         finally:
-            gateway.access.record(request.method, request.route, status, tenant, request.sid, request.started)
-            self.request = None
-            self.last_active = time.monotonic()
+            self._done(request, tenant, status, response)
+        self._go_on()
+
+    def _done(self, request: _Request, tenant: str, status: int, response: bytes) -> None:
+        """Send the answer to `request` unless its client left (or it has none), and count it."""
+        if not response or self.transport is None or self.transport.is_closing():
+            status = access.CLIENT_CLOSED
+        else:
+            self.transport.write(response)
+        self.front.gateway.access.record(request.method, request.route, status, tenant, request.sid, request.started)
+        self.request = None
+        self.last_active = time.monotonic()
+
+    def _go_on(self) -> None:
+        """After an answer given later than its request came: the requests that came in behind it."""
         if self.transport is None or self.transport.is_closing():
             return
         if not self.write_paused:
             self._next()          # requests that came in behind this one, a half-closed client's too
         if self.eof and self.request is None:
             self.close()          # half-closed and nothing left whole to answer
+
+    def _error(self, exc: ApiError) -> bytes:
+        extra = "".join(f"{name}: {value}\r\n" for name, value in exc.headers.items())
+        return self._response(exc.status, "application/json", error_body(exc.code, exc.message), extra)
 
     def _response(self, status: int, content_type: str, body: bytes, extra: str = "") -> bytes:
         return self._head(status, content_type, len(body), extra) + body

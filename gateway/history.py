@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from aiohttp import web
 
@@ -114,15 +114,32 @@ class HistoryRoutes:
 
     async def save_checkpoint(self, tenant: str, sid: str, external_sid: str, key: str, payload: bytes) -> dict:
         """Append a checkpoint and return, once it is durable, the answer's JSON body."""
+        fut = asyncio.get_running_loop().create_future()
+
+        def done(body: dict | None, error: Exception | None) -> None:
+            if not fut.done():
+                fut.set_result(body) if error is None else fut.set_exception(error)
+        self.save_checkpoint_then(tenant, sid, external_sid, key, payload, done)
+        return await fut
+
+    def save_checkpoint_then(self, tenant: str, sid: str, external_sid: str, key: str, payload: bytes,
+                             done: Callable[[dict | None, Exception | None], None]) -> None:
+        """Append a checkpoint; once it is durable call `done(body, None)` with the answer's JSON
+        body, or `done(None, error)` (an ApiError when the log refused it)."""
         seq = self._next_seq()
-        try:
-            await self.gw.log_client.append(RecordKind.BLOB, {"session": sid, "tenant": tenant, "key": key, "seq": seq,
-                                                              "payload": payload, "at": time.time()}, sid, sync=True)
-        except LogWriteError as exc:
-            status, code = WRITE_ERRORS.get(exc.code, (503, "storage_error"))
-            raise ApiError(status, code, f"checkpoint not saved: {exc}") from None
-        self.latest.offer(sid, Checkpoint(key, seq, payload))
-        return {"session_id": external_sid, "key": key, "seq": seq, "durability": self.gw.config.storage.durability}
+
+        def appended(_position: int | None, error: BaseException | None) -> None:
+            if error is None:
+                self.latest.offer(sid, Checkpoint(key, seq, payload))
+                done({"session_id": external_sid, "key": key, "seq": seq,
+                      "durability": self.gw.config.storage.durability}, None)
+            elif isinstance(error, LogWriteError):
+                status, code = WRITE_ERRORS.get(error.code, (503, "storage_error"))
+                done(None, ApiError(status, code, f"checkpoint not saved: {error}"))
+            else:
+                done(None, error)
+        self.gw.log_client.append_then(RecordKind.BLOB, {"session": sid, "tenant": tenant, "key": key, "seq": seq,
+                                                         "payload": payload, "at": time.time()}, sid, appended)
 
     async def close_session(self, request: web.Request) -> web.Response:
         """Close a session: its transcript, events and checkpoints are gone for every read once

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from agentos import metrics
 from broker.address import direct_log_endpoint
@@ -55,6 +55,37 @@ class _LocalReply:
         self.kind, self.body = kind, body
 
 
+class _Callback:
+    """Waits on a SYNC record like the future `append` awaits, but calls back at once when the ack
+    arrives: a caller without a task of its own (the gateway's fast path) answers in that same
+    loop iteration instead of waking a task one iteration later."""
+
+    __slots__ = ("fn", "log", "started", "finished")
+
+    def __init__(self, fn: Callable[[int | None, BaseException | None], None], log: logging.Logger) -> None:
+        self.fn, self.log, self.started, self.finished = fn, log, time.monotonic(), False
+
+    def done(self) -> bool:
+        return self.finished
+
+    def set_result(self, position: int) -> None:
+        metrics.observe(metrics.log_append_wait, (time.monotonic() - self.started) * 1000.0)
+        self._call(position, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._call(None, error)
+
+    def _call(self, position: int | None, error: BaseException | None) -> None:
+        self.finished = True
+        try:   # called among the other waiters of a batch: one caller's bug must not keep them waiting
+            self.fn(position, error)
+        except Exception:
+            self.log.exception("a log append's callback failed")
+
+
+_Waiter = asyncio.Future | _Callback   # what a SYNC record in the outbox is waited on by
+
+
 class LogClient:
     def __init__(self, bus: Bus, writers: int, log: logging.Logger | None = None,
                  max_outstanding: int = MAX_OUTSTANDING, own_log: "LogWriter | None" = None) -> None:
@@ -69,7 +100,7 @@ class LogClient:
         self.room.set()
         self._prefix = f"{bus.name}:{bus.incarnation:x}:".encode()
         self._counter = 0
-        self._batches: dict[str, list[tuple[list, asyncio.Future | None]]] = {}
+        self._batches: dict[str, list[tuple[list, _Waiter | None]]] = {}
         self._flush_scheduled = False
         self._linger: asyncio.TimerHandle | None = None
         self._links: dict[str, LogLink] = {}        # writer -> the connection to its inbox
@@ -93,6 +124,14 @@ class LogClient:
         metrics.observe(metrics.log_append_wait, (time.monotonic() - started) * 1000.0)
         return position
 
+    def append_then(self, kind: records.RecordKind, body: dict, session: str,
+                    done: Callable[[int | None, BaseException | None], None]) -> None:
+        """A SYNC append that calls `done(position, None)` once the record is durable, or `done(None,
+        error)`. It does not wait for room in the outbox: its caller holds one request per client
+        connection, so these are bounded by the connections."""
+        self._enqueue(self._writer(session), [int(kind), self.new_id(), records.encode_body(body)],
+                      _Callback(done, self.log))
+
     def append_nowait(self, kind: records.RecordKind, body: dict, session: str) -> None:
         """An ASYNC append for callers that cannot wait (it may go past the outbox bound)."""
         self._enqueue(self._writer(session), [int(kind), self.new_id(), records.encode_body(body)], None)
@@ -100,7 +139,7 @@ class LogClient:
     def _writer(self, session: str) -> str:
         return self.own_log.bus.name if self.own_log is not None else writer_name(session, self.writers)
 
-    def _enqueue(self, writer: str, record: list, fut: asyncio.Future | None) -> None:
+    def _enqueue(self, writer: str, record: list, fut: _Waiter | None) -> None:
         self._batches.setdefault(writer, []).append((record, fut))
         self.outstanding += 1
         if self._flush_scheduled:
@@ -122,6 +161,9 @@ class LogClient:
             self._linger = None
         batches, self._batches = self._batches, {}
         for writer, items in batches.items():
+            if self.own_log is not None and writer == self.own_log.bus.name:
+                self._ship(writer, items)     # a call has no message limit: one batch, one fdatasync
+                continue
             chunk: list = []
             size = 0
             for item in items:
@@ -133,7 +175,7 @@ class LogClient:
             if chunk:
                 self._ship(writer, chunk)
 
-    def _ship(self, writer: str, items: list[tuple[list, asyncio.Future | None]], backoff: float = 0.5) -> None:
+    def _ship(self, writer: str, items: list[tuple[list, _Waiter | None]], backoff: float = 0.5) -> None:
         """Until acknowledged: SYNC records fail fast on a writer error, ASYNC ones wait and retry.
         Callbacks rather than a task: the message leaves in this loop iteration and the records'
         futures resolve in the one its ack arrives in (a task costs one iteration each way)."""

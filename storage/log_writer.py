@@ -86,6 +86,8 @@ class LogWriter:
         self.embedded = embedded
         self.local_waiters = 0      # embedded: SYNC records in the batch being gathered ...
         self.last_waiters = 0       # ... and in the last one written
+        self.window_timer: asyncio.TimerHandle | None = None   # embedded: the wait for more of them
+        self.writing = False        # embedded: a batch of ASYNC records is on the I/O thread
         self.log = log
         self.fsync = config.storage.durability != "none"
         self.directory = Path(config.storage.dir) / "wal" / str(index)
@@ -235,12 +237,11 @@ class LogWriter:
             self.waiting.append((msg, new))
             if self.embedded:
                 self.local_waiters += msg.waiters
-                if self.local_waiters >= self.last_waiters:
-                    self.enough.set()
-            else:
-                self.expected.discard(msg.src)
-                if not self.expected:
-                    self.enough.set()
+                self._embedded_appended()
+                return
+            self.expected.discard(msg.src)
+            if not self.expected:
+                self.enough.set()
         else:
             self._reply(msg, Kind.LOG_ACK, {"position": self.segments.end, "count": new})
         self.wake.set()
@@ -251,49 +252,91 @@ class LogWriter:
             self.wake.clear()
             if not self.frames and not self.waiting:
                 continue
-            if self.window and self.fsync:
-                await self._gather()
-            data, self.frames = self.frames, []
-            size = sum(map(len, data))
-            ids, self.frame_ids = self.frame_ids, []
-            waiting, self.waiting = self.waiting, []
-            count = self.unflushed
-            self.unflushed = 0
-            waiters, self.local_waiters = self.local_waiters, 0
-            if waiters or not self.embedded:
-                self.last_waiters = waiters
-            started = time.monotonic()
-            segment_before = self.segments.start
-            try:
-                if self.embedded and not waiters:
-                    # Nobody waits on these: a slow disk must not stall the gateway's loop for them.
-                    end = await asyncio.get_running_loop().run_in_executor(self.io, self.segments.write, data,
+            if self.embedded and not self.local_waiters:
+                # Nobody waits on these: a slow disk must not stall the gateway's loop for them.
+                batch = self._take()
+                self.writing = True
+                try:
+                    end = await asyncio.get_running_loop().run_in_executor(self.io, self.segments.write, batch[0],
                                                                            self.fsync)
-                else:
-                    # On the loop thread, not the I/O thread: on two busy cores the two thread
-                    # hand-offs cost more than the overlap gains, and while the loop waits here the
-                    # next batch collects in the socket all the same. On the I/O thread, with no
-                    # gathering wait and a 0.2 ms GIL switch interval, it did 0.68× the
-                    # checkpoints/s at 10k write (bench/results/2026-12-01-compare-gateway-fsync-thread/).
-                    end = self.segments.write(data, self.fsync)
-            except OSError as exc:
-                self._failed(waiting, ids, size, exc)
+                except OSError as exc:
+                    self._failed(batch[2], batch[1], sum(map(len, batch[0])), exc)
+                    continue
+                finally:
+                    self.writing = False
+                self._written(batch, end)
                 continue
-            self.stats["batches"] += 1
-            self.stats["bytes"] += size
-            metrics.inc(metrics.log_bytes, size)
-            if self.fsync:
-                self.stats["fsyncs"] += 1
-                metrics.inc(metrics.log_fsyncs)
-                metrics.observe(metrics.log_fsync_ms, (time.monotonic() - started) * 1000.0)
-                metrics.observe(metrics.log_batch_records, sum(n for _, n in waiting))
-            self.notices.written(end, count)
-            if self.shipper is not None and size:
-                self.shipper.submit(end - size, end, b"".join(data), new_segment=self.segments.start != segment_before)
-            if self.durability == "s3":
-                self.awaiting_ship.append((end, waiting))  # acknowledged once the bucket has it
-                continue
-            self._acknowledge(waiting, end)
+            if self.window and self.fsync and not self.embedded:
+                await self._gather()
+            self._commit()
+
+    def _embedded_appended(self) -> None:
+        """Embedded, durable: a batch someone waits on is written by this call, in the loop iteration
+        its appends came in (the log client hands over once per iteration), so no task wakes for it
+        and its callers hear in the same iteration. While it holds fewer SYNC records than the last
+        batch did it waits for more, at most the commit window. A batch of ASYNC records only, or
+        anything arriving while one is on the I/O thread, is commit_loop's."""
+        if self.writing or not self.local_waiters:
+            self.wake.set()
+        elif self.window and self.local_waiters < self.last_waiters:
+            if self.window_timer is None:
+                self.window_timer = asyncio.get_running_loop().call_later(self.window, self._commit)
+        else:
+            self._commit()
+
+    def _commit(self) -> None:
+        """Write and fdatasync what is gathered, on the loop's thread, then acknowledge it.
+
+        On the loop thread, not the I/O thread: on two busy cores the two thread hand-offs cost more
+        than the overlap gains, and while the loop waits here the next batch collects in the sockets
+        all the same. On the I/O thread, with no gathering wait and a 0.2 ms GIL switch interval,
+        the gateway's log did 0.68× the checkpoints/s at 10k write
+        (bench/results/2026-12-01-compare-gateway-fsync-thread/)."""
+        if self.window_timer is not None:
+            self.window_timer.cancel()
+            self.window_timer = None
+        if self.writing:
+            self.wake.set()       # an ASYNC batch is on the I/O thread: commit_loop goes next
+            return
+        if not self.frames and not self.waiting:
+            return
+        batch = self._take()
+        try:
+            end = self.segments.write(batch[0], self.fsync)
+        except OSError as exc:
+            self._failed(batch[2], batch[1], sum(map(len, batch[0])), exc)
+            return
+        self._written(batch, end)
+
+    def _take(self) -> tuple[list[bytes], list[bytes], list[tuple[Message, int]], int, float, int]:
+        """The gathered batch: (frames, their ids, waiting messages, records, started, first segment)."""
+        data, self.frames = self.frames, []
+        ids, self.frame_ids = self.frame_ids, []
+        waiting, self.waiting = self.waiting, []
+        count, self.unflushed = self.unflushed, 0
+        waiters, self.local_waiters = self.local_waiters, 0
+        if waiters or not self.embedded:
+            self.last_waiters = waiters
+        return data, ids, waiting, count, time.monotonic(), self.segments.start
+
+    def _written(self, batch: tuple, end: int) -> None:
+        data, _, waiting, count, started, segment_before = batch
+        size = sum(map(len, data))
+        self.stats["batches"] += 1
+        self.stats["bytes"] += size
+        metrics.inc(metrics.log_bytes, size)
+        if self.fsync:
+            self.stats["fsyncs"] += 1
+            metrics.inc(metrics.log_fsyncs)
+            metrics.observe(metrics.log_fsync_ms, (time.monotonic() - started) * 1000.0)
+            metrics.observe(metrics.log_batch_records, sum(n for _, n in waiting))
+        self.notices.written(end, count)
+        if self.shipper is not None and size:
+            self.shipper.submit(end - size, end, b"".join(data), new_segment=self.segments.start != segment_before)
+        if self.durability == "s3":
+            self.awaiting_ship.append((end, waiting))  # acknowledged once the bucket has it
+            return
+        self._acknowledge(waiting, end)
 
     def _acknowledge(self, waiting: list[tuple[Message, int]], end: int) -> None:
         if self.lease_lost:
@@ -310,14 +353,6 @@ class LogWriter:
                 self.sync_senders[msg.src] = acked_at
 
     async def _gather(self) -> None:
-        if self.embedded:
-            if 0 < self.local_waiters < self.last_waiters:
-                self.enough.clear()
-                try:
-                    await asyncio.wait_for(self.enough.wait(), self.window)
-                except asyncio.TimeoutError:
-                    pass
-            return
         now = time.monotonic()
         # "About to send again": acked within the window this fsync may wait (5 ms at least).
         recent = {s for s, t in self.sync_senders.items() if now - t < max(0.005, self.window)}

@@ -1,13 +1,16 @@
 """The gateway's own log (storage/log_writer.py with `embedded=True`), driven by calls, no processes.
 
-What the gateway relies on: a SYNC append is answered only after its batch is written, the
-batch waits (up to the commit window) for as many SYNC records as the last one held, and a
-batch nobody waits on is written and answered all the same.
+What the gateway relies on: an append someone waits on (the log client hands over one per loop
+iteration) is written, fdatasync'd and answered by the call that brings it — no task between the
+request and its answer; the batch waits (up to the commit window) for as many SYNC records as the
+last one held; a batch nobody waits on is written and answered all the same, off the loop's
+thread, and nothing else is written to the file while it is.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from agentos.config import from_dict
 from broker.protocol import Kind
@@ -23,42 +26,79 @@ def _writer(tmp_path, window_us: int) -> LogWriter:
     return writer
 
 
-def _append(writer: LogWriter, answers: list, name: str, waiters: int = 1) -> None:
-    body = {"records": [[int(records.RecordKind.ACCESS), name.encode(), records.encode_body({"at": 0})]],
-            "sync": bool(waiters)}
-    writer.on_append(LocalAppend(body, lambda kind, reply: answers.append((name, kind, reply)), waiters))
+def _append(writer: LogWriter, answers: list, names: str, waiters: int = 1) -> None:
+    """One call, as the log client makes once per loop iteration: a record per name in `names`."""
+    body = {"records": [[int(records.RecordKind.ACCESS), name.encode(), records.encode_body({"at": 0})]
+                        for name in names.split()], "sync": bool(waiters)}
+    writer.on_append(LocalAppend(body, lambda kind, reply: answers.append((names, kind, reply, _on_disk(writer))),
+                                 waiters))
 
 
-def test_sync_appends_are_answered_after_their_batch_is_on_disk(tmp_path):
+def _on_disk(writer: LogWriter) -> list[bytes]:
+    return [rid for _, path in segments.list_segments(writer.directory)
+            for _, _, rid, _, _ in records.scan(path.read_bytes())]
+
+
+def _close(writer: LogWriter, loop_task: asyncio.Task) -> None:
+    loop_task.cancel()
+    writer.io.submit(writer.segments.close).result()
+    writer.io.shutdown()
+
+
+async def _until(condition, secs: float = 2.0) -> None:
+    for _ in range(int(secs / 0.005)):
+        if condition():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("timed out")
+
+
+def test_sync_appends_are_on_disk_and_answered_when_the_call_returns(tmp_path):
     async def go():
         writer = _writer(tmp_path, 2000)
         await writer.open()
         loop_task = asyncio.create_task(writer.commit_loop())
         answers: list = []
-        _append(writer, answers, "a")
-        _append(writer, answers, "b")
-        assert answers == []                       # nothing is acknowledged before the write
-        for _ in range(100):
-            if len(answers) == 2:
-                break
-            await asyncio.sleep(0.005)
-        assert [(n, k) for n, k, _ in answers] == [("a", Kind.LOG_ACK), ("b", Kind.LOG_ACK)]
+        _append(writer, answers, "a b", waiters=2)
+        # answered within the call, and only once both records were on disk
+        assert [(n, k, disk) for n, k, _, disk in answers] == [("a b", Kind.LOG_ACK, [b"a", b"b"])]
         assert writer.stats["fsyncs"] == 1         # one batch for both
         assert writer.sync_senders == {}           # its batches count records, not senders
         _append(writer, answers, "async-only", waiters=0)
-        for _ in range(100):
-            if len(answers) == 3:
-                break
-            await asyncio.sleep(0.005)
-        assert answers[2][:2] == ("async-only", Kind.LOG_ACK)
-        loop_task.cancel()
-        writer.io.submit(writer.segments.close).result()
-        writer.io.shutdown()
+        assert len(answers) == 1                   # not in the call: it goes to the I/O thread
+        await _until(lambda: len(answers) == 2)
+        assert answers[1][:2] == ("async-only", Kind.LOG_ACK)
+        _close(writer, loop_task)
 
     asyncio.run(go())
     ids = [rid for _, path in segments.list_segments(tmp_path / "wal" / "1")
            for _, _, rid, _, _ in records.scan(path.read_bytes())]
     assert ids == [b"a", b"b", b"async-only"]
+
+
+def test_a_sync_append_waits_while_a_batch_is_on_the_io_thread(tmp_path):
+    async def go():
+        writer = _writer(tmp_path, 2000)
+        await writer.open()
+        loop_task = asyncio.create_task(writer.commit_loop())
+        write = writer.segments.write
+
+        def slow_write(data, fsync):
+            time.sleep(0.1)                          # a slow disk under the ASYNC batch
+            return write(data, fsync)
+        writer.segments.write = slow_write
+        answers: list = []
+        _append(writer, answers, "access-rows", waiters=0)
+        await _until(lambda: writer.writing)
+        writer.segments.write = write
+        _append(writer, answers, "checkpoint")
+        assert answers == []                         # the file is the I/O thread's until it is done
+        await _until(lambda: len(answers) == 2)
+        assert [(n, disk) for n, _, _, disk in answers] == [("access-rows", [b"access-rows"]),
+                                                            ("checkpoint", [b"access-rows", b"checkpoint"])]
+        _close(writer, loop_task)
+
+    asyncio.run(go())
 
 
 def test_a_batch_waits_for_as_many_sync_records_as_the_last_one_held(tmp_path):
@@ -67,23 +107,21 @@ def test_a_batch_waits_for_as_many_sync_records_as_the_last_one_held(tmp_path):
         await writer.open()
         loop_task = asyncio.create_task(writer.commit_loop())
         answers: list = []
-        for name in ("a1", "a2", "a3"):
-            _append(writer, answers, name)
-        while len(answers) < 3:
-            await asyncio.sleep(0.002)
-        assert writer.last_waiters == 3
+        _append(writer, answers, "a1 a2 a3", waiters=3)
+        assert len(answers) == 1 and writer.last_waiters == 3
         _append(writer, answers, "b1")               # one of the three clients is back ...
         await asyncio.sleep(0.05)
-        assert len(answers) == 3                     # ... so the batch waits for the other two
+        assert len(answers) == 1                     # ... so the batch waits for the other two
         _append(writer, answers, "b2")
         await asyncio.sleep(0.02)
-        assert len(answers) == 3
+        assert len(answers) == 1
         _append(writer, answers, "b3")
-        while len(answers) < 6:
-            await asyncio.sleep(0.002)
+        assert [n for n, *_ in answers] == ["a1 a2 a3", "b1", "b2", "b3"]
         assert writer.stats["fsyncs"] == 2           # a1-a3 in one, b1-b3 in the other
-        loop_task.cancel()
-        writer.io.submit(writer.segments.close).result()
-        writer.io.shutdown()
+        _append(writer, answers, "c1")               # one alone: it waits the window out, then goes
+        assert len(answers) == 4
+        await _until(lambda: len(answers) == 5, secs=1.0)
+        assert writer.stats["fsyncs"] == 3 and writer.last_waiters == 1
+        _close(writer, loop_task)
 
     asyncio.run(go())
