@@ -10,14 +10,8 @@ process restarted before acknowledging it) is written once: recent ids are kept 
 re-read from the log's tail on start. A failed write (a full disk) truncates back to the last
 whole batch and answers every waiting sender with an error instead of an ack.
 
-With `storage.s3` set, every batch is also shipped to the bucket (storage/shipper.py); with
-`storage.durability: s3` an ack waits for the PUT that carries its batch. A writer acknowledges
-only while its node holds the cluster lease: the supervisor tells it after each renewal how long
-that is (`ctl.lease`). If a renewal cannot reach the bucket, `s3`-durable acks wait until one
-does (`local` ones go on: that mode never promised more than this node's disk); once the lease is
-known to be taken, every append is refused with `not_active` (fencing). On start it
-brings the local log level with the bucket: what only the bucket has (an empty disk after a
-failover) is written back locally, what only the disk has is shipped.
+With `storage.s3` set, every batch is also shipped to the bucket, and acks wait for the cluster
+lease (storage/log_cluster.py).
 
 The write and fdatasync run on the event loop's thread: what arrives meanwhile waits in the bus
 socket and is the next batch. Everything else on disk (opening, restoring, compaction) runs on
@@ -35,10 +29,13 @@ clients, so the wait above counts records instead of senders: until the batch ho
 SYNC records as the last one did (those clients got their answers together and are sending
 again). Without that wait a batch held 2-3 of ten clients' checkpoints and the gateway's own log
 gained nothing over writer/log; with it about 8, and 1.92× writer/log's checkpoints/s at 10k write
-(bench/results/2026-12-01-compare-gateway-log/). The fsync of a batch someone waits for stays on
-the loop thread (on the I/O thread it was no faster); a batch of ASYNC records only (access rows
-of other routes) goes to the I/O thread, so a slow disk never stalls the gateway's streams for
-records nobody waits on.
+(bench/results/2026-12-01-compare-gateway-log/). A batch someone waits for is written and
+fdatasync'd on the loop thread by the call that completes it (the log client makes one call per
+loop iteration), and acknowledged by callbacks in that same call: no task sits between a PUT and
+its answer. That took the 1-worker commit p50 from 0.75 to 0.65 ms and 10k checkpoints/s up
+1.16× (write) and 1.26× (mixed) (bench/results/2026-12-02-put-callback-*-ab/). A batch of ASYNC
+records only (access rows of other routes) goes to the I/O thread, so a slow disk never stalls
+the gateway's streams for records nobody waits on.
 """
 from __future__ import annotations
 
@@ -55,8 +52,9 @@ from agentos.rundir import RunDir
 from broker.client import Bus
 from broker.protocol import Kind, Message
 from broker.sharding import log_writer
-from storage import bucket_restore, compaction, records, segments
-from storage.s3 import ObjectStore, S3Unavailable
+from storage import compaction, records, segments
+from storage.log_cluster import ClusterSide
+from storage.s3 import ObjectStore
 from storage.shipper import Shipper
 from broker.address import bus_address, direct_log_endpoint
 from storage.log_inbox import LogInbox
@@ -79,7 +77,7 @@ class LocalAppend:
         self.waiters = waiters      # of its records, how many a caller is waiting on (SYNC)
 
 
-class LogWriter:
+class LogWriter(ClusterSide):
     def __init__(self, config: Config, index: int, bus_endpoint: str, log: logging.Logger,
                  embedded: bool = False) -> None:
         self.index = index
@@ -135,71 +133,6 @@ class LogWriter:
         self.log.info("log %s: %d segment(s), end at position %d, %d records in the last segment%s", self.directory,
                       r.segments, r.end, r.records_in_last,
                       f", truncated a torn tail of {r.truncated_bytes} bytes" if r.truncated_bytes else "")
-
-    async def _level_with_bucket(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Restore from the bucket what the disk lacks; queue for shipping what the bucket lacks."""
-        while True:
-            try:
-                chain = await loop.run_in_executor(self.io, self.object_store.chain, self.index)
-                lease = await loop.run_in_executor(self.io, self.object_store.read_lease)
-                break
-            except S3Unavailable as exc:
-                self.log.error("object storage unavailable at start (%s); retrying", exc)
-                await asyncio.sleep(1.0)
-        bucket_end = chain[-1].end if chain else 0
-        local_end = self.segments.end
-        if local_end < bucket_end:
-            restored = await loop.run_in_executor(self.io, bucket_restore.restore, self.segments, self.object_store,
-                                                  chain, local_end)
-            self.log.info("restored %d bytes of log %d from the bucket (%d objects)", self.segments.end - local_end,
-                          self.index, restored)
-        cluster = self.config.cluster
-        if lease is not None and lease.node == cluster.node_id and lease.epoch == cluster.epoch:
-            self.lease_until = time.monotonic() + (lease.expires_at - time.time()) - 1.0
-        self.shipper = Shipper(self.object_store, self.index, cluster.epoch, max(bucket_end, local_end if
-                               local_end <= bucket_end else bucket_end), self._shipped_threadsafe, self.log,
-                               self.config.storage.s3.max_inflight_puts)
-        self.shipper.start()
-        if self.segments.end > bucket_end:
-            data = await loop.run_in_executor(self.io, self.segments.read_range, bucket_end, self.segments.end)
-            self.shipper.submit(bucket_end, self.segments.end, data)
-
-    def _shipped_threadsafe(self, end: int) -> None:
-        self.bus._loop.call_soon_threadsafe(self._shipped, end)
-
-    def _shipped(self, end: int) -> None:
-        """A PUT succeeded: acknowledge the `s3`-durable batches it covered."""
-        done = [entry for entry in self.awaiting_ship if entry[0] <= end]
-        if not done:
-            return
-        self.awaiting_ship = [entry for entry in self.awaiting_ship if entry[0] > end]
-        for batch_end, waiting in done:
-            self._acknowledge(waiting, batch_end)
-            metrics.inc(metrics.s3_synced_records, sum(n for _, n in waiting))
-
-    def on_lease(self, msg: Message) -> None:
-        valid = float(msg.body["valid_secs"])
-        if msg.body["epoch"] != self.config.cluster.epoch or valid <= 0:
-            if not self.lease_lost:
-                self.log.error("the cluster lease is lost: refusing every append from now on")
-            self.lease_lost = True
-            self.lease_until = 0.0
-            held, self.held = self.held, []
-            for waiting, _ in held:
-                self._refuse(waiting)
-            return
-        self.lease_until = time.monotonic() + valid
-        held, self.held = self.held, []
-        for waiting, end in held:
-            self._acknowledge(waiting, end)
-
-    def _active(self) -> bool:
-        return self.object_store is None or time.monotonic() < self.lease_until
-
-    def _refuse(self, waiting: list[tuple[Message, int]]) -> None:
-        for msg, _ in waiting:
-            self._reply(msg, Kind.ERROR, {"code": "not_active", "message":
-                           "this node lost the cluster lease: another node is active"})
 
     def on_append(self, msg: Message) -> None:
         if self.lease_lost:
