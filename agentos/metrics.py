@@ -2,8 +2,8 @@
 
 prometheus-client's multiprocess mode: each process writes its values to memory-mapped files in
 PROMETHEUS_MULTIPROC_DIR (set by the supervisor before any child starts), and the gateway's
-/metrics sums them. Counters of a process that died stay in the sum, so totals survive restarts;
-live gauges of a dead process are removed by the supervisor (mark_process_dead).
+/metrics sums them. Counters of a process that died stay in the sum, so totals survive restarts
+(folded into one file per type, agentos/metrics_files.py); its live gauges are removed.
 
 Hot paths never touch these per message: they count in plain ints and flush here about once a
 second (see `Flusher`).
@@ -11,11 +11,11 @@ second (see `Flusher`).
 from __future__ import annotations
 
 import bisect
-import glob
 import os
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client import multiprocess
+
+from agentos import metrics_files
 
 # Buckets in milliseconds that resolve both 1 ms and 10 s.
 MS_BUCKETS = (0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 1500, 2000, 2500, 3000, 4000, 5000,
@@ -145,34 +145,19 @@ def multiproc_dir() -> str | None:
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
 
 
-class _TreeCollector(multiprocess.MultiProcessCollector):
-    """The multiprocess sum, minus files still being created. A process that starts (a restarted
-    actor) opens its file empty and sizes it a moment later; prometheus-client's reader fails on
-    an empty file, which made a scrape in that moment answer 500."""
-
-    def collect(self):
-        return self.merge([f for f in glob.glob(os.path.join(self._path, "*.db")) if _sized(f)], accumulate=True)
-
-
-def _sized(path: str) -> bool:
-    try:
-        return os.path.getsize(path) >= 8     # the header: how many bytes of the file hold values
-    except OSError:
-        return False                          # gone since the glob (a dead process's live gauge)
-
-
 def render() -> bytes:
     """Prometheus text for the whole tree (or for this process when not supervised)."""
     path = multiproc_dir()
     if path:
         registry = CollectorRegistry()
-        _TreeCollector(registry, path=path)
+        metrics_files.TreeCollector(registry, path=path)
         return generate_latest(registry)
     from prometheus_client import REGISTRY
     return generate_latest(REGISTRY)
 
 
 def mark_dead(pid: int) -> None:
+    """A process of the tree was reaped (see agentos/metrics_files.py)."""
     path = multiproc_dir()
     if path:
-        multiprocess.mark_process_dead(pid, path)
+        metrics_files.retire(pid, path)

@@ -20,3 +20,60 @@ def test_a_metrics_file_still_being_created_does_not_fail_the_scrape(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "agentos_admission_rejected_total 3.0" in out.stdout
+
+
+def _process_that_counts(path) -> int:
+    """A process of the tree: counts, observes, sets a live gauge, exits. Returns its pid."""
+    script = textwrap.dedent("""
+        import os
+        from agentos import metrics
+        metrics.admission_rejected.inc(2)
+        metrics.turn_duration.observe(5.0)
+        metrics.in_flight_turns.set(7)
+        print(os.getpid())
+    """)
+    out = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(path)),
+                         capture_output=True, text=True, timeout=60, check=True)
+    return int(out.stdout)
+
+
+def _scrape(path) -> str:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from agentos.metrics_files import TreeCollector
+    registry = CollectorRegistry()
+    TreeCollector(registry, path=str(path))
+    return generate_latest(registry).decode()
+
+
+def test_a_dead_processes_counts_stay_in_the_sums_in_one_file_per_type(tmp_path):
+    from agentos.metrics_files import retire
+    for _ in range(3):
+        retire(_process_that_counts(tmp_path), str(tmp_path))
+    text = _scrape(tmp_path)
+    assert "agentos_admission_rejected_total 6.0" in text
+    assert "agentos_turn_duration_ms_count 3.0" in text
+    assert 'agentos_turn_duration_ms_bucket{le="5.0"} 3.0' in text
+    assert "agentos_in_flight_turns" not in text            # a live gauge: gone with its process
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["counter_archive.db", "histogram_archive.db"]
+
+    retire(_process_that_counts(tmp_path), str(tmp_path))   # restarts do not add files, only counts
+    assert "agentos_admission_rejected_total 8.0" in _scrape(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["counter_archive.db", "histogram_archive.db"]
+
+    # A dead file that cannot be read (a torn write) is dropped, and the scrape still answers.
+    (tmp_path / "counter_dead-4242.db").write_bytes((1 << 20).to_bytes(4, "little") + bytes(60))
+    text = _scrape(tmp_path)
+    assert "agentos_admission_rejected_total 8.0" in text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["counter_archive.db", "histogram_archive.db"]
+
+
+def test_a_live_process_is_read_beside_the_archive(tmp_path):
+    from agentos.metrics_files import retire
+    retire(_process_that_counts(tmp_path), str(tmp_path))
+    pid = _process_that_counts(tmp_path)         # exited, but not reaped yet: its files are as a live one's
+    text = _scrape(tmp_path)
+    assert "agentos_admission_rejected_total 4.0" in text
+    assert f"counter_{pid}.db" in {p.name for p in tmp_path.iterdir()}
+    retire(pid, str(tmp_path))
+    assert "agentos_admission_rejected_total 4.0" in _scrape(tmp_path)

@@ -1,0 +1,114 @@
+"""The multiprocess metrics directory: what a scrape reads, and what a dead process leaves in it.
+
+prometheus-client's multiprocess mode keeps a file per process and type (`counter_<pid>.db`,
+`histogram_<pid>.db`, `gauge_<mode>_<pid>.db`), and a scrape sums them. A dead process's counters
+and histograms must stay in those sums (totals survive restarts), so without care every restart
+left two files for good, and a child restarting in a loop made every scrape read more of them. So:
+
+- the supervisor, which reaped the process, removes its live gauges (prometheus-client's
+  `mark_process_dead`) and renames its counter and histogram files `<type>_dead-<pid>.db` — still
+  read by a scrape, so nothing drops out of the sums, and a new process given the same pid starts
+  a file of its own;
+- a scrape (the gateway, the one reader of the directory) first folds every dead file into one
+  `<type>_archive.db` per type, then reads the directory. A fold writes the new archive beside the
+  old one, removes the dead files, then renames the new archive into place: a crash between the
+  two loses those processes' counts (a counter reset, which Prometheus expects of a restart) and
+  never counts them twice.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import threading
+
+from prometheus_client import multiprocess
+from prometheus_client.mmap_dict import MmapedDict
+
+ARCHIVED_TYPES = ("counter", "histogram")
+RENAME_RETRIES = 3
+
+log = logging.getLogger("agent-os.metrics")
+_scrape_lock = threading.Lock()    # scrapes run on executor threads; a fold must be alone
+
+
+def retire(pid: int, path: str) -> None:
+    """The process `pid` is gone (reaped): its live gauges go, its counts move to dead files."""
+    multiprocess.mark_process_dead(pid, path)
+    for typ in ARCHIVED_TYPES:
+        try:
+            os.rename(os.path.join(path, f"{typ}_{pid}.db"), os.path.join(path, f"{typ}_dead-{pid}.db"))
+        except FileNotFoundError:
+            pass
+
+
+def fold(path: str) -> int:
+    """Fold the dead files into the archives; returns how many were folded."""
+    folded = 0
+    for typ in ARCHIVED_TYPES:
+        dead = sorted(glob.glob(os.path.join(path, f"{typ}_dead-*.db")))
+        if not dead:
+            continue
+        archive = os.path.join(path, f"{typ}_archive.db")
+        totals: dict[str, float] = {}
+        for name in [archive, *dead]:
+            _add_values(name, totals)
+        fresh = os.path.join(path, f"{typ}_archive.new")   # not *.db: no scrape reads it
+        if os.path.exists(fresh):
+            os.unlink(fresh)                                # a fold that died before its rename
+        values = MmapedDict(fresh)
+        try:
+            for key, value in totals.items():
+                values.write_value(key, value, 0.0)
+        finally:
+            values.close()
+        for name in dead:
+            try:
+                os.unlink(name)
+            except FileNotFoundError:
+                pass
+        os.replace(fresh, archive)
+        folded += len(dead)
+    return folded
+
+
+def _add_values(name: str, totals: dict[str, float]) -> None:
+    if not sized(name):
+        return       # absent, or created and never written: nothing to keep
+    try:
+        values = [(key, value) for key, value, _, _ in MmapedDict.read_all_values_from_file(name)]
+        for key, _ in values:
+            json.loads(key)    # what a scrape parses: a key it cannot would fail every scrape
+    except FileNotFoundError:
+        return
+    except Exception as exc:   # a torn file: whole or not at all, and not for every scrape from now on
+        log.warning("metrics file %s is unreadable (%s): its counts are dropped", name, exc)
+        return
+    for key, value in values:
+        totals[key] = totals.get(key, 0.0) + value
+
+
+def sized(path: str) -> bool:
+    """A process that starts opens its file empty and sizes it a moment later: prometheus-client's
+    reader fails on such a file (a scrape in that moment answered 500)."""
+    try:
+        return os.path.getsize(path) >= 8     # the header: how many bytes of the file hold values
+    except OSError:
+        return False                          # gone since the glob (a dead process's live gauge)
+
+
+class TreeCollector(multiprocess.MultiProcessCollector):
+    """The multiprocess sum over the directory, dead processes folded first, files still being
+    created left out."""
+
+    def collect(self):
+        with _scrape_lock:
+            fold(self._path)
+            for attempt in range(RENAME_RETRIES):
+                files = [f for f in glob.glob(os.path.join(self._path, "*.db")) if sized(f)]
+                try:
+                    return self.merge(files, accumulate=True)
+                except FileNotFoundError:
+                    if attempt == RENAME_RETRIES - 1:   # renamed by the supervisor since the glob
+                        raise
