@@ -41,6 +41,7 @@ MAX_HEAD_BYTES = 8190                      # aiohttp's own limit: a longer head 
 IDLE_SECS = 75.0                           # aiohttp's keep-alive timeout
 SWEEP_SECS = 15.0
 _PREFIXES = (b"PUT /v1/sessions/", b"GET /v1/sessions/")
+_PREFIX_BYTES = len(_PREFIXES[0])
 _HAND_OVER_HEADERS = frozenset({"transfer-encoding", "expect", "upgrade"})
 
 log = logging.getLogger("agent-os.gateway")
@@ -170,8 +171,9 @@ class FrontConnection(asyncio.Protocol):
             self.transport.resume_reading()
         while self.request is None and self.transport is not None and not self.write_paused:
             if self.head is None:
-                start = bytes(self.buf[:len(_PREFIXES[0])])
-                if not any(prefix.startswith(start) for prefix in _PREFIXES):
+                buf = self.buf
+                if not (buf.startswith(_PREFIXES) if len(buf) >= _PREFIX_BYTES
+                        else any(prefix.startswith(buf) for prefix in _PREFIXES)):
                     self._hand_over()     # not ours (or not HTTP): aiohttp answers it at once
                     return
                 end = self.buf.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES + 4)
@@ -180,15 +182,21 @@ class FrontConnection(asyncio.Protocol):
                     if len(self.buf) > MAX_HEAD_BYTES or self.buf.find(b"\n\n", 0, MAX_HEAD_BYTES) >= 0:
                         self._hand_over()
                     return
-                self.head = self._parse_head(bytes(self.buf[:end]))
+                self.head = self._parse_head(self.buf[:end])
                 if self.head is None:
                     self._hand_over()
                     return
                 del self.buf[:end + 4]
-            if len(self.buf) < self.head.length:
+            length = self.head.length
+            if len(self.buf) < length:
                 return
-            payload = bytes(self.buf[:self.head.length])
-            del self.buf[:self.head.length]
+            if len(self.buf) == length:
+                payload = bytes(self.buf)      # the usual case, the body is all there is: one copy
+                self.buf.clear()
+            else:
+                with memoryview(self.buf) as view:
+                    payload = bytes(view[:length])
+                del self.buf[:length]
             request, self.head = self.head, None
             if request.method == "GET" and self._answer_cached(request):
                 continue          # answered already: the next request may be whole in the buffer too
@@ -198,7 +206,7 @@ class FrontConnection(asyncio.Protocol):
             else:
                 self.task = asyncio.ensure_future(self._answer(request, payload))  # held: the loop keeps weak refs
 
-    def _parse_head(self, raw: bytes) -> _Request | None:
+    def _parse_head(self, raw: bytes | bytearray) -> _Request | None:
         """The request if it is one of ours in its plain form, else None (aiohttp's to serve)."""
         try:
             text = raw.decode("ascii")

@@ -102,6 +102,7 @@ class LogClient:
         self._counter = 0
         self._batches: dict[str, list[tuple[list, _Waiter | None]]] = {}
         self._flush_scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._linger: asyncio.TimerHandle | None = None
         self._links: dict[str, LogLink] = {}        # writer -> the connection to its inbox
         bus.restart_hooks.append(self._peer_restarted)
@@ -152,7 +153,10 @@ class LogClient:
             self._linger.cancel()
             self._linger = None
         self._flush_scheduled = True
-        asyncio.get_running_loop().call_soon(self._flush)
+        loop = self._loop
+        if loop is None:   # looked up once: get_running_loop costs a getpid() per call on Linux
+            loop = self._loop = asyncio.get_running_loop()
+        loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
