@@ -9,42 +9,65 @@ left two files for good, and a child restarting in a loop made every scrape read
   `mark_process_dead`) and renames its counter and histogram files `<type>_dead-<pid>.db` — still
   read by a scrape, so nothing drops out of the sums, and a new process given the same pid starts
   a file of its own;
-- a scrape (the gateway, the one reader of the directory) first folds every dead file into one
-  `<type>_archive.db` per type, then reads the directory. A fold writes the new archive beside the
-  old one, removes the dead files, then renames the new archive into place: a crash between the
-  two loses those processes' counts (a counter reset, which Prometheus expects of a restart) and
-  never counts them twice.
+- then it folds every dead file into one `<type>_archive.db` per type, and a scrape (the gateway)
+  does the same before it reads, so a server nobody scrapes does not grow the directory either.
+  Folds and scrapes hold one lock (`fold.lock`, flock), so a scrape never reads a fold half done.
+  A fold writes the new archive beside the old one, removes the dead files, then renames the new
+  archive into place: a crash between the two loses those processes' counts (a counter reset,
+  which Prometheus expects of a restart) and never counts them twice.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import glob
 import json
 import logging
 import os
 import threading
+from typing import Iterator
 
 from prometheus_client import multiprocess
 from prometheus_client.mmap_dict import MmapedDict
 
 ARCHIVED_TYPES = ("counter", "histogram")
 RENAME_RETRIES = 3
+LOCK_FILE = "fold.lock"   # not *.db: no scrape reads it
 
 log = logging.getLogger("agent-os.metrics")
-_scrape_lock = threading.Lock()    # scrapes run on executor threads; a fold must be alone
+_scrape_lock = threading.Lock()    # scrapes run on executor threads (flock is per open file)
 
 
 def retire(pid: int, path: str) -> None:
-    """The process `pid` is gone (reaped): its live gauges go, its counts move to dead files."""
+    """The process `pid` is gone (reaped): its live gauges go, its counts into the archives."""
     multiprocess.mark_process_dead(pid, path)
     for typ in ARCHIVED_TYPES:
         try:
             os.rename(os.path.join(path, f"{typ}_{pid}.db"), os.path.join(path, f"{typ}_dead-{pid}.db"))
         except FileNotFoundError:
             pass
+    try:
+        with _folding(path):
+            fold(path)
+    except OSError as exc:    # a full disk, say: the dead files stay, and the next fold takes them
+        log.warning("could not fold the metrics of pid %d: %s", pid, exc)
+
+
+@contextlib.contextmanager
+def _folding(path: str) -> Iterator[None]:
+    """Alone among folds and scrapes, in this process (threads) and across processes (flock)."""
+    with _scrape_lock:
+        fd = os.open(os.path.join(path, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)      # and with it the flock
 
 
 def fold(path: str) -> int:
-    """Fold the dead files into the archives; returns how many were folded."""
+    """Fold the dead files into the archives; returns how many were folded. Call it holding
+    `_folding`."""
     folded = 0
     for typ in ARCHIVED_TYPES:
         dead = sorted(glob.glob(os.path.join(path, f"{typ}_dead-*.db")))
@@ -103,7 +126,7 @@ class TreeCollector(multiprocess.MultiProcessCollector):
     created left out."""
 
     def collect(self):
-        with _scrape_lock:
+        with _folding(self._path):
             fold(self._path)
             for attempt in range(RENAME_RETRIES):
                 files = [f for f in glob.glob(os.path.join(self._path, "*.db")) if sized(f)]

@@ -46,26 +46,32 @@ def _scrape(path) -> str:
     return generate_latest(registry).decode()
 
 
+def _metric_files(path) -> list[str]:
+    return sorted(p.name for p in path.iterdir() if p.name.endswith(".db"))
+
+
 def test_a_dead_processes_counts_stay_in_the_sums_in_one_file_per_type(tmp_path):
     from agentos.metrics_files import retire
     for _ in range(3):
         retire(_process_that_counts(tmp_path), str(tmp_path))
+    # folded at once, not at the next scrape: a server nobody scrapes does not grow the directory
+    assert _metric_files(tmp_path) == ["counter_archive.db", "histogram_archive.db"]
     text = _scrape(tmp_path)
     assert "agentos_admission_rejected_total 6.0" in text
     assert "agentos_turn_duration_ms_count 3.0" in text
     assert 'agentos_turn_duration_ms_bucket{le="5.0"} 3.0' in text
     assert "agentos_in_flight_turns" not in text            # a live gauge: gone with its process
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["counter_archive.db", "histogram_archive.db"]
+    assert _metric_files(tmp_path) == ["counter_archive.db", "histogram_archive.db"]
 
     retire(_process_that_counts(tmp_path), str(tmp_path))   # restarts do not add files, only counts
     assert "agentos_admission_rejected_total 8.0" in _scrape(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["counter_archive.db", "histogram_archive.db"]
+    assert _metric_files(tmp_path) == ["counter_archive.db", "histogram_archive.db"]
 
     # A dead file that cannot be read (a torn write) is dropped, and the scrape still answers.
     (tmp_path / "counter_dead-4242.db").write_bytes((1 << 20).to_bytes(4, "little") + bytes(60))
     text = _scrape(tmp_path)
     assert "agentos_admission_rejected_total 8.0" in text
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["counter_archive.db", "histogram_archive.db"]
+    assert _metric_files(tmp_path) == ["counter_archive.db", "histogram_archive.db"]
 
 
 def test_a_live_process_is_read_beside_the_archive(tmp_path):
@@ -77,3 +83,38 @@ def test_a_live_process_is_read_beside_the_archive(tmp_path):
     assert f"counter_{pid}.db" in {p.name for p in tmp_path.iterdir()}
     retire(pid, str(tmp_path))
     assert "agentos_admission_rejected_total 4.0" in _scrape(tmp_path)
+
+
+def test_scrapes_beside_processes_dying_never_count_one_twice_or_lose_it(tmp_path):
+    """A scraper in another process, reading as fast as it can while processes die and are folded:
+    every total it reads is one the counts went through (never a dead process counted twice, never
+    one missing), and the last is the sum of all."""
+    from agentos.metrics_files import retire
+    (tmp_path / "running").touch()
+    scraper = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import os, re, sys, time
+        from prometheus_client import CollectorRegistry, generate_latest
+        from agentos.metrics_files import TreeCollector
+        registry = CollectorRegistry()
+        TreeCollector(registry, path=sys.argv[1])
+        deadline = time.monotonic() + 30.0
+        while time.monotonic() < deadline:
+            last = not os.path.exists(sys.argv[2])    # one more after the test says stop
+            found = re.search(r"agentos_admission_rejected_total ([0-9.]+)", generate_latest(registry).decode())
+            print(found.group(1) if found else "0", flush=True)
+            if last:
+                break
+    """), str(tmp_path), str(tmp_path / "running")], stdout=subprocess.PIPE, text=True)
+    try:
+        for _ in range(8):
+            retire(_process_that_counts(tmp_path), str(tmp_path))
+        (tmp_path / "running").unlink()
+        out, _ = scraper.communicate(timeout=60)
+    finally:
+        scraper.kill()
+        scraper.wait()
+    assert scraper.returncode == 0
+    totals = [float(line) for line in out.split()]
+    assert len(totals) > 10
+    assert all(total in {2.0 * n for n in range(9)} for total in totals)
+    assert totals == sorted(totals) and totals[-1] == 16.0
