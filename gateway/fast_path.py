@@ -43,6 +43,10 @@ SWEEP_SECS = 15.0
 _PREFIXES = (b"PUT /v1/sessions/", b"GET /v1/sessions/")
 _PREFIX_BYTES = len(_PREFIXES[0])
 _HAND_OVER_HEADERS = frozenset({"transfer-encoding", "expect", "upgrade"})
+# What aiohttp refuses in a head, so the fast path hands it over rather than accept it: a header
+# name that is not a token (RFC 9110), a control character (HTAB aside), a CR or LF on its own.
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+")      # matched against lowercased names
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]|\r(?!\n)|(?<!\r)\n")
 
 log = logging.getLogger("agent-os.gateway")
 
@@ -212,6 +216,8 @@ class FrontConnection(asyncio.Protocol):
             text = raw.decode("ascii")
         except UnicodeDecodeError:
             return None
+        if _CONTROL.search(text) is not None:
+            return None
         lines = text.split("\r\n")
         parts = lines[0].split(" ")
         if len(parts) != 3 or parts[2] != "HTTP/1.1" or parts[0] not in ("PUT", "GET"):
@@ -227,7 +233,7 @@ class FrontConnection(asyncio.Protocol):
         for line in lines[1:]:
             name, sep, value = line.partition(":")
             name = name.lower()
-            if not sep or not name or name != name.strip() or name in headers or name in _HAND_OVER_HEADERS:
+            if not sep or _TOKEN.fullmatch(name) is None or name in headers or name in _HAND_OVER_HEADERS:
                 return None
             headers[name] = value.strip()
         connection = headers.get("connection")

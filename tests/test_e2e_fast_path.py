@@ -137,6 +137,22 @@ def test_errors_have_the_json_shape_and_garbage_breaks_nothing(shared_server):
     assert get_json(f"{shared_server.url}/v1/sessions/fp-after/checkpoints/k", method="PUT", body=b"ok")[0] == 200
 
 
+def test_heads_aiohttp_would_refuse_are_refused_not_served(shared_server):
+    """A header name that is not a token, a control character, a lone CR or LF: aiohttp answers
+    400 to each; the fast path hands them to it instead of storing the checkpoint anyway."""
+    for extra in ("Ho st: x\r\n", "X{: 1\r\n", "X: \x01\r\n", "X: a\x7fb\r\n", "X: a\rb\r\n"):
+        with connect(shared_server) as sock:
+            sock.sendall(put_request("fp-strict", "k", b"nope", extra))
+            assert Responses(sock).next()[0] == 400, extra
+        with connect(shared_server) as sock:
+            sock.sendall(f"GET /v1/sessions/fp-strict/checkpoints/latest HTTP/1.1\r\nHost: t\r\n{extra}\r\n".encode())
+            assert Responses(sock).next()[0] == 400, extra
+    assert get_json(f"{shared_server.url}/v1/sessions/fp-strict/checkpoints/latest")[0] == 404   # none stored
+    with connect(shared_server) as sock:    # a tab inside a value is allowed, as aiohttp allows it
+        sock.sendall(put_request("fp-strict", "k", b"yes", "X-Note: a\tb\r\n"))
+        assert Responses(sock).next()[0] == 200
+
+
 def test_fast_path_requests_are_counted_like_the_others(shared_server):
     route = 'route="/v1/sessions/{sid}/checkpoints/{key}",status="200"'
     before = scrape(shared_server.url).get(f"agentos_http_requests_total{{{route}}}", 0.0)
