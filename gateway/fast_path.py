@@ -44,7 +44,8 @@ _PREFIXES = (b"PUT /v1/sessions/", b"GET /v1/sessions/")
 _PREFIX_BYTES = len(_PREFIXES[0])
 _HAND_OVER_HEADERS = frozenset({"transfer-encoding", "expect", "upgrade"})
 # What aiohttp refuses in a head, so the fast path hands it over rather than accept it: a header
-# name that is not a token (RFC 9110), a control character (HTAB aside), a CR or LF on its own.
+# name that is not a token (RFC 9110), a control character (HTAB aside), a CR or LF on its own
+# (and, below, a request without Host).
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+")      # matched against lowercased names
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]|\r(?!\n)|(?<!\r)\n")
 
@@ -236,6 +237,8 @@ class FrontConnection(asyncio.Protocol):
             if not sep or _TOKEN.fullmatch(name) is None or name in headers or name in _HAND_OVER_HEADERS:
                 return None
             headers[name] = value.strip()
+        if "host" not in headers:
+            return None               # HTTP/1.1 requires it: aiohttp answers 400
         connection = headers.get("connection")
         if connection is not None and connection.lower() != "keep-alive":
             return None

@@ -138,8 +138,8 @@ def test_errors_have_the_json_shape_and_garbage_breaks_nothing(shared_server):
 
 
 def test_heads_aiohttp_would_refuse_are_refused_not_served(shared_server):
-    """A header name that is not a token, a control character, a lone CR or LF: aiohttp answers
-    400 to each; the fast path hands them to it instead of storing the checkpoint anyway."""
+    """A header name that is not a token, a control character, a lone CR or LF, no Host: aiohttp
+    answers 400 to each; the fast path hands them to it instead of storing the checkpoint anyway."""
     for extra in ("Ho st: x\r\n", "X{: 1\r\n", "X: \x01\r\n", "X: a\x7fb\r\n", "X: a\rb\r\n"):
         with connect(shared_server) as sock:
             sock.sendall(put_request("fp-strict", "k", b"nope", extra))
@@ -147,6 +147,9 @@ def test_heads_aiohttp_would_refuse_are_refused_not_served(shared_server):
         with connect(shared_server) as sock:
             sock.sendall(f"GET /v1/sessions/fp-strict/checkpoints/latest HTTP/1.1\r\nHost: t\r\n{extra}\r\n".encode())
             assert Responses(sock).next()[0] == 400, extra
+    with connect(shared_server) as sock:    # no Host: an HTTP/1.1 request must have one
+        sock.sendall(b"PUT /v1/sessions/fp-strict/checkpoints/k HTTP/1.1\r\nContent-Length: 4\r\n\r\nnope")
+        assert Responses(sock).next()[0] == 400
     assert get_json(f"{shared_server.url}/v1/sessions/fp-strict/checkpoints/latest")[0] == 404   # none stored
     with connect(shared_server) as sock:    # a tab inside a value is allowed, as aiohttp allows it
         sock.sendall(put_request("fp-strict", "k", b"yes", "X-Note: a\tb\r\n"))
