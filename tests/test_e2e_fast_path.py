@@ -2,6 +2,7 @@
 HTTP/1.1 like aiohttp does — pipelined, split, half-closed and mixed-route connections, and
 unusual or broken requests handed to aiohttp on the same connection."""
 import os
+import random
 import socket
 import urllib.request
 from urllib.parse import urlsplit
@@ -165,7 +166,7 @@ def test_fast_path_requests_are_counted_like_the_others(shared_server):
                10, "the fast path's requests to be counted")   # metrics are flushed about once a second
 
 
-def test_with_the_fast_path_off_aiohttp_serves_the_checkpoint_routes(make_server):
+def test_with_the_fast_path_off_aiohttp_serves_the_checkpoint_routes(make_server, shared_server):
     server = make_server({"gateway": {"fast_checkpoints": False}})
     with connect(server) as sock:
         sock.sendall(put_request("fp-off", "k", b"plain") + get_request("/v1/sessions/fp-off/checkpoints/latest"))
@@ -173,6 +174,49 @@ def test_with_the_fast_path_off_aiohttp_serves_the_checkpoint_routes(make_server
         status, headers, _ = responses.next()
         assert status == 200 and "aiohttp" in headers["server"]
         assert responses.next()[2] == b"plain"
+    # and the fast path answers what aiohttp answers: the same broken heads to both, the same status
+    rng = random.Random(20261202)
+    requests = [put_request("fp-fuzz", "k", b"hello", "Content-Type: application/octet-stream\r\n"),
+                b"GET /v1/sessions/fp-fuzz/checkpoints/latest HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer x\r\n\r\n"]
+    differ = []
+    for _ in range(300):
+        raw = _break_head(rng, rng.choice(requests))
+        fast, plain = _first_status(shared_server, raw), _first_status(server, raw)
+        if fast != plain:
+            differ.append((raw, fast, plain))
+    assert not differ, differ[:5]
+
+
+def _break_head(rng: random.Random, request: bytes) -> bytes:
+    """A request with one to three bytes of its head changed, dropped or added."""
+    raw = bytearray(request)
+    for _ in range(rng.randint(1, 3)):
+        at = rng.randrange(max(1, raw.find(b"\r\n\r\n")))
+        op = rng.random()
+        if op < 0.3:
+            raw[at] = rng.randrange(256)
+        elif op < 0.45:
+            raw[at] = rng.randrange(32, 127)
+        elif op < 0.6:
+            raw[at:at] = bytes([rng.randrange(256)])
+        elif op < 0.8:
+            del raw[at]
+        else:
+            raw[at:at] = rng.choice([b"\r\n", b"\n", b" ", b":", b"\t", b"\r", b",", b"%20", b"?"])
+    return bytes(raw)
+
+
+def _first_status(server, raw: bytes) -> str:
+    """The status of the first answer to `raw`, or how the connection ended without one."""
+    with connect(server) as sock:
+        sock.settimeout(1.0)
+        sock.sendall(raw)
+        try:
+            return str(Responses(sock).next()[0])
+        except ConnectionError:
+            return "closed"
+        except TimeoutError:
+            return "no answer"
 
 
 def test_malformed_requests_are_counted_and_logged_without_a_traceback_each(shared_server):
