@@ -285,6 +285,11 @@ def summary_markdown(rows: list[dict], config: dict) -> str:
                    f"{floor['directory']} ({dev.get('source', '?')} on {dev.get('mount', '?')}):"
                    f" p50 {floor['p50_ms']:.3f} ms, p99 {floor['p99_ms']:.3f} ms, "
                    f"mean {floor['mean_ms']:.3f} ms, max {floor['max_ms']:.3f} ms.") for floor in floors]
+        after = config.get("disk_floor_after")
+        if after:
+            parts += [f"Again after the runs, {after['block_bytes']} B: p50 {after['p50_ms']:.3f} ms, "
+                      f"p99 {after['p99_ms']:.3f} ms (the disk's speed drifts: a ratio to the floor is only "
+                      "as good as the two agree)."]
     return "\n".join(parts) + "\n"
 
 

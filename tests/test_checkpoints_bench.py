@@ -258,8 +258,10 @@ def test_agentos_end_to_end_counts_errors_and_reads_before_writing(fake_server, 
     # the folder is written at the end: its start is the run's, not the writing's
     assert config["started_at"] < config["finished_at"]
     assert config["disk_floor"]["n"] == 5
+    assert config["disk_floor_after"]["n"] == 5 and config["disk_floor_after"]["block_bytes"] == 4096
     assert "secret" not in (folder / "config.json").read_text()
     summary = (folder / "summary.md").read_text()
+    assert "Again after the runs, 4096 B: p50" in summary
     assert "commit_http_413" in summary
     assert (folder / "windowed_commit_p99.png").exists()
     out = capsys.readouterr().out
