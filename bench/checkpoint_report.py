@@ -222,6 +222,18 @@ def summary_markdown(rows: list[dict], config: dict) -> str:
                   markdown_table(["scale", "mode", "throughput ratio", "commit p99 ratio"],
                                  [[r["scale"], r["mode"], r["throughput_ratio"],
                                    r["commit_p99_ratio"]] for r in ratio_rows])]
+    probed = [r for r in rows if r.get("disk_floor_p50_ms")]
+    if probed:
+        size = (config.get("floor_each_run") or {}).get("block_bytes", "?")
+        parts += ["", "## Commit p50 against the disk floor of the same minute", "",
+                  (f"The floor ({size} B append + fdatasync, p50) taken again just before each run "
+                   "(`--floor-each-run`): this disk's speed drifts by the minute, so each run is set "
+                   "against its own."), "",
+                  markdown_table(["target", "scale", "mode", "commit p50 ms", "floor p50 ms", "ratio"],
+                                 [[r["target"], r["scale"], _mode_cell(r, repeats), r["commit_ms"]["p50"],
+                                   r["disk_floor_p50_ms"],
+                                   (round(r["commit_ms"]["p50"] / r["disk_floor_p50_ms"], 2)
+                                    if r["commit_ms"]["p50"] else "–")] for r in probed])]
     timed = [r for r in rows if r.get("parts_ms")]
     if timed:
         names = list(dict.fromkeys(n for r in timed for n in r["parts_ms"]))

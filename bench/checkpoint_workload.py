@@ -261,9 +261,11 @@ async def warm_up(clients: list, cfg: BenchConfig) -> list[str]:
     return [e for e in await asyncio.gather(*(one(i, c) for i, c in enumerate(clients))) if e]
 
 
-async def run_target(target, cfg: BenchConfig,
-                     progress: Callable[[str], None] = print) -> list[dict]:
-    """Every scale × mode × repeat on one target, one connection per worker for all of them."""
+async def run_target(target, cfg: BenchConfig, progress: Callable[[str], None] = print,
+                     floor_probe: Callable[[], dict] | None = None) -> list[dict]:
+    """Every scale × mode × repeat on one target, one connection per worker for all of them.
+    With `floor_probe`, the disk's floor is taken again just before each run and kept in its row
+    (`disk_floor_p50_ms`): on a disk whose speed drifts by the minute, the run's own floor."""
     scales = [parse_scale(s) for s in cfg.scales]
     payloads = make_payloads(max(s.tasks for s in scales), cfg)
     clients = [await target.open_worker() for _ in range(cfg.workers)]
@@ -279,8 +281,11 @@ async def run_target(target, cfg: BenchConfig,
         for scale in scales:
             for mode in cfg.modes:
                 for run in range(1, cfg.repeat + 1):
+                    floor = floor_probe() if floor_probe is not None else None
                     row = await run_once(target, clients, scale, mode, cfg, payloads,
                                          written, run)
+                    if floor is not None:
+                        row["disk_floor_p50_ms"] = floor["p50_ms"]
                     row["warmup_errors"] = len(warm_errors)
                     rows.append(row)
                     progress(_one_line(row))

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime
+import functools
 import signal
 import shutil
 import subprocess
@@ -112,7 +113,8 @@ def noop_started(cfg: BenchConfig, durable_under: str | None = None) -> Iterator
 
 
 def run_benchmark(cfg: BenchConfig, targets: list[Callable[[], AbstractContextManager]],
-                  progress: Callable[[str], None] = print) -> tuple[list[dict], dict]:
+                  progress: Callable[[str], None] = print,
+                  floor_probe: Callable[[], dict] | None = None) -> tuple[list[dict], dict]:
     """Run every target (each a factory of a context manager yielding a target object) on a
     fresh uvloop loop; returns the rows and each target's description."""
     import uvloop  # only here: importing the module must not pick the caller's loop
@@ -123,7 +125,7 @@ def run_benchmark(cfg: BenchConfig, targets: list[Callable[[], AbstractContextMa
     for factory in targets:
         with factory() as target:
             with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-                new = runner.run(run_target(target, cfg, progress))
+                new = runner.run(run_target(target, cfg, progress, floor_probe))
             if getattr(target, "round", None) is not None:
                 for row in new:
                     row["round"] = target.round
@@ -173,6 +175,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="where the private PostgreSQL/Redis data dir goes (default: %(default)s)")
     p.add_argument("--floor-dir", help="directory of the disk floor (default: --peer-tmp)")
     p.add_argument("--floor-iterations", type=int, default=2000, help="0 skips the disk floor")
+    p.add_argument("--floor-each-run", type=int, default=0, metavar="N",
+                   help="also take the first floor size, N appends, just before every run, and report "
+                        "each run's commit p50 against it (0: only before and after all runs)")
     p.add_argument("--floor-bytes", default="4096",
                    help="append sizes of the disk floor, comma-separated; the first is the one the "
                         "target is stated against (default: %(default)s)")
@@ -295,7 +300,9 @@ def _main(argv: list[str] | None) -> int:
         for floor in floors:
             print(f"disk floor in {floor_dir} ({floor['block_bytes']} B): p50 {floor['p50_ms']} ms, "
                   f"p99 {floor['p99_ms']} ms")
-        rows, described = run_benchmark(cfg, factories)
+        probe = (functools.partial(fsync_floor, floor_dir, args.floor_each_run, floor_sizes[0])
+                 if args.floor_each_run > 0 else None)
+        rows, described = run_benchmark(cfg, factories, floor_probe=probe)
         # the first size again: the disk's speed drifts by the minute here, and a floor taken only
         # before the runs can be far from the one they met
         floor_after = fsync_floor(floor_dir, args.floor_iterations, floor_sizes[0]) if floors else None
@@ -309,6 +316,8 @@ def _main(argv: list[str] | None) -> int:
               "disk_floor": floor,
               "disk_floors": floors,
               "disk_floor_after": floor_after,
+              "floor_each_run": ({"n": args.floor_each_run, "block_bytes": floor_sizes[0]}
+                                 if args.floor_each_run > 0 else None),
               "cpu_latency_us": args.cpu_latency_us,
               "wakeup_round_trip": wakeup,
               "python_workload": cpu,

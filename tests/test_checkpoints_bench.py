@@ -216,14 +216,14 @@ def test_agentos_end_to_end_counts_errors_and_reads_before_writing(fake_server, 
     api, url = fake_server
     run_benchmark = checkpoints.run_benchmark
 
-    def slower(*args):          # a run that lasts into the next second, so the two times differ
+    def slower(*args, **kwargs):   # a run that lasts into the next second, so the two times differ
         time.sleep(1.05)
-        return run_benchmark(*args)
+        return run_benchmark(*args, **kwargs)
 
     monkeypatch.setattr(checkpoints, "run_benchmark", slower)
     code = checkpoints.main([
         "--scales", "5x3", "--modes", "write,mixed", "--workers", "2", "--targets", "agentos",
-        "--agentos-url", url, "--agentos-api-key", "secret", "--floor-iterations", "5",
+        "--agentos-url", url, "--agentos-api-key", "secret", "--floor-iterations", "5", "--floor-each-run", "3",
         "--peer-tmp", str(tmp_path), "--results-root", str(tmp_path / "results"),
         "--op-timeout", "5"])
     assert code == checkpoints.EXIT_OK
@@ -262,6 +262,8 @@ def test_agentos_end_to_end_counts_errors_and_reads_before_writing(fake_server, 
     assert "secret" not in (folder / "config.json").read_text()
     summary = (folder / "summary.md").read_text()
     assert "Again after the runs, 4096 B: p50" in summary
+    assert all(r["disk_floor_p50_ms"] > 0 for r in rows)          # each run's own floor, just before it
+    assert "## Commit p50 against the disk floor of the same minute" in summary
     assert "commit_http_413" in summary
     assert (folder / "windowed_commit_p99.png").exists()
     out = capsys.readouterr().out
