@@ -62,7 +62,6 @@ from storage.recent_ids import RecentIds
 from storage.store_notices import StoreNotices
 
 RECENT_SCAN_BYTES = 128 << 20
-QUIET_SECS = 0.0005     # embedded: a gathering batch goes once no record came for this long
 
 
 class LocalAppend:
@@ -86,7 +85,6 @@ class LogWriter(ClusterSide):
         self.local_waiters = 0      # embedded: SYNC records in the batch being gathered ...
         self.last_waiters = 0       # ... and in the last one written
         self.window_timer: asyncio.TimerHandle | None = None   # embedded: the wait for more of them
-        self.gather_until = 0.0     # embedded: loop time the wait ends at the latest
         self.writing = False        # embedded: a batch of ASYNC records is on the I/O thread
         self.log = log
         self.fsync = config.storage.durability != "none"
@@ -214,16 +212,8 @@ class LogWriter(ClusterSide):
         if self.writing or not self.local_waiters:
             self.wake.set()
         elif self.window and self.local_waiters < self.last_waiters:
-            # Wait for the rest, but not past the window, nor longer than QUIET_SECS since the last
-            # of them came: the others answered with these are late (a slow client, the end of its
-            # run), and everyone in the batch would wait for them.
-            loop = asyncio.get_running_loop()
-            now = loop.time()
             if self.window_timer is None:
-                self.gather_until = now + self.window
-            else:
-                self.window_timer.cancel()
-            self.window_timer = loop.call_at(min(self.gather_until, now + QUIET_SECS), self._commit)
+                self.window_timer = asyncio.get_running_loop().call_later(self.window, self._commit)
         else:
             self._commit()
 
