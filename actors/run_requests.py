@@ -97,6 +97,13 @@ class RunRequests:
                                                 "error": "no such run"})
             return
         if not run.ended:
+            # The child runs it waits on (they would run on, unheard of) are told first, in the same
+            # loop iteration as the run's end is appended, not once that is durable: an actor that
+            # died in between left them running. An end that did not become durable leaves the run
+            # open, and a retried cancel tells them again.
+            for op in run.ops.values():
+                if op.op == "child" and op.child and not op.done:
+                    self.bus.spawn(self._cancel_child(run, op.child))
             await self.end(run, "cancelled", error="cancelled by request")
             task_id = f"{run.run_id}#{run.exec}"
             worker = self.run_workers.pop(run.run_id, "")
@@ -105,9 +112,6 @@ class RunRequests:
             # and one this actor has not heard from yet: the scheduler drops the execution if it is
             # queued, or tells the worker it offered it to (else its step in flight ran to its end)
             self.bus.send(SCHEDULER, Kind.TASK_CANCEL, {"task_id": task_id})
-            for op in run.ops.values():   # and the child runs it waits on (they ran on, unheard of)
-                if op.op == "child" and op.child and not op.done:
-                    self.bus.spawn(self._cancel_child(run, op.child))
         self.bus.reply(msg, Kind.FLOW_RUN, run.summary())
 
     async def _cancel_child(self, run: Run, child: str) -> None:
