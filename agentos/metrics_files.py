@@ -127,7 +127,10 @@ class TreeCollector(multiprocess.MultiProcessCollector):
 
     def collect(self):
         with _folding(self._path):
-            fold(self._path)
+            try:
+                fold(self._path)
+            except OSError as exc:   # a full disk, say: the dead files are still read as they are
+                log.warning("could not fold dead processes' metrics: %s", exc)
             for attempt in range(RENAME_RETRIES):
                 files = [f for f in glob.glob(os.path.join(self._path, "*.db")) if sized(f)]
                 try:

@@ -118,3 +118,19 @@ def test_scrapes_beside_processes_dying_never_count_one_twice_or_lose_it(tmp_pat
     assert len(totals) > 10
     assert all(total in {2.0 * n for n in range(9)} for total in totals)
     assert totals == sorted(totals) and totals[-1] == 16.0
+
+
+def test_a_fold_that_cannot_write_still_leaves_every_count_in_the_scrape(tmp_path, monkeypatch):
+    from prometheus_client.mmap_dict import MmapedDict
+
+    from agentos import metrics_files
+
+    class FullDisk(MmapedDict):        # reads as usual; writing a new archive fails
+        def __init__(self, *_):
+            raise OSError(28, "No space left on device")
+    pids = [_process_that_counts(tmp_path) for _ in range(2)]
+    monkeypatch.setattr(metrics_files, "MmapedDict", FullDisk)
+    for pid in pids:
+        metrics_files.retire(pid, str(tmp_path))          # cannot fold: the files stay, renamed
+    assert _metric_files(tmp_path) == sorted(f"{t}_dead-{p}.db" for t in ("counter", "histogram") for p in pids)
+    assert "agentos_admission_rejected_total 4.0" in _scrape(tmp_path)
