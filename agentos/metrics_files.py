@@ -65,10 +65,8 @@ def _folding(path: str) -> Iterator[None]:
             os.close(fd)      # and with it the flock
 
 
-def fold(path: str) -> int:
-    """Fold the dead files into the archives; returns how many were folded. Call it holding
-    `_folding`."""
-    folded = 0
+def fold(path: str) -> None:
+    """Fold the dead files into the archives. Call it holding `_folding`."""
     for typ in ARCHIVED_TYPES:
         dead = sorted(glob.glob(os.path.join(path, f"{typ}_dead-*.db")))
         if not dead:
@@ -92,8 +90,6 @@ def fold(path: str) -> int:
             except FileNotFoundError:
                 pass
         os.replace(fresh, archive)
-        folded += len(dead)
-    return folded
 
 
 def _add_values(name: str, totals: dict[str, float]) -> None:
