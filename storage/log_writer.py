@@ -121,7 +121,8 @@ class LogWriter(ClusterSide):
 
     async def open(self) -> None:
         loop = asyncio.get_running_loop()
-        self.segments = await loop.run_in_executor(self.io, segments.SegmentLog, self.directory, self.segment_bytes)
+        self.segments = await loop.run_in_executor(self.io, segments.SegmentLog, self.directory, self.segment_bytes,
+                                                   self.config.storage.zero_segments)
         if self.object_store is not None:
             await self._level_with_bucket(loop)
         if not self.embedded:   # an embedded writer's one sender died with it: nobody retries into it

@@ -14,6 +14,8 @@ second process appending and syncing 2 MB every 60 ms (four alternating runs of 
 100 KB pwrite + fdatasync at the end of a file took p50 0.63-0.70 ms / p99 4.3-4.8 ms, the same
 into a zeroed file 0.38-0.46 / 1.2-2.3 ms. So a segment's data
 ends at its first non-whole record, not at the file's size: zero bytes never parse as one.
+`storage.zero_segments: false` (`preallocate=False`) appends to plain files instead, for
+filesystems where an overwrite saves nothing (copy-on-write ones).
 The next segment is zeroed ahead of time on a background thread (`spare.zero`), once the current
 one is half full: not at start, where it would compete with the first commits for the disk.
 
@@ -140,6 +142,8 @@ class SegmentLog:
         self.size = 0       # bytes of records in the current segment
         self.spare: threading.Thread | None = None
         self.spare_started = False   # the next segment's zeroing has begun (or it was there already)
+        if not preallocate:
+            (directory / SPARE).unlink(missing_ok=True)   # zeroed under another setting: disk for nothing
         self.recovery = self._open()
 
     @property

@@ -18,9 +18,9 @@ from storage import records, segments
 from storage.log_writer import LocalAppend, LogWriter
 
 
-def _writer(tmp_path, window_us: int) -> LogWriter:
+def _writer(tmp_path, window_us: int, zero_segments: bool = True) -> LogWriter:
     config = from_dict({"storage": {"dir": str(tmp_path), "commit_window_us": window_us,
-                                    "segment_bytes": 1 << 20}})
+                                    "segment_bytes": 1 << 20, "zero_segments": zero_segments}})
     writer = LogWriter(config, 1, f"ipc://{tmp_path}/no-broker.sock", logging.getLogger("test"), embedded=True)
     writer.bus.send = lambda *args, **kwargs: 0      # no broker here: the store's notices go nowhere
     return writer
@@ -122,6 +122,21 @@ def test_a_batch_waits_for_as_many_sync_records_as_the_last_one_held(tmp_path):
         assert len(answers) == 4
         await _until(lambda: len(answers) == 5, secs=1.0)
         assert writer.stats["fsyncs"] == 3 and writer.last_waiters == 1
+        _close(writer, loop_task)
+
+    asyncio.run(go())
+
+
+def test_a_log_configured_without_zeroing_appends_to_a_plain_segment(tmp_path):
+    async def go():
+        writer = _writer(tmp_path, 0, zero_segments=False)
+        await writer.open()
+        loop_task = asyncio.create_task(writer.commit_loop())
+        answers: list = []
+        _append(writer, answers, "a b")
+        assert [(n, disk) for n, _, _, disk in answers] == [("a b", [b"a", b"b"])]
+        ((_, path),) = segments.list_segments(writer.directory)
+        assert path.stat().st_size == writer.segments.end     # its records, no zeroed megabyte after them
         _close(writer, loop_task)
 
     asyncio.run(go())

@@ -122,6 +122,32 @@ def test_zeroed_segments_end_at_their_last_whole_record(tmp_path):
     log.close()
 
 
+def test_without_zeroing_segments_hold_their_records_and_recover_a_torn_tail(tmp_path):
+    """storage.zero_segments: false — plain appends, no spare, and a leftover spare goes."""
+    (tmp_path / segments.SPARE).write_bytes(bytes(1500))           # zeroed under the other setting
+    log = segments.SegmentLog(tmp_path, segment_bytes=1500, preallocate=False)
+    assert not (tmp_path / segments.SPARE).exists()
+    data = frames(30)
+    for i in range(0, 30, 3):
+        log.write(b"".join(data[i:i + 3]), sync=True)
+    assert not (tmp_path / segments.SPARE).exists()                 # past half, nothing zeroed ahead
+    segs = segments.list_segments(tmp_path)
+    assert len(segs) > 2
+    assert sum(path.stat().st_size for _, path in segs) == log.end == sum(map(len, data))   # no zero tails
+    log.close()
+    last = segs[-1][1]
+    os.truncate(last, last.stat().st_size - 7)                      # the last record torn
+    reopened = segments.SegmentLog(tmp_path, segment_bytes=1500, preallocate=False)
+    assert reopened.recovery.end == log.end - len(data[-1])
+    reopened.write(b"".join(frames(1, start=30)), sync=True)
+    reopened.close()
+    got = []
+    reader = segments.SegmentReader(tmp_path, 0)
+    while batch := reader.read(1 << 20):
+        got += [r[2] for r in batch]
+    assert got == [f"id-{i}".encode() for i in [*range(29), 30]]
+
+
 def test_reader_resumes_mid_log_and_clamps_after_a_truncation(tmp_path):
     log = segments.SegmentLog(tmp_path, segment_bytes=1 << 20)
     data = frames(10)
