@@ -122,7 +122,6 @@ class StorageConfig:
     payload_compaction_min_mb: float = 64.0
     # Group commit: after a batch that served k senders, wait up to this long for about k
     # messages before the next fsync (their acks just went out, they are about to send again).
-    # The gateway's own log waits no longer than two of its recent write + fdatasyncs took.
     commit_window_us: int = 2000
     duckdb_memory_limit_mb: int = 64
     duckdb_recycle_secs: float = 300.0   # each DuckDB file is reopened this often (its native memory starts over)

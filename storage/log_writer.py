@@ -85,7 +85,6 @@ class LogWriter(ClusterSide):
         self.local_waiters = 0      # embedded: SYNC records in the batch being gathered ...
         self.last_waiters = 0       # ... and in the last one written
         self.window_timer: asyncio.TimerHandle | None = None   # embedded: the wait for more of them
-        self.fsync_secs = config.storage.commit_window_us / 2e6   # write + fdatasync, until one is timed
         self.writing = False        # embedded: a batch of ASYNC records is on the I/O thread
         self.log = log
         self.fsync = config.storage.durability != "none"
@@ -215,10 +214,7 @@ class LogWriter(ClusterSide):
             self.wake.set()
         elif self.window and self.local_waiters < self.last_waiters:
             if self.window_timer is None:
-                # Never longer than two fdatasyncs take: past that, the records already here wait
-                # more for company than a batch of their own would have cost them.
-                wait = min(self.window, 2.0 * self.fsync_secs)
-                self.window_timer = asyncio.get_running_loop().call_later(wait, self._commit)
+                self.window_timer = asyncio.get_running_loop().call_later(self.window, self._commit)
         else:
             self._commit()
 
@@ -266,9 +262,7 @@ class LogWriter(ClusterSide):
         if self.fsync:
             self.stats["fsyncs"] += 1
             metrics.inc(metrics.log_fsyncs)
-            took = time.monotonic() - started
-            self.fsync_secs += (took - self.fsync_secs) / 8      # a moving average of the last few
-            metrics.observe(metrics.log_fsync_ms, took * 1000.0)
+            metrics.observe(metrics.log_fsync_ms, (time.monotonic() - started) * 1000.0)
             metrics.observe(metrics.log_batch_records, sum(n for _, n in waiting))
         self.notices.written(end, count)
         if self.shipper is not None and size:
