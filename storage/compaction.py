@@ -190,7 +190,7 @@ async def _revisit_superseded(writer: "LogWriter") -> int:
     # and its commits share the disk and this process with the rewrites.
     before = time.time() - REVISIT_AFTER_PASSES * writer.config.storage.compaction_interval_secs
     first_pass = read_mark(writer.directory)
-    done = [seg for seg in sealed_segments(writer.directory) if seg[1] <= first_pass and seg[2].stat().st_mtime < before]
+    done = old_enough([seg for seg in sealed_segments(writer.directory) if seg[1] <= first_pass], before)
     if not done:
         return 0
     at = read_mark(writer.directory, REVISIT_MARK_FILE)
@@ -212,6 +212,21 @@ async def _revisit_superseded(writer: "LogWriter") -> int:
     if dropped:
         writer.log.info("compaction: dropped %d superseded checkpoints from segments seen before", dropped)
     return dropped
+
+
+def old_enough(sealed: list[tuple[int, int, Path]], before: float) -> list[tuple[int, int, Path]]:
+    """The segments of `sealed` (in log order) last written before `before`. A segment is written
+    after the one before it, and rewrites keep its time, so they are a prefix: found with a
+    binary search, a few stats instead of one per segment on the writer's loop (a log has
+    thousands of segments after a few days)."""
+    lo, hi = 0, len(sealed)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if sealed[mid][2].stat().st_mtime < before:
+            lo = mid + 1
+        else:
+            hi = mid
+    return sealed[:lo]
 
 
 def _checkpoints_in(named: set[tuple[str, int]]) -> Callable[[int, bytes], bool]:

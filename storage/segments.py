@@ -2,7 +2,8 @@
 
 A log is a directory of segment files named by the global byte position where each starts
 (`00000000000000000000.seg`), so a record's position is stable across rotation and the
-store can resume from a position. A new segment's file and directory entry are fsync'd
+store can resume from a position (their listing: storage/segment_listing.py). A new segment's
+file and directory entry are fsync'd
 before anything is acknowledged from it. Opening a log scans its last segment and clears
 a torn tail back to the last whole record.
 
@@ -32,28 +33,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from storage import records
+from storage.segment_listing import list_segments, locate, segment_name, segments_from
 
 log = logging.getLogger("agent-os.storage")
-SUFFIX = ".seg"
 SPARE = "spare.zero"
 ZERO_CHUNK = 1 << 20    # fdatasync'd at a time
 ZERO_WRITE = 16 << 10   # bytes per write (see zero_file)
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024   # buffers per pwritev
 FIRST_READ = 64 << 10   # a read first looks this far: past the data a zeroed tail costs one small read
-
-
-def segment_name(position: int) -> str:
-    return f"{position:020d}{SUFFIX}"
-
-
-def list_segments(directory: Path) -> list[tuple[int, Path]]:
-    out = []
-    for path in directory.glob(f"*{SUFFIX}"):
-        try:
-            out.append((int(path.name[:-len(SUFFIX)]), path))
-        except ValueError:
-            continue
-    return sorted(out)
 
 
 def zero_file(path: Path, size: int) -> None:
@@ -235,7 +222,7 @@ class SegmentLog:
     def read_range(self, start: int, end: int) -> bytes:
         """The bytes of [start, end) from the local segments (to ship what the bucket lacks)."""
         out = []
-        segs = list_segments(self.directory)
+        segs = segments_from(self.directory, start)
         for index, (seg_start, path) in enumerate(segs):
             # A sealed segment's data ends where the next begins; the rest of its file is zeros.
             seg_end = seg_start + path.stat().st_size
@@ -309,7 +296,7 @@ def recent_ids(directory: Path, max_bytes: int) -> list[bytes]:
 def log_end(directory: Path, hint: int = 0) -> int:
     """Where the log's records end on disk now; `hint`, a record boundary at or before the end
     (what a reader has read), saves scanning from the last segment's start."""
-    segs = list_segments(directory)
+    segs = segments_from(directory, hint)
     if not segs:
         return 0
     start, path = segs[-1]
@@ -334,9 +321,10 @@ class SegmentReader:
         none ending past `limit` if given. A writer writes a batch before its fdatasync, so a file
         can hold whole records that are not durable yet, and that a failed fdatasync zeroes back
         or a crash loses: the store reads only up to the end its writers reported durable."""
-        segments = list_segments(self.directory)
+        segments, first = locate(self.directory, self.position)
         out = []
-        for index, (start, path) in enumerate(segments):
+        for index in range(first, len(segments)):
+            start, path = segments[index]
             nxt = segments[index + 1][0] if index + 1 < len(segments) else None
             if nxt is not None and nxt <= self.position:
                 continue

@@ -349,3 +349,19 @@ def test_checkpoints_superseded_after_their_segments_first_pass_leave_the_log_to
         with urllib.request.urlopen(f"{server.url}/v1/sessions/{sid}/checkpoints/latest", timeout=10) as resp:
             assert resp.headers["X-Checkpoint-Key"] == f"r{rounds - 1}"
             assert resp.read() == f"{sid}/{rounds - 1};".encode() * 2800
+
+
+def test_the_segments_old_enough_to_revisit_are_found_by_their_times(tmp_path):
+    old_enough = compaction.old_enough
+    sealed = []
+    for n in range(9):
+        path = tmp_path / f"{n}.seg"
+        path.write_bytes(b"")
+        os.utime(path, (1000 + n * 10, 1000 + n * 10))    # written in log order
+        sealed.append((n * 100, (n + 1) * 100, path))
+    assert old_enough(sealed, 1000) == []
+    assert old_enough(sealed, 1001) == sealed[:1]
+    assert old_enough(sealed, 1045) == sealed[:5]
+    assert old_enough(sealed, 1080) == sealed[:8]
+    assert old_enough(sealed, 5000) == sealed
+    assert old_enough([], 5000) == []
