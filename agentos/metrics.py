@@ -74,6 +74,8 @@ event_db_dropped = Counter("agentos_event_db_dropped_total", "Events dropped by 
                            "instead)")
 store_lag_records = Gauge("agentos_store_lag_records", "Records the store is behind the log",
                           multiprocess_mode="livesum")
+store_lag_bytes = Gauge("agentos_store_lag_bytes", "Bytes of the log the store has not loaded (a restart's "
+                        "backlog included)", multiprocess_mode="livesum")
 store_lag_seconds = Gauge("agentos_store_lag_seconds", "Age of the oldest record the store has not loaded",
                           multiprocess_mode="livemax")
 store_rows = Counter("agentos_store_rows_total", "Rows loaded into DuckDB, by table", ["table"])

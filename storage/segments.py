@@ -318,12 +318,16 @@ class SegmentReader:
 
     def read(self, max_bytes: int, limit: int | None = None) -> list[tuple[int, int, bytes, bytes, int]]:
         """(position, kind, id, body, next position) of whole records from the current position,
-        none ending past `limit` if given. A writer writes a batch before its fdatasync, so a file
-        can hold whole records that are not durable yet, and that a failed fdatasync zeroes back
-        or a crash loses: the store reads only up to the end its writers reported durable."""
-        segments, first = locate(self.directory, self.position)
-        out = []
-        for index in range(first, len(segments)):
+        about `max_bytes` of them, across as many segments as that takes (a read that stopped at
+        each segment's end came back short: writer/store then waited its batch interval, so
+        catching up over compacted or small segments went at one segment a second), none ending
+        past `limit` if given. A writer writes a batch before its fdatasync, so a file can hold
+        whole records that are not durable yet, and that a failed fdatasync zeroes back or a
+        crash loses: the store reads only up to the end its writers reported durable."""
+        segments, index = locate(self.directory, self.position)
+        out: list = []
+        remaining = max_bytes
+        for index in range(index, len(segments)):
             start, path = segments[index]
             nxt = segments[index + 1][0] if index + 1 < len(segments) else None
             if nxt is not None and nxt <= self.position:
@@ -338,9 +342,9 @@ class SegmentReader:
                 log.warning("log %s ends at %d, before the reader's position %d; continuing from its end",
                             self.directory, start + size, self.position)
                 self.position = start + size
-            budget = max_bytes if limit is None else min(max_bytes, limit - self.position)
+            budget = remaining if limit is None else min(remaining, limit - self.position)
             if budget <= 0:
-                return []
+                break
             if len(self.buffer) < budget:
                 self.buffer = bytearray(budget)
             with open(path, "rb") as f:
@@ -349,11 +353,12 @@ class SegmentReader:
                 # whole_records may return one record past its budget: that one is not durable yet
                 found = [r for r in found if self.position + r[4] <= limit]
                 consumed, at_end = (found[-1][4] if found else 0), False
-            out = [(self.position + off, kind, record_id, body, self.position + end)
-                   for off, kind, record_id, body, end in found]
+            out += [(self.position + off, kind, record_id, body, self.position + end)
+                    for off, kind, record_id, body, end in found]
             self.position += consumed
-            if out or nxt is None or not at_end:
-                return out
+            remaining -= consumed
+            if nxt is None or not at_end:
+                break      # the log's end, or the budget ended inside this segment
             # This segment is exhausted and a newer one exists: move on.
             self.position = nxt
         return out

@@ -44,6 +44,7 @@ class StoreService:
         self.loader: ThreadPoolExecutor | None = None
         self.flushed: dict[int, int] = {}
         self.loaded: dict[int, int] = {}
+        self.files_at_start: dict[int, int] = {}
         self.writers_open: set[int] = set()   # heard from since it (or this process) last started
         self.pending_flushes: collections.deque[tuple[int, int, int, float]] = collections.deque()
         self.waiters: list[tuple[dict[int, int], asyncio.Future]] = []
@@ -74,6 +75,13 @@ class StoreService:
         self.loader.submit(self.store.run_loader)
         behind = sum(max(files[w] - self.loaded.get(w, 0), 0) for w in files)
         self.log.info("DuckDB files in %s; resuming %d bytes behind the log", self.store.db_dir, behind)
+        # What the log held before this start counts as lag too (no notice will tell of it): in
+        # bytes and age from now; its records are not counted (that would mean reading them twice).
+        self.files_at_start = dict(files)
+        now = time.monotonic()
+        for writer, end in sorted(files.items()):
+            if end > self.loaded.get(writer, 0):
+                self.pending_flushes.append((writer, end, 0, now))
 
     async def stop(self) -> None:
         """Stop the loader, then load what is left: on a clean stop DuckDB has the whole log."""
@@ -182,6 +190,13 @@ class StoreService:
         oldest = self.pending_flushes[0][3] if self.pending_flushes else None
         return records, (time.monotonic() - oldest) if oldest is not None else 0.0
 
+    def lag_bytes(self) -> int:
+        """Bytes of the logs not loaded yet: up to where each is durable, or where its files ended
+        when this process started (a restart's backlog, before the writer has said anything)."""
+        ends = {w: max(self.flushed.get(w, 0), self.files_at_start.get(w, 0))
+                for w in self.flushed.keys() | self.files_at_start.keys()}
+        return sum(max(end - self.loaded.get(w, 0), 0) for w, end in ends.items())
+
     # -- bus ------------------------------------------------------------------------------
 
     async def on_query(self, msg: Message) -> None:
@@ -247,7 +262,7 @@ class StoreService:
     def on_stats(self, msg: Message) -> None:
         records, seconds = self.lag()
         self.bus.reply(msg, Kind.STATS_REPLY, {"role": "store", "stats": {
-            **self.store.stats, "lag_records": records, "lag_secs": round(seconds, 3),
+            **self.store.stats, "lag_records": records, "lag_secs": round(seconds, 3), "lag_bytes": self.lag_bytes(),
             "loaded": {str(k): v for k, v in self.loaded.items()}, "flushed": {str(k): v for k, v in self.flushed.items()},
             "waiting_queries": len(self.waiters), "bus": self.bus.stats()}})
 
@@ -315,6 +330,7 @@ class StoreService:
             records, seconds = self.lag()
             metrics.store_lag_records.set(records)
             metrics.store_lag_seconds.set(seconds)
+            metrics.store_lag_bytes.set(self.lag_bytes())
             metrics.message_store_queue.set(records)
             metrics.access_log_queue.set(records)
             metrics.payload_file_bytes.set(self.store.payloads.total_bytes)

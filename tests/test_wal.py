@@ -60,6 +60,28 @@ def test_a_reader_given_a_limit_returns_no_record_that_ends_past_it(tmp_path):
     assert [r[2] for r in reader.read(1 << 20)] == [f"id-{i}".encode() for i in range(8, 12)]
 
 
+def test_one_read_goes_on_across_small_segments_until_its_budget_is_used(tmp_path):
+    """A store catching up over many small (or compacted) segments gets a full batch per read,
+    not one segment's records (after a short read it waits a batch interval)."""
+    data = frames(60, size=300)
+    log = segments.SegmentLog(tmp_path, segment_bytes=2 * len(data[0]) + 10, preallocate=False)
+    for i in range(0, 60, 2):
+        log.write(data[i:i + 2], sync=True)           # thirty segments of two records
+    assert len(segments.list_segments(tmp_path)) == 30
+    ids = [f"id-{i}".encode() for i in range(60)]
+    reader = segments.SegmentReader(tmp_path, 0)
+    got = reader.read(25 * len(data[0]))             # about 25 records' worth: into the thirteenth segment
+    assert [r[2] for r in got] == ids[:len(got)] and 24 <= len(got) <= 26
+    assert reader.position == got[-1][4]
+    ends = {r[2]: r[4] for r in segments.SegmentReader(tmp_path, 0).read(1 << 20)}
+    assert len(ends) == 60                            # one read, the whole log
+    more = reader.read(1 << 20, limit=ends[b"id-44"])  # a limit in a later segment: up to it
+    assert [r[2] for r in more] == ids[len(got):45]
+    assert reader.read(1 << 20, limit=ends[b"id-44"]) == []
+    assert [r[2] for r in reader.read(1 << 20)] == ids[45:]
+    log.close()
+
+
 def test_records_a_reader_returned_stay_whole_when_it_reads_again_into_the_same_buffer(tmp_path):
     log = segments.SegmentLog(tmp_path, segment_bytes=1 << 20)
     data = frames(20, size=3000)
