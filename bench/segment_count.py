@@ -4,7 +4,8 @@ Owns: logs of N small segments built in a scratch directory (real frames, files 
 writer/log names them), and three measurements on each, side by side with the listing read from
 the disk on every call (`segment_listing.forget` before each: what every call cost before the
 listing was kept) and with it kept while the directory does not change:
-- `list`: one listing, p50 over LIST_CALLS calls;
+- `list`: one listing, p50 over LIST_CALLS calls; `sealed`: compaction's list of sealed segments
+  (several per pass, on the log writer's loop), likewise;
 - `tail`: writer/store's loader in steady state — one batch appended to the last segment, then
   read; p50 per read;
 - `catch-up`: a reader from position 0 over the whole log, as writer/store after a restart (it
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from bench.results import ResultsDir, markdown_table, pyplot
 from storage import records, segment_listing, segments
+from storage.compaction import sealed_segments
 from storage.records import RecordKind
 
 RECORDS_PER_SEGMENT = 2
@@ -79,6 +81,13 @@ def measure(directory: Path, count: int, kept: bool, budget: float) -> dict:
         segments.list_segments(directory)
         times.append(time.perf_counter() - t)
     list_ms = statistics.median(times) * 1000
+    times = []
+    for _ in range(LIST_CALLS):
+        listing_call()
+        t = time.perf_counter()
+        sealed_segments(directory)
+        times.append(time.perf_counter() - t)
+    sealed_ms = statistics.median(times) * 1000
     globbed = []
     for _ in range(5 if not kept else 0):
         t = time.perf_counter()
@@ -114,6 +123,7 @@ def measure(directory: Path, count: int, kept: bool, budget: float) -> dict:
                 raise RuntimeError(f"the tail read found {len(got)} records, not 1")
     return {"segments": count, "listing": "kept" if kept else "every call", "list_ms": round(list_ms, 3),
             "glob_list_ms": round(statistics.median(globbed) * 1000, 3) if globbed else None,
+            "sealed_ms": round(sealed_ms, 3),
             "tail_read_ms": round(statistics.median(times) * 1000, 3),
             "catch_up_secs": round(catch_up_secs, 2), "catch_up_segments_read": read_segments,
             "catch_up_finished": finished,
@@ -122,9 +132,9 @@ def measure(directory: Path, count: int, kept: bool, budget: float) -> dict:
 
 def summary(rows: list[dict], config: dict) -> str:
     table = markdown_table(
-        ["segments", "listing", "one listing ms", "old glob listing ms", "tail read ms (p50)", "catch-up: segments read",
+        ["segments", "listing", "one listing ms", "old glob listing ms", "sealed segments ms", "tail read ms (p50)", "catch-up: segments read",
          "in s", "segments/s", "finished"],
-        [(r["segments"], r["listing"], r["list_ms"], r["glob_list_ms"], r["tail_read_ms"], r["catch_up_segments_read"],
+        [(r["segments"], r["listing"], r["list_ms"], r["glob_list_ms"], r["sealed_ms"], r["tail_read_ms"], r["catch_up_segments_read"],
           r["catch_up_secs"], r["catch_up_segments_per_sec"], "yes" if r["catch_up_finished"] else "no")
          for r in rows])
     return (f"# What a log's segment count costs its readers\n\n"
@@ -134,7 +144,9 @@ def summary(rows: list[dict], config: dict) -> str:
             f"(storage/segment_listing.py). `tail read`: one record appended, then read, as writer/store's "
             f"loader does in steady state (p50 of {TAIL_READS}); catch-up: a reader from position 0, one "
             f"segment per call, stopped after {config['budget_secs']} s. `old glob listing`: the listing as "
-            f"the code before made it, timed on the same directory (p50 of 5).\n\n{table}\n")
+            f"the code before made it, timed on the same directory (p50 of 5). `sealed segments`: "
+            f"compaction's list of them, asked for several times a pass on the log writer's loop "
+            f"(p50 of {LIST_CALLS}).\n\n{table}\n")
 
 
 def plot(rows: list[dict], path: Path) -> None:

@@ -29,7 +29,7 @@ import msgpack
 from agentos import metrics
 from broker.protocol import Kind
 from broker.sharding import STORE
-from storage import records, segments
+from storage import records, segment_listing, segments
 
 if TYPE_CHECKING:
     from storage.log_writer import LogWriter
@@ -83,8 +83,7 @@ def replace_segment(path: Path, data: bytes) -> None:
 
 def sealed_segments(directory: Path) -> list[tuple[int, int, Path]]:
     """(start, end, path) of every segment but the one being written; end = where the next starts."""
-    segs = segments.list_segments(directory)
-    return [(start, segs[i + 1][0], path) for i, (start, path) in enumerate(segs[:-1])]
+    return segment_listing.sealed(directory)
 
 
 async def compaction_loop(writer: "LogWriter") -> None:

@@ -28,6 +28,7 @@ COARSE_RACY_NS = 2_000_000_000       # …or this close, where times look whole 
 # directory -> (its modification time when listed, the listing, its start positions, its entries
 # by file name, whether it may be reused as it is)
 _listings: dict[str, tuple[int, list[tuple[int, Path]], list[int], dict[str, tuple[int, Path]], bool]] = {}
+_sealed: dict[str, tuple[list, list[tuple[int, int, Path]]]] = {}   # directory -> (the listing, its sealed segments)
 
 
 def segment_name(position: int) -> str:
@@ -98,6 +99,19 @@ def segments_from(directory: Path, position: int) -> list[tuple[int, Path]]:
     """The segments from the one holding `position` on (all of them if it precedes the first)."""
     listing, index = locate(directory, position)
     return listing[index:]
+
+
+def sealed(directory: Path) -> list[tuple[int, int, Path]]:
+    """(start, end, path) of every segment but the last (the one being written); end = where the
+    next starts. Made once per listing: compaction asks for it several times a pass, on the log
+    writer's loop, and 30,000 new tuples took 69 ms there (their garbage collections included)."""
+    listing, _ = _listing(directory)
+    key = os.fspath(directory)
+    known = _sealed.get(key)
+    if known is None or known[0] is not listing:
+        known = (listing, [(start, listing[i + 1][0], path) for i, (start, path) in enumerate(listing[:-1])])
+        _sealed[key] = known
+    return list(known[1])
 
 
 def forget(directory: Path) -> None:

@@ -132,3 +132,14 @@ def test_a_reader_follows_rotations_it_did_not_list(tmp_path):
     assert [rid for _, _, rid, _, _ in everything] == seen
     assert segments.log_end(tmp_path) == log.end == segments.log_end(tmp_path, everything[-5][0])
     log.close()
+
+
+def test_the_sealed_segments_follow_the_listing(tmp_path):
+    make(tmp_path, 0, 100, 250)
+    age(tmp_path)
+    assert segment_listing.sealed(tmp_path) == [(0, 100, tmp_path / segment_name(0)),
+                                                (100, 250, tmp_path / segment_name(100))]
+    assert segment_listing.sealed(tmp_path) == segment_listing.sealed(tmp_path)
+    make(tmp_path, 400)                               # the segment at 250 is sealed now
+    assert [(s, e) for s, e, _ in segment_listing.sealed(tmp_path)] == [(0, 100), (100, 250), (250, 400)]
+    assert segment_listing.sealed(tmp_path / "missing") == []
