@@ -1,10 +1,11 @@
 """Which segment files a log directory holds: listed once per change of the directory.
 
 A log keeps a file per `storage.segment_bytes` of its history (compaction shrinks them, nothing
-removes them), and its readers ask for the listing on every read: writer/store's loader once per
-read call — one per segment while it catches up — and compaction once per pass. A directory
-listing grows with the files: 228 ms for 30,000 segments here, so a store catching up over N
-segments paid N listings of N files. The directory's modification time changes with every file
+removes them), and its readers ask for the listing on every call: writer/store's loader once per
+read, compaction several times a pass on the log writer's loop. A directory listing grows with
+the files: 228 ms for 30,000 segments here, paid by every read of the newest record and, while
+reads stopped at each segment's end, N times by a store catching up over N segments
+(bench/results/2026-12-02-segment-count/). The directory's modification time changes with every file
 created, renamed or removed in it (a segment's own writes do not touch it), so a listing stays
 good while that time stays the same. Not quite: file times are only as fine as the kernel's clock
 tick (a few milliseconds; whole seconds on some filesystems), so a file created in the same tick

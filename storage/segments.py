@@ -3,9 +3,8 @@
 A log is a directory of segment files named by the global byte position where each starts
 (`00000000000000000000.seg`), so a record's position is stable across rotation and the
 store can resume from a position (their listing: storage/segment_listing.py). A new segment's
-file and directory entry are fsync'd
-before anything is acknowledged from it. Opening a log scans its last segment and clears
-a torn tail back to the last whole record.
+file and directory entry are fsync'd before anything is acknowledged from it. Opening a log
+scans its last segment and clears a torn tail back to the last whole record.
 
 Segments are pre-zeroed to their full size when created (as PostgreSQL does with its WAL): an
 append then overwrites allocated blocks without changing the file's size, so its fdatasync
