@@ -274,6 +274,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--memory", default="1000,10000", help="idle sessions for the memory points ('' = skip)")
     p.add_argument("--memory-settle", type=float, default=35.0, help="wait for turn buffers to expire, seconds")
     p.add_argument("--no-overload", action="store_true", help="skip the overload point")
+    p.add_argument("--keep-work", action="store_true",
+                   help="keep the servers' data directories and logs (their path is printed) to look into a run")
     p.add_argument("--actors", type=int, default=0, help="kernel.actors (0 = one per core)")
     p.add_argument("--name", default="turns", help="results folder: bench/results/<date>-<name>")
     p.add_argument("--results-root", default=None, help="where results folders go (default bench/results)")
@@ -320,7 +322,10 @@ def main(argv: list[str] | None = None) -> int:
                 for row in run_peer(args.peer, mock, peer_sweep, args, work):
                     keep(row)
     finally:
-        shutil.rmtree(work, ignore_errors=True)   # servers' data and load logs: read already
+        if args.keep_work:
+            print(f"servers' data and logs kept in {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)   # servers' data and load logs: read already
     write_report(results, rows, args)
     print(f"results: {results.path}", file=sys.stderr)
     return 0
