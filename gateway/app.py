@@ -267,12 +267,18 @@ class Gateway:
                     break
                 await response.write(data)
             return response
-        except (asyncio.CancelledError, ConnectionError):
+        except (asyncio.CancelledError, ConnectionError) as exc:
             if stream.terminal is None:
                 self.bus.send(stream.actor, Kind.TURN_CANCEL, {
                     "session": stream.session, "turn_id": stream.turn_id, "reason": "disconnect",
                     "after_secs": self.config.kernel.disconnect_grace_secs}, session=stream.session)
-            raise
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            # The client went away between two writes (its connection was found closed before
+            # aiohttp cancelled this handler): routine for a stream, not a server error to log
+            # with a traceback. aiohttp finds the connection gone when it ends the response.
+            self.log.debug("stream of turn %s: client gone (%s)", stream.turn_id, exc)
+            return response
 
     async def cancel_turn(self, request: web.Request) -> web.Response:
         _, sid, _ = self.session_of(request)

@@ -191,3 +191,29 @@ def test_trace_shows_the_hops_of_a_turn(shared_server, tmp_path):
     assert whole_turns(), out.read_text()
     start = next(line for line in out.read_text().splitlines() if " turn.start " in line)
     assert "gateway/0 -> actor/" in start and "hop=" in start and "ms" in start
+
+
+def test_clients_that_go_away_mid_stream_leave_no_error_in_the_log(make_server):
+    """Real processes: many clients drop their connection while deltas are flowing. A client
+    going away is routine for a streaming server: its turns are cancelled after the grace, and
+    the log says so without an ERROR and a traceback for each one."""
+    server = make_server({"kernel": {"disconnect_grace_secs": 0, "concurrency_limit": 256}})
+
+    async def go():
+        async def one(i: int, s: aiohttp.ClientSession) -> None:
+            async with s.post(f"{server.url}/v1/sessions/gone-{i}/turns",
+                              json={"input": "go [[mock ttft_ms=5 tps=2000 tokens=60000]]"}) as resp:
+                assert resp.status == 200
+                seen = 0
+                async for _ in resp.content.iter_any():
+                    seen += 1
+                    if seen == 20:
+                        break
+                resp.close()   # the connection closed under a stream still being written
+
+        async with aiohttp.ClientSession() as s:
+            await asyncio.gather(*(one(i, s) for i in range(50)))
+
+    asyncio.run(go())
+    wait_until(lambda: get_json(f"{server.url}/readyz")[2]["in_flight"] == 0, 30, "every dropped turn to end")
+    assert "Traceback" not in server.log() and " ERROR " not in server.log(), server.log()[-3000:]
