@@ -104,9 +104,10 @@ class StorageConfig:
     snapshot_every: int = 16
     segment_bytes: int = 64 << 20
     # Each log segment is written full of zeros before use, so a commit overwrites allocated blocks
-    # and its fdatasync writes no metadata (no inode write, no ext4 journal commit; storage/segments.py). False appends to plain
-    # files instead: half the bytes written, a slower fdatasync on ext4 — for copy-on-write
-    # filesystems (btrfs, ZFS), where an overwrite allocates anew anyway (PostgreSQL's wal_init_zero).
+    # and its fdatasync writes no metadata (no inode write, no ext4 journal commit;
+    # storage/segments.py). False appends to plain files instead: half the bytes written, a slower
+    # fdatasync on ext4 — for copy-on-write filesystems (btrfs, ZFS), where an overwrite allocates
+    # anew anyway (PostgreSQL's wal_init_zero).
     zero_segments: bool = True
     max_checkpoint_bytes: int = 1 << 20
     log_writers: int = 1

@@ -9,10 +9,10 @@ scans its last segment and clears a torn tail back to the last whole record.
 Segments are pre-zeroed to their full size when created (as PostgreSQL does with its WAL): an
 append then overwrites allocated blocks without changing the file's size, so its fdatasync
 flushes only those blocks: no inode write for the new size, and on a journaled ext4 no journal
-commit, which also carries every other file's pending data (DuckDB's, the payload file's). Measured on this disk with a
-second process appending and syncing 2 MB every 60 ms (four alternating runs of 400 writes): a
-100 KB pwrite + fdatasync at the end of a file took p50 0.63-0.70 ms / p99 4.3-4.8 ms, the same
-into a zeroed file 0.38-0.46 / 1.2-2.3 ms. So a segment's data
+commit, which also carries every other file's pending data (DuckDB's, the payload file's).
+Measured on this disk with a second process appending and syncing 2 MB every 60 ms (four
+alternating runs of 400 writes): a 100 KB pwrite + fdatasync at the end of a file took p50
+0.63-0.70 ms / p99 4.3-4.8 ms, the same into a zeroed file 0.38-0.46 / 1.2-2.3 ms. So a segment's data
 ends at its first non-whole record, not at the file's size: zero bytes never parse as one.
 `storage.zero_segments: false` (`preallocate=False`) appends to plain files instead, for
 filesystems where an overwrite saves nothing (copy-on-write ones).
