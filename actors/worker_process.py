@@ -56,25 +56,63 @@ def merge(apps: list[App]) -> App:
 
 
 class SlotThreads:
-    """Where plain (not async) steps, tools and handlers run: one thread per slot (asyncio's
-    default pool, cpu count + 4 threads, ran only a few of a worker's blocking steps at once), and
-    counted, so that a stopping worker need not wait for them (see `main`)."""
+    """Where plain (not async) steps, tools and handlers run: at most one call per slot at once
+    (asyncio's default pool, cpu count + 4 threads, ran only a few of a worker's blocking steps at
+    once), counted, so that a stopping worker need not wait for them (see `main`).
 
-    def __init__(self, slots: int) -> None:
-        self.pool = ThreadPoolExecutor(slots, thread_name_prefix="slot")
+    A thread cannot be stopped: a call whose caller gave up on it (a step past its timeout, a
+    cancelled run) runs on to its end, its slot free for the next call. So that such a thread
+    does not take a slot's thread with it — the next attempt queued behind it and timed out
+    without starting — the pool has a spare thread per slot for them; past that many at once,
+    new calls wait for a thread again, and the log says to restart the worker."""
+
+    def __init__(self, slots: int, log: logging.Logger | None = None) -> None:
+        self.slots = slots
+        self.pool = ThreadPoolExecutor(2 * slots, thread_name_prefix="slot")
+        self.gate: asyncio.Semaphore | None = None   # made on the worker's loop, at the first call
         self.lock = threading.Lock()
-        self.busy = 0
+        self.busy = 0           # calls on a thread, abandoned ones too
+        self.abandoned = 0      # calls still running whose callers gave up
+        self.log = log or logging.getLogger("agent-os.worker")
 
     async def call(self, fn: Callable[[], Any]) -> Any:
+        if self.gate is None:
+            self.gate = asyncio.Semaphore(self.slots)
+        state = {"ended": False, "left": False}
+
         def job() -> Any:
             try:
                 return fn()
             finally:
                 with self.lock:
                     self.busy -= 1
-        with self.lock:
-            self.busy += 1
-        return await asyncio.get_running_loop().run_in_executor(self.pool, job)
+                    state["ended"] = True
+                    if state["left"]:
+                        self.abandoned -= 1
+
+        async with self.gate:
+            with self.lock:
+                self.busy += 1
+            work = self.pool.submit(job)
+            try:
+                return await asyncio.wrap_future(work)
+            except asyncio.CancelledError:
+                if work.cancel():           # it had not started, and now never will
+                    with self.lock:
+                        self.busy -= 1
+                    raise
+                with self.lock:
+                    if not state["ended"]:
+                        state["left"] = True
+                        self.abandoned += 1
+                    abandoned = self.abandoned
+                if state["left"]:
+                    self.log.warning("a blocking call runs on past its caller (a timeout or a cancel); %d such "
+                                     "thread(s) now%s", abandoned,
+                                     "" if abandoned <= self.slots else
+                                     f", more than the {self.slots} spare ones: calls wait for a thread — "
+                                     "restart this worker")
+                raise
 
 
 class WorkerRuntime:
@@ -83,7 +121,7 @@ class WorkerRuntime:
         self.bus = bus
         self.slots = slots
         self.log = log
-        self.threads = SlotThreads(slots)
+        self.threads = SlotThreads(slots, log)
         self.running: dict[str, tuple[dict, asyncio.Task]] = {}
         bus.on(Kind.TASK_OFFER, self.on_offer)
         bus.on(Kind.TASK_CANCEL, self.on_cancel)

@@ -170,6 +170,22 @@ async def one_blocking_step(ctx, seconds):
     return await ctx.step(blocking_io, seconds)
 
 
+def hangs_the_first_time(marker: str, seconds: float) -> str:
+    """A plain function that hangs on its first call (a stuck socket read) and returns at once after."""
+    first = not os.path.exists(marker)
+    effect(marker, "called")
+    if first:
+        time.sleep(seconds)
+        return "late"
+    return "done"
+
+
+async def stuck_step_then_retry(ctx, args):
+    """A blocking step past its timeout; its retry must not wait behind the stuck thread."""
+    return await ctx.step(hangs_the_first_time, args["marker"], args["seconds"], timeout=args["timeout"],
+                          retry=Retry(max_attempts=3, backoff_secs=0.05))
+
+
 async def kills_its_worker(ctx, args):
     """Flow code that takes its worker process down (a crash in a C extension, the OOM killer)."""
     os._exit(3)
@@ -215,7 +231,8 @@ def read_raw(q):
 
 
 app = App(flows=[five_steps, sync_then_check, sleeper, waiter, async_steps, with_attrs, parent, child, failing,
-                 flaky, branchy, unencodable, returns_bytes, big_steps, sleeps_an_hour, parent_of_sleeper, one_blocking_step, kills_its_worker],
+                 flaky, branchy, unencodable, returns_bytes, big_steps, sleeps_an_hour, parent_of_sleeper, one_blocking_step, kills_its_worker,
+                 stuck_step_then_retry],
           tools=[get_weather, search, read_raw], updates={"incr": incr, "unencodable": unencodable_update})
 
 _ = NO_RETRY

@@ -329,3 +329,18 @@ def test_a_worker_stops_at_sigterm_though_a_blocking_step_runs(make_server, make
     worker.proc.send_signal(signal.SIGTERM)
     wait_until(lambda: worker.proc.poll() is not None, 20, "the worker to stop")
     assert "blocking step(s) still on their threads" in worker.log_path.read_text()
+
+
+def test_a_blocking_step_past_its_timeout_does_not_hold_up_its_retry(make_server, make_worker, tmp_path):
+    """Real processes, a worker of one slot: the step's first attempt hangs (20 s) past its 0.5 s
+    timeout and its thread cannot be stopped. The retry ran on the slot's only thread behind it,
+    timed out without starting, and so did the next: the run failed. Now the retry starts at once."""
+    server = make_server()
+    make_worker(server, slots=1)
+    marker = tmp_path / "stuck.marker"
+    t0 = time.monotonic()
+    run_id = start(server.url, "stuck_step_then_retry", {"marker": str(marker), "seconds": 20, "timeout": 0.5})[2]["run_id"]
+    body = result(server.url, run_id, timeout=30)
+    assert body["status"] == "completed" and body["result"] == "done", body
+    assert time.monotonic() - t0 < 15, "the retry waited for the stuck thread"
+    assert lines(marker) == ["called", "called"]
