@@ -16,7 +16,7 @@ from agentos import metrics
 from broker.protocol import Kind
 from broker.sharding import STORE
 from storage import records
-from storage.compaction import rewrite_segment, read_mark, sealed_segments
+from storage.compaction import read_mark, rewrite_segment, sealed_segments, store_refused
 from storage.session_closing import SESSION_KINDS
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ async def drop_closed(writer: "LogWriter", ready: int) -> int:
     # positions the store loaded them at, which a rewrite here would move.
     reach = min(ready, read_mark(writer.directory))
     reply = await writer.bus.request(STORE, Kind.STORE_CLOSED, {"writer": writer.index, "end": reach}, timeout=60.0)
-    if reply.body.get("error") or not reply.body["rows"]:
+    if store_refused(writer, reply, "which records belong to closed sessions") or not reply.body["rows"]:
         return 0
     sealed = [seg for seg in sealed_segments(writer.directory) if seg[1] <= reach]
     starts = [start for start, _, _ in sealed]
@@ -48,7 +48,7 @@ async def drop_closed(writer: "LogWriter", ready: int) -> int:
         dropped += count
         reply = await writer.bus.request(STORE, Kind.STORE_FORGET_CLOSED,
                                          {"writer": writer.index, "start": start, "end": end}, timeout=60.0)
-        if reply.body.get("error"):
+        if store_refused(writer, reply, f"forgetting the closed sessions' records of {path.name}"):
             break   # the store names them again next pass; a second rewrite finds nothing to drop
     if dropped:
         metrics.compacted_records.labels("closed_session").inc(dropped)

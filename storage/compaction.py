@@ -81,6 +81,16 @@ def replace_segment(path: Path, data: bytes) -> None:
     segments.fsync_dir(path.parent)
 
 
+def store_refused(writer: "LogWriter", reply, what: str) -> bool:
+    """True if writer/store answered an error. Said in the log: a store that cannot answer stops
+    compaction, and the log then keeps every record it would have dropped."""
+    error = reply.body.get("error")
+    if error:
+        writer.log.warning("compaction: writer/store could not answer %s (%s); the next pass asks again", what,
+                           str(error)[:300])
+    return bool(error)
+
+
 def sealed_segments(directory: Path) -> list[tuple[int, int, Path]]:
     """(start, end, path) of every segment but the one being written; end = where the next starts."""
     return segment_listing.sealed(directory)
@@ -101,7 +111,7 @@ async def compact_once(writer: "LogWriter") -> int:
     cutoff = time.time() - writer.config.storage.retention_secs
     reply = await writer.bus.request(STORE, Kind.STORE_QUERY, {"query": "expired_runs", "session": "",
                                                                "after": int(cutoff)}, timeout=30.0)
-    if reply.body.get("error") or not reply.body["rows"]:
+    if store_refused(writer, reply, "which runs have expired") or not reply.body["rows"]:
         return 0
     info = reply.body["rows"][0]
     # A segment the store has not loaded, or the bucket not received, waits for a later pass.
@@ -154,8 +164,8 @@ async def _drop_superseded(writer: "LogWriter", ready: int) -> int:
             break
         reply = await writer.bus.request(STORE, Kind.STORE_SUPERSEDED,
                                          {"writer": writer.index, "start": start, "end": end}, timeout=60.0)
-        if reply.body.get("error"):
-            break   # the store is busy or in trouble: a later pass goes on from the mark
+        if store_refused(writer, reply, f"which checkpoints of {path.name} are superseded"):
+            break   # a later pass goes on from the mark
         named = [(int(p) - start, str(session), int(seq)) for p, session, seq in reply.body["rows"]]
         if named:
             count, skipped = await loop.run_in_executor(writer.io, drop_records, path, named, end - start)
@@ -198,8 +208,8 @@ async def _revisit_superseded(writer: "LogWriter") -> int:
     for start, end, path in turn[:REVISITS_PER_PASS]:
         reply = await writer.bus.request(STORE, Kind.STORE_SUPERSEDED,
                                          {"writer": writer.index, "start": start, "end": end}, timeout=60.0)
-        if reply.body.get("error"):
-            break   # the store is busy or in trouble: a later pass goes on from the mark
+        if store_refused(writer, reply, f"which checkpoints of {path.name} are superseded now"):
+            break   # a later pass goes on from the mark
         named = {(str(session), int(seq)) for _, session, seq in reply.body["rows"]}
         if named:
             count = await rewrite_segment(writer, start, end, path, _checkpoints_in(named))

@@ -69,8 +69,10 @@ def copy_live(store: "Store", segment: int) -> Plan | None:
     size = store.payloads.sealed_segments().get(segment)
     if size is None:
         return None
-    with store.loading:
-        rows = store.conns["messages"].execute(SEGMENT_ROWS_LIVE, [place(segment, 0), place(segment + 1, 0)]).fetchall()
+    with store.loading:   # refused for memory (writer/store's limit is small), once more raised
+        con = store.conns["messages"]
+        rows = store.memory["messages"].run(con, lambda: con.execute(
+            SEGMENT_ROWS_LIVE, [place(segment, 0), place(segment + 1, 0)]).fetchall())
     plan = Plan(segment, size)
     live = [row for row in rows if row[4]]
     plan.live_bytes = sum(row[3] for row in live)
@@ -98,25 +100,28 @@ def swap(store: "Store", plan: Plan) -> int:
     Returns the bytes freed."""
     with store.loading:
         con = store.conns["messages"]
-        con.execute("BEGIN TRANSACTION")
-        try:
-            con.execute("CREATE TEMP TABLE IF NOT EXISTS payload_moves (writer SMALLINT, lsn BIGINT, new_at BIGINT)")
-            con.execute("DELETE FROM payload_moves")
-            if plan.moves[0]:
-                appender = con.appender("payload_moves")
-                appender.append_rows(list(zip(*plan.moves)))
-                appender.flush()
-                con.execute("UPDATE checkpoints SET payload_at = m.new_at FROM payload_moves m "
-                            "WHERE checkpoints.writer = m.writer AND checkpoints.lsn = m.lsn")
-            # what is left in the segment's range is what no read needs
-            con.execute("UPDATE checkpoints SET payload_at = NULL, payload_len = NULL "
-                        "WHERE payload_at >= ? AND payload_at < ?", [place(plan.segment, 0), place(plan.segment + 1, 0)])
-            con.execute("COMMIT")
-        except BaseException:
+
+        def apply() -> None:
+            con.execute("BEGIN TRANSACTION")
             try:
-                con.execute("ROLLBACK")
-            except Exception:  # noqa: BLE001 — a failed COMMIT already ended the transaction
-                pass
-            raise
+                con.execute("CREATE TEMP TABLE IF NOT EXISTS payload_moves (writer SMALLINT, lsn BIGINT, new_at BIGINT)")
+                con.execute("DELETE FROM payload_moves")
+                if plan.moves[0]:
+                    appender = con.appender("payload_moves")
+                    appender.append_rows(list(zip(*plan.moves)))
+                    appender.flush()
+                    con.execute("UPDATE checkpoints SET payload_at = m.new_at FROM payload_moves m "
+                                "WHERE checkpoints.writer = m.writer AND checkpoints.lsn = m.lsn")
+                # what is left in the segment's range is what no read needs
+                con.execute("UPDATE checkpoints SET payload_at = NULL, payload_len = NULL WHERE payload_at >= ? "
+                            "AND payload_at < ?", [place(plan.segment, 0), place(plan.segment + 1, 0)])
+                con.execute("COMMIT")
+            except BaseException:
+                try:
+                    con.execute("ROLLBACK")
+                except Exception:  # noqa: BLE001 — a failed COMMIT already ended the transaction
+                    pass
+                raise
+        store.memory["messages"].run(con, apply)   # refused for memory: once more, the limit raised
         store.payloads.drop(plan.segment)
     return plan.size - plan.live_bytes

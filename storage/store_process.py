@@ -226,7 +226,7 @@ class StoreService:
 
     async def on_purge(self, msg: Message) -> None:
         runs = [str(r) for r in msg.body["runs"]]
-        count = await self.loop.run_in_executor(self.queries, self.store.purge_runs, runs)
+        count = await self.loop.run_in_executor(self.queries, self.store.roomy, self.store.purge_runs, runs)
         self.log.info("retention: removed %d rows of %d closed runs", count, len(runs))
         self.bus.reply(msg, Kind.STORE_ROWS, {"rows": [count]})
 
@@ -253,7 +253,7 @@ class StoreService:
         """Rows from `call(*args)` on the query thread; DuckDB trouble is answered as an error
         (the asking compaction pass tries again later)."""
         try:
-            rows = await self.loop.run_in_executor(self.queries, call, *args)
+            rows = await self.loop.run_in_executor(self.queries, self.store.roomy, call, *args)
         except Exception as exc:  # noqa: BLE001
             self.bus.reply(msg, Kind.STORE_ROWS, {"rows": [], "error": f"{what}: {exc}"})
             return

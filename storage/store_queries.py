@@ -4,7 +4,7 @@ its own cursors (a slow query never stops the loader). `Store` (storage/store.py
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import duckdb
 import msgpack
@@ -14,6 +14,7 @@ from storage import schema
 
 MAX_LIMIT = 1000
 EXPIRED_PER_ANSWER = 5000     # runs per `expired_runs` answer (see q_expired_runs)
+T = TypeVar("T")
 
 
 class StoreQueries:
@@ -27,14 +28,21 @@ class StoreQueries:
         handler = QUERIES.get(name)
         if handler is None:
             raise ValueError(f"unknown query {name!r}")
+        return self.roomy(handler, self, session, tenant, turn, after, limit)
+
+    def roomy(self, call: Callable[..., T], *args: Any) -> T:
+        """call(*args) on the query thread; refused by DuckDB for memory, once more with every
+        file's limit raised: rows holding big values (storage/duck_memory.py), and compaction's
+        questions over a whole table (which checkpoints a segment holds are superseded: 16 MB did
+        not hold it at 20,000 checkpoints of 510 sessions, and the log then kept them all)."""
         try:
-            return handler(self, session, tenant, turn, after, limit)
+            return call(*args)
         except duckdb.OutOfMemoryException:
-            pass   # rows holding big values (storage/duck_memory.py): once more, every file's limit raised
+            pass
         with contextlib.ExitStack() as raised:
             for db, cursor in self.cursors.items():
                 raised.enter_context(self.memory[db].raised(cursor))
-            return handler(self, session, tenant, turn, after, limit)
+            return call(*args)
 
     def _tenant_clause(self, tenant: str | None) -> tuple[str, list]:
         return (" AND tenant = ?", [tenant]) if tenant else ("", [])
