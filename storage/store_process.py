@@ -313,14 +313,14 @@ class StoreService:
             await asyncio.sleep(self.config.storage.compaction_interval_secs)
             before = time.time() - self.config.storage.retention_secs
             try:
-                count = await self.loop.run_in_executor(self.queries, self.store.purge_access, before)
+                count = await self.loop.run_in_executor(self.queries, self.store.roomy, self.store.purge_access, before)
             except Exception:   # DuckDB trouble: the next pass tries again
                 self.log.exception("removing expired access rows failed")
                 continue
             if count:
                 self.log.info("retention: removed %d access rows from before %.3f", count, before)
             try:
-                await self.loop.run_in_executor(self.queries, self.store.prune_closes)
+                await self.loop.run_in_executor(self.queries, self.store.roomy, self.store.prune_closes)
             except Exception:   # the rows stay until a later pass; nothing reads them
                 self.log.exception("pruning closed sessions failed")
 
