@@ -32,6 +32,7 @@ from time import perf_counter
 
 from bench.checkpoint_report import window_report
 from bench.checkpoint_targets import CheckpointError, Latest, process_tree_cpu_secs
+from bench.sampling import machine_busy_secs
 from bench.stats import summarize
 
 SCALES = {"1k": (100, 10), "10k": (500, 20), "100k": (1000, 100)}
@@ -165,13 +166,6 @@ def _cpu_secs() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _machine_busy_secs() -> float:
-    """CPU seconds all cores spent busy (not idle, not iowait) since boot, from /proc/stat."""
-    with open("/proc/stat") as f:
-        values = [int(x) for x in f.readline().split()[1:9]]
-    return (sum(values) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")
-
-
 def _cpu_row(duration: float, client: float, server: float | None, busy: float) -> dict:
     """Where the machine's CPU went during a run, in % of one core. `other` is everything
     that is neither this client nor the known server: load from elsewhere skews the run."""
@@ -207,14 +201,14 @@ async def run_once(target, clients: list, scale: Scale, mode: str, cfg: BenchCon
     prior = len(keys & written) / len(keys)
     agents = iter(range(scale.agents))
     pids = getattr(target, "server_pids", [])
-    cpu0, server0, busy0 = _cpu_secs(), process_tree_cpu_secs(pids), _machine_busy_secs()
+    cpu0, server0, busy0 = _cpu_secs(), process_tree_cpu_secs(pids), machine_busy_secs()
     rec = RunRecord(perf_counter())
     await asyncio.gather(*(_agent_loop(c, agents, scale, mode == "mixed", payloads, rec, cfg)
                            for c in clients))
     duration = perf_counter() - rec.t0
     cpu = _cpu_secs() - cpu0
     server = process_tree_cpu_secs(pids) - server0 if pids else None
-    busy = _machine_busy_secs() - busy0
+    busy = machine_busy_secs() - busy0
     parts: dict[str, list[float]] = {}
     for client in clients:  # a target may time the parts of its ops (pgredis: each store)
         for name, values in getattr(client, "parts_ms", {}).items():

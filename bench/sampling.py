@@ -5,6 +5,7 @@ costs: shared interpreter pages are not counted again per process). CPU is utime
 """
 from __future__ import annotations
 
+import os
 import threading
 from typing import Callable, Iterable
 
@@ -12,6 +13,39 @@ from agentos.status import proc_memory, tree_memory
 from bench.server_proc import cpu_seconds
 
 PidsFn = Callable[[], Iterable[int]]
+
+
+def machine_busy_secs() -> float:
+    """CPU seconds all cores spent busy (not idle, not iowait) since boot, from /proc/stat."""
+    with open("/proc/stat") as f:
+        values = [int(x) for x in f.readline().split()[1:9]]
+    return (sum(values) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def written_bytes(pid: int) -> int:
+    """Bytes the process caused to be written to storage (/proc/PID/io write_bytes; 0 if gone)."""
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            return next((int(line.split()[1]) for line in f if line.startswith("write_bytes:")), 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def disk_counters(path: str) -> dict | None:
+    """The block device under `path`, from /proc/diskstats: writes, MB written, cache flushes and
+    the ms the device spent on each (None where the file or its flush fields are missing)."""
+    dev = os.stat(path).st_dev
+    key = (os.major(dev), os.minor(dev))
+    try:
+        with open("/proc/diskstats") as f:
+            for line in f:
+                fields = line.split()
+                if (int(fields[0]), int(fields[1])) == key and len(fields) >= 20:
+                    return {"device": fields[2], "writes": int(fields[7]), "write_mb": int(fields[9]) * 512 / 1e6,
+                            "write_ms": int(fields[10]), "flushes": int(fields[18]), "flush_ms": int(fields[19])}
+    except OSError:
+        pass
+    return None
 
 
 def memory_by_process(server) -> dict[str, dict[str, int]]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -24,9 +25,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 import aiohttp
+import yaml
 
+from bench import fsync_window
+from bench.checkpoint_compare import override
 from bench.results import ResultsDir
-from bench.sampling import PeakMemory, cpu_delta, tree_cpu
+from bench.sampling import PeakMemory, cpu_delta, disk_counters, machine_busy_secs, tree_cpu, written_bytes
 from bench.server_proc import REPO, ServerProcess
 from bench.turns_report import write_report
 
@@ -35,12 +39,36 @@ FAST_MARKER = " [[mock ttft_ms=1 tps=10000]]"
 
 
 def bench_config(profile: str, mock_url: str, max_concurrency: int, actors: int) -> dict[str, Any]:
-    return {
+    """A profile's server config. `profile` is `core` or `persist`, optionally followed by config
+    keys of its own: `persist:storage.log_writer_realtime=false` runs beside `persist` as a third tree."""
+    base, _, settings = profile.partition(":")
+    if base not in ("core", "persist"):
+        raise ValueError(f"unknown profile {profile!r}: core or persist, then optionally :key=value;key=value")
+    config: dict[str, Any] = {
         "provider": {"base_url": f"{mock_url}/v1"},
         "kernel": {"max_in_flight_turns": 0, "concurrency_limit": max(64, max_concurrency + 64), "actors": actors,
                    "session_ttl_secs": 3600},
-        "storage": {"durability": "none" if profile == "core" else "local"},
+        "storage": {"durability": "none" if base == "core" else "local"},
     }
+    for setting in filter(None, settings.split(";")):
+        key, sep, raw = setting.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"profile {profile!r}: key=value expected, got {setting!r}")
+        _merge(config, override(key.strip(), yaml.safe_load(raw)))   # values read as YAML, as in a config file
+    return config
+
+
+def _slug(profile: str) -> str:
+    """A profile as a file name and session-id prefix."""
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", profile)
+
+
+def _merge(into: dict, extra: dict) -> None:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
 
 
 def http_json(method: str, url: str) -> Any:
@@ -69,22 +97,24 @@ class Progress:
 
 def run_loadgen(url: str, concurrency: int, duration: float, warmup: float, prefix: str, out: Path,
                 pids_fn, label: str, extra: list[str] | None = None, input_text: str = "Say something.") -> dict:
-    """One point: the load generator in its own process; the server's CPU and memory sampled meanwhile."""
+    """One point: the load generator in its own process; the server's CPU and memory sampled
+    meanwhile, and over the measured window each of its processes' CPU, the whole machine's, and
+    (our tree) the log's batch fdatasyncs. `pids_fn` gives the tree's pids, or {name: pid}."""
     cmd = [sys.executable, "-m", "bench.loadgen", "--url", url, "--concurrency", str(concurrency),
            "--duration", str(duration), "--warmup", str(warmup), "--session-prefix", prefix,
            "--input", input_text, "--json", str(out), *(extra or [])]
     progress = Progress(label, warmup + duration)
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    cpu0 = cpu1 = None
+    first = last = None
     started = time.monotonic()
     try:
-        with PeakMemory(pids_fn) as memory:
+        with PeakMemory(lambda: _named(pids_fn).values()) as memory:
             while proc.poll() is None:
                 elapsed = time.monotonic() - started
-                if cpu0 is None and elapsed >= warmup:
-                    cpu0, t0 = tree_cpu(pids_fn()), time.monotonic()
-                if cpu1 is None and elapsed >= warmup + duration:
-                    cpu1, t1 = tree_cpu(pids_fn()), time.monotonic()
+                if first is None and elapsed >= warmup:
+                    first = _window_sample(url, pids_fn, out.parent)
+                if last is None and elapsed >= warmup + duration:
+                    last = _window_sample(url, pids_fn, out.parent)
                 progress.tick()
                 time.sleep(0.25)
     finally:
@@ -93,17 +123,53 @@ def run_loadgen(url: str, concurrency: int, duration: float, warmup: float, pref
             proc.wait()
     if proc.returncode != 0:
         raise RuntimeError(f"loadgen failed ({proc.returncode}): {proc.stderr.read().decode()[-2000:]}")
-    if cpu1 is None:
-        cpu1, t1 = tree_cpu(pids_fn()), time.monotonic()
+    if last is None:
+        last = _window_sample(url, pids_fn, out.parent)
     result = json.loads(out.read_text())
-    result["server_cpu_percent"] = round(100.0 * cpu_delta(cpu0 or {}, cpu1) / max(1e-6, t1 - t0), 1) \
-        if cpu0 is not None else None
+    result.update(_window(first, last))
     result["server_memory_peak_kib"] = memory.peak
     result["server_memory_kib"] = memory.last
     counts = result["counts"]
     progress.done(f"{result['turns_per_sec']:.1f} turns/s  p50 {result['turn_ms'].get('p50') or 0:.0f} ms  "
                   f"ok {counts['ok']} err {sum(v for k, v in counts.items() if k != 'ok')}")
     return result
+
+
+def _named(pids_fn) -> dict[str, int]:
+    pids = pids_fn()
+    return dict(pids) if isinstance(pids, dict) else {str(pid): pid for pid in pids}
+
+
+def _window_sample(url: str, pids_fn, data_dir: Path) -> dict:
+    named = _named(pids_fn)
+    return {"at": time.monotonic(), "names": named, "cpu": tree_cpu(named.values()),
+            "written": {pid: written_bytes(pid) for pid in named.values()}, "busy": machine_busy_secs(),
+            "disk": disk_counters(str(data_dir)), "fsyncs": fsync_window.snapshot(url)}
+
+
+def _window(first: dict | None, last: dict) -> dict:
+    """What the tree and the machine did between two samples: CPU in % of one core, MB each
+    process wrote, and the disk's writes and cache flushes (whoever made them)."""
+    if first is None:
+        return {"server_cpu_percent": None, "log_fsync": None}
+    secs = max(1e-6, last["at"] - first["at"])
+
+    def pct(cpu_secs: float) -> float:
+        return round(100.0 * cpu_secs / secs, 1)
+    by_process = {name: pct(max(0.0, last["cpu"].get(pid, 0.0) - first["cpu"].get(pid, 0.0)))
+                  for name, pid in last["names"].items()}
+    written = {name: round((last["written"].get(pid, 0) - first["written"].get(pid, 0)) / 1e6, 1)
+               for name, pid in last["names"].items()}
+    disk = None
+    if first["disk"] and last["disk"]:
+        disk = {k: round(last["disk"][k] - first["disk"][k], 1) for k in first["disk"] if k != "device"}
+        disk["device"] = last["disk"]["device"]
+    return {"server_cpu_percent": pct(cpu_delta(first["cpu"], last["cpu"])),
+            "server_written_mb_by_process": {k: v for k, v in sorted(written.items()) if v > 0},
+            "disk": disk,
+            "server_cpu_by_process": {k: v for k, v in sorted(by_process.items()) if v >= 0.5},
+            "machine_busy_percent": pct(last["busy"] - first["busy"]),
+            "log_fsync": fsync_window.delta(first["fsyncs"], last["fsyncs"])}
 
 
 def point_row(kind: str, concurrency: int, result: dict, mock_stats: dict | None) -> dict:
@@ -120,6 +186,11 @@ def point_row(kind: str, concurrency: int, result: dict, mock_stats: dict | None
         "server_private_dirty_kib": result["server_memory_peak_kib"]["private_dirty_kib"],
         "server_rss_kib": result["server_memory_peak_kib"]["rss_kib"],
         "error_samples": result.get("error_samples", [])[:3],
+        "server_cpu_by_process": result.get("server_cpu_by_process"),
+        "machine_busy_percent": result.get("machine_busy_percent"),
+        "server_written_mb_by_process": result.get("server_written_mb_by_process"),
+        "disk": result.get("disk"),
+        "log_fsync": result.get("log_fsync"),
     }
 
 
@@ -205,7 +276,7 @@ def overload(work: Path, mock, args, pids_label: str = "overload") -> dict:
     try:
         mock.reset_stats()
         result = run_loadgen(server.url, 64, args.duration, args.warmup, "overload", work / "overload.json",
-                             lambda: server.pids().values(), "overload c=64 gate 8/3")
+                             server.pids, "overload c=64 gate 8/3")
         stopped = time.monotonic()
         recovery = _recovery_secs(server.url, stopped)
         row = point_row("overload", 64, result, mock.stats())
@@ -240,7 +311,7 @@ def run_sweep(profiles: list[str], sweep: list[int], mock, args, work: Path, kee
     turn = 0
     try:
         for profile in profiles:
-            servers[profile] = ServerProcess(work / profile,
+            servers[profile] = ServerProcess(work / _slug(profile),
                                              bench_config(profile, mock.url, max(sweep), args.actors)).start()
         for c in sweep:
             for rnd in range(1, args.repeat + 1):
@@ -248,8 +319,8 @@ def run_sweep(profiles: list[str], sweep: list[int], mock, args, work: Path, kee
                     server = servers[profile]
                     label = profile if args.repeat == 1 else f"{profile} round {rnd}"
                     mock.reset_stats()
-                    result = run_loadgen(server.url, c, args.duration, args.warmup, f"{profile}-{rnd}-c{c}",
-                                         work / f"{profile}-{rnd}-{c}.json", lambda s=server: s.pids().values(),
+                    result = run_loadgen(server.url, c, args.duration, args.warmup, f"{_slug(profile)}-{rnd}-c{c}",
+                                         work / f"{_slug(profile)}-{rnd}-{c}.json", server.pids,
                                          f"{label} c={c}")
                     keep({**point_row(profile, c, result, mock.stats()), "round": rnd})
                 turn += 1
@@ -263,7 +334,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sweep", default=DEFAULT_SWEEP, help="concurrency points, comma-separated")
     p.add_argument("--duration", type=float, default=15.0, help="measured seconds per point")
     p.add_argument("--warmup", type=float, default=3.0, help="warm-up seconds per point")
-    p.add_argument("--profiles", default="core,persist", help="server profiles: core, persist")
+    p.add_argument("--profiles", default="core,persist",
+                   help="server profiles: core, persist, and either with keys of its own "
+                        "(persist:storage.log_writer_realtime=false)")
     p.add_argument("--repeat", type=int, default=1,
                    help="rounds of every point, each running the profiles in the reverse order of the one before")
     p.add_argument("--peer", default="", help="also run the sweep against a peer: opencode")
@@ -288,6 +361,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sweep = [int(x) for x in args.sweep.split(",") if x]
     profiles = [p for p in args.profiles.split(",") if p]
+    for profile in profiles:
+        try:
+            bench_config(profile, "", 0, 0)
+        except ValueError as exc:
+            raise SystemExit(f"agent-os bench turns: {exc}") from None
     results = ResultsDir(args.name, Path(args.results_root) if args.results_root else None)
     results.write_config({"command": "bench turns", "args": vars(args), "sweep": sweep})
     rows: list[dict] = []
@@ -306,11 +384,11 @@ def main(argv: list[str] | None = None) -> int:
             run_sweep(profiles, sweep, mock, args, work, keep)
             for profile in profiles:
                 if args.memory:
-                    server = ServerProcess(work / f"{profile}-memory",
+                    server = ServerProcess(work / f"{_slug(profile)}-memory",
                                            bench_config(profile, mock.url, 1000, args.actors)).start()
                     try:
                         for row in measure_memory(server, [int(x) for x in args.memory.split(",")],
-                                                  args.memory_settle, profile):
+                                                  args.memory_settle, _slug(profile)):
                             keep(row)
                     finally:
                         server.stop()

@@ -9,6 +9,19 @@ PROFILE_NAMES = {"core": "Agent OS, bare core (durability none)", "persist": "Ag
                  "opencode": "opencode serve"}
 
 
+def _profiles(rows: list[dict], peers: bool = True) -> list[str]:
+    """The profiles with sweep points, ours first (core, persist, then variants as they came)."""
+    seen = list(dict.fromkeys(r["profile"] for r in rows if "turns_per_sec" in r and r.get("kind") != "overload"
+                              and r.get("profile") not in ("mock-direct", None)))
+    ours = sorted((p for p in seen if p != "opencode"), key=lambda p: (p != "core", p != "persist"))
+    return ours + (["opencode"] if peers and "opencode" in seen else [])
+
+
+def _name(profile: str) -> str:
+    base, _, settings = profile.partition(":")
+    return PROFILE_NAMES[profile] if profile in PROFILE_NAMES else f"{PROFILE_NAMES[base]}, {settings}"
+
+
 def _points(rows: list[dict], profile: str, first_round: bool = False) -> list[dict]:
     """The sweep points of a profile, by concurrency then round (`first_round`: round 1 only)."""
     return sorted((r for r in rows if r.get("profile") == profile and "turns_per_sec" in r and
@@ -51,10 +64,8 @@ def write_report(results: ResultsDir, rows: list[dict], args: Any) -> None:
     if direct:
         parts.append(f"The mock on its own (median of {direct['turns']} sequential turns): TTFT "
                      f"{direct['ttft_ms']['p50']:.1f} ms, whole turn {direct['turn_ms']['p50']:.1f} ms.\n")
-    for profile in ("core", "persist", "opencode"):
-        if not _points(rows, profile):
-            continue
-        parts.append(f"## {PROFILE_NAMES[profile]}\n\n{sweep_table(_points(rows, profile))}\n")
+    for profile in _profiles(rows):
+        parts.append(f"## {_name(profile)}\n\n{sweep_table(_points(rows, profile))}\n")
         points = _points(rows, profile, first_round=True)
         one = next((p for p in points if p["concurrency"] == 1), None)
         if one and direct and one["turn_ms"].get("p50"):
@@ -70,6 +81,9 @@ def write_report(results: ResultsDir, rows: list[dict], args: Any) -> None:
     cost = _persistence_cost(rows)
     if cost:
         parts.append(cost)
+    for section in (_log_batches(rows), _cpu_by_process(rows), _disk_by_round(rows)):
+        if section:
+            parts.append(section)
     side_by_side = _comparison(rows)
     if side_by_side:
         parts.append(side_by_side)
@@ -99,28 +113,88 @@ def write_report(results: ResultsDir, rows: list[dict], args: Any) -> None:
 
 
 def _persistence_cost(rows: list[dict]) -> str:
-    """turns/s with full persistence against the bare core at each concurrency (target at c=1000:
-    persistence costs ≤ 5%), over every round; rounds alternate which profile ran first."""
-    core, persist = _points(rows, "core"), _points(rows, "persist")
+    """turns/s of each durable profile against the bare core at each concurrency (target at
+    c=1000: persistence costs ≤ 5%), over every round; rounds alternate which profile ran first."""
+    core = _points(rows, "core")
+    durable = [p for p in _profiles(rows, peers=False) if p != "core"]
     lines = []
-    for c in sorted({r["concurrency"] for r in core} & {r["concurrency"] for r in persist}):
-        a = [r for r in core if r["concurrency"] == c]
-        b = [r for r in persist if r["concurrency"] == c]
-        mean_a = sum(r["turns_per_sec"] for r in a) / len(a)
-        mean_b = sum(r["turns_per_sec"] for r in b) / len(b)
-        lines.append([c, " / ".join(f"{r['turns_per_sec']:.1f}" for r in a),
-                      " / ".join(f"{r['turns_per_sec']:.1f}" for r in b), round(mean_a, 1), round(mean_b, 1),
-                      f"{round(100 * (1 - mean_b / mean_a), 1) + 0.0:.1f}%" if mean_a else None,
-                      f"{sum(_errors(r) for r in a)} / {sum(_errors(r) for r in b)}"])
+    for profile in durable:
+        persist = _points(rows, profile)
+        for c in sorted({r["concurrency"] for r in core} & {r["concurrency"] for r in persist}):
+            a = [r for r in core if r["concurrency"] == c]
+            b = [r for r in persist if r["concurrency"] == c]
+            mean_a = sum(r["turns_per_sec"] for r in a) / len(a)
+            mean_b = sum(r["turns_per_sec"] for r in b) / len(b)
+            lines.append([profile, c, " / ".join(f"{r['turns_per_sec']:.1f}" for r in a),
+                          " / ".join(f"{r['turns_per_sec']:.1f}" for r in b), round(mean_a, 1), round(mean_b, 1),
+                          f"{round(100 * (1 - mean_b / mean_a), 1) + 0.0:.1f}%" if mean_a else None,
+                          f"{sum(_errors(r) for r in a)} / {sum(_errors(r) for r in b)}"])
     if not lines:
         return ""
-    rounds = max(r.get("round", 1) for r in core + persist)
+    rounds = max(r.get("round", 1) for r in rows if "turns_per_sec" in r)
     order = ("The profiles' servers stood side by side; at each concurrency every round ran each profile in turn, "
              "the order reversed each time. " if rounds > 1 else "")
+    head = ["profile", "c", "core turns/s", "its turns/s", "core mean", "its mean", "persistence cost",
+            "errors core / its"]
+    if len(durable) == 1:   # the usual report: one durable profile, named in the head
+        lines = [line[1:] for line in lines]
+        head = ["c", "core turns/s", "persist turns/s", "core mean", "persist mean", "persistence cost",
+                "errors core / persist"]
     return ("## What full persistence costs\n\n" + order + "Turns/s of each round, their mean, and how much "
-            "less the persistence profile did (target at c=1000: ≤ 5%, nothing dropped).\n\n" + markdown_table(
-                ["c", "core turns/s", "persist turns/s", "core mean", "persist mean", "persistence cost",
-                 "errors core / persist"], lines) + "\n")
+            "less the persistence profile did (target at c=1000: ≤ 5%, nothing dropped).\n\n" +
+            markdown_table(head, lines) + "\n")
+
+
+def _log_batches(rows: list[dict]) -> str:
+    """The persistence rounds' write + fdatasync of the log's batches over each measured window
+    (bench/fsync_window.py): a slow round with slow batches is the disk's; with fast ones, ours."""
+    points = [r for p in _profiles(rows, peers=False) if p != "core" for r in _points(rows, p) if r.get("log_fsync")]
+    if not points:
+        return ""
+
+    def le(value: float | None) -> str:
+        return "–" if value is None else f"≤ {value:g}"
+    lines = [[r["profile"], r["concurrency"], r.get("round", 1), r["turns_per_sec"], _ms(r["turn_ms"], "p95"),
+              f["batches"], f.get("mean_ms"), le(f.get("p50_le_ms")), le(f.get("p99_le_ms")),
+              le(f.get("max_le_ms")), f.get("over_20ms"), f.get("over_100ms")]
+             for r in points for f in [r["log_fsync"]]]
+    return ("## The log's batches in each persistence round\n\nEvery log writer's batch write + fdatasync over "
+            "the round's measured window, from the tree's `agentos_log_fsync_ms` histogram scraped at its "
+            "start and end (percentiles are the bounds of the buckets they fell in).\n\n" + markdown_table(
+                ["profile", "c", "round", "turns/s", "turn p95 ms", "batches", "mean ms", "p50 ms", "p99 ms", "slowest ms",
+                 "over 20 ms", "over 100 ms"], lines) + "\n")
+
+
+def _cpu_by_process(rows: list[dict]) -> str:
+    """Each round's CPU by process of our trees, and the machine's: where persistence's CPU went,
+    and whether the two cores were the limit."""
+    points = [r for p in _profiles(rows, peers=False) for r in _points(rows, p) if r.get("server_cpu_by_process")]
+    if not points:
+        return ""
+    names = sorted({name for r in points for name in r["server_cpu_by_process"]})
+    lines = [[r["profile"], r["concurrency"], r.get("round", 1), r["turns_per_sec"], r.get("machine_busy_percent"),
+              r.get("server_cpu_percent"), *(r["server_cpu_by_process"].get(n, 0.0) for n in names)] for r in points]
+    return ("## Where the CPU went in each round (% of one core)\n\nOver each measured window: the whole "
+            "machine (mock model and load generator included) and each process of the tree.\n\n" + markdown_table(
+                ["profile", "c", "round", "turns/s", "machine busy", "tree", *names], lines) + "\n")
+
+
+def _disk_by_round(rows: list[dict]) -> str:
+    """Each round's writes: the device's (anyone's: the other tree's writeback too) and each of
+    the tree's processes'. On a VM a cache flush makes the host persist whatever was written
+    before it, so every MB here lengthens the log's fdatasyncs."""
+    points = [r for p in _profiles(rows, peers=False) for r in _points(rows, p) if r.get("disk")]
+    if not points:
+        return ""
+    names = sorted({name for r in points for name in r.get("server_written_mb_by_process") or {}})
+    lines = [[r["profile"], r["concurrency"], r.get("round", 1), r["turns_per_sec"], r["disk"]["write_mb"],
+              r["disk"]["writes"], r["disk"]["flushes"], r["disk"]["flush_ms"],
+              *((r.get("server_written_mb_by_process") or {}).get(n, 0.0) for n in names)] for r in points]
+    return (f"## What went to disk in each round\n\nOver each measured window, the device "
+            f"({points[0]['disk']['device']}: every writer on it) and the MB each process of the tree had written "
+            "(/proc/PID/io).\n\n" + markdown_table(
+                ["profile", "c", "round", "turns/s", "device MB", "device writes", "cache flushes", "flush ms",
+                 *(f"{n} MB" for n in names)], lines) + "\n")
 
 
 def _comparison(rows: list[dict]) -> str:
@@ -139,7 +213,7 @@ def _comparison(rows: list[dict]) -> str:
 
 def _plots(results: ResultsDir, rows: list[dict]) -> None:
     plt = pyplot()
-    profiles = [p for p in ("core", "persist", "opencode") if _points(rows, p)]
+    profiles = _profiles(rows)
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     for profile in profiles:
         pts = _points(rows, profile, first_round=True)

@@ -1,6 +1,7 @@
 """The benchmarks' own arithmetic (unit tests, no server): how the step benchmark's closed loop
 counts work in its window, how its summary sets s3 against local over a sweep of client counts,
-and how the turn benchmark's summary prices full persistence over alternating rounds."""
+and how the turn benchmark's summary prices full persistence over alternating rounds, for
+profile variants too, beside each round's log batches, CPU and disk."""
 from __future__ import annotations
 
 import asyncio
@@ -108,3 +109,38 @@ def test_an_acked_checkpoint_a_newer_one_superseded_is_not_counted_lost():
     assert lost_from_log(acked, in_log) == [("s2", 1), ("s3", 5)]
     rows = collections.Counter({("s1", "k2"): 1, ("s2", "k0"): 1, ("s2", "notes"): 1})
     assert newest_kept(rows) == {"s1": 2, "s2": 0}
+
+
+def test_a_profile_variant_runs_with_its_own_keys_and_is_priced_beside_persist(tmp_path):
+    from bench.turns import bench_config
+    variant = "persist:storage.commit_window_us=0;kernel.actors=1"
+    config = bench_config(variant, "http://127.0.0.1:1", 1000, 2)
+    assert config["storage"] == {"durability": "local", "commit_window_us": 0}
+    assert config["kernel"]["actors"] == 1 and config["kernel"]["session_ttl_secs"] == 3600
+    for bad in ("durable", "persist:storage.commit_window_us"):
+        try:
+            bench_config(bad, "", 0, 0)
+        except ValueError as exc:
+            assert repr(bad) in str(exc)
+        else:
+            raise AssertionError(f"{bad!r} was taken")
+
+    def measured(row: dict, batches_over_20ms: int) -> dict:
+        return {**row, "log_fsync": {"batches": 900, "mean_ms": 2.5, "p50_le_ms": 1.0, "p99_le_ms": 50.0,
+                                     "max_le_ms": 200.0, "over_20ms": batches_over_20ms, "over_100ms": 1},
+                "server_cpu_by_process": {"gateway/0": 25.0, "writer/log/0": 9.5}, "machine_busy_percent": 140.0,
+                "server_cpu_percent": 100.0, "server_written_mb_by_process": {"writer/log/0": 40.0},
+                "disk": {"device": "vda", "writes": 6000, "write_mb": 55.0, "write_ms": 1000, "flushes": 2000,
+                         "flush_ms": 200}}
+    rows = [_turn_row("core", 1, 1000, 480.0), measured(_turn_row("persist", 1, 1000, 456.0), 38),
+            measured(_turn_row(variant, 1, 1000, 470.4), 24)]
+    args = types.SimpleNamespace(mock_ttft_ms=2000.0, mock_tps=200.0, mock_tokens=8, warmup=3.0, duration=15.0)
+    results = ResultsDir("variants", tmp_path)
+    write_turns_report(results, rows, args)
+    text = (results.path / "summary.md").read_text()
+    assert "## Agent OS, full persistence (local), storage.commit_window_us=0;kernel.actors=1" in text
+    assert "| persist | 1000 | 480.0 | 456.0 | 480.0 | 456.0 | 5.0% | 0 / 0 |" in text
+    assert f"| {variant} | 1000 | 480.0 | 470.4 | 480.0 | 470.4 | 2.0% | 0 / 0 |" in text
+    assert "| persist | 1000 | 1 | 456.0 | 2,080.0 | 900 | 2.50 | ≤ 1 | ≤ 50 | ≤ 200 | 38 | 1 |" in text
+    assert "| persist | 1000 | 1 | 456.0 | 140.0 | 100.0 | 25.0 | 9.50 |" in text
+    assert "| persist | 1000 | 1 | 456.0 | 55.0 | 6000 | 2000 | 200 | 40.0 |" in text

@@ -1,0 +1,67 @@
+"""What the write-ahead log's fdatasyncs did over a window of a benchmark: two scrapes of a running
+tree's `agentos_log_fsync_ms` histogram (every log writer of the tree, summed by /metrics) and
+their difference.
+
+Why: a benchmark point that ran slow with persistence on and not without it is either our code or
+the disk; the batches' write + fdatasync times over that very window tell which. The histogram's
+buckets bound the percentiles (a p99 "≤ 20 ms" means the 99th batch fell in the bucket ending at
+20 ms), which is all a stall needs to show.
+"""
+from __future__ import annotations
+
+import math
+import urllib.request
+
+METRIC = "agentos_log_fsync_ms"
+
+
+def snapshot(url: str, timeout: float = 5.0) -> dict | None:
+    """The histogram now: {"buckets": {le: cumulative count}, "sum": ms, "count": n}; None if the
+    tree did not answer (a benchmark goes on without it)."""
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=timeout) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    return parse(text)
+
+
+def parse(text: str) -> dict:
+    buckets: dict[float, float] = {}
+    total = count = 0.0
+    for line in text.splitlines():
+        if not line.startswith(METRIC):
+            continue
+        name, _, value = line.rpartition(" ")
+        if name.startswith(METRIC + "_bucket{"):
+            le = name.split('le="', 1)[1].split('"', 1)[0]
+            buckets[math.inf if le == "+Inf" else float(le)] = float(value)
+        elif name == METRIC + "_sum":
+            total = float(value)
+        elif name == METRIC + "_count":
+            count = float(value)
+    return {"buckets": buckets, "sum": total, "count": count}
+
+
+def delta(before: dict | None, after: dict | None) -> dict | None:
+    """The batches between two snapshots: how many, their mean, the bucket bounds of their p50,
+    p99 and slowest, and how many took over 20 and over 100 ms."""
+    if before is None or after is None:
+        return None
+    count = int(after["count"] - before["count"])
+    if count <= 0:
+        return {"batches": 0}
+    between = {le: after["buckets"][le] - before["buckets"].get(le, 0.0) for le in sorted(after["buckets"])}
+
+    def bound(rank: float) -> float | None:
+        le = next((le for le, n in between.items() if n >= rank), None)
+        return None if le is None or math.isinf(le) else le
+
+    def over(ms: float) -> int:
+        return int(count - between.get(ms, count))
+
+    slowest = next((le for le, n in between.items() if n >= count), math.inf)
+    return {"batches": count, "mean_ms": round((after["sum"] - before["sum"]) / count, 3),
+            "p50_le_ms": bound(0.5 * count), "p99_le_ms": bound(0.99 * count),
+            "max_le_ms": None if math.isinf(slowest) else slowest,
+            "over_20ms": over(20.0), "over_100ms": over(100.0)}

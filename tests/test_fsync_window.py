@@ -1,0 +1,39 @@
+"""The turn sweep's reading of the log's fdatasyncs over a window (bench/fsync_window.py)."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from agentos.metrics import MS_BUCKETS
+from bench import fsync_window
+
+
+def _exposition(samples: list[float]) -> str:
+    registry = CollectorRegistry()
+    histogram = Histogram("agentos_log_fsync_ms", "batch write + fdatasync", buckets=MS_BUCKETS, registry=registry)
+    for ms in samples:
+        histogram.observe(ms)
+    return generate_latest(registry).decode()
+
+
+def test_the_window_counts_only_the_batches_between_the_two_scrapes():
+    earlier = [0.3] * 50 + [150.0]                    # a slow batch before the window: not the window's
+    during = [0.4] * 97 + [3.0, 30.0, 120.0]
+    before = fsync_window.parse(_exposition(earlier))
+    after = fsync_window.parse(_exposition(earlier + during))
+
+    window = fsync_window.delta(before, after)
+
+    assert window["batches"] == 100
+    assert window["mean_ms"] == round((97 * 0.4 + 3.0 + 30.0 + 120.0) / 100, 3)
+    assert window["p50_le_ms"] == 0.5
+    assert window["p99_le_ms"] == 50.0
+    assert window["max_le_ms"] == 200.0
+    assert window["over_20ms"] == 2
+    assert window["over_100ms"] == 1
+
+
+def test_a_window_without_batches_or_without_an_answer_says_so():
+    same = fsync_window.parse(_exposition([1.0, 2.0]))
+    assert fsync_window.delta(same, same) == {"batches": 0}
+    assert fsync_window.delta(None, same) is None
+    assert fsync_window.snapshot("http://127.0.0.1:9", timeout=0.5) is None
