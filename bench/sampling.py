@@ -1,4 +1,5 @@
-"""Sampling a process tree while a benchmark point runs: peak memory and CPU seconds.
+"""Sampling a process tree while a benchmark point runs: peak memory and CPU seconds, and what
+the tree, the machine and the disk did over a measured window.
 
 Memory is read from /proc/PID/smaps_rollup (RSS, and Private_Dirty, what each process really
 costs: shared interpreter pages are not counted again per process). CPU is utime + stime.
@@ -7,9 +8,12 @@ from __future__ import annotations
 
 import os
 import threading
+import time
+from pathlib import Path
 from typing import Callable, Iterable
 
 from agentos.status import proc_memory, tree_memory
+from bench import fsync_window
 from bench.server_proc import cpu_seconds
 
 PidsFn = Callable[[], Iterable[int]]
@@ -93,3 +97,43 @@ class PeakMemory:
                     self.peak[key] = max(self.peak[key], now[key])
             if self._stop.wait(self.every):
                 return
+
+
+def named_pids(pids_fn) -> dict[str, int]:
+    """A tree's processes by name, from a function giving {name: pid} or just pids."""
+    pids = pids_fn()
+    return dict(pids) if isinstance(pids, dict) else {str(pid): pid for pid in pids}
+
+
+def window_sample(url: str, pids_fn, data_dir: Path) -> dict:
+    """One end of a measured window: the tree's CPU and written bytes by process, the machine's
+    busy CPU, the disk's counters, and (our tree) the log's fdatasync histogram."""
+    named = named_pids(pids_fn)
+    return {"at": time.monotonic(), "names": named, "cpu": tree_cpu(named.values()),
+            "written": {pid: written_bytes(pid) for pid in named.values()}, "busy": machine_busy_secs(),
+            "disk": disk_counters(str(data_dir)), "fsyncs": fsync_window.snapshot(url)}
+
+
+def window_between(first: dict | None, last: dict) -> dict:
+    """What the tree and the machine did between two samples: CPU in % of one core, MB each
+    process wrote, and the disk's writes and cache flushes (whoever made them)."""
+    if first is None:
+        return {"server_cpu_percent": None, "log_fsync": None}
+    secs = max(1e-6, last["at"] - first["at"])
+
+    def pct(cpu_secs: float) -> float:
+        return round(100.0 * cpu_secs / secs, 1)
+    by_process = {name: pct(max(0.0, last["cpu"].get(pid, 0.0) - first["cpu"].get(pid, 0.0)))
+                  for name, pid in last["names"].items()}
+    written = {name: round((last["written"].get(pid, 0) - first["written"].get(pid, 0)) / 1e6, 1)
+               for name, pid in last["names"].items()}
+    disk = None
+    if first["disk"] and last["disk"]:
+        disk = {k: round(last["disk"][k] - first["disk"][k], 1) for k in first["disk"] if k != "device"}
+        disk["device"] = last["disk"]["device"]
+    return {"server_cpu_percent": pct(cpu_delta(first["cpu"], last["cpu"])),
+            "server_written_mb_by_process": {k: v for k, v in sorted(written.items()) if v > 0},
+            "disk": disk,
+            "server_cpu_by_process": {k: v for k, v in sorted(by_process.items()) if v >= 0.5},
+            "machine_busy_percent": pct(last["busy"] - first["busy"]),
+            "log_fsync": fsync_window.delta(first["fsyncs"], last["fsyncs"])}

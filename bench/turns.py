@@ -27,10 +27,9 @@ from typing import Any, Callable
 import aiohttp
 import yaml
 
-from bench import fsync_window
 from bench.checkpoint_compare import override
 from bench.results import ResultsDir
-from bench.sampling import PeakMemory, cpu_delta, disk_counters, machine_busy_secs, tree_cpu, written_bytes
+from bench.sampling import PeakMemory, named_pids, window_between, window_sample
 from bench.server_proc import REPO, ServerProcess
 from bench.turns_report import write_report
 
@@ -108,13 +107,13 @@ def run_loadgen(url: str, concurrency: int, duration: float, warmup: float, pref
     first = last = None
     started = time.monotonic()
     try:
-        with PeakMemory(lambda: _named(pids_fn).values()) as memory:
+        with PeakMemory(lambda: named_pids(pids_fn).values()) as memory:
             while proc.poll() is None:
                 elapsed = time.monotonic() - started
                 if first is None and elapsed >= warmup:
-                    first = _window_sample(url, pids_fn, out.parent)
+                    first = window_sample(url, pids_fn, out.parent)
                 if last is None and elapsed >= warmup + duration:
-                    last = _window_sample(url, pids_fn, out.parent)
+                    last = window_sample(url, pids_fn, out.parent)
                 progress.tick()
                 time.sleep(0.25)
     finally:
@@ -124,52 +123,15 @@ def run_loadgen(url: str, concurrency: int, duration: float, warmup: float, pref
     if proc.returncode != 0:
         raise RuntimeError(f"loadgen failed ({proc.returncode}): {proc.stderr.read().decode()[-2000:]}")
     if last is None:
-        last = _window_sample(url, pids_fn, out.parent)
+        last = window_sample(url, pids_fn, out.parent)
     result = json.loads(out.read_text())
-    result.update(_window(first, last))
+    result.update(window_between(first, last))
     result["server_memory_peak_kib"] = memory.peak
     result["server_memory_kib"] = memory.last
     counts = result["counts"]
     progress.done(f"{result['turns_per_sec']:.1f} turns/s  p50 {result['turn_ms'].get('p50') or 0:.0f} ms  "
                   f"ok {counts['ok']} err {sum(v for k, v in counts.items() if k != 'ok')}")
     return result
-
-
-def _named(pids_fn) -> dict[str, int]:
-    pids = pids_fn()
-    return dict(pids) if isinstance(pids, dict) else {str(pid): pid for pid in pids}
-
-
-def _window_sample(url: str, pids_fn, data_dir: Path) -> dict:
-    named = _named(pids_fn)
-    return {"at": time.monotonic(), "names": named, "cpu": tree_cpu(named.values()),
-            "written": {pid: written_bytes(pid) for pid in named.values()}, "busy": machine_busy_secs(),
-            "disk": disk_counters(str(data_dir)), "fsyncs": fsync_window.snapshot(url)}
-
-
-def _window(first: dict | None, last: dict) -> dict:
-    """What the tree and the machine did between two samples: CPU in % of one core, MB each
-    process wrote, and the disk's writes and cache flushes (whoever made them)."""
-    if first is None:
-        return {"server_cpu_percent": None, "log_fsync": None}
-    secs = max(1e-6, last["at"] - first["at"])
-
-    def pct(cpu_secs: float) -> float:
-        return round(100.0 * cpu_secs / secs, 1)
-    by_process = {name: pct(max(0.0, last["cpu"].get(pid, 0.0) - first["cpu"].get(pid, 0.0)))
-                  for name, pid in last["names"].items()}
-    written = {name: round((last["written"].get(pid, 0) - first["written"].get(pid, 0)) / 1e6, 1)
-               for name, pid in last["names"].items()}
-    disk = None
-    if first["disk"] and last["disk"]:
-        disk = {k: round(last["disk"][k] - first["disk"][k], 1) for k in first["disk"] if k != "device"}
-        disk["device"] = last["disk"]["device"]
-    return {"server_cpu_percent": pct(cpu_delta(first["cpu"], last["cpu"])),
-            "server_written_mb_by_process": {k: v for k, v in sorted(written.items()) if v > 0},
-            "disk": disk,
-            "server_cpu_by_process": {k: v for k, v in sorted(by_process.items()) if v >= 0.5},
-            "machine_busy_percent": pct(last["busy"] - first["busy"]),
-            "log_fsync": fsync_window.delta(first["fsyncs"], last["fsyncs"])}
 
 
 def point_row(kind: str, concurrency: int, result: dict, mock_stats: dict | None) -> dict:
