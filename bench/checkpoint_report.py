@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.checkpoint_compare import compare_table
+from bench.fsync_window import bound_text
 from bench.results import markdown_table, pyplot
 from bench.stats import percentile
 
@@ -258,6 +259,19 @@ def summary_markdown(rows: list[dict], config: dict) -> str:
                                    r["cpu_percent_of_core"].get("server"),
                                    r["cpu_percent_of_core"].get("other"),
                                    r["cpu_percent_of_core"].get("machine_busy")] for r in cpu])]
+    batches = [r for r in rows if (r.get("log_fsync") or {}).get("batches")]
+    if batches:
+        parts += ["", "## The log's batches in each run", "",
+                  ("Our server's batch write + fdatasync over the run (every log of the tree: the "
+                   "gateway's own and writer/log's), from its `agentos_log_fsync_ms` histogram read "
+                   "before and after; percentiles are the bounds of the buckets they fell in. A commit "
+                   "waits for its batch and, arriving during one, for the batch before it."), "",
+                  markdown_table(["target", "scale", "mode", "commit p99 ms", "batches", "mean ms", "p50 ms",
+                                  "p99 ms", "slowest ms", "over 5 ms", "over 20 ms"],
+                                 [[r["target"], r["scale"], _mode_cell(r, repeats), (r.get("commit_ms") or {}).get("p99"),
+                                   f["batches"], f["mean_ms"], bound_text(f["p50_le_ms"]), bound_text(f["p99_le_ms"]),
+                                   bound_text(f["max_le_ms"]), f.get("over_5ms"), f["over_20ms"]]
+                                  for r in batches for f in [r["log_fsync"]]])]
     phases = _phase_table(rows)
     if phases:
         parts += ["", "## First insert vs overwrite", "", phases]

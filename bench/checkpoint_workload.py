@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from time import perf_counter
 
+from bench import fsync_window
 from bench.checkpoint_report import window_report
 from bench.checkpoint_targets import CheckpointError, Latest, process_tree_cpu_secs
 from bench.sampling import machine_busy_secs
@@ -201,6 +202,8 @@ async def run_once(target, clients: list, scale: Scale, mode: str, cfg: BenchCon
     prior = len(keys & written) / len(keys)
     agents = iter(range(scale.agents))
     pids = getattr(target, "server_pids", [])
+    url = getattr(target, "url", None)   # our servers: the log's batches over the run, from /metrics
+    fsyncs0 = await fsync_window.settled_snapshot(url) if url else None
     cpu0, server0, busy0 = _cpu_secs(), process_tree_cpu_secs(pids), machine_busy_secs()
     rec = RunRecord(perf_counter())
     await asyncio.gather(*(_agent_loop(c, agents, scale, mode == "mixed", payloads, rec, cfg)
@@ -209,6 +212,7 @@ async def run_once(target, clients: list, scale: Scale, mode: str, cfg: BenchCon
     cpu = _cpu_secs() - cpu0
     server = process_tree_cpu_secs(pids) - server0 if pids else None
     busy = machine_busy_secs() - busy0
+    log_fsync = fsync_window.delta(fsyncs0, await fsync_window.settled_snapshot(url)) if fsyncs0 else None
     parts: dict[str, list[float]] = {}
     for client in clients:  # a target may time the parts of its ops (pgredis: each store)
         for name, values in getattr(client, "parts_ms", {}).items():
@@ -234,6 +238,7 @@ async def run_once(target, clients: list, scale: Scale, mode: str, cfg: BenchCon
                  f"partial-overwrite {prior:.0%}",
         "payload_bytes": sum(len(payloads[j]) for j in range(scale.tasks)) * scale.agents,
         "cpu_percent_of_core": _cpu_row(duration, cpu, server, busy),
+        "log_fsync": log_fsync,
         # what the store holds on disk right after the run (blocks allocated, zeroed segments included)
         "disk_mb": disk_mb(getattr(target, "data_dirs", [])),
     }

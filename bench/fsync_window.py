@@ -5,14 +5,18 @@ their difference.
 Why: a benchmark point that ran slow with persistence on and not without it is either our code or
 the disk; the batches' write + fdatasync times over that very window tell which. The histogram's
 buckets bound the percentiles (a p99 "≤ 20 ms" means the 99th batch fell in the bucket ending at
-20 ms), which is all a stall needs to show.
+20 ms), which is all a stall needs to show. The tree's processes publish their metrics once a
+second (agentos/service.py), so a snapshot taken under load is up to a second behind; between
+runs, `settled_snapshot` waits that second out first.
 """
 from __future__ import annotations
 
+import asyncio
 import math
 import urllib.request
 
 METRIC = "agentos_log_fsync_ms"
+PUBLISH_SECS = 1.1   # each process writes its metrics out every second
 
 
 def snapshot(url: str, timeout: float = 5.0) -> dict | None:
@@ -24,6 +28,12 @@ def snapshot(url: str, timeout: float = 5.0) -> dict | None:
     except OSError:
         return None
     return parse(text)
+
+
+async def settled_snapshot(url: str) -> dict | None:
+    """A snapshot once every process has published what it did until now (idle tree: exact)."""
+    await asyncio.sleep(PUBLISH_SECS)
+    return await asyncio.get_running_loop().run_in_executor(None, snapshot, url)
 
 
 def parse(text: str) -> dict:
@@ -45,7 +55,7 @@ def parse(text: str) -> dict:
 
 def delta(before: dict | None, after: dict | None) -> dict | None:
     """The batches between two snapshots: how many, their mean, the bucket bounds of their p50,
-    p99 and slowest, and how many took over 20 and over 100 ms."""
+    p99 and slowest, and how many took over 5, 20 and 100 ms."""
     if before is None or after is None:
         return None
     count = int(after["count"] - before["count"])
@@ -64,4 +74,9 @@ def delta(before: dict | None, after: dict | None) -> dict | None:
     return {"batches": count, "mean_ms": round((after["sum"] - before["sum"]) / count, 3),
             "p50_le_ms": bound(0.5 * count), "p99_le_ms": bound(0.99 * count),
             "max_le_ms": None if math.isinf(slowest) else slowest,
-            "over_20ms": over(20.0), "over_100ms": over(100.0)}
+            "over_5ms": over(5.0), "over_20ms": over(20.0), "over_100ms": over(100.0)}
+
+
+def bound_text(bound: float | None) -> str:
+    """A percentile's bucket bound as a table shows it: "≤ 20", or "–" past the last bucket."""
+    return "–" if bound is None else f"≤ {bound:g}"

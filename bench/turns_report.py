@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench.fsync_window import bound_text
 from bench.results import ResultsDir, markdown_table, pyplot
 
 PROFILE_NAMES = {"core": "Agent OS, bare core (durability none)", "persist": "Agent OS, full persistence (local)",
@@ -152,11 +153,9 @@ def _log_batches(rows: list[dict]) -> str:
     if not points:
         return ""
 
-    def le(value: float | None) -> str:
-        return "–" if value is None else f"≤ {value:g}"
     lines = [[r["profile"], r["concurrency"], r.get("round", 1), r["turns_per_sec"], _ms(r["turn_ms"], "p95"),
-              f["batches"], f.get("mean_ms"), le(f.get("p50_le_ms")), le(f.get("p99_le_ms")),
-              le(f.get("max_le_ms")), f.get("over_20ms"), f.get("over_100ms")]
+              f["batches"], f.get("mean_ms"), bound_text(f.get("p50_le_ms")), bound_text(f.get("p99_le_ms")),
+              bound_text(f.get("max_le_ms")), f.get("over_20ms"), f.get("over_100ms")]
              for r in points for f in [r["log_fsync"]]]
     return ("## The log's batches in each persistence round\n\nEvery log writer's batch write + fdatasync over "
             "the round's measured window, from the tree's `agentos_log_fsync_ms` histogram scraped at its "

@@ -17,17 +17,18 @@ def _exposition(samples: list[float]) -> str:
 
 def test_the_window_counts_only_the_batches_between_the_two_scrapes():
     earlier = [0.3] * 50 + [150.0]                    # a slow batch before the window: not the window's
-    during = [0.4] * 97 + [3.0, 30.0, 120.0]
+    during = [0.4] * 96 + [3.0, 4.0, 30.0, 120.0]
     before = fsync_window.parse(_exposition(earlier))
     after = fsync_window.parse(_exposition(earlier + during))
 
     window = fsync_window.delta(before, after)
 
     assert window["batches"] == 100
-    assert window["mean_ms"] == round((97 * 0.4 + 3.0 + 30.0 + 120.0) / 100, 3)
+    assert window["mean_ms"] == round((96 * 0.4 + 3.0 + 4.0 + 30.0 + 120.0) / 100, 3)
     assert window["p50_le_ms"] == 0.5
     assert window["p99_le_ms"] == 50.0
     assert window["max_le_ms"] == 200.0
+    assert window["over_5ms"] == 2
     assert window["over_20ms"] == 2
     assert window["over_100ms"] == 1
 
