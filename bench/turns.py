@@ -30,7 +30,7 @@ import yaml
 from bench.checkpoint_compare import override
 from bench.results import ResultsDir
 from bench.sampling import PeakMemory, named_pids, window_between, window_sample
-from bench.server_proc import REPO, ServerProcess
+from bench.server_proc import REPO, ServerProcess, deep_merge
 from bench.turns_report import write_report
 
 DEFAULT_SWEEP = "1,2,4,8,16,32,64,128,256,512,1000"
@@ -39,7 +39,7 @@ FAST_MARKER = " [[mock ttft_ms=1 tps=10000]]"
 
 def bench_config(profile: str, mock_url: str, max_concurrency: int, actors: int) -> dict[str, Any]:
     """A profile's server config. `profile` is `core` or `persist`, optionally followed by config
-    keys of its own: `persist:storage.log_writer_realtime=false` runs beside `persist` as a third tree."""
+    keys of its own: `persist:storage.commit_window_us=0` runs beside `persist` as a third tree."""
     base, _, settings = profile.partition(":")
     if base not in ("core", "persist"):
         raise ValueError(f"unknown profile {profile!r}: core or persist, then optionally :key=value;key=value")
@@ -53,21 +53,13 @@ def bench_config(profile: str, mock_url: str, max_concurrency: int, actors: int)
         key, sep, raw = setting.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"profile {profile!r}: key=value expected, got {setting!r}")
-        _merge(config, override(key.strip(), yaml.safe_load(raw)))   # values read as YAML, as in a config file
+        config = deep_merge(config, override(key.strip(), yaml.safe_load(raw)))   # values read as YAML, as in a config file
     return config
 
 
 def _slug(profile: str) -> str:
     """A profile as a file name and session-id prefix."""
     return re.sub(r"[^A-Za-z0-9_-]+", "-", profile)
-
-
-def _merge(into: dict, extra: dict) -> None:
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(into.get(key), dict):
-            _merge(into[key], value)
-        else:
-            into[key] = value
 
 
 def http_json(method: str, url: str) -> Any:
@@ -298,7 +290,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=3.0, help="warm-up seconds per point")
     p.add_argument("--profiles", default="core,persist",
                    help="server profiles: core, persist, and either with keys of its own "
-                        "(persist:storage.log_writer_realtime=false)")
+                        "(persist:storage.commit_window_us=0)")
     p.add_argument("--repeat", type=int, default=1,
                    help="rounds of every point, each running the profiles in the reverse order of the one before")
     p.add_argument("--peer", default="", help="also run the sweep against a peer: opencode")
