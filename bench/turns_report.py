@@ -18,6 +18,11 @@ def _profiles(rows: list[dict], peers: bool = True) -> list[str]:
     return ours + (["opencode"] if peers and "opencode" in seen else [])
 
 
+def _durable(rows: list[dict]) -> list[str]:
+    """`persist` and its variants: the profiles priced against the bare core."""
+    return [p for p in _profiles(rows, peers=False) if p.partition(":")[0] == "persist"]
+
+
 def _name(profile: str) -> str:
     base, _, settings = profile.partition(":")
     return PROFILE_NAMES[profile] if profile in PROFILE_NAMES else f"{PROFILE_NAMES[base]}, {settings}"
@@ -117,7 +122,7 @@ def _persistence_cost(rows: list[dict]) -> str:
     """turns/s of each durable profile against the bare core at each concurrency (target at
     c=1000: persistence costs ≤ 5%), over every round; rounds alternate which profile ran first."""
     core = _points(rows, "core")
-    durable = [p for p in _profiles(rows, peers=False) if p != "core"]
+    durable = _durable(rows)
     lines = []
     for profile in durable:
         persist = _points(rows, profile)
@@ -149,7 +154,7 @@ def _persistence_cost(rows: list[dict]) -> str:
 def _log_batches(rows: list[dict]) -> str:
     """The persistence rounds' write + fdatasync of the log's batches over each measured window
     (bench/fsync_window.py): a slow round with slow batches is the disk's; with fast ones, ours."""
-    points = [r for p in _profiles(rows, peers=False) if p != "core" for r in _points(rows, p) if r.get("log_fsync")]
+    points = [r for p in _durable(rows) for r in _points(rows, p) if r.get("log_fsync")]
     if not points:
         return ""
 
