@@ -76,6 +76,7 @@ class BenchConfig:
     window_secs: float = 10.0
     fine_window_secs: float = 1.0
     min_windows: int = 3
+    log_batches: bool = True   # read our log's batch histogram around each run (a second's wait each side)
 
     def validate(self) -> None:
         for s in self.scales:
@@ -202,7 +203,7 @@ async def run_once(target, clients: list, scale: Scale, mode: str, cfg: BenchCon
     prior = len(keys & written) / len(keys)
     agents = iter(range(scale.agents))
     pids = getattr(target, "server_pids", [])
-    url = getattr(target, "url", None)   # our servers: the log's batches over the run, from /metrics
+    url = getattr(target, "url", None) if cfg.log_batches else None   # our servers' log batches, from /metrics
     fsyncs0 = await fsync_window.settled_snapshot(url) if url else None
     cpu0, server0, busy0 = _cpu_secs(), process_tree_cpu_secs(pids), machine_busy_secs()
     rec = RunRecord(perf_counter())

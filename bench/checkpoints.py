@@ -175,6 +175,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="where the private PostgreSQL/Redis data dir goes (default: %(default)s)")
     p.add_argument("--floor-dir", help="directory of the disk floor (default: --peer-tmp)")
     p.add_argument("--floor-iterations", type=int, default=2000, help="0 skips the disk floor")
+    p.add_argument("--no-log-batches", action="store_true",
+                   help="skip reading our log's batch histogram around each run (it waits a second each side)")
     p.add_argument("--floor-each-run", type=int, default=0, metavar="N",
                    help="also take the first floor size, N appends, just before every run, and report "
                         "each run's commit p50 against it (0: only before and after all runs)")
@@ -231,7 +233,7 @@ def _main(argv: list[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     cfg = BenchConfig(scales=_csv(args.scales), modes=_csv(args.modes), workers=args.workers,
-                      repeat=args.repeat, op_timeout_secs=args.op_timeout_secs)
+                      repeat=args.repeat, op_timeout_secs=args.op_timeout_secs, log_batches=not args.no_log_batches)
     try:
         cfg.validate()
     except ValueError as exc:

@@ -50,7 +50,7 @@ def test_the_side_by_side_table_compares_medians_and_counts_rounds_ahead():
 def test_compare_runs_a_fresh_tree_per_value_and_round(tmp_path):
     code = checkpoints.main(["--compare", "storage.durability=local,none", "--rounds", "2", "--scales", "3x2",
                              "--modes", "write", "--workers", "2", "--floor-iterations", "0",
-                             "--peer-tmp", str(tmp_path), "--results-root", str(tmp_path / "results"),
+                             "--no-log-batches", "--peer-tmp", str(tmp_path), "--results-root", str(tmp_path / "results"),
                              "--results-name", "cmp"])
     assert code == checkpoints.EXIT_OK
     (folder,) = (tmp_path / "results").iterdir()
