@@ -203,8 +203,11 @@ async def run_once(target, clients: list, scale: Scale, mode: str, cfg: BenchCon
     prior = len(keys & written) / len(keys)
     agents = iter(range(scale.agents))
     pids = getattr(target, "server_pids", [])
-    url = getattr(target, "url", None) if cfg.log_batches else None   # our servers' log batches, from /metrics
-    fsyncs0 = await fsync_window.settled_snapshot(url) if url else None
+    # Our servers' log batches over the run, from /metrics, once every process has published
+    # them: a second's pause on each side of the run, for every target alike (a pause lets
+    # background work finish: PostgreSQL's as much as ours).
+    url = getattr(target, "url", None) if cfg.log_batches else None
+    fsyncs0 = await fsync_window.settled_snapshot(url) if cfg.log_batches else None
     cpu0, server0, busy0 = _cpu_secs(), process_tree_cpu_secs(pids), machine_busy_secs()
     rec = RunRecord(perf_counter())
     await asyncio.gather(*(_agent_loop(c, agents, scale, mode == "mixed", payloads, rec, cfg)
@@ -213,7 +216,7 @@ async def run_once(target, clients: list, scale: Scale, mode: str, cfg: BenchCon
     cpu = _cpu_secs() - cpu0
     server = process_tree_cpu_secs(pids) - server0 if pids else None
     busy = machine_busy_secs() - busy0
-    log_fsync = fsync_window.delta(fsyncs0, await fsync_window.settled_snapshot(url)) if fsyncs0 else None
+    log_fsync = fsync_window.delta(fsyncs0, await fsync_window.settled_snapshot(url)) if cfg.log_batches else None
     parts: dict[str, list[float]] = {}
     for client in clients:  # a target may time the parts of its ops (pgredis: each store)
         for name, values in getattr(client, "parts_ms", {}).items():

@@ -30,10 +30,11 @@ def snapshot(url: str, timeout: float = 5.0) -> dict | None:
     return parse(text)
 
 
-async def settled_snapshot(url: str) -> dict | None:
-    """A snapshot once every process has published what it did until now (idle tree: exact)."""
+async def settled_snapshot(url: str | None) -> dict | None:
+    """A snapshot once every process has published what it did until now (idle tree: exact);
+    with no URL (a target without our metrics), only the same pause."""
     await asyncio.sleep(PUBLISH_SECS)
-    return await asyncio.get_running_loop().run_in_executor(None, snapshot, url)
+    return await asyncio.get_running_loop().run_in_executor(None, snapshot, url) if url else None
 
 
 def parse(text: str) -> dict:
