@@ -109,6 +109,9 @@ class StorageConfig:
     # fdatasync on ext4 — for copy-on-write filesystems (btrfs, ZFS), where an overwrite allocates
     # anew anyway (PostgreSQL's wal_init_zero).
     zero_segments: bool = True
+    # Zeroed segments kept ready per log (storage/spares.py): beyond the next one, zeroed while the
+    # log is idle, so a burst of up to this many segments of records writes no zeros meanwhile.
+    spare_segments: int = 1
     max_checkpoint_bytes: int = 1 << 20
     log_writers: int = 1
     # The gateway group-commits its own records (checkpoint PUTs, access rows) to a log of its
@@ -334,6 +337,8 @@ def validate(config: Config) -> None:
         raise ConfigError("storage.durability: s3 needs storage.s3.bucket")
     _positive(config.storage.snapshot_every, "storage.snapshot_every")
     _positive(config.storage.segment_bytes, "storage.segment_bytes")
+    if not 1 <= config.storage.spare_segments <= 64:
+        raise ConfigError(f"storage.spare_segments: 1..64, got {config.storage.spare_segments}")
     _positive(config.storage.max_checkpoint_bytes, "storage.max_checkpoint_bytes")
     if config.storage.max_checkpoint_bytes > MAX_CHECKPOINT_BYTES:   # one checkpoint is one log record
         raise ConfigError(f"storage.max_checkpoint_bytes: at most {MAX_CHECKPOINT_BYTES} (32 MiB), "

@@ -62,6 +62,8 @@ from storage.recent_ids import RecentIds
 from storage.store_notices import StoreNotices
 
 RECENT_SCAN_BYTES = 128 << 20
+IDLE_SECS = 0.25         # no batch this long: the log is idle, its spares may be zeroed
+SPARE_CHECK_SECS = 0.25
 
 
 class LocalAppend:
@@ -86,6 +88,7 @@ class LogWriter(ClusterSide):
         self.last_waiters = 0       # ... and in the last one written
         self.window_timer: asyncio.TimerHandle | None = None   # embedded: the wait for more of them
         self.writing = False        # embedded: a batch of ASYNC records is on the I/O thread
+        self.last_batch_at = time.monotonic()   # idle since: spares are zeroed after IDLE_SECS of none
         self.log = log
         self.fsync = config.storage.durability != "none"
         self.directory = Path(config.storage.dir) / "wal" / str(index)
@@ -122,7 +125,8 @@ class LogWriter(ClusterSide):
     async def open(self) -> None:
         loop = asyncio.get_running_loop()
         self.segments = await loop.run_in_executor(self.io, segments.SegmentLog, self.directory, self.segment_bytes,
-                                                   self.config.storage.zero_segments)
+                                                   self.config.storage.zero_segments,
+                                                   self.config.storage.spare_segments)
         if self.object_store is not None:
             await self._level_with_bucket(loop)
         if not self.embedded:   # an embedded writer's one sender died with it: nobody retries into it
@@ -204,6 +208,16 @@ class LogWriter(ClusterSide):
                 await self._gather()
             self._commit()
 
+    async def spare_loop(self) -> None:
+        """Zero the log's spare segments while it is idle (storage/spares.py): a second without a
+        batch, nothing on the I/O thread. With one spare (the default) there is nothing to do."""
+        if self.config.storage.spare_segments <= 1 or not self.config.storage.zero_segments:
+            return
+        while True:
+            await asyncio.sleep(SPARE_CHECK_SECS)
+            if not self.writing and time.monotonic() - self.last_batch_at >= IDLE_SECS:
+                self.segments.refill()
+
     def _embedded_appended(self) -> None:
         """Embedded, durable: a batch someone waits on is written by this call, in the loop iteration
         its appends came in (the log client hands over once per iteration), so no task wakes for it
@@ -255,6 +269,7 @@ class LogWriter(ClusterSide):
 
     def _written(self, batch: tuple, end: int) -> None:
         data, _, waiting, count, started, segment_before = batch
+        self.last_batch_at = time.monotonic()
         size = sum(map(len, data))
         self.stats["batches"] += 1
         self.stats["bytes"] += size
@@ -337,7 +352,8 @@ class LogWriter(ClusterSide):
         await self.bus.start()
         if self.inbox is not None:
             await self.inbox.open()
-        self.tasks = [asyncio.create_task(self.commit_loop()), asyncio.create_task(compaction.compaction_loop(self))]
+        self.tasks = [asyncio.create_task(self.commit_loop()), asyncio.create_task(compaction.compaction_loop(self)),
+                      asyncio.create_task(self.spare_loop())]
 
     async def stop(self) -> None:
         """Finish what was received: every message that got here is written before this returns."""

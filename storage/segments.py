@@ -16,8 +16,9 @@ alternating runs of 400 writes): a 100 KB pwrite + fdatasync at the end of a fil
 ends at its first non-whole record, not at the file's size: zero bytes never parse as one.
 `storage.zero_segments: false` (`preallocate=False`) appends to plain files instead, for
 filesystems where an overwrite saves nothing (copy-on-write ones).
-The next segment is zeroed ahead of time on a background thread (`spare.zero`), once the current
-one is half full: not at start, where it would compete with the first commits for the disk.
+The next segment is zeroed ahead of time on a background thread, once the current one is half
+full (not at start, where it would compete with the first commits for the disk), and with
+`storage.spare_segments` above one, more of them while the log is idle: storage/spares.py.
 
 Blocking calls only. writer/log calls `SegmentLog.write` on its event loop's thread (the loop has
 nothing else to do while a batch is written; the gateway's own log does the same for a batch a
@@ -27,42 +28,16 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from storage import records
+from storage.spares import Spares
 from storage.segment_listing import list_segments, locate, segment_name, segments_from
 
 log = logging.getLogger("agent-os.storage")
-SPARE = "spare.zero"
-ZERO_CHUNK = 1 << 20    # fdatasync'd at a time
-ZERO_WRITE = 16 << 10   # bytes per write (see zero_file)
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024   # buffers per pwritev
 FIRST_READ = 64 << 10   # a read first looks this far: past the data a zeroed tail costs one small read
-
-
-def zero_file(path: Path, size: int) -> None:
-    """`path` as `size` zero bytes, written (not a hole, not unwritten extents) and fsync'd.
-
-    In small writes (ZERO_WRITE), because the page cache keeps the folio size a write created,
-    and dirtying any byte of a folio later writes the whole folio back. With 1 MB writes of zeros,
-    each 22 KB append + fdatasync into the segment wrote 47× its bytes to the disk, and a 220 KB one
-    5.8×; with 16 KB writes 1.6× and 1.1×, the commits as fast; with 4 KB writes 1.1× / 1.0×, but
-    220 KB commits took 0.23 ms at the median instead of 0.16 (Linux 6.18, ext4:
-    bench/results/2026-12-01-zeroing-write-amplification/)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        zeros = bytes(ZERO_WRITE)
-        done = 0
-        while done < size:
-            done += os.write(fd, zeros[:size - done])
-            if done % ZERO_CHUNK == 0 or done == size:
-                # A chunk at a time: 64 MB of dirty zeros flushed at once would queue ahead of the
-                # log's own small writes and stall their fdatasync for tens of milliseconds.
-                os.fdatasync(fd)
-    finally:
-        os.close(fd)
 
 
 def whole_records(f, offset: int, max_bytes: int, keep: bool = True, buffer: bytearray | None = None):
@@ -118,18 +93,16 @@ class Recovery:
 class SegmentLog:
     """The writing end. Not thread-safe: one thread at a time."""
 
-    def __init__(self, directory: Path, segment_bytes: int, preallocate: bool = True) -> None:
+    def __init__(self, directory: Path, segment_bytes: int, preallocate: bool = True, spares: int = 1) -> None:
         self.directory = directory
         self.segment_bytes = segment_bytes
         self.preallocate = preallocate
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.spares = Spares(directory, segment_bytes, spares if preallocate else 0)
         self.fd = -1
         self.start = 0      # position of the current segment's first byte
         self.size = 0       # bytes of records in the current segment
-        self.spare: threading.Thread | None = None
         self.spare_started = False   # the next segment's zeroing has begun (or it was there already)
-        if not preallocate:
-            (directory / SPARE).unlink(missing_ok=True)   # zeroed under another setting: disk for nothing
         self.recovery = self._open()
 
     @property
@@ -166,19 +139,13 @@ class SegmentLog:
 
     def _create(self, position: int) -> None:
         path = self.directory / segment_name(position)
-        spare = self.directory / SPARE
-        if self.spare is not None:
-            self.spare.join()
-            self.spare = None
         if self.preallocate:
             try:
-                if not (spare.exists() and spare.stat().st_size == self.segment_bytes):
-                    zero_file(spare, self.segment_bytes)
-                os.replace(spare, path)
+                self.spares.take(path)
             except OSError as exc:
                 # No room for a whole zeroed segment (a full disk): append to a plain file instead,
                 # which fails only when the disk cannot take the records themselves.
-                spare.unlink(missing_ok=True)
+                self.spares.drop_partial()
                 log.warning("log %s: could not zero a %d-byte segment (%s); appending to a plain one",
                             self.directory, self.segment_bytes, exc.strerror)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
@@ -192,19 +159,12 @@ class SegmentLog:
     def _prepare_spare(self) -> None:
         """Zero the next segment's file now, off the writing thread, so a rotation only renames it."""
         self.spare_started = True
-        spare = self.directory / SPARE
-        if spare.exists() and spare.stat().st_size == self.segment_bytes:
-            return
+        if self.spares.ready() is None:
+            self.spares.zero_next()
 
-        def zero() -> None:
-            try:
-                zero_file(spare, self.segment_bytes)
-            except OSError as exc:
-                spare.unlink(missing_ok=True)
-                log.warning("log %s: could not zero the next segment (%s); it will be zeroed when needed",
-                            self.directory, exc)
-        self.spare = threading.Thread(target=zero, name="wal-spare", daemon=True)
-        self.spare.start()
+    def refill(self) -> bool:
+        """Zero one more spare (up to `spares`) while nothing is written: writer/log's idle call."""
+        return self.fd >= 0 and self.spares.refill()
 
     def jump_to(self, position: int) -> None:
         """Continue the log at a later position (a range compacted away in the bucket)."""
@@ -269,9 +229,7 @@ class SegmentLog:
         return self.end
 
     def close(self) -> None:
-        if self.spare is not None:
-            self.spare.join()
-            self.spare = None
+        self.spares.close()
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1

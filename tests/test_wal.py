@@ -5,7 +5,7 @@ import os
 import pytest
 
 from log_frames import frames
-from storage import records, segments
+from storage import records, segments, spares
 from storage.records import RecordKind, TornRecord
 
 
@@ -130,12 +130,12 @@ def test_segments_rotate_and_a_torn_tail_is_cleared_on_open(tmp_path):
 def test_zeroed_segments_end_at_their_last_whole_record(tmp_path):
     log = segments.SegmentLog(tmp_path, segment_bytes=1500)
     data = frames(30)
-    assert not (tmp_path / segments.SPARE).exists()                 # nothing zeroed ahead at start
+    assert not (tmp_path / spares.SPARE).exists()                 # nothing zeroed ahead at start
     for i in range(0, 30, 3):
         log.write(b"".join(data[i:i + 3]), sync=True)
     assert log.size * 2 >= 1500                                      # past half: the next one is zeroed ahead
-    log.spare.join()
-    assert (tmp_path / segments.SPARE).stat().st_size == 1500
+    log.spares.wait()
+    assert (tmp_path / spares.SPARE).stat().st_size == 1500
     assert segments.log_end(tmp_path) == log.end
     assert segments.log_end(tmp_path, hint=log.end - len(data[-1])) == log.end
     assert segments.log_end(tmp_path, hint=log.end) == log.end
@@ -146,13 +146,13 @@ def test_zeroed_segments_end_at_their_last_whole_record(tmp_path):
 
 def test_without_zeroing_segments_hold_their_records_and_recover_a_torn_tail(tmp_path):
     """storage.zero_segments: false — plain appends, no spare, and a leftover spare goes."""
-    (tmp_path / segments.SPARE).write_bytes(bytes(1500))           # zeroed under the other setting
+    (tmp_path / spares.SPARE).write_bytes(bytes(1500))           # zeroed under the other setting
     log = segments.SegmentLog(tmp_path, segment_bytes=1500, preallocate=False)
-    assert not (tmp_path / segments.SPARE).exists()
+    assert not (tmp_path / spares.SPARE).exists()
     data = frames(30)
     for i in range(0, 30, 3):
         log.write(b"".join(data[i:i + 3]), sync=True)
-    assert not (tmp_path / segments.SPARE).exists()                 # past half, nothing zeroed ahead
+    assert not (tmp_path / spares.SPARE).exists()                 # past half, nothing zeroed ahead
     segs = segments.list_segments(tmp_path)
     assert len(segs) > 2
     assert sum(path.stat().st_size for _, path in segs) == log.end == sum(map(len, data))   # no zero tails

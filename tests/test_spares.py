@@ -1,0 +1,85 @@
+"""A log's spare segments (storage/spares.py): zeroed ahead, kept up to their count while the log
+is idle, taken by rotations without zeroing in between, cleaned up when stale or given up."""
+from __future__ import annotations
+
+import threading
+import time
+
+from log_frames import frames
+from storage import segments, spares
+
+SEGMENT = 4096
+
+
+def _ready(directory) -> list[str]:
+    return sorted(p.name for p in directory.glob("spare*.zero") if p.stat().st_size == SEGMENT)
+
+
+def _fill(log: segments.SegmentLog) -> None:
+    while log.refill():
+        log.spares.wait()
+
+
+def test_an_idle_log_zeroes_spares_up_to_their_count_and_rotations_take_them(tmp_path):
+    log = segments.SegmentLog(tmp_path, SEGMENT, spares=3)
+    assert _ready(tmp_path) == []                        # nothing zeroed at start
+    _fill(log)
+    assert _ready(tmp_path) == ["spare.1.zero", "spare.2.zero", "spare.zero"]
+    assert not log.refill()                              # full: nothing more to zero
+
+    started = []
+    real = spares.Spares.zero_next
+    spares.Spares.zero_next = lambda self: started.append(1) or real(self)
+    try:
+        data = frames(30, size=300)
+        for frame in data:                               # about two and a half segments of records
+            log.write(frame, sync=True)
+    finally:
+        spares.Spares.zero_next = real
+    assert len(segments.list_segments(tmp_path)) == 3
+    assert started == []                                 # the burst took spares; nothing was zeroed during it
+    assert len(_ready(tmp_path)) == 1
+    assert [r[2] for r in segments.SegmentReader(tmp_path, 0).read(1 << 20)] == [f"id-{i}".encode() for i in range(30)]
+    _fill(log)                                           # idle again: back to three
+    assert len(_ready(tmp_path)) == 3
+    log.close()
+
+
+def test_with_one_spare_the_next_is_zeroed_at_half_as_before(tmp_path):
+    log = segments.SegmentLog(tmp_path, SEGMENT, spares=1)
+    for frame in frames(8, size=300):
+        log.write(frame, sync=True)
+    log.spares.wait()
+    assert _ready(tmp_path) == ["spare.zero"]
+    log.close()
+
+
+def test_stale_spares_go_at_open(tmp_path):
+    (tmp_path / spares.ZEROING).write_bytes(bytes(100))            # a crash while zeroing
+    (tmp_path / "spare.5.zero").write_bytes(bytes(SEGMENT))         # the count was higher before
+    (tmp_path / "spare.1.zero").write_bytes(bytes(SEGMENT // 2))    # another segment size before
+    log = segments.SegmentLog(tmp_path, SEGMENT, spares=2)
+    assert not (tmp_path / spares.ZEROING).exists()
+    assert not (tmp_path / "spare.5.zero").exists()
+    assert log.spares.ready() is None and not (tmp_path / "spare.1.zero").exists()
+    log.close()
+    (tmp_path / "spare.zero").write_bytes(bytes(SEGMENT))
+    plain = segments.SegmentLog(tmp_path, SEGMENT, preallocate=False, spares=4)
+    assert list(tmp_path.glob("spare*")) == []                      # not zeroing: no spare kept
+    assert not plain.refill()
+    plain.close()
+
+
+def test_closing_gives_up_a_spare_being_zeroed(tmp_path):
+    cancel = threading.Event()
+    cancel.set()
+    assert spares.zero_file(tmp_path / "f", 8 << 20, cancel) is False
+    big = 256 << 20
+    log = segments.SegmentLog(tmp_path, big, spares=2)
+    assert log.refill()
+    time.sleep(0.05)
+    started = time.monotonic()
+    log.close()
+    assert time.monotonic() - started < 5.0
+    assert not (tmp_path / spares.ZEROING).exists()
+    assert _ready(tmp_path) == []
