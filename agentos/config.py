@@ -110,8 +110,9 @@ class StorageConfig:
     # anew anyway (PostgreSQL's wal_init_zero).
     zero_segments: bool = True
     # Zeroed segments kept ready per log (storage/spares.py): beyond the next one, zeroed while the
-    # log is idle, so a burst of up to this many segments of records writes no zeros meanwhile.
-    spare_segments: int = 1
+    # log is idle once it has filled a segment, so a burst of up to this many segments of records
+    # writes no zeros meanwhile. Costs this many segments of disk per log; 1: only the next one.
+    spare_segments: int = 4
     max_checkpoint_bytes: int = 1 << 20
     log_writers: int = 1
     # The gateway group-commits its own records (checkpoint PUTs, access rows) to a log of its

@@ -103,6 +103,7 @@ class SegmentLog:
         self.start = 0      # position of the current segment's first byte
         self.size = 0       # bytes of records in the current segment
         self.spare_started = False   # the next segment's zeroing has begun (or it was there already)
+        self.rotations = 0           # segments sealed since open: a log that never fills one needs one spare
         self.recovery = self._open()
 
     @property
@@ -153,6 +154,7 @@ class SegmentLog:
         fsync_dir(self.directory)
         if self.fd >= 0:
             os.close(self.fd)
+            self.rotations += 1
         self.fd, self.start, self.size = fd, position, 0
         self.spare_started = False
 
@@ -163,8 +165,10 @@ class SegmentLog:
             self.spares.zero_next()
 
     def refill(self) -> bool:
-        """Zero one more spare (up to `spares`) while nothing is written: writer/log's idle call."""
-        return self.fd >= 0 and self.spares.refill()
+        """Zero one more spare (up to `spares`) while nothing is written: writer/log's idle call.
+        Only once a segment has filled since open: a quiet log (a test's, a new server's) keeps
+        the one spare it needs instead of zeroing several segments it may never reach."""
+        return self.fd >= 0 and self.rotations > 0 and self.spares.refill()
 
     def jump_to(self, position: int) -> None:
         """Continue the log at a later position (a range compacted away in the bucket)."""
