@@ -209,8 +209,8 @@ class LogWriter(ClusterSide):
             self._commit()
 
     async def spare_loop(self) -> None:
-        """Zero the log's spare segments while it is idle (storage/spares.py): a second without a
-        batch, nothing on the I/O thread. With one spare (the default) there is nothing to do."""
+        """Zero the log's spare segments while it is idle (storage/spares.py): IDLE_SECS without a
+        batch, nothing on the I/O thread. With `storage.spare_segments: 1` there is nothing to do."""
         if self.config.storage.spare_segments <= 1 or not self.config.storage.zero_segments:
             return
         while True:
