@@ -10,11 +10,10 @@ and renamed when whole, so a file by a spare's name is always ready; one thread 
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from pathlib import Path
-
-import logging
 
 log = logging.getLogger("agent-os.storage")
 SPARE = "spare.zero"
@@ -102,9 +101,7 @@ class Spares:
 
     def refill(self) -> bool:
         """Start zeroing one more spare if any is missing and none is being zeroed."""
-        if not self.paths or self.zeroing() or all(path.exists() for path in self.paths):
-            return False
-        return self.zero_next()
+        return bool(self.paths) and self.zero_next()
 
     def zero_next(self) -> bool:
         """Zero the first missing spare on a thread (one at a time)."""
