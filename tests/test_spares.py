@@ -20,7 +20,7 @@ def _fill(log: segments.SegmentLog) -> None:
         log.spares.wait()
 
 
-def test_an_idle_log_zeroes_spares_up_to_their_count_and_rotations_take_them(tmp_path):
+def test_an_idle_log_zeroes_spares_up_to_their_count_and_rotations_take_them(tmp_path, monkeypatch):
     log = segments.SegmentLog(tmp_path, SEGMENT, spares=3)
     assert _ready(tmp_path) == []                        # nothing zeroed at start
     assert not log.refill()                              # nor while no segment has filled
@@ -32,16 +32,13 @@ def test_an_idle_log_zeroes_spares_up_to_their_count_and_rotations_take_them(tmp
     assert _ready(tmp_path) == ["spare.1.zero", "spare.2.zero", "spare.zero"]
     assert not log.refill()                              # full: nothing more to zero
 
-    started = []
-    real = spares.Spares.zero_next
-    spares.Spares.zero_next = lambda self: started.append(1) or real(self)
-    try:
-        for frame in frames(20, size=300):               # about two segments of records
-            log.write(frame, sync=True)
-    finally:
-        spares.Spares.zero_next = real
+    zeroed = []
+    real = spares.zero_file
+    monkeypatch.setattr(spares, "zero_file", lambda *args: zeroed.append(args[0]) or real(*args))
+    for frame in frames(20, size=300):                   # about two segments of records
+        log.write(frame, sync=True)
     assert log.rotations == 3
-    assert started == []                                 # the burst took spares; nothing was zeroed during it
+    assert zeroed == []                                  # the burst took spares; nothing was zeroed during it
     assert len(_ready(tmp_path)) == 1
     ids = [r[2] for r in segments.SegmentReader(tmp_path, 0).read(1 << 20)]
     assert ids == [f"id-{i}".encode() for i in range(100, 100 + written)] + [f"id-{i}".encode() for i in range(20)]
