@@ -285,6 +285,20 @@ class FrontConnection(asyncio.Protocol):
             self._done(request, tenant, exc.status, self._error(exc))
 
     def _put_done(self, request: _Request, tenant: str, body: dict | None, error: Exception | None) -> None:
+        try:
+            self._answer_put(request, tenant, body, error)
+        except Exception:
+            # A bug of ours while answering (this runs as the log's callback, which only logs what
+            # it raises): the client must not wait for an answer that will never come, nor the
+            # requests queued behind it on the connection.
+            log.exception("answering %s %s/%s failed; closing its connection", request.method, request.sid,
+                          request.key)
+            self.request = None
+            self.close()          # what was written goes first; what is queued behind it is not read
+            return
+        self._go_on()
+
+    def _answer_put(self, request: _Request, tenant: str, body: dict | None, error: Exception | None) -> None:
         if error is None:
             self._done(request, tenant, 200, self._response(200, "application/json", orjson.dumps(body)))
         elif isinstance(error, ApiError):
@@ -293,7 +307,6 @@ class FrontConnection(asyncio.Protocol):
             log.error("unhandled error in %s %s/%s", request.method, request.sid, request.key, exc_info=error)
             self._done(request, tenant, 500, self._response(500, "application/json",
                                                             error_body("internal", "internal error")))
-        self._go_on()
 
     async def _answer(self, request: _Request, payload: bytes) -> None:
         """A GET the gateway's cache could not answer: it asks the store."""
