@@ -200,6 +200,11 @@ def summary_markdown(rows: list[dict], config: dict) -> str:
               "marked (1s) are over 1-second windows because the run had fewer than 3 full "
               "10-second windows."), "",
              markdown_table(COLUMNS, table_rows(rows, repeats))]
+    bench = config.get("bench", {})
+    if bench.get("warm_up_mb"):
+        parts[3:3] = [(f"Before its first run each target took a warm-up burst of {bench['warm_up_mb']} MB of "
+                       f"checkpoints on agents of their own (not measured), then {bench['warm_up_idle_secs']:g} s "
+                       "of rest: a store that has been running, not one just created."), ""]
     errors = [f"- {r['target']} {r['scale']} {r['mode']} R{r['run']}: {r['errors']}"
               + (f" reads: {r['reads']}" if r.get("read_anomalies") else "")
               for r in rows if r["errors_total"] or r.get("read_anomalies")]

@@ -77,6 +77,10 @@ class BenchConfig:
     fine_window_secs: float = 1.0
     min_windows: int = 3
     log_batches: bool = True   # read our log's batch histogram around each run (a second's wait each side)
+    # Before its first run, each target takes this many MB of checkpoints (agents of their own,
+    # not measured) and then rests: a store that has been running, not one just created.
+    warm_up_mb: int = 0
+    warm_up_idle_secs: float = 5.0
 
     def validate(self) -> None:
         for s in self.scales:
@@ -87,6 +91,8 @@ class BenchConfig:
             raise ValueError("workers and repeat must be >= 1")
         if self.op_timeout_secs <= 0 or self.window_secs <= 0 or self.fine_window_secs <= 0:
             raise ValueError("timeouts and windows must be > 0")
+        if self.warm_up_mb < 0 or self.warm_up_idle_secs < 0:
+            raise ValueError("the warm-up's size and rest must be >= 0")
         if min(self.payload_base_bytes, self.payload_cap_bytes) < 1 or self.payload_step_bytes < 0:
             raise ValueError("payload sizes must be positive")
 
@@ -264,6 +270,37 @@ async def warm_up(clients: list, cfg: BenchConfig) -> list[str]:
     return [e for e in await asyncio.gather(*(one(i, c) for i, c in enumerate(clients))) if e]
 
 
+WARM_BURST_PREFIX = "bench-warmburst-"
+
+
+async def warm_up_burst(clients: list, cfg: BenchConfig) -> tuple[int, int]:
+    """`cfg.warm_up_mb` MB of checkpoints from every worker at once, on agents of their own (the
+    payload schedule of a 20-task agent, over and over), then `cfg.warm_up_idle_secs` of rest.
+    Every target gets the same: PostgreSQL's WAL files are recycled and its caches warm by then,
+    as our log's spare segments are zeroed (storage/spares.py) — a server that has been running,
+    as the article's targets are. Returns (bytes committed, errors)."""
+    payloads = make_payloads(20, cfg)
+    goal = cfg.warm_up_mb << 20
+    done = [0, 0]      # bytes committed, errors
+    agents = iter(range(1 << 30))
+
+    async def worker(client) -> None:
+        while done[0] < goal:
+            agent = f"{WARM_BURST_PREFIX}{next(agents)}"
+            for task, payload in enumerate(payloads):
+                try:
+                    await client.commit(agent, task, payload)
+                    done[0] += len(payload)
+                except CheckpointError:
+                    done[1] += 1
+                    if done[1] > 100:
+                        return       # a target refusing everything: the runs will say so
+    if goal:
+        await asyncio.gather(*(worker(c) for c in clients))
+        await asyncio.sleep(cfg.warm_up_idle_secs)
+    return done[0], done[1]
+
+
 async def run_target(target, cfg: BenchConfig, progress: Callable[[str], None] = print,
                      floor_probe: Callable[[], dict] | None = None) -> list[dict]:
     """Every scale × mode × repeat on one target, one connection per worker for all of them.
@@ -281,6 +318,13 @@ async def run_target(target, cfg: BenchConfig, progress: Callable[[str], None] =
                 del values[:]
         if warm_errors:
             progress(f"{target.name}: warm-up errors: {warm_errors[:3]}")
+        if cfg.warm_up_mb:
+            warm_bytes, warm_failed = await warm_up_burst(clients, cfg)
+            for client in clients:
+                for values in getattr(client, "parts_ms", {}).values():
+                    del values[:]
+            progress(f"{target.name}: warm-up burst of {warm_bytes / (1 << 20):.1f} MB ({warm_failed} errors), "
+                     f"then {cfg.warm_up_idle_secs:g} s of rest")
         for scale in scales:
             for mode in cfg.modes:
                 for run in range(1, cfg.repeat + 1):

@@ -177,6 +177,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--floor-iterations", type=int, default=2000, help="0 skips the disk floor")
     p.add_argument("--no-log-batches", action="store_true",
                    help="skip reading our log's batch histogram around each run (it waits a second each side)")
+    p.add_argument("--warm-up-mb", type=int, default=d.warm_up_mb, metavar="MB",
+                   help="before its first run each target takes this many MB of checkpoints (not measured) "
+                        "and rests --warm-up-idle seconds: a store that has been running (default: 0, none)")
+    p.add_argument("--warm-up-idle", type=float, default=d.warm_up_idle_secs, dest="warm_up_idle_secs",
+                   metavar="SECS")
     p.add_argument("--floor-each-run", type=int, default=0, metavar="N",
                    help="also take the first floor size, N appends, just before every run, and report "
                         "each run's commit p50 against it (0: only before and after all runs)")
@@ -233,7 +238,8 @@ def _main(argv: list[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     cfg = BenchConfig(scales=_csv(args.scales), modes=_csv(args.modes), workers=args.workers,
-                      repeat=args.repeat, op_timeout_secs=args.op_timeout_secs, log_batches=not args.no_log_batches)
+                      repeat=args.repeat, op_timeout_secs=args.op_timeout_secs, log_batches=not args.no_log_batches,
+                      warm_up_mb=args.warm_up_mb, warm_up_idle_secs=args.warm_up_idle_secs)
     try:
         cfg.validate()
     except ValueError as exc:
