@@ -276,9 +276,9 @@ WARM_BURST_PREFIX = "bench-warmburst-"
 async def warm_up_burst(clients: list, cfg: BenchConfig) -> tuple[int, int]:
     """`cfg.warm_up_mb` MB of checkpoints from every worker at once, on agents of their own (the
     payload schedule of a 20-task agent, over and over), then `cfg.warm_up_idle_secs` of rest.
-    Every target gets the same: PostgreSQL's WAL files are recycled and its caches warm by then,
-    as our log's spare segments are zeroed (storage/spares.py) — a server that has been running,
-    as the article's targets are. Returns (bytes committed, errors)."""
+    Every target gets the same; what each store makes of it is its own (our log fills its spare
+    segments in the rest, storage/spares.py; PostgreSQL's buffers and WAL have seen the load).
+    Returns (bytes committed, errors)."""
     payloads = make_payloads(20, cfg)
     goal = cfg.warm_up_mb << 20
     done = [0, 0]      # bytes committed, errors
@@ -301,6 +301,14 @@ async def warm_up_burst(clients: list, cfg: BenchConfig) -> tuple[int, int]:
     return done[0], done[1]
 
 
+def _forget_op_parts(clients: list) -> None:
+    """Drop the timings of each op's parts a target keeps (pgredis: each store): ops outside a
+    run are part of none."""
+    for client in clients:
+        for values in getattr(client, "parts_ms", {}).values():
+            del values[:]
+
+
 async def run_target(target, cfg: BenchConfig, progress: Callable[[str], None] = print,
                      floor_probe: Callable[[], dict] | None = None) -> list[dict]:
     """Every scale × mode × repeat on one target, one connection per worker for all of them.
@@ -313,16 +321,12 @@ async def run_target(target, cfg: BenchConfig, progress: Callable[[str], None] =
     rows = []
     try:
         warm_errors = await warm_up(clients, cfg)
-        for client in clients:  # the warm-up's op timings are not part of any run
-            for values in getattr(client, "parts_ms", {}).values():
-                del values[:]
+        _forget_op_parts(clients)
         if warm_errors:
             progress(f"{target.name}: warm-up errors: {warm_errors[:3]}")
         if cfg.warm_up_mb:
             warm_bytes, warm_failed = await warm_up_burst(clients, cfg)
-            for client in clients:
-                for values in getattr(client, "parts_ms", {}).values():
-                    del values[:]
+            _forget_op_parts(clients)
             progress(f"{target.name}: warm-up burst of {warm_bytes / (1 << 20):.1f} MB ({warm_failed} errors), "
                      f"then {cfg.warm_up_idle_secs:g} s of rest")
         for scale in scales:
