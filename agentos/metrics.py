@@ -58,6 +58,12 @@ log_duplicates = Counter("agentos_log_duplicates_total", "Re-sent records the lo
 log_bytes = Counter("agentos_log_bytes_total", "Bytes appended to the write-ahead log")
 log_fsyncs = Counter("agentos_log_fsyncs_total", "fdatasync calls of the write-ahead log (one per batch)")
 log_fsync_ms = Histogram("agentos_log_fsync_ms", "Write plus fdatasync of one batch, ms", buckets=MS_BUCKETS)
+log_segments_zeroed = Counter(
+    "agentos_log_segments_zeroed_total",
+    "Log segments zeroed before use (storage/spares.py), by when: ahead (the next one, while the log filled the one "
+    "before), idle (a further spare while the log was idle), at_rotation (none ready: a batch waited for it), "
+    "at_open (a log's first segment)",
+    ["when"])
 log_batch_records = Histogram("agentos_log_batch_records", "Records per group-commit batch",
                               buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384))
 log_write_errors = Counter("agentos_log_write_errors_total", "Failed log writes (e.g. a full disk)")

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.checkpoint_compare import compare_table
-from bench.fsync_window import bound_text
+from bench.fsync_window import bound_text, zeroed_text
 from bench.results import markdown_table, pyplot
 from bench.stats import percentile
 
@@ -270,12 +270,16 @@ def summary_markdown(rows: list[dict], config: dict) -> str:
                   ("Our server's batch write + fdatasync over the run (every log of the tree: the "
                    "gateway's own and writer/log's), from its `agentos_log_fsync_ms` histogram read "
                    "before and after; percentiles are the bounds of the buckets they fell in. A commit "
-                   "waits for its batch and, arriving during one, for the batch before it."), "",
+                   "waits for its batch and, arriving during one, for the batch before it. Segments "
+                   "zeroed: the log segments written full of zeros meanwhile "
+                   "(`agentos_log_segments_zeroed_total`, by when), the disk writes that compete "
+                   "most with the commits'."), "",
                   markdown_table(["target", "scale", "mode", "commit p99 ms", "batches", "mean ms", "p50 ms",
-                                  "p99 ms", "slowest ms", "over 5 ms", "over 20 ms"],
+                                  "p99 ms", "slowest ms", "over 5 ms", "over 20 ms", "segments zeroed"],
                                  [[r["target"], r["scale"], _mode_cell(r, repeats), (r.get("commit_ms") or {}).get("p99"),
                                    f["batches"], f["mean_ms"], bound_text(f["p50_le_ms"]), bound_text(f["p99_le_ms"]),
-                                   bound_text(f["max_le_ms"]), f.get("over_5ms"), f["over_20ms"]]
+                                   bound_text(f["max_le_ms"]), f.get("over_5ms"), f["over_20ms"],
+                                   zeroed_text(f.get("zeroed")) if "zeroed" in f else "–"]
                                   for r in batches for f in [r["log_fsync"]]])]
     phases = _phase_table(rows)
     if phases:

@@ -16,6 +16,7 @@ import math
 import urllib.request
 
 METRIC = "agentos_log_fsync_ms"
+ZEROED = "agentos_log_segments_zeroed_total"
 PUBLISH_SECS = 1.1   # each process writes its metrics out every second
 
 
@@ -39,8 +40,13 @@ async def settled_snapshot(url: str | None) -> dict | None:
 
 def parse(text: str) -> dict:
     buckets: dict[float, float] = {}
+    zeroed: dict[str, float] = {}
     total = count = 0.0
     for line in text.splitlines():
+        if line.startswith(ZEROED + "{"):
+            name, _, value = line.rpartition(" ")
+            zeroed[name.split('when="', 1)[1].split('"', 1)[0]] = float(value)
+            continue
         if not line.startswith(METRIC):
             continue
         name, _, value = line.rpartition(" ")
@@ -51,7 +57,7 @@ def parse(text: str) -> dict:
             total = float(value)
         elif name == METRIC + "_count":
             count = float(value)
-    return {"buckets": buckets, "sum": total, "count": count}
+    return {"buckets": buckets, "sum": total, "count": count, "zeroed": zeroed}
 
 
 def delta(before: dict | None, after: dict | None) -> dict | None:
@@ -60,8 +66,11 @@ def delta(before: dict | None, after: dict | None) -> dict | None:
     if before is None or after is None:
         return None
     count = int(after["count"] - before["count"])
+    # segments zeroed meanwhile, by when (agentos/metrics.py): the disk writes that compete most
+    zeroed = {when: int(n - before.get("zeroed", {}).get(when, 0.0)) for when, n in after.get("zeroed", {}).items()}
+    zeroed = {when: n for when, n in zeroed.items() if n > 0}
     if count <= 0:
-        return {"batches": 0}
+        return {"batches": 0, "zeroed": zeroed}
     between = {le: after["buckets"][le] - before["buckets"].get(le, 0.0) for le in sorted(after["buckets"])}
 
     def bound(rank: float) -> float | None:
@@ -75,7 +84,12 @@ def delta(before: dict | None, after: dict | None) -> dict | None:
     return {"batches": count, "mean_ms": round((after["sum"] - before["sum"]) / count, 3),
             "p50_le_ms": bound(0.5 * count), "p99_le_ms": bound(0.99 * count),
             "max_le_ms": None if math.isinf(slowest) else slowest,
-            "over_5ms": over(5.0), "over_20ms": over(20.0), "over_100ms": over(100.0)}
+            "over_5ms": over(5.0), "over_20ms": over(20.0), "over_100ms": over(100.0), "zeroed": zeroed}
+
+
+def zeroed_text(zeroed: dict | None) -> str:
+    """Segments zeroed in a window as a table shows them: "ahead 3, at_rotation 1", or "0"."""
+    return ", ".join(f"{when} {n}" for when, n in sorted((zeroed or {}).items())) or "0"
 
 
 def bound_text(bound: float | None) -> str:

@@ -142,7 +142,7 @@ class SegmentLog:
         path = self.directory / segment_name(position)
         if self.preallocate:
             try:
-                self.spares.take(path)
+                self.spares.take(path, "at_rotation" if self.fd >= 0 else "at_open")
             except OSError as exc:
                 # No room for a whole zeroed segment (a full disk): append to a plain file instead,
                 # which fails only when the disk cannot take the records themselves.

@@ -15,6 +15,8 @@ import os
 import threading
 from pathlib import Path
 
+from agentos import metrics
+
 log = logging.getLogger("agent-os.storage")
 SPARE = "spare.zero"
 ZEROING = "spare.zeroing"
@@ -54,6 +56,12 @@ def zero_file(path: Path, size: int, cancel: threading.Event | None = None) -> b
     return True
 
 
+def _zeroed(when: str) -> None:
+    # Straight to the counter, not through metrics.inc: this runs on the zeroing thread, and a
+    # segment's zeroing is rare enough for the counter's own lock.
+    metrics.log_segments_zeroed.labels(when).inc()
+
+
 class Spares:
     """The spares of one log directory; `count` 0: none (segments are not zeroed)."""
 
@@ -81,9 +89,10 @@ class Spares:
                 continue
         return None
 
-    def take(self, dest: Path) -> None:
+    def take(self, dest: Path, when: str = "at_rotation") -> None:
         """Rename a ready spare to `dest`: the one being zeroed if none is ready, or one zeroed
-        now. OSError if the disk cannot hold it (the partial file is the caller's to drop)."""
+        now (counted under `when`). OSError if the disk cannot hold it (the partial file is the
+        caller's to drop)."""
         spare = self.ready()
         if spare is None and self.zeroing():
             self.thread.join()
@@ -91,6 +100,7 @@ class Spares:
         if spare is None:
             zero_file(self.partial, self.segment_bytes)
             spare = self.partial
+            _zeroed(when)
         os.replace(spare, dest)
 
     def drop_partial(self) -> None:
@@ -101,10 +111,11 @@ class Spares:
 
     def refill(self) -> bool:
         """Start zeroing one more spare if any is missing and none is being zeroed."""
-        return bool(self.paths) and self.zero_next()
+        return bool(self.paths) and self.zero_next("idle")
 
-    def zero_next(self) -> bool:
-        """Zero the first missing spare on a thread (one at a time)."""
+    def zero_next(self, when: str = "ahead") -> bool:
+        """Zero the first missing spare on a thread (one at a time); `when` labels it in
+        `agentos_log_segments_zeroed_total`."""
         target = next((path for path in self.paths if not path.exists()), None)
         if target is None or self.zeroing():
             return False
@@ -113,6 +124,7 @@ class Spares:
             try:
                 if zero_file(self.partial, self.segment_bytes, self.cancel):
                     os.replace(self.partial, target)
+                    _zeroed(when)
                 else:
                     self.drop_partial()
             except OSError as exc:

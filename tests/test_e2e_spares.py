@@ -3,6 +3,7 @@ ready while it is idle, a burst rotates into them, and a quiet log zeroes no mor
 import time
 import urllib.request
 
+from bench import fsync_window
 from harness import Server
 from storage import segments
 
@@ -38,6 +39,10 @@ def test_an_idle_log_keeps_its_spares_ready_and_a_burst_takes_them(tmp_path):
         with urllib.request.urlopen(f"{server.url}/v1/sessions/sp/checkpoints/latest", timeout=10) as resp:
             assert (resp.headers["X-Checkpoint-Key"], resp.read()) == ("k69", body(69))
         assert len(_spares(writer_log)) <= 1            # writer/log never filled a segment: one at most
+        with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as resp:
+            zeroed = fsync_window.parse(resp.read().decode())["zeroed"]
+        assert zeroed.get("idle", 0) >= 3 and zeroed.get("at_open", 0) >= 2, zeroed
+        assert zeroed.get("at_rotation", 0) == 0, zeroed  # no batch waited for a segment to be zeroed
     finally:
         assert server.stop() == 0
     assert not list(gateway_log.glob("spare.zeroing"))   # a spare being zeroed at stop was dropped

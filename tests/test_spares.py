@@ -86,3 +86,27 @@ def test_closing_gives_up_a_spare_being_zeroed(tmp_path):
     assert time.monotonic() - started < 5.0
     assert not (tmp_path / spares.ZEROING).exists()
     assert _ready(tmp_path) == []
+
+
+def test_each_zeroing_is_counted_by_when_it_happened(tmp_path):
+    from prometheus_client import REGISTRY
+
+    def counts() -> dict[str, float]:
+        return {when: REGISTRY.get_sample_value("agentos_log_segments_zeroed_total", {"when": when}) or 0.0
+                for when in ("at_open", "ahead", "idle", "at_rotation")}
+
+    before = counts()
+    log = segments.SegmentLog(tmp_path / "log", SEGMENT, spares=2)   # a new log: its first segment
+    for frame in frames(8, size=300):                                # past half: the next one, ahead
+        log.write(frame, sync=True)
+    log.spares.wait()
+    while log.rotations == 0:                                        # the rotation takes it: no zeroing
+        log.write(frames(1, size=300)[0], sync=True)
+    _fill(log)                                                       # idle: both spares again
+    log.close()
+    other = tmp_path / "other"
+    other.mkdir()
+    spares.Spares(other, SEGMENT, 1).take(other / "next.seg")        # none ready: zeroed while waited for
+    after = counts()
+    assert {when: after[when] - before[when] for when in after} == {"at_open": 1, "ahead": 1, "idle": 2,
+                                                                    "at_rotation": 1}
