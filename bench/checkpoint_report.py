@@ -272,14 +272,18 @@ def summary_markdown(rows: list[dict], config: dict) -> str:
                    "before and after; percentiles are the bounds of the buckets they fell in. A commit "
                    "waits for its batch and, arriving during one, for the batch before it. Segments "
                    "zeroed: the log segments written full of zeros meanwhile "
-                   "(`agentos_log_segments_zeroed_total`, by when), the disk writes that compete "
-                   "most with the commits'."), "",
+                   "(`agentos_log_segments_zeroed_total`, by when); records compacted: what "
+                   "compaction dropped from the log meanwhile (`agentos_compacted_records_total`; a "
+                   "pass rewrites whole sealed segments). Both write to the disk the commits flush "
+                   "to."), "",
                   markdown_table(["target", "scale", "mode", "commit p99 ms", "batches", "mean ms", "p50 ms",
-                                  "p99 ms", "slowest ms", "over 5 ms", "over 20 ms", "segments zeroed"],
+                                  "p99 ms", "slowest ms", "over 5 ms", "over 20 ms", "segments zeroed",
+                                  "records compacted"],
                                  [[r["target"], r["scale"], _mode_cell(r, repeats), (r.get("commit_ms") or {}).get("p99"),
                                    f["batches"], f["mean_ms"], bound_text(f["p50_le_ms"]), bound_text(f["p99_le_ms"]),
                                    bound_text(f["max_le_ms"]), f.get("over_5ms"), f["over_20ms"],
-                                   zeroed_text(f.get("zeroed")) if "zeroed" in f else "–"]
+                                   zeroed_text(f.get("zeroed")) if "zeroed" in f else "–",
+                                   f.get("compacted", "–")]
                                   for r in batches for f in [r["log_fsync"]]])]
     phases = _phase_table(rows)
     if phases:

@@ -17,6 +17,7 @@ import urllib.request
 
 METRIC = "agentos_log_fsync_ms"
 ZEROED = "agentos_log_segments_zeroed_total"
+COMPACTED = "agentos_compacted_records_total"
 PUBLISH_SECS = 1.1   # each process writes its metrics out every second
 
 
@@ -41,11 +42,14 @@ async def settled_snapshot(url: str | None) -> dict | None:
 def parse(text: str) -> dict:
     buckets: dict[float, float] = {}
     zeroed: dict[str, float] = {}
-    total = count = 0.0
+    total = count = compacted = 0.0
     for line in text.splitlines():
         if line.startswith(ZEROED + "{"):
             name, _, value = line.rpartition(" ")
             zeroed[name.split('when="', 1)[1].split('"', 1)[0]] = float(value)
+            continue
+        if line.startswith(COMPACTED + "{"):
+            compacted += float(line.rpartition(" ")[2])
             continue
         if not line.startswith(METRIC):
             continue
@@ -57,7 +61,7 @@ def parse(text: str) -> dict:
             total = float(value)
         elif name == METRIC + "_count":
             count = float(value)
-    return {"buckets": buckets, "sum": total, "count": count, "zeroed": zeroed}
+    return {"buckets": buckets, "sum": total, "count": count, "zeroed": zeroed, "compacted": compacted}
 
 
 def delta(before: dict | None, after: dict | None) -> dict | None:
@@ -69,8 +73,10 @@ def delta(before: dict | None, after: dict | None) -> dict | None:
     # segments zeroed meanwhile, by when (agentos/metrics.py): the disk writes that compete most
     zeroed = {when: int(n - before.get("zeroed", {}).get(when, 0.0)) for when, n in after.get("zeroed", {}).items()}
     zeroed = {when: n for when, n in zeroed.items() if n > 0}
+    # …and records compaction dropped meanwhile: each pass rewrites whole sealed segments
+    compacted = int(after.get("compacted", 0.0) - before.get("compacted", 0.0))
     if count <= 0:
-        return {"batches": 0, "zeroed": zeroed}
+        return {"batches": 0, "zeroed": zeroed, "compacted": compacted}
     between = {le: after["buckets"][le] - before["buckets"].get(le, 0.0) for le in sorted(after["buckets"])}
 
     def bound(rank: float) -> float | None:
@@ -84,7 +90,8 @@ def delta(before: dict | None, after: dict | None) -> dict | None:
     return {"batches": count, "mean_ms": round((after["sum"] - before["sum"]) / count, 3),
             "p50_le_ms": bound(0.5 * count), "p99_le_ms": bound(0.99 * count),
             "max_le_ms": None if math.isinf(slowest) else slowest,
-            "over_5ms": over(5.0), "over_20ms": over(20.0), "over_100ms": over(100.0), "zeroed": zeroed}
+            "over_5ms": over(5.0), "over_20ms": over(20.0), "over_100ms": over(100.0), "zeroed": zeroed,
+            "compacted": compacted}
 
 
 def zeroed_text(zeroed: dict | None) -> str:

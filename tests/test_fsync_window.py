@@ -15,6 +15,9 @@ def _exposition(samples: list[float], zeroed: dict[str, int] | None = None) -> s
     counter = Counter("agentos_log_segments_zeroed_total", "segments zeroed", ["when"], registry=registry)
     for when, n in (zeroed or {}).items():
         counter.labels(when).inc(n)
+    compacted = Counter("agentos_compacted_records_total", "records compacted", ["reason"], registry=registry)
+    compacted.labels("superseded_checkpoint").inc(len(samples))       # any count that grows with the window
+    compacted.labels("expired_access").inc(1)
     return generate_latest(registry).decode()
 
 
@@ -36,11 +39,12 @@ def test_the_window_counts_only_the_batches_between_the_two_scrapes():
     assert window["over_100ms"] == 1
     assert window["zeroed"] == {"ahead": 2, "at_rotation": 1}     # only what was zeroed in the window
     assert fsync_window.zeroed_text(window["zeroed"]) == "ahead 2, at_rotation 1"
+    assert window["compacted"] == len(during)                      # summed over reasons, only the window's
 
 
 def test_a_window_without_batches_or_without_an_answer_says_so():
     same = fsync_window.parse(_exposition([1.0, 2.0]))
-    assert fsync_window.delta(same, same) == {"batches": 0, "zeroed": {}}
+    assert fsync_window.delta(same, same) == {"batches": 0, "zeroed": {}, "compacted": 0}
     assert fsync_window.zeroed_text({}) == "0"
     assert fsync_window.delta(None, same) is None
     assert fsync_window.snapshot("http://127.0.0.1:9", timeout=0.5) is None
