@@ -29,7 +29,7 @@ import msgpack
 from agentos import metrics
 from broker.protocol import Kind
 from broker.sharding import STORE
-from storage import records, segment_listing, segments
+from storage import freeing, records, segment_listing, segments
 
 if TYPE_CHECKING:
     from storage.log_writer import LogWriter
@@ -77,8 +77,7 @@ def replace_segment(path: Path, data: bytes) -> None:
         if not data:
             os.fdatasync(f.fileno())
     os.utime(tmp, ns=(written.st_atime_ns, written.st_mtime_ns))
-    os.replace(tmp, path)
-    segments.fsync_dir(path.parent)
+    freeing.replace(tmp, path)
 
 
 def store_refused(writer: "LogWriter", reply, what: str) -> bool:
@@ -312,8 +311,7 @@ def drop_records(path: Path, named: list[tuple[int, str, int]], length: int) -> 
             os.close(dst)
         written = os.fstat(src)
         os.utime(tmp, ns=(written.st_atime_ns, written.st_mtime_ns))   # see replace_segment
-        os.replace(tmp, path)
-        segments.fsync_dir(path.parent)
+        freeing.replace(tmp, path)
         return len(cut), skipped
     finally:
         os.close(src)

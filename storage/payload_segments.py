@@ -29,6 +29,7 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
+from storage import freeing
 from storage.segments import fsync_dir
 
 SHIFT = 40                     # bits of a place that are the offset within its segment
@@ -155,6 +156,7 @@ class PayloadSegments:
             fsync_dir(self.dir)
             fsync_dir(legacy.parent)
             notes.append(f"{legacy.name} is now {DIR_NAME}/{self.path(0).name}")
+        freeing.release_leftovers(self.dir)
         numbers = sorted(int(p.name) for p in self.dir.iterdir() if p.name.isdigit())
         removed = False
         for number in numbers:
@@ -228,8 +230,10 @@ class PayloadSegments:
             if fd is not None:
                 os.close(fd)
             self.sizes.pop(number, None)
-        self.path(number).unlink(missing_ok=True)
-        fsync_dir(self.dir)
+        try:
+            freeing.release(self.path(number))     # a 64 MB file deleted at once holds up commits
+        except FileNotFoundError:
+            pass
 
     def close(self) -> None:
         self.loader.close()

@@ -31,7 +31,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from storage import records
+from storage import freeing, records
 from storage.spares import Spares
 from storage.segment_listing import list_segments, locate, segment_name, segments_from
 
@@ -98,6 +98,7 @@ class SegmentLog:
         self.segment_bytes = segment_bytes
         self.preallocate = preallocate
         self.directory.mkdir(parents=True, exist_ok=True)
+        freeing.release_leftovers(self.directory)
         self.spares = Spares(directory, segment_bytes, spares if preallocate else 0)
         self.fd = -1
         self.start = 0      # position of the current segment's first byte
