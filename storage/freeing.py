@@ -1,10 +1,10 @@
 """Giving a big file's blocks back a piece at a time.
 
 On a filesystem mounted with `discard` (this machine's ext4 is) deleting a file discards all of
-its blocks at once: deleting a 64 MB file took 20-28 ms here, and a 4 KB write + fdatasync
-running beside it waited up to 18 ms — every fdatasync over 2 ms of the probe fell within 50 ms
-of a deletion. Truncated 4 MB at a time with 2 ms between the pieces, the slowest was 5.8 ms
-(bench/results/2026-12-02-discard-stalls/). Compaction replaces whole 64 MB log segments and
+its blocks at once: deleting a 64 MB file took 25-34 ms here, and a 4 KB write + fdatasync
+running beside it waited up to 20 ms (59 once), against 5 ms at worst with no deletion.
+Truncated 4 MB at a time with 2 ms between the pieces, the slowest was 3.8-6.0 ms in two runs of
+three, 10.4 in the third (bench/results/2026-12-02-discard-stalls/). Compaction replaces whole 64 MB log segments and
 writer/store drops whole payload segments, both while commits flush to the same disk, so they
 free through here.
 
@@ -24,7 +24,7 @@ STEP = 4 << 20          # bytes given back per truncation…
 PAUSE_SECS = 0.002      # …with this pause between two
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -42,7 +42,7 @@ def replace(tmp: Path, path: Path) -> None:
     except OSError:          # no hard links here: the old file goes at once
         trash = None
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     if trash is not None:
         _give_back(trash)
 
@@ -51,7 +51,7 @@ def release(path: Path) -> None:
     """Delete `path`, giving its blocks back a piece at a time."""
     trash = path.with_name(path.name + SUFFIX)
     os.replace(path, trash)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     _give_back(trash)
 
 

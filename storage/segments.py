@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from storage import freeing, records
+from storage.freeing import fsync_dir   # the log's own, and its readers' (re-exported)
 from storage.spares import Spares
 from storage.segment_listing import list_segments, locate, segment_name, segments_from
 
@@ -72,14 +73,6 @@ def whole_records(f, offset: int, max_bytes: int, keep: bool = True, buffer: byt
         if got + needed <= len(data):
             return out, consumed, True         # a record that claims to fit yet did not parse: torn
         want = min(max(want * 8, needed), max(max_bytes - consumed, needed))
-
-
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @dataclass

@@ -1,6 +1,5 @@
 """fdatasync latency of 4 KB overwrites while 64 MB files are deleted (ext4 mounted with discard)."""
-import os, sys, threading, time, statistics
-from pathlib import Path
+import os, sys, threading, time
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from storage.spares import zero_file
