@@ -40,8 +40,6 @@ REVISIT_MARK_FILE = "revisited"        # …and the segment the revisiting pass 
 REVISITS_PER_PASS = 4      # sealed segments a pass asks the store about again…
 REVISIT_AFTER_PASSES = 10  # …once they were written this many compaction intervals ago
 SYNC_PIECE = 1 << 20         # a rewritten segment goes to disk in synced pieces of this size
-QUIET_SECS = 0.25            # a segment's compaction waits until the log has had no batch this long…
-QUIET_WAIT_SECS = 2.0        # …but no longer than this (under sustained load it goes on anyway)
 
 
 def compact(data: bytes, drop: Callable[[int, bytes], bool]) -> tuple[bytes, int] | None:
@@ -80,21 +78,6 @@ def replace_segment(path: Path, data: bytes) -> None:
             os.fdatasync(f.fileno())
     os.utime(tmp, ns=(written.st_atime_ns, written.st_mtime_ns))
     freeing.replace(tmp, path)
-
-
-async def quiet_moment(writer: "LogWriter") -> None:
-    """Until the log has written no batch for QUIET_SECS, or QUIET_WAIT_SECS have passed. A pass
-    asks writer/store to query and delete rows in DuckDB, copies the kept records and syncs them:
-    work that shares the CPUs and the disk with the commits. The runs of the checkpoint bench with
-    the most slow batches were those a pass fell into (bench/results/2026-12-02-checkpoints-dec02-
-    seventeenth-3/, 2026-12-02-freeing-gradually-10k-ab/); a burst's pauses are where it belongs."""
-    deadline = time.monotonic() + QUIET_WAIT_SECS
-    while True:
-        now = time.monotonic()
-        quiet_for = now - writer.last_batch_at
-        if quiet_for >= QUIET_SECS or now >= deadline:
-            return
-        await asyncio.sleep(min(QUIET_SECS - quiet_for, deadline - now))
 
 
 def store_refused(writer: "LogWriter", reply, what: str) -> bool:
@@ -178,7 +161,6 @@ async def _drop_superseded(writer: "LogWriter", ready: int) -> int:
             continue
         if end > ready:
             break
-        await quiet_moment(writer)
         reply = await writer.bus.request(STORE, Kind.STORE_SUPERSEDED,
                                          {"writer": writer.index, "start": start, "end": end}, timeout=60.0)
         if store_refused(writer, reply, f"which checkpoints of {path.name} are superseded"):
@@ -223,7 +205,6 @@ async def _revisit_superseded(writer: "LogWriter") -> int:
     turn = [seg for seg in done if seg[0] >= at] + [seg for seg in done if seg[0] < at]
     dropped = 0
     for start, end, path in turn[:REVISITS_PER_PASS]:
-        await quiet_moment(writer)
         reply = await writer.bus.request(STORE, Kind.STORE_SUPERSEDED,
                                          {"writer": writer.index, "start": start, "end": end}, timeout=60.0)
         if store_refused(writer, reply, f"which checkpoints of {path.name} are superseded now"):
@@ -360,7 +341,6 @@ async def rewrite_segment(writer: "LogWriter", start: int, end: int, path: Path,
     first: a pass cut short in between (a stop, a crash) leaves the local segment as it was, so
     the next pass finds the same records and does both again; the other way round it would find
     nothing left to drop and the bucket would keep them."""
-    await quiet_moment(writer)
     loop = asyncio.get_running_loop()
     result = await loop.run_in_executor(writer.io, lambda: compact(path.read_bytes(), drop))
     if result is None:
