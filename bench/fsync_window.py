@@ -1,6 +1,7 @@
 """What the write-ahead log's fdatasyncs did over a window of a benchmark: two scrapes of a running
 tree's `agentos_log_fsync_ms` histogram (every log writer of the tree, summed by /metrics) and
-their difference.
+their difference — with what else wrote to the same disk meanwhile: the log segments zeroed
+(`agentos_log_segments_zeroed_total`, by when) and the records compaction dropped.
 
 Why: a benchmark point that ran slow with persistence on and not without it is either our code or
 the disk; the batches' write + fdatasync times over that very window tell which. The histogram's
@@ -66,7 +67,8 @@ def parse(text: str) -> dict:
 
 def delta(before: dict | None, after: dict | None) -> dict | None:
     """The batches between two snapshots: how many, their mean, the bucket bounds of their p50,
-    p99 and slowest, and how many took over 5, 20 and 100 ms."""
+    p99 and slowest, and how many took over 5, 20 and 100 ms; and the segments zeroed (by when)
+    and records compacted between them."""
     if before is None or after is None:
         return None
     count = int(after["count"] - before["count"])
