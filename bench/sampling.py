@@ -35,18 +35,22 @@ def written_bytes(pid: int) -> int:
         return 0
 
 
-def disk_counters(path: str) -> dict | None:
-    """The block device under `path`, from /proc/diskstats: writes, MB written, cache flushes and
-    the ms the device spent on each (None where the file or its flush fields are missing)."""
+def disk_counters(path: str, diskstats: str = "/proc/diskstats") -> dict | None:
+    """The block device under `path`, from /proc/diskstats: writes, MB written, discards, MB
+    discarded, cache flushes and the ms the device spent on each (None where the file or its
+    flush fields are missing). A request's ms count from when it was queued to its completion, so
+    a long `write_ms` against few writes means they waited, in the queue or in the device."""
     dev = os.stat(path).st_dev
     key = (os.major(dev), os.minor(dev))
     try:
-        with open("/proc/diskstats") as f:
+        with open(diskstats) as f:
             for line in f:
                 fields = line.split()
                 if (int(fields[0]), int(fields[1])) == key and len(fields) >= 20:
                     return {"device": fields[2], "writes": int(fields[7]), "write_mb": int(fields[9]) * 512 / 1e6,
-                            "write_ms": int(fields[10]), "flushes": int(fields[18]), "flush_ms": int(fields[19])}
+                            "write_ms": int(fields[10]), "discards": int(fields[14]),
+                            "discard_mb": int(fields[16]) * 512 / 1e6, "discard_ms": int(fields[17]),
+                            "flushes": int(fields[18]), "flush_ms": int(fields[19])}
     except OSError:
         pass
     return None

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.fsync_window import bound_text
+from bench.fsync_window import bound_text, zeroed_text
 from bench.results import ResultsDir, markdown_table, pyplot
 
 PROFILE_NAMES = {"core": "Agent OS, bare core (durability none)", "persist": "Agent OS, full persistence (local)",
@@ -160,13 +160,17 @@ def _log_batches(rows: list[dict]) -> str:
 
     lines = [[r["profile"], r["concurrency"], r.get("round", 1), r["turns_per_sec"], _ms(r["turn_ms"], "p95"),
               f["batches"], f.get("mean_ms"), bound_text(f.get("p50_le_ms")), bound_text(f.get("p99_le_ms")),
-              bound_text(f.get("max_le_ms")), f.get("over_20ms"), f.get("over_100ms")]
+              bound_text(f.get("max_le_ms")), f.get("over_20ms"), f.get("over_100ms"),
+              zeroed_text(f.get("zeroed")) if "zeroed" in f else "–", f.get("compacted", "–")]
              for r in points for f in [r["log_fsync"]]]
     return ("## The log's batches in each persistence round\n\nEvery log writer's batch write + fdatasync over "
             "the round's measured window, from the tree's `agentos_log_fsync_ms` histogram scraped at its "
-            "start and end (percentiles are the bounds of the buckets they fell in).\n\n" + markdown_table(
-                ["profile", "c", "round", "turns/s", "turn p95 ms", "batches", "mean ms", "p50 ms", "p99 ms", "slowest ms",
-                 "over 20 ms", "over 100 ms"], lines) + "\n")
+            "start and end (percentiles are the bounds of the buckets they fell in), and what else the logs "
+            "wrote meanwhile: segments zeroed (by when) and records compaction dropped. A batch over 500 ms "
+            "is also a WARNING in the tree's log, with where its time went (storage/slow_batches.py).\n\n"
+            + markdown_table(["profile", "c", "round", "turns/s", "turn p95 ms", "batches", "mean ms", "p50 ms",
+                              "p99 ms", "slowest ms", "over 20 ms", "over 100 ms", "segments zeroed",
+                              "records compacted"], lines) + "\n")
 
 
 def _cpu_by_process(rows: list[dict]) -> str:
@@ -192,13 +196,16 @@ def _disk_by_round(rows: list[dict]) -> str:
         return ""
     names = sorted({name for r in points for name in r.get("server_written_mb_by_process") or {}})
     lines = [[r["profile"], r["concurrency"], r.get("round", 1), r["turns_per_sec"], r["disk"]["write_mb"],
-              r["disk"]["writes"], r["disk"]["flushes"], r["disk"]["flush_ms"],
+              r["disk"]["writes"], r["disk"].get("write_ms"), r["disk"]["flushes"], r["disk"]["flush_ms"],
+              r["disk"].get("discard_mb"), r["disk"].get("discard_ms"),
               *((r.get("server_written_mb_by_process") or {}).get(n, 0.0) for n in names)] for r in points]
     return (f"## What went to disk in each round\n\nOver each measured window, the device "
             f"({points[0]['disk']['device']}: every writer on it) and the MB each process of the tree had written "
-            "(/proc/PID/io).\n\n" + markdown_table(
-                ["profile", "c", "round", "turns/s", "device MB", "device writes", "cache flushes", "flush ms",
-                 *(f"{n} MB" for n in names)], lines) + "\n")
+            "(/proc/PID/io). The device's ms are summed over its requests, each from being queued to done: "
+            "write ms far above the round's usual for its writes means writes waited (a stalled device), "
+            "discards are the blocks deleted files gave back (ext4 mounted with `discard`).\n\n" + markdown_table(
+                ["profile", "c", "round", "turns/s", "device MB", "device writes", "write ms", "cache flushes",
+                 "flush ms", "discard MB", "discard ms", *(f"{n} MB" for n in names)], lines) + "\n")
 
 
 def _comparison(rows: list[dict]) -> str:

@@ -59,6 +59,7 @@ from storage.shipper import Shipper
 from broker.address import bus_address, direct_log_endpoint
 from storage.log_inbox import LogInbox
 from storage.recent_ids import RecentIds
+from storage.slow_batches import SlowBatches
 from storage.store_notices import StoreNotices
 
 RECENT_SCAN_BYTES = 128 << 20
@@ -121,6 +122,7 @@ class LogWriter(ClusterSide):
                                                              Kind.LEASE: self.on_lease},
                        role="writer", heartbeat_secs=config.broker.heartbeat_secs, log=log)
         self.notices = StoreNotices(self.bus, index)
+        self.slow = SlowBatches(log, str(self.directory))
 
     async def open(self) -> None:
         loop = asyncio.get_running_loop()
@@ -277,8 +279,10 @@ class LogWriter(ClusterSide):
         if self.fsync:
             self.stats["fsyncs"] += 1
             metrics.inc(metrics.log_fsyncs)
-            metrics.observe(metrics.log_fsync_ms, (time.monotonic() - started) * 1000.0)
+            elapsed = time.monotonic() - started
+            metrics.observe(metrics.log_fsync_ms, elapsed * 1000.0)
             metrics.observe(metrics.log_batch_records, sum(n for _, n in waiting))
+            self.slow.check(elapsed, self.segments.last_phases, count, size)
         self.notices.written(end, count)
         if self.shipper is not None and size:
             self.shipper.submit(end - size, end, b"".join(data), new_segment=self.segments.start != segment_before)

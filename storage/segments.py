@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,6 +99,7 @@ class SegmentLog:
         self.size = 0       # bytes of records in the current segment
         self.spare_started = False   # the next segment's zeroing has begun (or it was there already)
         self.rotations = 0           # segments sealed since open: a log that never fills one needs one spare
+        self.last_phases = (0.0, 0.0, 0.0, 0.0)   # the last write's seconds: rotating, writing, syncing, on CPU
         self.recovery = self._open()
 
     @property
@@ -196,10 +198,12 @@ class SegmentLog:
         """Append whole frames (bytes, or a list of frames written as they are, without joining
         them first); fdatasync if asked. Returns the end position after them."""
         length = len(data) if isinstance(data, bytes) else sum(map(len, data))
+        began, cpu = time.monotonic(), time.thread_time()
         if self.size and self.size + length > self.segment_bytes:
             if sync:
                 os.fdatasync(self.fd)
             self._create(self.end)
+        rotated = time.monotonic()
         at = self.size
         try:
             if isinstance(data, list) and 0 < len(data) <= IOV_MAX:
@@ -212,6 +216,7 @@ class SegmentLog:
                 written = os.pwrite(self.fd, view, at)
                 view = view[written:]
                 at += written
+            wrote = time.monotonic()
             if sync:
                 os.fdatasync(self.fd)
         except OSError:
@@ -222,6 +227,8 @@ class SegmentLog:
                 pass
             raise
         self.size += length
+        synced = time.monotonic()
+        self.last_phases = (rotated - began, wrote - rotated, synced - wrote, time.thread_time() - cpu)
         if self.preallocate and not self.spare_started and self.size * 2 >= self.segment_bytes:
             self._prepare_spare()
         return self.end

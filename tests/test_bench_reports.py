@@ -127,11 +127,12 @@ def test_a_profile_variant_runs_with_its_own_keys_and_is_priced_beside_persist(t
 
     def measured(row: dict, batches_over_20ms: int) -> dict:
         return {**row, "log_fsync": {"batches": 900, "mean_ms": 2.5, "p50_le_ms": 1.0, "p99_le_ms": 50.0,
-                                     "max_le_ms": 200.0, "over_20ms": batches_over_20ms, "over_100ms": 1},
+                                     "max_le_ms": 200.0, "over_20ms": batches_over_20ms, "over_100ms": 1,
+                                     "zeroed": {"idle": 2, "ahead": 1}, "compacted": 0},
                 "server_cpu_by_process": {"gateway/0": 25.0, "writer/log/0": 9.5}, "machine_busy_percent": 140.0,
                 "server_cpu_percent": 100.0, "server_written_mb_by_process": {"writer/log/0": 40.0},
                 "disk": {"device": "vda", "writes": 6000, "write_mb": 55.0, "write_ms": 1000, "flushes": 2000,
-                         "flush_ms": 200}}
+                         "flush_ms": 200, "discards": 12, "discard_mb": 64.0, "discard_ms": 30}}
     rows = [_turn_row("core", 1, 1000, 480.0), measured(_turn_row("persist", 1, 1000, 456.0), 38),
             measured(_turn_row(variant, 1, 1000, 470.4), 24)]
     args = types.SimpleNamespace(mock_ttft_ms=2000.0, mock_tps=200.0, mock_tokens=8, warmup=3.0, duration=15.0)
@@ -141,6 +142,22 @@ def test_a_profile_variant_runs_with_its_own_keys_and_is_priced_beside_persist(t
     assert "## Agent OS, full persistence (local), storage.commit_window_us=0;kernel.actors=1" in text
     assert "| persist | 1000 | 480.0 | 456.0 | 480.0 | 456.0 | 5.0% | 0 / 0 |" in text
     assert f"| {variant} | 1000 | 480.0 | 470.4 | 480.0 | 470.4 | 2.0% | 0 / 0 |" in text
-    assert "| persist | 1000 | 1 | 456.0 | 2,080.0 | 900 | 2.50 | ≤ 1 | ≤ 50 | ≤ 200 | 38 | 1 |" in text
+    assert "| persist | 1000 | 1 | 456.0 | 2,080.0 | 900 | 2.50 | ≤ 1 | ≤ 50 | ≤ 200 | 38 | 1 | ahead 1, idle 2 | 0 |" in text
     assert "| persist | 1000 | 1 | 456.0 | 140.0 | 100.0 | 25.0 | 9.50 |" in text
-    assert "| persist | 1000 | 1 | 456.0 | 55.0 | 6000 | 2000 | 200 | 40.0 |" in text
+    assert "| persist | 1000 | 1 | 456.0 | 55.0 | 6000 | 1000 | 2000 | 200 | 64.0 | 30 | 40.0 |" in text
+
+
+def test_disk_counters_read_the_device_under_a_path(tmp_path):
+    import os
+    from bench.sampling import disk_counters
+    dev = os.stat(tmp_path).st_dev
+    fake = tmp_path / "diskstats"
+    # major minor name, reads (4), writes: done merged sectors ms, in flight, io ms, weighted ms,
+    # discards: done merged sectors ms, flushes: done ms
+    fake.write_text(f"   1 99 other 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17\n"
+                    f"{os.major(dev):4d} {os.minor(dev)} vdz 1 2 3 4 50 6 20000 900 0 10 11 3 0 131072 40 70 12\n")
+    assert disk_counters(str(tmp_path), str(fake)) == {
+        "device": "vdz", "writes": 50, "write_mb": 20000 * 512 / 1e6, "write_ms": 900, "discards": 3,
+        "discard_mb": 131072 * 512 / 1e6, "discard_ms": 40, "flushes": 70, "flush_ms": 12}
+    fake.write_text(f"{os.major(dev):4d} {os.minor(dev)} vdz 1 2 3 4 50 6 20000 900 0 10 11\n")   # no flush fields
+    assert disk_counters(str(tmp_path), str(fake)) is None
