@@ -41,9 +41,6 @@ def zero_file(path: Path, size: int, cancel: threading.Event | None = None) -> b
     file is then partial)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        # The blocks first, all at once: writeback then allocates nothing (and a full disk fails here,
-        # before any zeros are written).
-        os.posix_fallocate(fd, 0, size)
         zeros = bytes(ZERO_WRITE)
         done = 0
         while done < size:
