@@ -44,7 +44,7 @@ def replace(tmp: Path, path: Path) -> None:
     os.replace(tmp, path)
     fsync_dir(path.parent)
     if trash is not None:
-        _give_back(trash)
+        pass   # EXPERIMENT: never freed while running (upper bound of deferring it)
 
 
 def release(path: Path) -> None:
@@ -52,7 +52,6 @@ def release(path: Path) -> None:
     trash = path.with_name(path.name + SUFFIX)
     os.replace(path, trash)
     fsync_dir(path.parent)
-    _give_back(trash)
 
 
 def release_leftovers(directory: Path) -> None:
