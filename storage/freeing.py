@@ -44,7 +44,7 @@ def replace(tmp: Path, path: Path) -> None:
     os.replace(tmp, path)
     fsync_dir(path.parent)
     if trash is not None:
-        pass   # EXPERIMENT: never freed while running (upper bound of deferring it)
+        _give_back(trash)
 
 
 def release(path: Path) -> None:
@@ -52,6 +52,7 @@ def release(path: Path) -> None:
     trash = path.with_name(path.name + SUFFIX)
     os.replace(path, trash)
     fsync_dir(path.parent)
+    _give_back(trash)
 
 
 def release_leftovers(directory: Path) -> None:
