@@ -371,6 +371,7 @@ class LogWriter(ClusterSide):
             await asyncio.get_running_loop().run_in_executor(None, self.shipper.stop)
         if self.inbox is not None:
             self.inbox.close()
+        self.notices.close()
         await self.bus.close()
         self.io.submit(self.segments.close).result()
         self.io.shutdown()

@@ -23,10 +23,11 @@ class StoreNotices:
         self.pending: list[int] = [0, 0]            # (position, records) the store has not been told of
         self.timer: asyncio.TimerHandle | None = None
         self.sent_at = 0.0
+        self.closed = False
 
     def written(self, end: int, count: int) -> None:
         self.pending = [end, self.pending[1] + count]
-        if self.timer is not None:
+        if self.timer is not None or self.closed:
             return
         wait = self.sent_at + EVERY_SECS - time.monotonic()
         if wait <= 0:
@@ -40,3 +41,11 @@ class StoreNotices:
         end, count = self.pending
         self.pending = [end, 0]
         self.bus.send(STORE, Kind.LOG_FLUSHED, {"writer": self.index, "position": end, "count": count})
+
+    def close(self) -> None:
+        """Send what is pending now and no more: the writer's bus is about to close, and a notice
+        timer firing after it would find no bus (the store reads the log's end on its own)."""
+        self.closed = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self._send()

@@ -1,0 +1,42 @@
+"""A log writer's notices to writer/store (storage/store_notices.py): coalesced to one per
+interval, and none after close — a timer left behind would fire on a closed bus."""
+import asyncio
+
+from broker.protocol import Kind
+from storage import store_notices
+from storage.store_notices import StoreNotices
+
+
+class FakeBus:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, Kind, dict]] = []
+        self.closed = False
+
+    def send(self, dest, kind, body):
+        if self.closed:
+            raise AssertionError("sent on a closed bus")
+        self.sent.append((dest, kind, body))
+        return len(self.sent)
+
+
+def test_notices_are_coalesced_and_close_sends_the_pending_one_and_stops():
+    async def go():
+        bus = FakeBus()
+        notices = StoreNotices(bus, 3)
+        notices.written(100, 2)                 # the first goes at once
+        notices.written(250, 5)                 # these two wait for the interval…
+        notices.written(400, 1)
+        assert [b for _, _, b in bus.sent] == [{"writer": 3, "position": 100, "count": 2}]
+        await asyncio.sleep(store_notices.EVERY_SECS * 3)
+        assert bus.sent[-1][2] == {"writer": 3, "position": 400, "count": 6}   # …and go as one
+        notices.written(500, 4)                 # the interval has passed: at once
+        notices.written(550, 1)                 # within it: waits…
+        assert len(bus.sent) == 3 and notices.timer is not None
+        notices.close()                         # …and goes now, as the writer stops
+        bus.closed = True
+        assert bus.sent[-1][1] == Kind.LOG_FLUSHED and bus.sent[-1][2] == {"writer": 3, "position": 550, "count": 1}
+        notices.written(600, 1)                 # a batch finishing after close: nothing scheduled
+        await asyncio.sleep(store_notices.EVERY_SECS * 3)
+        assert len(bus.sent) == 4
+
+    asyncio.run(go())
