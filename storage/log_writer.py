@@ -83,8 +83,6 @@ class LocalAppend:
 class LogWriter(ClusterSide):
     def __init__(self, config: Config, index: int, bus_endpoint: str, log: logging.Logger,
                  embedded: bool = False) -> None:
-        import sys
-        sys.setswitchinterval(0.0005)   # EXPERIMENT: hand the GIL over within 0.5 ms, not 5
         self.index = index
         self.embedded = embedded
         self.local_waiters = 0      # embedded: SYNC records in the batch being gathered ...
