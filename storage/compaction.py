@@ -185,9 +185,7 @@ async def _drop_superseded(writer: "LogWriter", ready: int) -> int:
             named = [(p - start, session, seq) for p, session, seq in rows if start <= p < end]
             if not named:
                 continue
-            began = time.monotonic()
             count, skipped = await loop.run_in_executor(writer.io, drop_records, path, named, end - start)
-            await asyncio.sleep(min(time.monotonic() - began, 0.25))   # EXPERIMENT: half the time at most
             if skipped:
                 writer.log.warning("compaction: %d positions the store named in %s are not checkpoints; kept",
                                    skipped, path.name)
