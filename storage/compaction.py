@@ -180,7 +180,6 @@ async def _drop_superseded(writer: "LogWriter", ready: int) -> int:
                                         f"{group[0][2].name} are superseded"):
             break   # a later pass goes on from the mark
         rows = [(int(p), str(session), int(seq)) for p, session, seq in reply.body["rows"]]
-        named_any = bool(rows)
         for start, end, path in group:
             named = [(p - start, session, seq) for p, session, seq in rows if start <= p < end]
             if not named:
@@ -193,7 +192,7 @@ async def _drop_superseded(writer: "LogWriter", ready: int) -> int:
                 await loop.run_in_executor(writer.io, lambda: _replace_objects(writer, start, end, path.read_bytes()))
             dropped += count
             metrics.compacted_records.labels("superseded_checkpoint").inc(count)
-        if named_any:
+        if rows:
             # their rows go too, now that the log no longer has them (a failure leaves rows nobody reads)
             await writer.bus.request(STORE, Kind.STORE_FORGET, {"writer": writer.index, "start": low, "end": high},
                                      timeout=60.0)
