@@ -184,19 +184,19 @@ async def _drop_superseded(writer: "LogWriter", ready: int) -> int:
             named = [(p - start, session, seq) for p, session, seq in rows if start <= p < end]
             if not named:
                 continue
-            count, skipped = await loop.run_in_executor(writer.io, drop_records, path, named, end - start)
+            count, skipped = await loop.run_in_executor(writer.compaction_io, drop_records, path, named, end - start)
             if skipped:
                 writer.log.warning("compaction: %d positions the store named in %s are not checkpoints; kept",
                                    skipped, path.name)
             if count and writer.object_store is not None:
-                await loop.run_in_executor(writer.io, lambda: _replace_objects(writer, start, end, path.read_bytes()))
+                await loop.run_in_executor(writer.compaction_io, lambda: _replace_objects(writer, start, end, path.read_bytes()))
             dropped += count
             metrics.compacted_records.labels("superseded_checkpoint").inc(count)
         if rows:
             # their rows go too, now that the log no longer has them (a failure leaves rows nobody reads)
             await writer.bus.request(STORE, Kind.STORE_FORGET, {"writer": writer.index, "start": low, "end": high},
                                      timeout=60.0)
-        await loop.run_in_executor(writer.io, write_mark, writer.directory, high)
+        await loop.run_in_executor(writer.compaction_io, write_mark, writer.directory, high)
         mark = high
     if dropped:
         writer.log.info("compaction: dropped %d superseded checkpoints from the log up to position %d", dropped, mark)
@@ -234,7 +234,7 @@ async def _revisit_superseded(writer: "LogWriter") -> int:
             metrics.compacted_records.labels("superseded_checkpoint").inc(count)
             await writer.bus.request(STORE, Kind.STORE_FORGET, {"writer": writer.index, "start": start, "end": end},
                                      timeout=60.0)
-        await loop.run_in_executor(writer.io, write_mark, writer.directory, end, REVISIT_MARK_FILE)
+        await loop.run_in_executor(writer.compaction_io, write_mark, writer.directory, end, REVISIT_MARK_FILE)
     if dropped:
         writer.log.info("compaction: dropped %d superseded checkpoints from segments seen before", dropped)
     return dropped
@@ -281,7 +281,7 @@ async def _drop_expired_access(writer: "LogWriter", ready: int, cutoff: float) -
         if end > done or path.stat().st_mtime >= cutoff:
             break
         count = await rewrite_segment(writer, start, end, path, lambda kind, body: kind == records.RecordKind.ACCESS)
-        await loop.run_in_executor(writer.io, write_mark, writer.directory, end, ACCESS_MARK_FILE)
+        await loop.run_in_executor(writer.compaction_io, write_mark, writer.directory, end, ACCESS_MARK_FILE)
         mark = end
         dropped += count
     if dropped:
@@ -364,13 +364,13 @@ async def rewrite_segment(writer: "LogWriter", start: int, end: int, path: Path,
     the next pass finds the same records and does both again; the other way round it would find
     nothing left to drop and the bucket would keep them."""
     loop = asyncio.get_running_loop()
-    result = await loop.run_in_executor(writer.io, lambda: compact(path.read_bytes(), drop))
+    result = await loop.run_in_executor(writer.compaction_io, lambda: compact(path.read_bytes(), drop))
     if result is None:
         return 0
     data, count = result
     if writer.object_store is not None:
-        await loop.run_in_executor(writer.io, _replace_objects, writer, start, end, data)
-    await loop.run_in_executor(writer.io, replace_segment, path, data)
+        await loop.run_in_executor(writer.compaction_io, _replace_objects, writer, start, end, data)
+    await loop.run_in_executor(writer.compaction_io, replace_segment, path, data)
     return count
 
 

@@ -14,8 +14,8 @@ With `storage.s3` set, every batch is also shipped to the bucket, and acks wait 
 lease (storage/log_cluster.py).
 
 The write and fdatasync run on the event loop's thread: what arrives meanwhile waits in the bus
-socket and is the next batch. Everything else on disk (opening, restoring, compaction) runs on
-the I/O thread.
+socket and is the next batch. Opening and restoring run on the I/O thread, compaction on a
+thread of its own (it only touches sealed segments and its marks).
 
 Batching adapts to load (like PostgreSQL's commit_delay with commit_siblings): before an fsync,
 the writer waits — at most `storage.commit_window_us` — until every sender that had a SYNC
@@ -95,6 +95,9 @@ class LogWriter(ClusterSide):
         self.directory = Path(config.storage.dir) / "wal" / str(index)
         self.segment_bytes = config.storage.segment_bytes
         self.io = ThreadPoolExecutor(1, thread_name_prefix="wal-io")
+        # Compaction's own thread: on the I/O thread, a pass's steps (tens of ms each) held up the
+        # embedded log's batches of ASYNC records, and with them every SYNC commit after them.
+        self.compaction_io = ThreadPoolExecutor(1, thread_name_prefix="wal-compact")
         self.segments: segments.SegmentLog | None = None
         self.seen = RecentIds()
         self.frames: list[bytes] = []
@@ -367,6 +370,7 @@ class LogWriter(ClusterSide):
             await asyncio.sleep(0.01)
         for task in self.tasks:
             task.cancel()
+        await asyncio.get_running_loop().run_in_executor(None, self.compaction_io.shutdown)   # a step under way ends
         if self.shipper is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.shipper.stop)
         if self.inbox is not None:

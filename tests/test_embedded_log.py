@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 
 from agentos.config import from_dict
@@ -96,6 +97,29 @@ def test_a_sync_append_waits_while_a_batch_is_on_the_io_thread(tmp_path):
         await _until(lambda: len(answers) == 2)
         assert [(n, disk) for n, _, _, disk in answers] == [("access-rows", [b"access-rows"]),
                                                             ("checkpoint", [b"access-rows", b"checkpoint"])]
+        _close(writer, loop_task)
+
+    asyncio.run(go())
+
+
+def test_a_compaction_step_under_way_holds_up_no_batch(tmp_path):
+    """Compaction has a thread of its own: a step of it (tens of ms on a big pass) running does
+    not delay a batch of ASYNC records, nor the SYNC commits that would wait behind that batch."""
+    async def go():
+        writer = _writer(tmp_path, 2000)
+        await writer.open()
+        loop_task = asyncio.create_task(writer.commit_loop())
+        step = threading.Event()
+        busy = asyncio.get_running_loop().run_in_executor(writer.compaction_io, step.wait, 5.0)
+        answers: list = []
+        _append(writer, answers, "access-rows", waiters=0)       # to the I/O thread: written at once
+        await _until(lambda: len(answers) == 1, secs=1.0)
+        _append(writer, answers, "checkpoint")                     # answered by the call
+        assert not step.is_set()                                   # the compaction step is still going
+        assert [(n, disk) for n, _, _, disk in answers] == [("access-rows", [b"access-rows"]),
+                                                            ("checkpoint", [b"access-rows", b"checkpoint"])]
+        step.set()
+        await busy
         _close(writer, loop_task)
 
     asyncio.run(go())

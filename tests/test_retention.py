@@ -57,7 +57,7 @@ def test_a_run_whose_end_is_in_the_segment_being_written_stays_whole_until_that_
     log = segments.SegmentLog(directory, segment_bytes=4096)
     store = Store(tmp_path, writers=1, memory_limit_mb=64)
     store.open()
-    writer = types.SimpleNamespace(index=0, directory=directory, io=ThreadPoolExecutor(1), object_store=None,
+    writer = types.SimpleNamespace(index=0, directory=directory, compaction_io=ThreadPoolExecutor(1), object_store=None,
                                    shipper=None, log=logging.getLogger("test"), bus=StoreOverBus(store),
                                    config=types.SimpleNamespace(storage=types.SimpleNamespace(
                                        retention_secs=1, compaction_interval_secs=30)))
@@ -82,4 +82,4 @@ def test_a_run_whose_end_is_in_the_segment_being_written_stays_whole_until_that_
     finally:
         log.close()
         store.close()
-        writer.io.shutdown()
+        writer.compaction_io.shutdown()

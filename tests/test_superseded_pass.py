@@ -41,7 +41,7 @@ def test_a_pass_asks_about_segments_in_groups_and_drops_what_each_session_supers
     store = Store(tmp_path, writers=1, memory_limit_mb=64)
     store.open()
     bus = CountingStore(store)
-    writer = types.SimpleNamespace(index=0, directory=directory, io=ThreadPoolExecutor(1), object_store=None,
+    writer = types.SimpleNamespace(index=0, directory=directory, compaction_io=ThreadPoolExecutor(1), object_store=None,
                                    shipper=None, log=logging.getLogger("test"), bus=bus,
                                    config=types.SimpleNamespace(storage=types.SimpleNamespace(
                                        retention_secs=3600, compaction_interval_secs=30)))
@@ -70,6 +70,6 @@ def test_a_pass_asks_about_segments_in_groups_and_drops_what_each_session_supers
         asyncio.run(compaction.compact_once(writer))
         assert bus.asked == []
     finally:
-        writer.io.shutdown()
+        writer.compaction_io.shutdown()
         log.close()
         store.close()
