@@ -4,9 +4,9 @@ On a filesystem mounted with `discard` (this machine's ext4 is) deleting a file 
 its blocks at once: deleting a 64 MB file took 25-34 ms here, and a 4 KB write + fdatasync
 running beside it waited up to 20 ms (59 once), against 5 ms at worst with no deletion.
 Truncated 4 MB at a time with 2 ms between the pieces, the slowest was 3.8-6.0 ms in two runs of
-three, 10.4 in the third (bench/results/2026-12-02-discard-stalls/). Compaction replaces whole 64 MB log segments and
-writer/store drops whole payload segments, both while commits flush to the same disk, so they
-free through here.
+three, 10.4 in the third (bench/results/2026-12-02-discard-stalls/). Compaction replaces whole
+64 MB log segments and writer/store drops whole payload segments, both while commits flush to the
+same disk, so they free through here.
 
 A file being freed is renamed (or, for a replaced file, hard-linked) to `<name>.free` first: no
 listing of segments counts it, and one left by a crash is freed at the next open.
