@@ -10,19 +10,15 @@ bucket has received, as for the other passes; the rest wait for a later pass.
 from __future__ import annotations
 
 import bisect
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from agentos import metrics
 from broker.protocol import Kind
 from broker.sharding import STORE
-from storage import records
 from storage.compaction import read_mark, rewrite_segment, sealed_segments, store_refused
-from storage.session_closing import SESSION_KINDS
 
 if TYPE_CHECKING:
     from storage.log_writer import LogWriter
-
-FEW_NAMES = 8
 
 
 async def drop_closed(writer: "LogWriter", ready: int) -> int:
@@ -44,7 +40,7 @@ async def drop_closed(writer: "LogWriter", ready: int) -> int:
     dropped = 0
     for i, sessions in sorted(named.items()):
         start, end, path = sealed[i]
-        count = await rewrite_segment(writer, start, end, path, records_of(sessions))
+        count = await rewrite_segment(writer, start, end, path, {"closed": sessions})
         dropped += count
         reply = await writer.bus.request(STORE, Kind.STORE_FORGET_CLOSED,
                                          {"writer": writer.index, "start": start, "end": end}, timeout=60.0)
@@ -54,18 +50,3 @@ async def drop_closed(writer: "LogWriter", ready: int) -> int:
         metrics.compacted_records.labels("closed_session").inc(dropped)
         writer.log.info("compaction: dropped %d records of closed sessions", dropped)
     return dropped
-
-
-def records_of(closed: dict[str, float]) -> Callable[[int, bytes], bool]:
-    """Picks the records of these sessions written no later than each one's close."""
-    # A body holding one of a few names has its bytes: most records are passed over undecoded.
-    # With many names, looking for each costs more than decoding.
-    needles = [s.encode() for s in closed] if len(closed) <= FEW_NAMES else []
-
-    def drop(kind: int, body: bytes) -> bool:
-        if kind not in SESSION_KINDS or (needles and not any(n in body for n in needles)):
-            return False
-        decoded = records.decode_body(body)
-        closed_at = closed.get(decoded.get("session"))
-        return closed_at is not None and float(decoded.get("at", 0.0)) <= closed_at
-    return drop

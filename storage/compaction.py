@@ -19,19 +19,16 @@ shorter range there. The active segment is never touched, so nothing a sender wa
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import mmap
+import bisect
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
-
-import msgpack
+from typing import TYPE_CHECKING
 
 from agentos import metrics
 from broker.protocol import Kind
 from broker.sharding import STORE
-from storage import freeing, records, segment_listing, segments
+from storage import freeing, records, segment_listing, segment_rewrites, segments
 
 if TYPE_CHECKING:
     from storage.log_writer import LogWriter
@@ -41,46 +38,7 @@ ACCESS_MARK_FILE = "access-expired"   # …and where the access-row retention pa
 REVISIT_MARK_FILE = "revisited"        # …and the segment the revisiting pass goes on from
 REVISITS_PER_PASS = 4      # sealed segments a pass asks the store about again…
 REVISIT_AFTER_PASSES = 10  # …once they were written this many compaction intervals ago
-SYNC_PIECE = 1 << 20         # a rewritten segment goes to disk in synced pieces of this size
 SEGMENTS_PER_QUERY = 8       # sealed segments the superseded-checkpoint pass asks the store about at once
-
-
-def compact(data: bytes, drop: Callable[[int, bytes], bool]) -> tuple[bytes, int] | None:
-    """The segment's bytes without the records `drop(kind, body)` picks; None if none would go."""
-    kept: list[bytes] = []
-    dropped = 0
-    for offset, kind, _, body, end in records.scan(data):
-        if drop(kind, body):
-            dropped += 1
-            continue
-        kept.append(data[offset:end])
-    if not dropped:
-        return None
-    return b"".join(kept), dropped
-
-
-def runs_in(runs: set[str]) -> Callable[[int, bytes], bool]:
-    """Picks the journal records of these flow runs."""
-    return lambda kind, body: kind == records.RecordKind.FLOW and records.decode_body(body).get("run") in runs
-
-
-def replace_segment(path: Path, data: bytes) -> None:
-    """`data` in place of the segment, durably; the file keeps its modification time (when its
-    records were written: the access-row retention goes by it)."""
-    written = os.stat(path)
-    tmp = path.with_suffix(".compacting")
-    with open(tmp, "wb") as f:
-        # synced a piece at a time: writer/log's commit fsyncs share the disk and would otherwise
-        # queue behind tens of megabytes
-        view = memoryview(data)
-        for at in range(0, len(data), SYNC_PIECE):
-            f.write(view[at:at + SYNC_PIECE])
-            f.flush()
-            os.fdatasync(f.fileno())
-        if not data:
-            os.fdatasync(f.fileno())
-    os.utime(tmp, ns=(written.st_atime_ns, written.st_mtime_ns))
-    freeing.replace(tmp, path)
 
 
 def store_refused(writer: "LogWriter", reply, what: str) -> bool:
@@ -139,7 +97,7 @@ async def compact_once(writer: "LogWriter") -> int:
         low, high = min(f for f, _ in spans.values()), max(last for _, last in spans.values())
         for start, end, path in segments_done:
             if end > low and start <= high:   # only segments that can hold their records are read
-                purged += await rewrite_segment(writer, start, end, path, runs_in(runs))
+                purged += await rewrite_segment(writer, start, end, path, {"runs": sorted(runs)})
         metrics.compacted_records.labels("closed_run").inc(purged)
         # also when a pass before a crash had already rewritten the segments: the rows still go
         await writer.bus.request(STORE, Kind.STORE_PURGE, {"runs": sorted(runs)}, timeout=60.0)
@@ -179,17 +137,22 @@ async def _drop_superseded(writer: "LogWriter", ready: int) -> int:
         if store_refused(writer, reply, f"which checkpoints of {len(group)} segment(s) from "
                                         f"{group[0][2].name} are superseded"):
             break   # a later pass goes on from the mark
-        rows = [(int(p), str(session), int(seq)) for p, session, seq in reply.body["rows"]]
+        # [position, session, seq] by position: each segment's names are a slice, found by bisection
+        # (tens of thousands of rows: no per-row Python on the loop that serves the commits)
+        rows = reply.body["rows"]
+        positions = [row[0] for row in rows]
         for start, end, path in group:
-            named = [(p - start, session, seq) for p, session, seq in rows if start <= p < end]
+            named = rows[bisect.bisect_left(positions, start):bisect.bisect_left(positions, end)]
             if not named:
                 continue
-            count, skipped = await loop.run_in_executor(writer.compaction_io, drop_records, path, named, end - start)
+            result = await run_job(writer, {"op": "cut", "path": str(path), "named": named, "base": start,
+                                            "length": end - start})
+            count, skipped = int(result["count"]), int(result["skipped"])
             if skipped:
                 writer.log.warning("compaction: %d positions the store named in %s are not checkpoints; kept",
                                    skipped, path.name)
-            if count and writer.object_store is not None:
-                await loop.run_in_executor(writer.compaction_io, lambda: _replace_objects(writer, start, end, path.read_bytes()))
+            if count:
+                await install(writer, start, end, path)
             dropped += count
             metrics.compacted_records.labels("superseded_checkpoint").inc(count)
         if rows:
@@ -229,7 +192,7 @@ async def _revisit_superseded(writer: "LogWriter") -> int:
             break   # a later pass goes on from the mark
         named = {(str(session), int(seq)) for _, session, seq in reply.body["rows"]}
         if named:
-            count = await rewrite_segment(writer, start, end, path, _checkpoints_in(named))
+            count = await rewrite_segment(writer, start, end, path, {"checkpoints": sorted(named)})
             dropped += count
             metrics.compacted_records.labels("superseded_checkpoint").inc(count)
             await writer.bus.request(STORE, Kind.STORE_FORGET, {"writer": writer.index, "start": start, "end": end},
@@ -255,16 +218,6 @@ def old_enough(sealed: list[tuple[int, int, Path]], before: float) -> list[tuple
     return sealed[:lo]
 
 
-def _checkpoints_in(named: set[tuple[str, int]]) -> Callable[[int, bytes], bool]:
-    """Picks the external checkpoints (BLOB records) whose (session, seq) is named."""
-    def drop(kind: int, body: bytes) -> bool:
-        if kind != records.RecordKind.BLOB:
-            return False
-        decoded = records.decode_body(body)
-        return (decoded.get("session"), decoded.get("seq")) in named
-    return drop
-
-
 async def _drop_expired_access(writer: "LogWriter", ready: int, cutoff: float) -> int:
     """The access records of each sealed segment last written before `cutoff` leave it, in log
     order, once (the `access-expired` mark). By the file's modification time, not by decoding
@@ -280,7 +233,7 @@ async def _drop_expired_access(writer: "LogWriter", ready: int, cutoff: float) -
             continue
         if end > done or path.stat().st_mtime >= cutoff:
             break
-        count = await rewrite_segment(writer, start, end, path, lambda kind, body: kind == records.RecordKind.ACCESS)
+        count = await rewrite_segment(writer, start, end, path, {"kinds": [records.RecordKind.ACCESS]})
         await loop.run_in_executor(writer.compaction_io, write_mark, writer.directory, end, ACCESS_MARK_FILE)
         mark = end
         dropped += count
@@ -290,88 +243,30 @@ async def _drop_expired_access(writer: "LogWriter", ready: int, cutoff: float) -
     return dropped
 
 
-def drop_records(path: Path, named: list[tuple[int, str, int]], length: int) -> tuple[int, int]:
-    """Rewrites segment `path`, whose records take its first `length` bytes (the rest of a sealed
-    segment is zeros), without the BLOB records `named` (offset, session, seq; by offset);
-    returns (records dropped, names skipped). A name is only a hint: unless that very checkpoint
-    (its session and seq) starts at its offset, whole and valid, it is skipped — say the segment
-    was rewritten before a crash let the mark advance, and other records now sit there. The kept
-    ranges are copied file to file by the kernel (`copy_file_range`)."""
-    src = os.open(path, os.O_RDONLY)
-    try:
-        size = min(os.fstat(src).st_size, length)
-        cut: list[tuple[int, int]] = []
-        skipped = 0
-        # Mapped, not read: a few thousand named records cost a copy each instead of two preads each
-        # (on the process that serves the commits); unmapped before the file is replaced and freed.
-        with contextlib.ExitStack() as mapped:
-            view = mapped.enter_context(mmap.mmap(src, size, access=mmap.ACCESS_READ)) if size else b""
-            for offset, session, seq in named:
-                end = _blob_end(view, offset, session, seq)
-                if end is None or (cut and offset < cut[-1][1]):
-                    skipped += 1
-                    continue
-                cut.append((offset, end))
-        if not cut:
-            return 0, skipped
-        tmp = path.with_suffix(".compacting")
-        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            at = unsynced = 0
-            for keep_from, keep_to in zip([0] + [e for _, e in cut], [s for s, _ in cut] + [size]):
-                length = keep_to - keep_from
-                while length > 0:
-                    n = os.copy_file_range(src, dst, length, keep_from, at)
-                    if n <= 0:
-                        raise OSError(f"copy_file_range copied nothing from {path} at {keep_from}")
-                    keep_from, at, length, unsynced = keep_from + n, at + n, length - n, unsynced + n
-                    if unsynced >= SYNC_PIECE:   # writer/log's commit fsyncs share the disk
-                        os.fdatasync(dst)
-                        unsynced = 0
-            os.fdatasync(dst)
-        finally:
-            os.close(dst)
-        written = os.fstat(src)
-        os.utime(tmp, ns=(written.st_atime_ns, written.st_mtime_ns))   # see replace_segment
-        freeing.replace(tmp, path)
-        return len(cut), skipped
-    finally:
-        os.close(src)
-
-
-def _blob_end(view: mmap.mmap | bytes, offset: int, session: str, seq: int) -> int | None:
-    """Where the BLOB record of (session, seq) at `offset` of a segment's data ends; None if it
-    does not start there, whole and valid."""
-    if offset < 0 or offset + records.HEADER_BYTES > len(view):
-        return None
-    length = int.from_bytes(view[offset:offset + 4], "little")
-    if view[offset + 8] != records.RecordKind.BLOB or not 2 <= length <= records.MAX_RECORD_BYTES \
-            or offset + 8 + length > len(view):
-        return None
-    try:
-        _, _, body, end = records.parse(view, offset)   # its checksum too
-        blob = records.decode_body(body)
-    except (records.TornRecord, ValueError, TypeError, msgpack.ExtraData):
-        return None
-    if blob.get("session") != session or blob.get("seq") != seq:
-        return None
-    return end
-
-
-async def rewrite_segment(writer: "LogWriter", start: int, end: int, path: Path, drop: Callable[[int, bytes], bool]) -> int:
-    """Rewrites one sealed segment (and its bucket objects) without what `drop` picks. The bucket
-    first: a pass cut short in between (a stop, a crash) leaves the local segment as it was, so
-    the next pass finds the same records and does both again; the other way round it would find
-    nothing left to drop and the bucket would keep them."""
-    loop = asyncio.get_running_loop()
-    result = await loop.run_in_executor(writer.compaction_io, lambda: compact(path.read_bytes(), drop))
-    if result is None:
-        return 0
-    data, count = result
-    if writer.object_store is not None:
-        await loop.run_in_executor(writer.compaction_io, _replace_objects, writer, start, end, data)
-    await loop.run_in_executor(writer.compaction_io, replace_segment, path, data)
+async def rewrite_segment(writer: "LogWriter", start: int, end: int, path: Path, drop: dict) -> int:
+    """Rewrites one sealed segment (and its bucket objects) without what `drop` picks (a rewrite
+    job's drop: storage/segment_rewrites.py)."""
+    count = int((await run_job(writer, {"op": "rewrite", "path": str(path), "drop": drop}))["count"])
+    if count:
+        await install(writer, start, end, path)
     return count
+
+
+async def run_job(writer: "LogWriter", job: dict) -> dict:
+    """A segment rewrite done by the log's compaction helper (storage/compaction_helper.py)."""
+    return await asyncio.get_running_loop().run_in_executor(writer.compaction_io, writer.rewriter.call, job)
+
+
+async def install(writer: "LogWriter", start: int, end: int, path: Path) -> None:
+    """The rewrite a job left beside segment `path` takes its place: the bucket first. A pass cut
+    short in between (a stop, a crash) leaves the local segment as it was, so the next pass finds
+    the same records and does both again; the other way round it would find nothing left to
+    drop and the bucket would keep them."""
+    loop = asyncio.get_running_loop()
+    tmp = path.with_suffix(segment_rewrites.SUFFIX)
+    if writer.object_store is not None:
+        await loop.run_in_executor(writer.compaction_io, lambda: _replace_objects(writer, start, end, tmp.read_bytes()))
+    await loop.run_in_executor(writer.compaction_io, freeing.replace, tmp, path)
 
 
 def read_mark(directory: Path, name: str = MARK_FILE) -> int:

@@ -52,7 +52,7 @@ from agentos.rundir import RunDir
 from broker.client import Bus
 from broker.protocol import Kind, Message
 from broker.sharding import log_writer
-from storage import compaction, records, segments
+from storage import compaction, compaction_helper, records, segments
 from storage.log_cluster import ClusterSide
 from storage.s3 import ObjectStore
 from storage.shipper import Shipper
@@ -98,6 +98,7 @@ class LogWriter(ClusterSide):
         # Compaction's own thread: on the I/O thread, a pass's steps (tens of ms each) held up the
         # embedded log's batches of ASYNC records, and with them every SYNC commit after them.
         self.compaction_io = ThreadPoolExecutor(1, thread_name_prefix="wal-compact")
+        self.rewriter = compaction_helper.Helper(f"log/{index}")   # the CPU-heavy half of compaction
         self.segments: segments.SegmentLog | None = None
         self.seen = RecentIds()
         self.frames: list[bytes] = []
@@ -371,6 +372,7 @@ class LogWriter(ClusterSide):
         for task in self.tasks:
             task.cancel()
         await asyncio.get_running_loop().run_in_executor(None, self.compaction_io.shutdown)   # a step under way ends
+        await asyncio.get_running_loop().run_in_executor(None, self.rewriter.close)
         if self.shipper is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.shipper.stop)
         if self.inbox is not None:

@@ -2,7 +2,7 @@
 and the log at their level; with real processes: test_e2e_checkpoint_compaction.py)."""
 import os
 
-from storage import compaction, payload_compaction, payload_segments, records, segments
+from storage import compaction, freeing, payload_compaction, payload_segments, records, segment_rewrites, segments
 from storage.records import RecordKind
 from storage.store import Store
 
@@ -214,15 +214,16 @@ def test_a_segment_loses_exactly_the_checkpoints_named_and_nothing_else(tmp_path
     named = [(offsets["a1"], "a", 1), (offsets["e1"], "a", 1), (offsets["a2"], "a", 2), (offsets["a2"] + 7, "a", 2),
              (offsets["b1"], "b", 7)]
     os.utime(path, (1_000_000_000, 1_000_000_000))   # written long ago
-    assert compaction.drop_records(path, named, length) == (2, 3)
+    assert segment_rewrites.cut_records(path, named, length) == (2, 3)
+    freeing.replace(path.with_suffix(segment_rewrites.SUFFIX), path)
     data = path.read_bytes()
     assert [rid for _, _, rid, _, _ in records.scan(data)] == [b"e1", b"b1", b"a3"]
     assert path.stat().st_mtime == 1_000_000_000      # still: the access-row retention goes by it
     assert len(data) == length - (offsets["e1"] - offsets["a1"]) - (offsets["a3"] - offsets["a2"])
     # A crash after the rewrite, before the mark moved: the same names again find other records
     # at those offsets (e1 now starts where a1 did) and drop nothing.
-    assert compaction.drop_records(path, [(offsets["a1"], "a", 1), (offsets["a2"], "a", 2)], len(data)) == (0, 2)
-    assert path.read_bytes() == data
+    assert segment_rewrites.cut_records(path, [(offsets["a1"], "a", 1), (offsets["a2"], "a", 2)], len(data)) == (0, 2)
+    assert path.read_bytes() == data and not path.with_suffix(segment_rewrites.SUFFIX).exists()
 
 
 def test_access_rows_older_than_the_window_leave_duckdb_but_each_logs_newest_record_stays(tmp_path):

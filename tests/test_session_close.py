@@ -121,7 +121,7 @@ def test_a_close_whose_deletions_failed_is_applied_at_the_next_open(tmp_path, mo
 
 
 def test_compaction_drops_a_closed_sessions_records_by_name_and_time():
-    from storage.closed_compaction import records_of
+    from storage.segment_rewrites import records_of
 
     drop = records_of({"gone": 5.0})
     assert drop(RecordKind.EVENT, event("gone", 0, at=4.0))
@@ -267,7 +267,7 @@ def test_a_turn_resumed_after_its_actor_died_does_not_bring_a_closed_session_bac
 
 
 def test_compaction_picks_the_same_records_with_many_closed_sessions_in_a_segment():
-    from storage.closed_compaction import FEW_NAMES, records_of
+    from storage.segment_rewrites import FEW_NAMES, records_of
 
     many = {f"gone-{i}": 5.0 for i in range(FEW_NAMES + 1)}
     drop = records_of(many)

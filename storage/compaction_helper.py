@@ -1,0 +1,138 @@
+"""The process a log's compaction hands its segment rewrites to (storage/segment_rewrites.py).
+
+Why a process: checking a segment's named records and scanning whole segments is Python work
+(up to ~1 s of it for a pass of ~40,000 superseded checkpoints). On a thread of the process that
+serves the commits — the gateway, whose log holds the checkpoint PUTs — it took the GIL from
+the event loop every time the loop had let go of it for a syscall, and the commits that
+overlapped a pass waited for it (bench/results/2026-12-03-compaction-helper-10k-ab/). Here it
+has no GIL to share, and it runs at a lower priority (`NICENESS`), so on a busy machine the
+commits' processes come first.
+
+The protocol, on the helper's stdin and stdout: each message is a 4-byte little-endian length
+and a msgpack map. The log's process sends a job (segment_rewrites.py lists them), the helper
+answers with the job's result or `{"error": text}`; one job at a time. The helper ends when its
+stdin does (its parent stopped or died) and is started again by the next job after a crash.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import struct
+import subprocess
+import sys
+import threading
+from typing import BinaryIO
+
+import msgpack
+
+LENGTH = struct.Struct("<I")
+MAX_MESSAGE_BYTES = 256 << 20
+NICENESS = 10
+STOP_SECS = 5.0
+
+
+class HelperFailed(RuntimeError):
+    """The helper answered an error, or died before it answered."""
+
+
+def read_message(stream: BinaryIO) -> dict | None:
+    """The next message, or None at the end of the stream."""
+    head = stream.read(LENGTH.size)
+    if not head:
+        return None
+    if len(head) < LENGTH.size:
+        raise EOFError("the stream ended inside a message's length")
+    (length,) = LENGTH.unpack(head)
+    if length > MAX_MESSAGE_BYTES:
+        raise ValueError(f"a message of {length:,} bytes is over the limit of {MAX_MESSAGE_BYTES:,}")
+    body = stream.read(length)
+    if len(body) < length:
+        raise EOFError("the stream ended inside a message")
+    return msgpack.unpackb(body, raw=False)
+
+
+def write_message(stream: BinaryIO, message: dict) -> None:
+    body = msgpack.packb(message, use_bin_type=True)
+    stream.write(LENGTH.pack(len(body)) + body)
+    stream.flush()
+
+
+class Helper:
+    """The log's end: `call` runs a job in the helper (started on first use, again after a
+    crash). One caller at a time: a log's compaction steps run on its one compaction thread."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.proc: subprocess.Popen | None = None
+        self.lock = threading.Lock()
+
+    def call(self, job: dict) -> dict:
+        with self.lock:
+            if self.proc is not None and self.proc.poll() is not None:
+                self._end()          # it died since the last job
+            if self.proc is None:
+                self._start()
+            try:
+                write_message(self.proc.stdin, job)
+                reply = read_message(self.proc.stdout)
+            except (OSError, EOFError, ValueError) as exc:
+                self._end()
+                raise HelperFailed(f"the compaction helper went away ({exc})") from None
+            if reply is None:
+                self._end()
+                raise HelperFailed("the compaction helper went away before it answered")
+        if "error" in reply:
+            raise HelperFailed(str(reply["error"]))
+        return reply
+
+    def close(self) -> None:
+        with self.lock:
+            self._end()
+
+    def _start(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "storage.compaction_helper", self.name, str(os.getpid())],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
+
+    def _end(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        try:
+            proc.stdin.close()       # the helper ends at the end of its stdin
+        except OSError:
+            pass
+        try:
+            proc.wait(STOP_SECS)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+
+
+def main(name: str, parent_pid: int) -> int:
+    from agentos import service
+    from storage import segment_rewrites
+
+    service.set_title(f"compaction/{name}")
+    service.die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # a terminal's ^C is the supervisor's to handle
+    os.nice(NICENESS)
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr          # nothing else may write on the protocol's stream
+    while True:
+        try:
+            job = read_message(stdin)
+        except (EOFError, ValueError, msgpack.UnpackException) as exc:
+            write_message(stdout, {"error": f"unreadable job: {exc}"})
+            return 1                 # the stream is out of step: the parent starts a new helper
+        if job is None:
+            return 0
+        try:
+            reply = segment_rewrites.run(job)
+        except Exception as exc:  # noqa: BLE001 — any failure is the job's, answered, never fatal
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        write_message(stdout, reply)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], int(sys.argv[2])))

@@ -1,0 +1,220 @@
+"""A sealed log segment written anew without some of its records: the work of a compaction pass
+that reads and checks records, done by a helper process (storage/compaction_helper.py).
+
+Each job is plain data (a dict, msgpack on the helper's pipe) and leaves the rewritten segment
+beside the old one as `<segment>.compacting`, synced and with the old file's modification time,
+or nothing when no record goes. Installing it (the bucket first, then the local file through
+storage/freeing.py) is the pass's own step, in the process that owns the log.
+
+Jobs:
+- `{"op": "cut", "path", "named": [[position, session, seq], …], "base", "length"}`: the BLOB
+  records the store named by position (`base` is the segment's start; its records take its first
+  `length` bytes); answers `{"count", "skipped"}`;
+- `{"op": "rewrite", "path", "drop": {…}}`: every record the drop picks, one of
+  `{"kinds": [kind, …]}`, `{"runs": [run, …]}` (journal records of flow runs),
+  `{"checkpoints": [[session, seq], …]}` (BLOB records), `{"closed": {session: closed at}}` (a
+  closed session's records from before its close); answers `{"count"}`.
+"""
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+from pathlib import Path
+from typing import Callable
+
+import msgpack
+
+from storage import records
+from storage.session_closing import SESSION_KINDS
+
+SYNC_PIECE = 1 << 20   # a rewritten segment goes to disk in synced pieces: commits share the disk
+FEW_NAMES = 8          # closed sessions a body is searched for by name before it is decoded
+SUFFIX = ".compacting"
+
+
+class BadJob(ValueError):
+    """A job that is not one of the kinds above, or whose fields are not what they must be."""
+
+
+def run(job: dict) -> dict:
+    """Do one job; BadJob if it cannot be one."""
+    if not isinstance(job, dict) or not isinstance(job.get("path"), str):
+        raise BadJob("a job is a map with a 'path'")
+    path = Path(job["path"])
+    if job.get("op") == "cut":
+        try:
+            base, length = int(job["base"]), int(job["length"])
+            named = [(int(p) - base, str(session), int(seq)) for p, session, seq in job["named"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BadJob(f"a cut needs 'named' [[position, session, seq], …], 'base' and 'length' ({exc})") from None
+        count, skipped = cut_records(path, named, length)
+        return {"count": count, "skipped": skipped}
+    if job.get("op") == "rewrite":
+        return {"count": rewrite(path, picker(job.get("drop")))}
+    raise BadJob(f"unknown job {job.get('op')!r}")
+
+
+def picker(drop: object) -> Callable[[int, bytes], bool]:
+    """The predicate (kind, body) -> bool a rewrite's `drop` describes."""
+    if not isinstance(drop, dict) or len(drop) != 1:
+        raise BadJob("'drop' is a map of one of: kinds, runs, checkpoints, closed")
+    (what, value), = drop.items()
+    try:
+        if what == "kinds":
+            return kinds_in({int(k) for k in value})
+        if what == "runs":
+            return runs_in({str(r) for r in value})
+        if what == "checkpoints":
+            return checkpoints_in({(str(s), int(q)) for s, q in value})
+        if what == "closed":
+            return records_of({str(s): float(t) for s, t in value.items()})
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise BadJob(f"'drop' {what}: {exc}") from None
+    raise BadJob(f"unknown drop {what!r}")
+
+
+def kinds_in(kinds: set[int]) -> Callable[[int, bytes], bool]:
+    return lambda kind, body: kind in kinds
+
+
+def runs_in(runs: set[str]) -> Callable[[int, bytes], bool]:
+    """Picks the journal records of these flow runs."""
+    return lambda kind, body: kind == records.RecordKind.FLOW and records.decode_body(body).get("run") in runs
+
+
+def checkpoints_in(named: set[tuple[str, int]]) -> Callable[[int, bytes], bool]:
+    """Picks the external checkpoints (BLOB records) whose (session, seq) is named."""
+    def drop(kind: int, body: bytes) -> bool:
+        if kind != records.RecordKind.BLOB:
+            return False
+        decoded = records.decode_body(body)
+        return (decoded.get("session"), decoded.get("seq")) in named
+    return drop
+
+
+def records_of(closed: dict[str, float]) -> Callable[[int, bytes], bool]:
+    """Picks the records of these sessions written no later than each one's close."""
+    # A body holding one of a few names has its bytes: most records are passed over undecoded.
+    # With many names, looking for each costs more than decoding.
+    needles = [s.encode() for s in closed] if len(closed) <= FEW_NAMES else []
+
+    def drop(kind: int, body: bytes) -> bool:
+        if kind not in SESSION_KINDS or (needles and not any(n in body for n in needles)):
+            return False
+        decoded = records.decode_body(body)
+        closed_at = closed.get(decoded.get("session"))
+        return closed_at is not None and float(decoded.get("at", 0.0)) <= closed_at
+    return drop
+
+
+def compact(data: bytes, drop: Callable[[int, bytes], bool]) -> tuple[bytes, int] | None:
+    """The segment's bytes without the records `drop(kind, body)` picks; None if none would go."""
+    kept: list[bytes] = []
+    dropped = 0
+    for offset, kind, _, body, end in records.scan(data):
+        if drop(kind, body):
+            dropped += 1
+            continue
+        kept.append(data[offset:end])
+    if not dropped:
+        return None
+    return b"".join(kept), dropped
+
+
+def rewrite(path: Path, drop: Callable[[int, bytes], bool]) -> int:
+    """`<path>.compacting` without what `drop` picks; returns how many records that was (0: no file)."""
+    result = compact(path.read_bytes(), drop)
+    if result is None:
+        return 0
+    data, count = result
+    written = os.stat(path)
+    tmp = path.with_suffix(SUFFIX)
+    with open(tmp, "wb") as f:
+        view = memoryview(data)
+        for at in range(0, len(data), SYNC_PIECE):
+            f.write(view[at:at + SYNC_PIECE])
+            f.flush()
+            os.fdatasync(f.fileno())
+        if not data:
+            os.fdatasync(f.fileno())
+    # the file keeps its modification time (when its records were written): the access-row
+    # retention goes by it
+    os.utime(tmp, ns=(written.st_atime_ns, written.st_mtime_ns))
+    return count
+
+
+def cut_records(path: Path, named: list[tuple[int, str, int]], length: int) -> tuple[int, int]:
+    """`<path>.compacting` without the BLOB records `named` (offset, session, seq; by offset) of
+    segment `path`, whose records take its first `length` bytes (the rest of a sealed segment is
+    zeros); returns (records dropped, names skipped). A name is only a hint: unless that very
+    checkpoint (its session and seq) starts at its offset, whole and valid, it is skipped — say the
+    segment was rewritten before a crash let the mark advance, and other records now sit there.
+    The kept ranges are copied file to file by the kernel (`copy_file_range`)."""
+    src = os.open(path, os.O_RDONLY)
+    try:
+        size = min(os.fstat(src).st_size, length)
+        cut: list[tuple[int, int]] = []
+        skipped = 0
+        # mapped, not read: a few thousand named records cost a copy each instead of two preads each
+        with contextlib.ExitStack() as mapped:
+            view = mapped.enter_context(mmap.mmap(src, size, access=mmap.ACCESS_READ)) if size else b""
+            for offset, session, seq in sorted(named):
+                end = blob_end(view, offset, session, seq)
+                if end is None or (cut and offset < cut[-1][1]):
+                    skipped += 1
+                    continue
+                cut.append((offset, end))
+        if not cut:
+            return 0, skipped
+        tmp = path.with_suffix(SUFFIX)
+        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            at = unsynced = 0
+            for keep_from, keep_to in zip([0] + [e for _, e in cut], [s for s, _ in cut] + [size]):
+                left = keep_to - keep_from
+                while left > 0:
+                    n = os.copy_file_range(src, dst, left, keep_from, at)
+                    if n <= 0:
+                        raise OSError(f"copy_file_range copied nothing from {path} at {keep_from}")
+                    keep_from, at, left, unsynced = keep_from + n, at + n, left - n, unsynced + n
+                    if unsynced >= SYNC_PIECE:
+                        os.fdatasync(dst)
+                        unsynced = 0
+            os.fdatasync(dst)
+        finally:
+            os.close(dst)
+        written = os.fstat(src)
+        os.utime(tmp, ns=(written.st_atime_ns, written.st_mtime_ns))   # as in rewrite()
+        return len(cut), skipped
+    finally:
+        os.close(src)
+
+
+def blob_end(view: mmap.mmap | bytes, offset: int, session: str, seq: int) -> int | None:
+    """Where the BLOB record of (session, seq) at `offset` of a segment's data ends; None if it
+    does not start there, whole and valid."""
+    if offset < 0 or offset + records.HEADER_BYTES > len(view):
+        return None
+    length = int.from_bytes(view[offset:offset + 4], "little")
+    if view[offset + 8] != records.RecordKind.BLOB or not 2 <= length <= records.MAX_RECORD_BYTES \
+            or offset + 8 + length > len(view):
+        return None
+    try:
+        _, _, body, end = records.parse(view, offset)   # its checksum too
+        blob = records.decode_body(body)
+    except (records.TornRecord, ValueError, TypeError, msgpack.ExtraData):
+        return None
+    if blob.get("session") != session or blob.get("seq") != seq:
+        return None
+    return end
+
+
+class InProcess:
+    """Runs jobs in this process: for tests of a pass's logic (the server uses the helper)."""
+
+    def call(self, job: dict) -> dict:
+        return run(job)
+
+    def close(self) -> None:
+        pass

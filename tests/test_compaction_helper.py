@@ -1,0 +1,132 @@
+"""A log's compaction hands its segment rewrites to a helper process (storage/compaction_helper.py):
+a real one here — it answers jobs, survives bad ones, comes back after a crash, runs below the
+log's priority, and never outlives its parent."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from storage import records, segment_rewrites, segments
+from storage.compaction_helper import NICENESS, Helper, HelperFailed
+from storage.records import RecordKind
+
+
+def blob(session: str, seq: int) -> bytes:
+    return records.frame(RecordKind.BLOB, f"{session}{seq}".encode(), records.encode_body(
+        {"session": session, "tenant": "t", "key": "k", "seq": seq, "payload": b"p" * 900, "at": 1.0}))
+
+
+def access(n: int) -> bytes:
+    return records.frame(RecordKind.ACCESS, f"x{n}".encode(), records.encode_body({"route": "/", "at": float(n)}))
+
+
+def one_segment(directory, frames):
+    log = segments.SegmentLog(directory, segment_bytes=1 << 20)
+    for frame in frames:
+        log.write(frame, sync=True)
+    length = log.end
+    log.close()
+    ((start, path),) = segments.list_segments(directory)
+    return start, path, length
+
+
+def ids_in(path) -> list[bytes]:
+    return [rid for _, _, rid, _, _ in records.scan(path.read_bytes())]
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.fixture
+def helper():
+    h = Helper("test")
+    yield h
+    h.close()
+
+
+def test_the_helper_cuts_named_checkpoints_and_rewrites_by_kind(tmp_path, helper):
+    start, path, length = one_segment(tmp_path, [blob("a", 1), access(1), blob("a", 2), access(2), blob("a", 3)])
+    offsets = {rid: off for off, _, rid, _, _ in records.scan(path.read_bytes())}
+    named = [[start + offsets[b"a1"], "a", 1], [start + offsets[b"a2"], "a", 2], [start + offsets[b"x1"], "a", 9]]
+    assert helper.call({"op": "cut", "path": str(path), "named": named, "base": start, "length": length}) == \
+        {"count": 2, "skipped": 1}
+    rewritten = path.with_suffix(segment_rewrites.SUFFIX)
+    assert ids_in(rewritten) == [b"x1", b"x2", b"a3"]
+    assert ids_in(path) == [b"a1", b"x1", b"a2", b"x2", b"a3"]     # installing it is the log's step
+    os.replace(rewritten, path)
+    assert helper.call({"op": "rewrite", "path": str(path), "drop": {"kinds": [int(RecordKind.ACCESS)]}}) == {"count": 2}
+    assert ids_in(path.with_suffix(segment_rewrites.SUFFIX)) == [b"a3"]
+    # it runs below the log's priority: a busy machine serves the commits first
+    assert os.getpriority(os.PRIO_PROCESS, helper.proc.pid) >= os.getpriority(os.PRIO_PROCESS, 0) + NICENESS
+
+
+def test_a_bad_job_is_answered_with_an_error_and_the_helper_goes_on(tmp_path, helper):
+    start, path, length = one_segment(tmp_path, [blob("a", 1), blob("a", 2)])
+    bad = [{"op": "melt", "path": str(path)},
+           {"op": "cut", "path": str(path), "named": "everything", "base": 0, "length": 1},
+           {"op": "rewrite", "path": str(path), "drop": {"sessions": ["a"]}},
+           {"op": "rewrite", "path": str(tmp_path / "missing"), "drop": {"kinds": [1]}},
+           ["not", "a", "map"]]
+    pids = set()
+    for job in bad:
+        with pytest.raises(HelperFailed):
+            helper.call(job)
+        pids.add(helper.proc.pid)
+    assert len(pids) == 1 and alive(pids.pop())
+    offset = next(off for off, _, rid, _, _ in records.scan(path.read_bytes()) if rid == b"a1")
+    assert helper.call({"op": "cut", "path": str(path), "named": [[start + offset, "a", 1]], "base": start,
+                        "length": length})["count"] == 1
+
+
+def test_a_helper_killed_is_started_again_by_the_next_job_and_ends_with_its_log(tmp_path, helper):
+    start, path, length = one_segment(tmp_path, [blob("a", 1), access(1)])
+    job = {"op": "rewrite", "path": str(path), "drop": {"kinds": [int(RecordKind.ACCESS)]}}
+    assert helper.call(job) == {"count": 1}
+    first = helper.proc.pid
+    os.kill(first, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while alive(first) and time.monotonic() < deadline:
+        helper.proc.poll()
+        time.sleep(0.01)
+    assert helper.call(job) == {"count": 1}
+    second = helper.proc
+    assert second.pid != first
+    helper.close()
+    assert second.returncode == 0 and helper.proc is None
+
+
+def test_a_helper_whose_log_process_dies_goes_too(tmp_path):
+    # the log's process killed -9 mid-life: no helper is left behind
+    code = textwrap.dedent("""
+        import sys
+        from storage.compaction_helper import Helper
+        h = Helper("orphan")
+        try:
+            h.call({"op": "melt", "path": "x"})
+        except Exception:
+            pass
+        print(h.proc.pid, flush=True)
+        sys.stdin.read()
+    """)
+    with subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                          cwd=os.getcwd()) as parent:
+        try:
+            pid = int(parent.stdout.readline())
+            assert alive(pid)
+            parent.kill()
+            parent.wait(10)
+            deadline = time.monotonic() + 10
+            while alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert not alive(pid)
+        finally:
+            parent.kill()
