@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -344,11 +343,7 @@ def _positions(pairs: list) -> dict[int, int]:
     return {w: p for w, p in pairs}
 
 
-STORE_NICENESS = 5
-
-
 def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> int:
-    os.nice(STORE_NICENESS)
     async def run(stop: asyncio.Event) -> int:
         service_ = StoreService(config, bus_address(config, run_dir), log)
         await service_.start()
