@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from agentos import metrics
 from broker.protocol import Kind
 from broker.sharding import STORE
-from storage import freeing, records, segment_listing, segment_rewrites, segments
+from storage import compaction_helper, freeing, records, segment_listing, segment_rewrites, segments
 
 if TYPE_CHECKING:
     from storage.log_writer import LogWriter
@@ -266,7 +266,12 @@ async def install(writer: "LogWriter", start: int, end: int, path: Path) -> None
     tmp = path.with_suffix(segment_rewrites.SUFFIX)
     if writer.object_store is not None:
         await loop.run_in_executor(writer.compaction_io, lambda: _replace_objects(writer, start, end, tmp.read_bytes()))
-    await loop.run_in_executor(writer.compaction_io, freeing.replace, tmp, path)
+    trash = await loop.run_in_executor(writer.compaction_io, freeing.replace, tmp, path, False)
+    if trash is not None:   # its discards' kernel time too is the helper's, not this process's
+        try:
+            await run_job(writer, {"op": "free", "path": str(trash)})
+        except compaction_helper.HelperFailed:   # the segment is in place: free here rather than wait for a restart
+            await loop.run_in_executor(writer.compaction_io, freeing.give_back_file, trash)
 
 
 def read_mark(directory: Path, name: str = MARK_FILE) -> int:

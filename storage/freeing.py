@@ -32,9 +32,10 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def replace(tmp: Path, path: Path) -> None:
+def replace(tmp: Path, path: Path, give_back: bool = True) -> Path | None:
     """`os.replace(tmp, path)` made durable (the directory fsync'd), the old file's blocks then
-    given back a piece at a time."""
+    given back a piece at a time — or, with `give_back` false, left to the caller to give back
+    (`give_back_file`): returns the file holding them, None if they went at once."""
     trash = path.with_name(path.name + SUFFIX)
     try:
         trash.unlink(missing_ok=True)
@@ -43,8 +44,17 @@ def replace(tmp: Path, path: Path) -> None:
         trash = None
     os.replace(tmp, path)
     fsync_dir(path.parent)
-    if trash is not None:
+    if trash is not None and give_back:
         _give_back(trash)
+        return None
+    return trash
+
+
+def give_back_file(trash: Path) -> None:
+    """Give back the blocks of a file `replace` left being freed, and delete it."""
+    if not trash.name.endswith(SUFFIX):
+        raise ValueError(f"{trash} is not a file being freed (its name ends in {SUFFIX})")
+    _give_back(trash)
 
 
 def release(path: Path) -> None:

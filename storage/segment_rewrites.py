@@ -13,7 +13,9 @@ Jobs:
 - `{"op": "rewrite", "path", "drop": {…}}`: every record the drop picks, one of
   `{"kinds": [kind, …]}`, `{"runs": [run, …]}` (journal records of flow runs),
   `{"checkpoints": [[session, seq], …]}` (BLOB records), `{"closed": {session: closed at}}` (a
-  closed session's records from before its close); answers `{"count"}`.
+  closed session's records from before its close); answers `{"count"}`;
+- `{"op": "free", "path"}`: the blocks of a replaced segment given back a piece at a time
+  (storage/freeing.py; only a file named `*.free`); answers `{}`.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from typing import Callable
 
 import msgpack
 
-from storage import records
+from storage import freeing, records
 from storage.session_closing import SESSION_KINDS
 
 SYNC_PIECE = 1 << 20   # a rewritten segment goes to disk in synced pieces: commits share the disk
@@ -52,6 +54,12 @@ def run(job: dict) -> dict:
         return {"count": count, "skipped": skipped}
     if job.get("op") == "rewrite":
         return {"count": rewrite(path, picker(job.get("drop")))}
+    if job.get("op") == "free":
+        try:
+            freeing.give_back_file(path)
+        except ValueError as exc:
+            raise BadJob(str(exc)) from None
+        return {}
     raise BadJob(f"unknown job {job.get('op')!r}")
 
 

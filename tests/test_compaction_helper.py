@@ -66,7 +66,15 @@ def test_the_helper_cuts_named_checkpoints_and_rewrites_by_kind(tmp_path, helper
     assert helper.call({"op": "rewrite", "path": str(path), "drop": {"kinds": [int(RecordKind.ACCESS)]}}) == {"count": 2}
     assert ids_in(path.with_suffix(segment_rewrites.SUFFIX)) == [b"a3"]
     # it runs below the log's priority: a busy machine serves the commits first
-    assert os.getpriority(os.PRIO_PROCESS, helper.proc.pid) >= os.getpriority(os.PRIO_PROCESS, 0) + NICENESS
+    assert os.sched_getscheduler(helper.proc.pid) == os.SCHED_IDLE or \
+        os.getpriority(os.PRIO_PROCESS, helper.proc.pid) >= os.getpriority(os.PRIO_PROCESS, 0) + NICENESS
+    # …and it frees a replaced segment's blocks, a file being freed only
+    os.link(path, tmp_path / "old.free")
+    assert helper.call({"op": "free", "path": str(tmp_path / "old.free")}) == {}
+    assert not (tmp_path / "old.free").exists() and path.exists()
+    with pytest.raises(HelperFailed, match="not a file being freed"):
+        helper.call({"op": "free", "path": str(path)})
+    assert path.exists()
 
 
 def test_a_bad_job_is_answered_with_an_error_and_the_helper_goes_on(tmp_path, helper):
