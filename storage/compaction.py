@@ -113,7 +113,8 @@ async def _drop_superseded(writer: "LogWriter", ready: int) -> int:
     leaves its then-newest record there: at most one per session and segment.
 
     The store names the records (it knows every checkpoint's session, seq and position), and
-    the kernel copies what stays: this process only checks each named record before cutting it.
+    the compaction helper checks each named record before cutting it, and the kernel copies
+    what stays.
     The store is asked about up to SEGMENTS_PER_QUERY segments at once, and forgets their rows
     at once after all of them are rewritten: each question costs it a pass over every named
     session's checkpoints, whatever the range (bench/results/2026-12-02-compaction-profile-10k/).
