@@ -113,7 +113,7 @@ def below_the_commits() -> None:
     """SCHED_IDLE: a CPU running only the helper counts as idle to the scheduler, so a commit's
     thread waking up is placed there and runs at once. With the helper at niceness 10 the
     gateway's loop thread still waited on a run queue for 12-28% of a pass though the CPUs were
-    not full (bench/results/2026-12-03-compaction-idle-10k-ab/). Where the policy is refused, a
+    not full (bench/results/2026-12-03-pass-schedstat-10k/). Where the policy is refused, a
     niceness."""
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
