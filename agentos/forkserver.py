@@ -32,6 +32,8 @@ import subprocess
 import sys
 import time
 
+from agentos import module_command
+
 _PR_SET_CHILD_SUBREAPER = 36
 SPAWN_TIMEOUT_SECS = 5.0
 REPARENT_TIMEOUT_SECS = 5.0
@@ -90,7 +92,7 @@ class ForkServer:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "agentos.forkserver", str(os.getpid()), str(theirs.fileno())],
+                module_command("agentos.forkserver", str(os.getpid()), str(theirs.fileno())),
                 env=self.env, stdin=subprocess.DEVNULL, pass_fds=[theirs.fileno()], start_new_session=True)
         mine.setblocking(False)
         self.sock = mine

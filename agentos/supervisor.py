@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from agentos import metrics, service
+from agentos import metrics, module_command, service
 from agentos.child import process_name
 from agentos.config import Config
 from agentos.forkserver import ForkedProcess, ForkServer
@@ -186,7 +186,7 @@ class Supervisor:
     def start(self, child: Child) -> None:
         args = [child.role, str(child.index), str(self.run_dir.path), str(os.getpid())]
         child.proc = self.forks.spawn(args) or subprocess.Popen(
-            [sys.executable, "-m", "agentos.child", *args], env=self.env, stdin=subprocess.DEVNULL,
+            module_command("agentos.child", *args), env=self.env, stdin=subprocess.DEVNULL,
             start_new_session=True)
         child.started_at = time.monotonic()
         child.started_wall = time.time()

@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from agentos import module_command
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -86,6 +88,7 @@ class ServerProcess:
         self.seen_pids: set[int] = set()
         self._log = None
         self.args: tuple[str, ...] = ()   # extra `agent-os serve` arguments, e.g. ("--standby",)
+        self.cwd = REPO                   # where `agent-os serve` is started
 
     @classmethod
     def temporary(cls, prefix: str, config: dict[str, Any] | None = None, env: dict[str, str] | None = None,
@@ -99,9 +102,9 @@ class ServerProcess:
     def launch(self) -> "ServerProcess":
         """Start the supervisor without waiting for it to serve (a standby waits for the lease)."""
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "agentos.cli", "serve", "--config", str(self.config_path),
-                                      *self.args],
-                                     cwd=REPO, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(module_command("agentos.cli", "serve", "--config", str(self.config_path),
+                                                    *self.args),
+                                     cwd=self.cwd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         return self
 

@@ -25,6 +25,8 @@ from typing import BinaryIO
 
 import msgpack
 
+from agentos import module_command
+
 LENGTH = struct.Struct("<I")
 MAX_MESSAGE_BYTES = 256 << 20
 NICENESS = 10
@@ -90,7 +92,7 @@ class Helper:
             self._end()
 
     def _start(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "storage.compaction_helper", self.name, str(os.getpid())],
+        self.proc = subprocess.Popen(module_command("storage.compaction_helper", self.name, str(os.getpid())),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
 
     def _end(self) -> None:

@@ -138,3 +138,16 @@ def test_a_helper_whose_log_process_dies_goes_too(tmp_path):
             assert not alive(pid)
         finally:
             parent.kill()
+
+
+def test_the_helper_imports_our_storage_package_wherever_its_parent_runs(tmp_path, monkeypatch):
+    poisoned = tmp_path / "elsewhere" / "storage"
+    poisoned.mkdir(parents=True)
+    (poisoned / "__init__.py").write_text("raise ImportError('the storage package of another project')\n")
+    monkeypatch.chdir(poisoned.parent)
+    start, path, length = one_segment(tmp_path, [access(1), access(2)])
+    h = Helper("elsewhere")
+    try:
+        assert h.call({"op": "rewrite", "path": str(path), "drop": {"kinds": [int(RecordKind.ACCESS)]}}) == {"count": 2}
+    finally:
+        h.close()

@@ -217,3 +217,18 @@ def test_clients_that_go_away_mid_stream_leave_no_error_in_the_log(make_server):
     asyncio.run(go())
     wait_until(lambda: get_json(f"{server.url}/readyz")[2]["in_flight"] == 0, 30, "every dropped turn to end")
     assert "Traceback" not in server.log() and " ERROR " not in server.log(), server.log()[-3000:]
+
+
+def test_a_server_started_beside_packages_named_like_ours_runs_its_own(make_server, tmp_path):
+    """`agent-os serve` run from a checkout of some other project: its agentos/, storage/, …
+    packages must not be what the children import."""
+    cwd = tmp_path / "elsewhere"
+    for name in ("agentos", "actors", "broker", "gateway", "storage", "bench"):
+        (cwd / name).mkdir(parents=True)
+        (cwd / name / "__init__.py").write_text(f"raise ImportError('the {name} package of another project')\n")
+    server = make_server(start=False)
+    server.cwd = cwd
+    server.start()
+    done = turn(server.url, "elsewhere", "hello")
+    assert done.terminal == "turn.completed" and done.text == expected_text(5)
+    assert "another project" not in server.log_path.read_text()
