@@ -37,6 +37,10 @@ class GatewayConfig:
     # Serve the two checkpoint routes on a lean HTTP/1.1 path (gateway/fast_path.py); every other
     # request, and any unusual one, is aiohttp's either way.
     fast_checkpoints: bool = True
+    # After answering on that path, poll the sockets this long before the loop sleeps: a client
+    # whose next request follows at once (read latest, then commit; one write after another)
+    # finds the loop awake instead of paying a wakeup. 0: sleep at once.
+    poll_after_answer_usecs: float = 150.0
     # A turn whose actor stays silent this long is probed (resume request) so a lost
     # message or a dead actor never leaves a stream hanging.
     turn_probe_secs: float = 5.0
@@ -316,6 +320,7 @@ def validate(config: Config) -> None:
     _positive(config.gateway.retry_after_secs, "gateway.retry_after_secs")
     _positive(config.gateway.checkpoint_cache_mb, "gateway.checkpoint_cache_mb", allow_zero=True)
     _positive(config.gateway.turn_probe_secs, "gateway.turn_probe_secs")
+    _positive(config.gateway.poll_after_answer_usecs, "gateway.poll_after_answer_usecs", allow_zero=True)
     _positive(config.kernel.actors, "kernel.actors", allow_zero=True)
     if config.kernel.actors > 256:
         raise ConfigError(f"kernel.actors: at most 256, got {config.kernel.actors}")

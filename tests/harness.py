@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 
 from bench.sse_client import sse_events
-from bench.server_proc import REPO, ServerError, ServerProcess, deep_merge, pid_alive, wait_until  # noqa: F401
+from bench.server_proc import REPO, ServerError, ServerProcess, cpu_seconds, deep_merge, pid_alive, wait_until  # noqa: F401
 
 TEST_DEFAULTS = {
     "kernel": {"actors": 2, "drain_secs": 10},

@@ -34,6 +34,7 @@ def test_yaml_then_env_overrides(tmp_path):
     ("kernel:\n  concurrency_limit: 0\n", "kernel.concurrency_limit"),
     ("storage:\n  durability: maybe\n", "storage.durability"),
     ("gateway:\n  listen: nowhere\n", "gateway.listen"),
+    ("gateway:\n  poll_after_answer_usecs: -1\n", "gateway.poll_after_answer_usecs"),
     ("storage:\n  s3: 3\n", "storage.s3"),
     ("storage:\n  max_checkpoint_bytes: 100000000\n", "storage.max_checkpoint_bytes"),   # over a log record
 ])

@@ -4,10 +4,11 @@ unusual or broken requests handed to aiohttp on the same connection."""
 import os
 import random
 import socket
+import time
 import urllib.request
 from urllib.parse import urlsplit
 
-from harness import get_json, scrape, wait_until
+from harness import cpu_seconds, get_json, scrape, wait_until
 
 
 def connect(server) -> socket.socket:
@@ -246,3 +247,18 @@ def test_a_head_ended_by_bare_line_feeds_is_refused_at_once(shared_server):
         sock.settimeout(5)
         sock.sendall(b"PUT /v1/sessions/lf/checkpoints/k HTTP/1.1\nHost: t\nContent-Length: 1\n\nx")
         assert Responses(sock).next()[0] == 400
+
+
+def test_after_answering_the_gateway_polls_briefly_then_sleeps(shared_server):
+    """gateway.poll_after_answer_usecs (150 µs) keeps the loop awake after each answer, not
+    for good: a gateway sent requests one after another, then nothing, goes quiet."""
+    gateway = shared_server.pid("gateway/0")
+    with connect(shared_server) as sock:
+        reader = Responses(sock)
+        for n in range(200):
+            sock.sendall(put_request("poll-then-sleep", "k", b"x" * 100) if n % 2 else
+                         get_request("/v1/sessions/poll-then-sleep/checkpoints/latest"))
+            assert reader.next()[0] in (200, 404)
+        before = cpu_seconds(gateway)
+        time.sleep(1.0)
+        assert cpu_seconds(gateway) - before < 0.2    # a loop left polling would take the whole second
