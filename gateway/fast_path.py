@@ -84,7 +84,7 @@ class FrontServer:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def start(self, host: str, port: int, backlog: int) -> int:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self.server = await loop.create_server(lambda: FrontConnection(self), host, port, backlog=backlog,
                                                reuse_address=True)
         self._sweeper = asyncio.create_task(self._sweep())
@@ -114,17 +114,16 @@ class FrontServer:
         return self._date[1]
 
     def answered(self) -> None:
-        """Keep the loop polling for `poll_secs` after an answer. On this VM a sleeping loop costs
-        a wakeup of a halted CPU when the next request comes, and the client's send pays for
-        waking it; a pending callback makes the loop poll its sockets without sleeping, so a
-        client that asks again at once is read in the same breath."""
-        if not self.poll_secs:
+        """Keep the loop polling for `poll_secs` after an answer. A loop asleep in epoll is woken by
+        the client's next request: a wakeup the client's send pays for and the request waits on
+        (tens of µs where idle CPUs halt, as in a VM). While a callback is pending the loop polls
+        its sockets with a zero timeout instead, so a request that follows at once is read
+        without one (bench/results/2026-12-03-poll-after-answer-*)."""
+        if not self.poll_secs or self._loop is None:
             return
         self._answered_at = time.perf_counter()
         if not self._polling:
             self._polling = True
-            if self._loop is None:
-                self._loop = asyncio.get_running_loop()
             self._loop.call_soon(self._poll)
 
     def _poll(self) -> None:
