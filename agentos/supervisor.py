@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 
