@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Callable
 import orjson
 
 from gateway import access
+from gateway.answer_polling import AnswerPolling
 from gateway.app import check_session_id
 from gateway.errors import ApiError, error_body
 from gateway.history import LATEST_ROUTE, PUT_ROUTE, check_key
@@ -78,13 +79,10 @@ class FrontServer:
         self.server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.Task | None = None
         self._date = (0, "")
-        self.poll_secs = gateway.config.gateway.poll_after_answer_usecs / 1e6
-        self._answered_at = 0.0
-        self._polling = False
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self.polling = AnswerPolling(gateway.config.gateway.poll_after_answer_usecs / 1e6)
 
     async def start(self, host: str, port: int, backlog: int) -> int:
-        loop = self._loop = asyncio.get_running_loop()
+        loop = self.polling.loop = asyncio.get_running_loop()
         self.server = await loop.create_server(lambda: FrontConnection(self), host, port, backlog=backlog,
                                                reuse_address=True)
         self._sweeper = asyncio.create_task(self._sweep())
@@ -112,25 +110,6 @@ class FrontServer:
         if self._date[0] != now:
             self._date = (now, formatdate(now, usegmt=True))
         return self._date[1]
-
-    def answered(self) -> None:
-        """Keep the loop polling for `poll_secs` after an answer. A loop asleep in epoll is woken by
-        the client's next request: a wakeup the client's send pays for and the request waits on
-        (tens of µs where idle CPUs halt, as in a VM). While a callback is pending the loop polls
-        its sockets with a zero timeout instead, so a request that follows at once is read
-        without one (bench/results/2026-12-03-poll-after-answer-*)."""
-        if not self.poll_secs or self._loop is None:
-            return
-        self._answered_at = time.perf_counter()
-        if not self._polling:
-            self._polling = True
-            self._loop.call_soon(self._poll)
-
-    def _poll(self) -> None:
-        if time.perf_counter() - self._answered_at < self.poll_secs:
-            self._loop.call_soon(self._poll)
-        else:
-            self._polling = False
 
     async def _sweep(self) -> None:
         while True:
@@ -290,7 +269,7 @@ class FrontConnection(asyncio.Protocol):
         self.transport.writelines((self._checkpoint_head(latest), latest.payload))
         gateway.access.record(request.method, request.route, 200, tenant, request.sid, request.started)
         self.last_active = time.monotonic()
-        self.front.answered()
+        self.front.polling.answered()
         return True
 
     def _put(self, request: _Request, payload: bytes) -> None:
@@ -361,7 +340,7 @@ class FrontConnection(asyncio.Protocol):
         self.front.gateway.access.record(request.method, request.route, status, tenant, request.sid, request.started)
         self.request = None
         self.last_active = time.monotonic()
-        self.front.answered()
+        self.front.polling.answered()
 
     def _go_on(self) -> None:
         """After an answer given later than its request came: the requests that came in behind it."""

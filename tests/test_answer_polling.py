@@ -1,0 +1,28 @@
+"""gateway/answer_polling.py: the loop polls for a window after each answer, then sleeps again."""
+import asyncio
+
+from gateway.answer_polling import AnswerPolling
+
+
+def test_polling_runs_from_each_answer_for_its_window_then_stops():
+    async def go():
+        polling = AnswerPolling(0.05)
+        polling.loop = asyncio.get_running_loop()
+        polling.answered()
+        await asyncio.sleep(0.01)
+        during = polling._polling
+        await asyncio.sleep(0.3)
+        return during, polling._polling
+    assert asyncio.run(go()) == (True, False)
+
+
+def test_no_window_or_no_loop_means_no_polling():
+    async def go():
+        off = AnswerPolling(0.0)
+        off.loop = asyncio.get_running_loop()
+        off.answered()
+        unstarted = AnswerPolling(0.05)     # a server not started on a loop (a unit test's connection)
+        unstarted.answered()
+        await asyncio.sleep(0)
+        return off._polling, unstarted._polling
+    assert asyncio.run(go()) == (False, False)
