@@ -221,8 +221,12 @@ class LogWriter(ClusterSide):
             return
         while True:
             await asyncio.sleep(SPARE_CHECK_SECS)
-            if not self.writing and time.monotonic() - self.last_batch_at >= IDLE_SECS:
-                self.segments.refill()
+            if not self._busy():
+                self.segments.refill(self._busy)
+
+    def _busy(self) -> bool:
+        """A batch within IDLE_SECS (or one on the I/O thread): spares wait (read from their thread too)."""
+        return self.writing or time.monotonic() - self.last_batch_at < IDLE_SECS
 
     def _embedded_appended(self) -> None:
         """Embedded, durable: a batch someone waits on is written by this call, in the loop iteration

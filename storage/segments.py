@@ -160,11 +160,12 @@ class SegmentLog:
         if self.spares.ready() is None:
             self.spares.zero_next()
 
-    def refill(self) -> bool:
-        """Zero one more spare (up to `spares`) while nothing is written: writer/log's idle call.
-        Only once a segment has filled since open: a quiet log (a test's, a new server's) keeps
-        the one spare it needs instead of zeroing several segments it may never reach."""
-        return self.fd >= 0 and self.rotations > 0 and self.spares.refill()
+    def refill(self, busy=None) -> bool:
+        """Zero one more spare (up to `spares`) while nothing is written: writer/log's idle call,
+        held while `busy()`. Only once a segment has filled since open: a quiet log (a test's, a
+        new server's) keeps the one spare it needs instead of zeroing several segments it may
+        never reach."""
+        return self.fd >= 0 and self.rotations > 0 and self.spares.refill(busy)
 
     def jump_to(self, position: int) -> None:
         """Continue the log at a later position (a range compacted away in the bucket)."""

@@ -7,12 +7,22 @@ rotates into files zeroed before it began instead of writing a segment of zeros 
 segment of records while its commits wait on the same disk (PostgreSQL keeps recycled WAL
 files ready for the same reason). A spare is zeroed under a temporary name (`spare.zeroing`)
 and renamed when whole, so a file by a spare's name is always ready; one thread zeroes at a time.
+
+A zeroing started because the log was idle is held while the log is busy again (between 1 MB
+chunks, until the log has been idle IDLE_SECS or its spare is needed by a rotation or as the next
+one ahead): its writes and fdatasyncs would otherwise go on competing with the commits of the
+burst that interrupted it — a segment's zeroing takes about half a second on this disk, and the
+benchmark's runs began while one was under way. A rotation that finds no spare ready still waits
+for the one being zeroed: beginning a plain segment instead (the file's size in every
+fdatasync) did 0.94× the checkpoints/s at 1.76× the commit p99 at 10k mixed
+(bench/results/2026-12-03-spares-plain-10k-ab/).
 """
 from __future__ import annotations
 
 import logging
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from agentos import metrics
@@ -22,6 +32,7 @@ SPARE = "spare.zero"
 ZEROING = "spare.zeroing"
 ZERO_CHUNK = 1 << 20    # fdatasync'd at a time
 ZERO_WRITE = 16 << 10   # bytes per write (see zero_file)
+HOLD_SECS = 0.02        # a held zeroing looks this often whether it may go on
 
 
 def spare_names(count: int) -> list[str]:
@@ -29,7 +40,8 @@ def spare_names(count: int) -> list[str]:
     return [SPARE] + [f"spare.{i}.zero" for i in range(1, count)]
 
 
-def zero_file(path: Path, size: int, cancel: threading.Event | None = None) -> bool:
+def zero_file(path: Path, size: int, cancel: threading.Event | None = None,
+              hold: Callable[[], bool] | None = None) -> bool:
     """`path` as `size` zero bytes, written (not a hole, not unwritten extents) and fsync'd.
 
     In small writes (ZERO_WRITE), because the page cache keeps the folio size a write created,
@@ -37,15 +49,19 @@ def zero_file(path: Path, size: int, cancel: threading.Event | None = None) -> b
     each 22 KB append + fdatasync into the segment wrote 47× its bytes to the disk, and a 220 KB one
     5.8×; with 16 KB writes 1.6× and 1.1×, the commits as fast; with 4 KB writes 1.1× / 1.0×, but
     220 KB commits took 0.23 ms at the median instead of 0.16 (Linux 6.18, ext4:
-    bench/results/2026-12-01-zeroing-write-amplification/). False if `cancel` was set first (the
-    file is then partial)."""
+    bench/results/2026-12-01-zeroing-write-amplification/). Between chunks it pauses while `hold()`
+    is true. False if `cancel` was set first (the file is then partial)."""
+    cancel = cancel or threading.Event()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         zeros = bytes(ZERO_WRITE)
         done = 0
         while done < size:
-            if cancel is not None and cancel.is_set() and done % ZERO_CHUNK == 0:
-                return False
+            if done % ZERO_CHUNK == 0:
+                while hold is not None and hold() and not cancel.is_set():
+                    cancel.wait(HOLD_SECS)
+                if cancel.is_set():
+                    return False
             done += os.write(fd, zeros[:size - done])
             if done % ZERO_CHUNK == 0 or done == size:
                 # A chunk at a time: 64 MB of dirty zeros flushed at once would queue ahead of the
@@ -72,6 +88,7 @@ class Spares:
         self.partial = directory / ZEROING
         self.thread: threading.Thread | None = None
         self.cancel = threading.Event()      # closing: a spare being zeroed is given up
+        self.needed = threading.Event()      # the spare being zeroed is wanted next: no longer held
         keep = {path.name for path in self.paths}
         for path in directory.glob("spare.*"):
             # a partial spare (a crash while zeroing), spares past the count, or any when not zeroing
@@ -90,12 +107,12 @@ class Spares:
         return None
 
     def take(self, dest: Path, when: str = "at_rotation") -> None:
-        """Rename a ready spare to `dest`: the one being zeroed if none is ready, or one zeroed
-        now (counted under `when`). OSError if the disk cannot hold it (the partial file is the
-        caller's to drop)."""
+        """Rename a ready spare to `dest`: the one being zeroed if none is ready (no longer held),
+        or one zeroed now (counted under `when`). OSError if the disk cannot hold it (the partial
+        file is the caller's to drop)."""
         spare = self.ready()
         if spare is None and self.zeroing():
-            self.thread.join()
+            self.wait()
             spare = self.ready()
         if spare is None:
             zero_file(self.partial, self.segment_bytes)
@@ -109,20 +126,27 @@ class Spares:
     def zeroing(self) -> bool:
         return self.thread is not None and self.thread.is_alive()
 
-    def refill(self) -> bool:
-        """Start zeroing one more spare if any is missing and none is being zeroed."""
-        return bool(self.paths) and self.zero_next("idle")
+    def refill(self, busy: Callable[[], bool] | None = None) -> bool:
+        """Start zeroing one more spare if any is missing and none is being zeroed; held while
+        `busy()` (the log is writing again) unless the spare is needed first."""
+        return bool(self.paths) and not self.zeroing() and self.zero_next("idle", busy)
 
-    def zero_next(self, when: str = "ahead") -> bool:
+    def zero_next(self, when: str = "ahead", busy: Callable[[], bool] | None = None) -> bool:
         """Zero the first missing spare on a thread (one at a time); `when` labels it in
-        `agentos_log_segments_zeroed_total`."""
-        target = next((path for path in self.paths if not path.exists()), None)
-        if target is None or self.zeroing():
+        `agentos_log_segments_zeroed_total`. Asked for while one is being zeroed (and perhaps
+        held), that one is needed: it is no longer held."""
+        if self.zeroing():
+            self.needed.set()
             return False
+        target = next((path for path in self.paths if not path.exists()), None)
+        if target is None:
+            return False
+        self.needed.clear()
+        hold = None if busy is None else (lambda: busy() and not self.needed.is_set())
 
         def zero() -> None:
             try:
-                if zero_file(self.partial, self.segment_bytes, self.cancel):
+                if zero_file(self.partial, self.segment_bytes, self.cancel, hold):
                     os.replace(self.partial, target)
                     _zeroed(when)
                 else:
@@ -136,7 +160,8 @@ class Spares:
         return True
 
     def wait(self) -> None:
-        """Until the spare being zeroed, if any, is ready."""
+        """Until the spare being zeroed, if any, is ready (no longer held)."""
+        self.needed.set()
         if self.thread is not None:
             self.thread.join()
 

@@ -110,3 +110,46 @@ def test_each_zeroing_is_counted_by_when_it_happened(tmp_path):
     after = counts()
     assert {when: after[when] - before[when] for when in after} == {"at_open": 1, "ahead": 1, "idle": 2,
                                                                     "at_rotation": 1}
+
+
+def test_an_idle_zeroing_is_held_while_the_log_is_busy_until_its_spare_is_needed(tmp_path):
+    busy = threading.Event()
+    busy.set()
+    pool = spares.Spares(tmp_path, 4 << 20, 2)
+    assert pool.refill(busy.is_set)
+    time.sleep(0.3)
+    assert pool.zeroing() and not (tmp_path / spares.ZEROING).stat().st_size   # held before its first chunk
+    busy.clear()                                         # idle again: it goes on
+    deadline = time.monotonic() + 20
+    while pool.zeroing():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert pool.ready() is not None
+    busy.set()
+    assert pool.refill(busy.is_set)                      # the second spare, held again…
+    time.sleep(0.1)
+    assert pool.zeroing()
+    assert pool.zero_next() is False                     # …until a rotation wants it: no longer held
+    pool.thread.join(20)
+    assert not pool.zeroing() and len([p for p in pool.paths if p.exists()]) == 2
+    pool.close()
+
+
+def test_closing_gives_up_a_held_zeroing(tmp_path):
+    pool = spares.Spares(tmp_path, 4 << 20, 2)
+    assert pool.refill(lambda: True)
+    time.sleep(0.05)
+    pool.close()
+    assert not pool.zeroing() and not (tmp_path / spares.ZEROING).exists()
+
+
+def test_a_rotation_takes_a_held_spare_once_it_is_whole(tmp_path):
+    pool = spares.Spares(tmp_path, 4 << 20, 2)
+    assert pool.refill(lambda: True)                     # busy for good: held until needed
+    time.sleep(0.05)
+    rotation = threading.Thread(target=pool.take, args=(tmp_path / "next.seg",))
+    rotation.start()
+    rotation.join(20)
+    assert not rotation.is_alive(), "a rotation waited on a zeroing that stayed held"
+    assert (tmp_path / "next.seg").read_bytes() == bytes(4 << 20)
+    pool.close()
