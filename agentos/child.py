@@ -9,7 +9,7 @@ import importlib
 import sys
 
 from agentos import config as config_mod
-from agentos import native_memory, service
+from agentos import cpu_layout, native_memory, service
 from agentos.rundir import RunDir
 from broker.sharding import STORE, log_writer
 
@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         log.error("cannot read the resolved config in %s: %s", run_dir.path, exc)
         return service.EXIT_CONFIG
+    cpu_layout.place(role, config, log)   # before the role starts a thread
     module = importlib.import_module(ROLES[role])
     return module.main(config, index, run_dir, log)
 

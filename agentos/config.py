@@ -66,6 +66,9 @@ class KernelConfig:
     # Fork children from a process that has their modules imported (agentos/forkserver.py);
     # false: each child starts with `python -m agentos.child` and imports its own.
     fork_server: bool = True
+    # The gateway on a CPU of its own, writer/store and background threads off it, where the server
+    # has two CPUs or more (agentos/cpu_layout.py); false: the scheduler places every process.
+    gateway_own_cpu: bool = True
 
 
 @dataclass

@@ -25,7 +25,7 @@ from typing import BinaryIO
 
 import msgpack
 
-from agentos import module_command
+from agentos import cpu_layout, module_command
 
 LENGTH = struct.Struct("<I")
 MAX_MESSAGE_BYTES = 256 << 20
@@ -94,6 +94,7 @@ class Helper:
     def _start(self) -> None:
         self.proc = subprocess.Popen(module_command("storage.compaction_helper", self.name, str(os.getpid())),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
+        cpu_layout.background_process(self.proc.pid)
 
     def _end(self) -> None:
         proc, self.proc = self.proc, None

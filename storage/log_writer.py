@@ -46,7 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
-from agentos import metrics, service
+from agentos import cpu_layout, metrics, service
 from agentos.config import Config
 from agentos.rundir import RunDir
 from broker.client import Bus
@@ -94,10 +94,11 @@ class LogWriter(ClusterSide):
         self.fsync = config.storage.durability != "none"
         self.directory = Path(config.storage.dir) / "wal" / str(index)
         self.segment_bytes = config.storage.segment_bytes
-        self.io = ThreadPoolExecutor(1, thread_name_prefix="wal-io")
+        self.io = ThreadPoolExecutor(1, thread_name_prefix="wal-io", initializer=cpu_layout.background_thread)
         # Compaction's own thread: on the I/O thread, a pass's steps (tens of ms each) held up the
         # embedded log's batches of ASYNC records, and with them every SYNC commit after them.
-        self.compaction_io = ThreadPoolExecutor(1, thread_name_prefix="wal-compact")
+        self.compaction_io = ThreadPoolExecutor(1, thread_name_prefix="wal-compact",
+                                                initializer=cpu_layout.background_thread)
         self.rewriter = compaction_helper.Helper(f"log/{index}")   # the CPU-heavy half of compaction
         self.segments: segments.SegmentLog | None = None
         self.seen = RecentIds()

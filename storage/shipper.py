@@ -16,7 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from agentos import metrics
+from agentos import cpu_layout, metrics
 from storage.s3 import ObjectStore, S3Unavailable
 
 MAX_PUT_BYTES = 16 << 20
@@ -39,7 +39,8 @@ class Shipper:
         self.stopping = False
         self.failing_since = 0.0
         self.stats = {"puts": 0, "bytes": 0, "batches": 0, "errors": 0}
-        self.pool = ThreadPoolExecutor(max_inflight, thread_name_prefix=f"put-{writer}")
+        self.pool = ThreadPoolExecutor(max_inflight, thread_name_prefix=f"put-{writer}",
+                                       initializer=cpu_layout.background_thread)
         self.thread = threading.Thread(target=self.run, name=f"shipper-{writer}", daemon=True)
 
     def start(self) -> None:
@@ -82,6 +83,7 @@ class Shipper:
         return start, end, b"".join(parts), count
 
     def run(self) -> None:
+        cpu_layout.background_thread()
         while True:
             with self.cond:
                 while not self.stopping and (not self.queue or len(self.inflight) >= self.max_inflight):

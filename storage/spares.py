@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from agentos import metrics
+from agentos import cpu_layout, metrics
 
 log = logging.getLogger("agent-os.storage")
 SPARE = "spare.zero"
@@ -145,6 +145,7 @@ class Spares:
         hold = None if busy is None else (lambda: busy() and not self.needed.is_set())
 
         def zero() -> None:
+            cpu_layout.background_thread()
             try:
                 if zero_file(self.partial, self.segment_bytes, self.cancel, hold):
                     os.replace(self.partial, target)

@@ -1,0 +1,74 @@
+"""Where the tree's processes run: the gateway on a CPU of its own, background work off it.
+
+Why: the gateway's event loop is one Python thread that every checkpoint commit and every
+streamed turn passes through, and on a small machine the scheduler puts other work on its CPU.
+A kernel trace of 10k mixed checkpoint runs on two vCPUs (fdatasync and sched_switch
+tracepoints) found the loop runnable but waiting for 0.1-0.2 s of each 2 s run, behind
+writer/store's loader, the broker, a spare segment's zeroing — and part of that time the other
+CPU was idle, because a wakeup lands the woken thread on the waker's CPU. With the gateway held
+to one CPU and writer/store kept off it, a 10k mixed run's commit p99 fell to about 0.7× by hand
+(bench/RECORD.md has the A/B).
+
+So, with `kernel.gateway_own_cpu` (default on) and at least two CPUs allowed to the server:
+the gateway runs on the last of them; writer/store, the compaction helpers the gateway starts
+and the gateway's own background threads (the log's I/O and compaction threads, a spare's
+zeroing, the bucket shipper) run on the others. Everything else — broker, actors, scheduler,
+writer/log — may run anywhere, the gateway's CPU included when it is idle. With one CPU nothing
+is pinned. The CPUs are those the server was started with (a container's or `taskset`'s).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agentos.config import Config
+
+_background: set[int] | None = None    # this process's CPUs for background threads, once placed
+
+
+def plan(allowed: set[int]) -> tuple[set[int], set[int]] | None:
+    """(the gateway's CPUs, everything background's), or None when there is no CPU to spare."""
+    if len(allowed) < 2:
+        return None
+    cpus = sorted(allowed)
+    return {cpus[-1]}, set(cpus[:-1])
+
+
+def place(role: str, config: "Config", log: logging.Logger) -> None:
+    """At a child's start, before it starts a thread (threads inherit their creator's CPUs)."""
+    global _background
+    if not config.kernel.gateway_own_cpu or role not in ("gateway", "writer-store"):
+        return
+    layout = plan(os.sched_getaffinity(0))
+    if layout is None:
+        return
+    gateway, background = layout
+    try:
+        os.sched_setaffinity(0, gateway if role == "gateway" else background)
+    except OSError as exc:       # a CPU taken away meanwhile: run wherever we may
+        log.warning("could not pin %s to CPUs %s: %s", role, sorted(gateway if role == "gateway" else background), exc)
+        return
+    _background = background
+    if role == "gateway":
+        log.info("on CPU %s of its own; its background threads and writer/store on %s",
+                 ",".join(map(str, sorted(gateway))), ",".join(map(str, sorted(background))))
+
+
+def background_thread() -> None:
+    """Called first by a background thread (or as an executor's initializer): off the gateway's CPU."""
+    if _background is not None:
+        try:
+            os.sched_setaffinity(0, _background)
+        except OSError:
+            pass
+
+
+def background_process(pid: int) -> None:
+    """A helper process this one started: off the gateway's CPU too."""
+    if _background is not None:
+        try:
+            os.sched_setaffinity(pid, _background)
+        except OSError:
+            pass
