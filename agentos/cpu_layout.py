@@ -5,9 +5,10 @@ streamed turn passes through, and on a small machine the scheduler puts other wo
 A kernel trace of 10k mixed checkpoint runs on two vCPUs (fdatasync and sched_switch
 tracepoints) found the loop runnable but waiting for 0.1-0.2 s of each 2 s run, behind
 writer/store's loader, the broker, a spare segment's zeroing — and part of that time the other
-CPU was idle, because a wakeup lands the woken thread on the waker's CPU. With the gateway held
-to one CPU and writer/store kept off it, a 10k mixed run's commit p99 fell to about 0.7× by hand
-(bench/RECORD.md has the A/B).
+CPU was idle, because a wakeup lands the woken thread on the waker's CPU. Held to one CPU, with
+writer/store kept off it: 1.81× the checkpoints/s at 0.57× the commit p99 at 10k write, 1.09× at
+0.74× mixed, about even at one worker, turns/s unchanged
+(bench/results/2026-12-03-gateway-own-cpu-10k/, …-1worker/, 2026-12-03-turns-persist-dec03-twentyfirst/).
 
 So, with `kernel.gateway_own_cpu` (default on) and at least two CPUs allowed to the server:
 the gateway runs on the last of them; writer/store, the compaction helpers the gateway starts
