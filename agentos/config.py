@@ -67,7 +67,7 @@ class KernelConfig:
     # false: each child starts with `python -m agentos.child` and imports its own.
     fork_server: bool = True
     # The gateway on a CPU of its own, writer/store and background threads off it, where the server
-    # has two CPUs or more (agentos/cpu_layout.py); false: the scheduler places every process.
+    # has two CPUs or more (agentos/cpu_layout.py); false: the kernel places every process.
     gateway_own_cpu: bool = True
 
 

@@ -46,10 +46,11 @@ def place(role: str, config: "Config", log: logging.Logger) -> None:
     if layout is None:
         return
     gateway, background = layout
+    mine = gateway if role == "gateway" else background
     try:
-        os.sched_setaffinity(0, gateway if role == "gateway" else background)
+        os.sched_setaffinity(0, mine)
     except OSError as exc:       # a CPU taken away meanwhile: run wherever we may
-        log.warning("could not pin %s to CPUs %s: %s", role, sorted(gateway if role == "gateway" else background), exc)
+        log.warning("could not pin %s to CPUs %s: %s", role, sorted(mine), exc)
         return
     _background = background
     if role == "gateway":
