@@ -33,11 +33,11 @@ def set_title(name: str) -> None:
     setproctitle.setproctitle(f"agent-os: {name}")
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """Ask the kernel to SIGTERM us when our parent dies; exit if it is already gone."""
+def die_with_parent(parent_pid: int, sig: int = signal.SIGTERM) -> None:
+    """Ask the kernel to send us `sig` when our parent dies; exit if it is already gone."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
     except (OSError, AttributeError):
         return
     if os.getppid() != parent_pid:

@@ -11,7 +11,8 @@ runs a big pass falls in (bench/results/2026-12-02-compaction-helper-10k-ab/).
 The protocol, on the helper's stdin and stdout: each message is a 4-byte little-endian length
 and a msgpack map. The log's process sends a job (segment_rewrites.py lists them), the helper
 answers with the job's result or `{"error": text}`; one job at a time. The helper ends when its
-stdin does (its parent stopped or died) and is started again by the next job after a crash.
+stdin does (its parent stopped), at once if its parent dies, never on a signal to its parent's
+process group; the next job starts it again after a crash.
 """
 from __future__ import annotations
 
@@ -129,8 +130,13 @@ def main(name: str, parent_pid: int) -> int:
     from storage import segment_rewrites
 
     service.set_title(f"compaction/{name}")
-    service.die_with_parent(parent_pid)
+    # A signal to the log's process group is the log's to handle: the supervisor stops a child
+    # with SIGTERM to its group, and a helper ending there cut short a rewrite the stopping log
+    # still waited for (an ERROR logged at every stop that fell in a pass). The helper ends when
+    # its log closes its stdin, and at once (SIGKILL) if its log dies: nobody is left to answer.
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # a terminal's ^C is the supervisor's to handle
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    service.die_with_parent(parent_pid, signal.SIGKILL)
     below_the_commits()
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr          # nothing else may write on the protocol's stream

@@ -151,3 +151,18 @@ def test_the_helper_imports_our_storage_package_wherever_its_parent_runs(tmp_pat
         assert h.call({"op": "rewrite", "path": str(path), "drop": {"kinds": [int(RecordKind.ACCESS)]}}) == {"count": 2}
     finally:
         h.close()
+
+
+def test_a_sigterm_to_the_logs_process_group_leaves_the_helper_to_its_log(tmp_path, helper):
+    # the supervisor stops a log's process with SIGTERM to its group; the stopping log still
+    # waits for the rewrite under way, so the helper answers it and ends when its stdin does
+    start, path, length = one_segment(tmp_path, [blob("a", 1), access(1)])
+    job = {"op": "rewrite", "path": str(path), "drop": {"kinds": [int(RecordKind.ACCESS)]}}
+    assert helper.call(job) == {"count": 1}
+    proc = helper.proc
+    os.kill(proc.pid, signal.SIGTERM)
+    time.sleep(0.2)
+    assert proc.poll() is None
+    assert helper.call(job) == {"count": 1} and helper.proc is proc
+    helper.close()
+    assert proc.returncode == 0
