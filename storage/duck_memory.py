@@ -8,7 +8,10 @@ batch for ever and loaded nothing after it. Worse, a COMMIT whose autocheckpoint
 block is durable yet invalidates the file (DuckDB's FatalException). So the loader commits a batch
 that holds a big record with the limit raised up front (`raised`), and any other statement DuckDB
 refuses for memory runs once more raised (`run`); the limit goes back down when the last raised
-statement ends (the loader and the query thread may both be in one).
+statement ends (the loader and the query thread may both be in one). A COMMIT refused for memory
+comes as a TransactionException ("Failed to commit: could not allocate block…"), not as
+OutOfMemoryException; the transaction is rolled back, so it too runs once more raised (it used to
+go to the loader's generic retry: an ERROR in the log and a second's pause in loading).
 """
 from __future__ import annotations
 
@@ -19,6 +22,9 @@ from typing import Callable, Iterator, TypeVar
 import duckdb
 
 RETRY_EXTRA_MB = 1024   # a ceiling only: DuckDB takes what the statement needs
+# How DuckDB words a buffer it could not get, whatever the exception's class
+_MEMORY_REFUSALS = ("could not allocate block", "failed to pin block")
+
 
 T = TypeVar("T")
 
@@ -35,8 +41,9 @@ class MemoryLimit:
     def run(self, handle: duckdb.DuckDBPyConnection, fn: Callable[[], T]) -> T:
         try:
             return fn()
-        except duckdb.OutOfMemoryException:
-            pass
+        except duckdb.Error as exc:
+            if not refused_for_memory(exc):
+                raise
         with self.raised(handle):
             return fn()
 
@@ -54,3 +61,12 @@ class MemoryLimit:
                 self.raised_by -= 1
                 if not self.raised_by:
                     handle.execute(f"SET memory_limit = '{self.base_mb}MB'")
+
+
+def refused_for_memory(exc: BaseException) -> bool:
+    """Whether DuckDB refused a statement for want of memory (and left nothing of it behind).
+    Not FatalException: a file DuckDB invalidated is not retried but reopened (storage/store.py)."""
+    if isinstance(exc, duckdb.OutOfMemoryException):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, duckdb.TransactionException) and any(words in text for words in _MEMORY_REFUSALS)

@@ -10,7 +10,7 @@ import duckdb
 import msgpack
 import orjson
 
-from storage import schema
+from storage import duck_memory, schema
 
 MAX_LIMIT = 1000
 EXPIRED_PER_ANSWER = 5000     # runs per `expired_runs` answer (see q_expired_runs)
@@ -37,8 +37,9 @@ class StoreQueries:
         not hold it at 20,000 checkpoints of 510 sessions, and the log then kept them all)."""
         try:
             return call(*args)
-        except duckdb.OutOfMemoryException:
-            pass
+        except duckdb.Error as exc:
+            if not duck_memory.refused_for_memory(exc):
+                raise
         with contextlib.ExitStack() as raised:
             for db, cursor in self.cursors.items():
                 raised.enter_context(self.memory[db].raised(cursor))
