@@ -30,7 +30,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from storage import freeing
-from storage.segments import fsync_dir
+from storage.segments import drop_behind, fsync_dir
 
 SHIFT = 40                     # bits of a place that are the offset within its segment
 SEGMENT_BYTES = 64 << 20       # an appender starts a new segment past this size (storage.segment_bytes)…
@@ -101,6 +101,7 @@ class Appender:
                 n = os.pwrite(self.fd, rest, at + written)
                 rest, written = rest[n:], written + n
         os.fdatasync(self.fd)
+        drop_behind(self.fd, at, at + size)   # read rarely (a latest the gateway does not hold): new pages reuse them
         return at + size
 
     def mark(self) -> tuple[int, int, int]:

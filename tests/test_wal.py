@@ -1,7 +1,5 @@
 """The write-ahead log on disk: frames, segments, the reader, in-process (no bus). Its DuckDB
 projection: tests/test_store_load.py."""
-import ctypes
-import mmap
 import os
 
 import pytest
@@ -193,48 +191,3 @@ def test_recent_ids_for_deduplication(tmp_path):
         log.write(f, sync=False)
     log.close()
     assert segments.recent_ids(tmp_path, 1 << 20)[-3:] == [b"id-17", b"id-18", b"id-19"]
-
-
-def cached_pages(path) -> list[bool]:
-    """Which of the file's pages are in the page cache (mincore over a read-only shared mapping)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    size = os.path.getsize(path)
-    pages = -(-size // mmap.PAGESIZE)
-    with open(path, "rb") as f:
-        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, f.fileno(), 0)
-        assert addr not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
-        try:
-            vec = ctypes.create_string_buffer(pages)
-            assert libc.mincore(addr, size, vec) == 0, os.strerror(ctypes.get_errno())
-            return [bool(b & 1) for b in vec.raw[:pages]]
-        finally:
-            libc.munmap(addr, size)
-
-
-def test_the_reader_leaves_what_it_has_read_out_of_the_page_cache(tmp_path):
-    """writer/store reads each durable record once: those pages go from the cache, so new pages
-    (a spare's zeros, the next records) reuse them instead of growing the cache (segments.drop_behind).
-    The segment is zeroed ahead as the log does, so its folios are a zeroing write's size."""
-    data = frames(40, size=3000)
-    log = segments.SegmentLog(tmp_path, segment_bytes=1 << 20)
-    for i in range(0, 40, 4):
-        log.write(data[i:i + 4], sync=True)
-    log.close()
-    ((_, path),) = segments.list_segments(tmp_path)
-    page, folio = mmap.PAGESIZE, spares.ZERO_WRITE
-    assert all(cached_pages(path))                    # zeroed, then written
-    reader = segments.SegmentReader(tmp_path, 0)
-    first = reader.read(20 * len(data[0]))
-    middle = first[-1][4]
-    cached = cached_pages(path)
-    # read: gone, but for the folio the read ended in; unread: kept
-    assert not any(cached[:middle // folio * folio // page]) and all(cached[-(-middle // folio) * folio // page:])
-    rest = reader.read(1 << 20)
-    assert [r[2] for r in first + rest] == [f"id-{i}".encode() for i in range(40)]
-    assert not any(cached_pages(path)[:reader.position // folio * folio // page])
-    again = segments.SegmentReader(tmp_path, 0).read(1 << 20)   # still on disk, the same
-    assert [(r[2], r[3]) for r in again] == [(r[2], r[3]) for r in first + rest]
