@@ -1,11 +1,13 @@
 """DuckDB's memory limit is raised for a statement it refuses for memory (storage/duck_memory.py):
 on a real DuckDB file, whatever the class DuckDB words the refusal in."""
 import os
+from types import SimpleNamespace
 
 import duckdb
 import pytest
 
 from storage.duck_memory import RETRY_EXTRA_MB, MemoryLimit, refused_for_memory
+from storage.store import Store
 
 BASE_MB = 16
 
@@ -25,19 +27,9 @@ def limit_mb(con) -> float:
 
 
 def append(con, rows):
-    """The loader's batch: one transaction, an appender, COMMIT (storage/store.py `_append`)."""
-    con.execute("BEGIN TRANSACTION")
-    try:
-        appender = con.appender("t")
-        appender.append_rows(rows)
-        appender.flush()
-        con.execute("COMMIT")
-    except Exception:
-        try:
-            con.execute("ROLLBACK")
-        except duckdb.TransactionException:
-            pass
-        raise
+    """The loader's own batch (storage/store.py `_append`: one transaction, an appender, COMMIT)
+    into this one file."""
+    Store._append(SimpleNamespace(conns={"t.db": con}), "t.db", {"t": rows})
 
 
 def test_a_batch_refused_at_its_commit_loads_once_on_the_raised_retry(con):
