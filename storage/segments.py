@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,7 +161,7 @@ class SegmentLog:
         if self.spares.ready() is None:
             self.spares.zero_next()
 
-    def refill(self, busy=None) -> bool:
+    def refill(self, busy: Callable[[], bool] | None = None) -> bool:
         """Zero one more spare (up to `spares`) while nothing is written: writer/log's idle call,
         held while `busy()`. Only once a segment has filled since open: a quiet log (a test's, a
         new server's) keeps the one spare it needs instead of zeroing several segments it may
