@@ -128,9 +128,9 @@ class HistoryRoutes:
         body, or `done(None, error)` (an ApiError when the log refused it)."""
         seq = self._next_seq()
 
-        def appended(_position: int | None, error: BaseException | None) -> None:
+        def appended(position: int | None, error: BaseException | None) -> None:
             if error is None:
-                self.latest.offer(sid, Checkpoint(key, seq, payload))
+                self.latest.offer(sid, Checkpoint(key, seq, payload, (self.gw.log_client.log_of(sid), position)))
                 done({"session_id": external_sid, "key": key, "seq": seq,
                       "durability": self.gw.config.storage.durability}, None)
             elif isinstance(error, LogWriteError):
@@ -185,8 +185,12 @@ class HistoryRoutes:
         latest = self.latest.get(sid)
         if latest is None:
             query = {"query": "blob_latest", "session": sid, "tenant": tenant}
-            if self.settled is not None and not self.latest.evicted and sid not in self.latest.closed:
-                query["sync_to"] = self.settled     # every later PUT would have been a hit
+            need = self.latest.needed(sid)
+            if self.settled is not None and need is not None:
+                # the logs' ends at start, and where this session's pushed-out checkpoint lies
+                for log, position in self.settled:
+                    need[log] = max(need.get(log, 0), position)
+                query["sync_to"] = sorted([log, position] for log, position in need.items())
             else:
                 query["sync"] = True
             rows = (await self._query(query))["rows"]

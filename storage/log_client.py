@@ -26,7 +26,7 @@ from agentos import metrics
 from broker.address import direct_log_endpoint
 from broker.client import Bus, BusTimeout
 from broker.protocol import Kind, Message
-from broker.sharding import writer_name
+from broker.sharding import shard_of, writer_name
 from storage import records
 from storage.log_link import LogLink
 from storage.log_writer import LocalAppend
@@ -136,6 +136,10 @@ class LogClient:
     def append_nowait(self, kind: records.RecordKind, body: dict, session: str) -> None:
         """An ASYNC append for callers that cannot wait (it may go past the outbox bound)."""
         self._enqueue(self._writer(session), [int(kind), self.new_id(), records.encode_body(body)], None)
+
+    def log_of(self, session: str) -> int:
+        """The index of the log a session's records go to (the one whose positions `done` names)."""
+        return self.own_log.index if self.own_log is not None else shard_of(session, self.writers)
 
     def _writer(self, session: str) -> str:
         return self.own_log.bus.name if self.own_log is not None else writer_name(session, self.writers)

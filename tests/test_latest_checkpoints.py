@@ -103,3 +103,80 @@ def test_a_held_checkpoint_is_read_in_the_same_call_and_a_miss_still_counts_once
         await conn.task
         assert transport.out[2].startswith(b"HTTP/1.1 404") and latest.misses == 1
     asyncio.run(go())
+
+
+def test_a_pushed_out_session_is_remembered_by_where_its_checkpoint_lies():
+    from gateway import latest_checkpoints
+
+    latest = LatestCheckpoints(max_bytes=10 + COST)           # one 10-byte checkpoint at a time
+    assert latest.needed("new") == {}                           # never written here: the start will do
+    latest.offer("a", Checkpoint("k", 1, b"x" * 10, (1, 500)))
+    latest.offer("b", Checkpoint("k", 1, b"x" * 10, (0, 700)))  # pushes a out
+    assert latest.get("a") is None and latest.needed("a") == {1: 500}
+    assert latest.needed("new") == {}                           # others need no more than before
+    latest.offer("c", Checkpoint("k", 1, b"x" * 10))            # read from the store ...
+    latest.offer("d", Checkpoint("k", 1, b"x" * 10, (0, 900)))  # ... and pushed out: the store has it
+    assert latest.needed("c") == {} and latest.needed("b") == {0: 700}
+    latest.offer("a", Checkpoint("k", 2, b"y" * 10, (1, 800)))  # written again: held, not gone
+    assert latest.needed("a") == {} and latest.get("a").seq == 2
+    latest.forget("d")
+    assert latest.needed("d") is None                           # closed since: the logs' ends
+    latest.offer("d", Checkpoint("k", 3, b"z" * 10, (0, 950)))
+    assert latest.needed("d") == {}                             # written again after its close
+
+    few = LatestCheckpoints(max_bytes=0)
+    few_gone, latest_checkpoints.MAX_GONE = latest_checkpoints.MAX_GONE, 2
+    try:
+        for i, where in enumerate([(0, 10), (1, 40), (0, 30)]):
+            few.offer(f"s{i}", Checkpoint("k", 1, b"", where))
+    finally:
+        latest_checkpoints.MAX_GONE = few_gone
+    # past the bound, those forgotten one by one count as far as the furthest of them
+    assert few.needed("s2") == {0: 30, 1: 40} and few.needed("s0") == {0: 10, 1: 40} == few.needed("new")
+
+
+def test_a_miss_asks_the_store_only_for_what_its_answer_depends_on():
+    import asyncio
+    import types
+
+    from agentos.config import from_dict
+    from gateway.errors import ApiError
+    from gateway.history import HistoryRoutes
+
+    async def go():
+        asked = []
+
+        def append_then(kind, body, session, done):
+            done(1000 + len(asked), None)                        # durable, the log's end there
+            asked.append(("put", session))
+        gateway = types.SimpleNamespace(config=from_dict({"gateway": {"checkpoint_cache_mb": 1}}),
+                                        log_client=types.SimpleNamespace(log_of=lambda sid: 2,
+                                                                         append_then=append_then))
+        routes = HistoryRoutes(gateway)
+        routes.settled = [[0, 100], [2, 50]]
+
+        async def query(q):
+            asked.append(q)
+            return {"rows": []}
+        routes._query = query
+        big = b"x" * (600 << 10)                                  # one fits in a megabyte, not two
+        await routes.save_checkpoint("t", "old", "old", "k", big)
+        await routes.save_checkpoint("t", "new", "new", "k", big)   # pushes "old" out
+        for sid in ("old", "never", "new"):
+            try:
+                await routes.latest_checkpoint("t", sid)
+            except ApiError:
+                pass
+        reads = [q for q in asked if isinstance(q, dict)]
+        assert [q["session"] for q in reads] == ["old", "never"]     # "new" is held: no query
+        assert reads[0]["sync_to"] == [[0, 100], [2, 1000]]          # as far as its own checkpoint
+        assert reads[1]["sync_to"] == [[0, 100], [2, 50]]            # as far as the start
+        routes.latest.forget("never")
+        with_close = []
+        routes._query = lambda q: with_close.append(q) or asyncio.sleep(0, {"rows": []})
+        try:
+            await routes.latest_checkpoint("t", "never")
+        except ApiError:
+            pass
+        assert with_close[0].get("sync") is True and "sync_to" not in with_close[0]
+    asyncio.run(go())
