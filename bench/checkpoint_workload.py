@@ -14,7 +14,8 @@ task. Mixed-mode reads are checked too: after a successful commit of task j-1 th
 j-1 with that task's payload length.
 
 Between runs of one target the data stays (keys are deterministic per (agent, task), so later
-runs overwrite, the article's steady state); each row says which fraction of its keys existed.
+runs overwrite, the article's steady state, unless `new_agents` gives each run agents of its
+own); each row says which fraction of its keys existed.
 Each row also says where the machine's CPU went (this client, the server when its process
 groups are known, everything else): on two shared cores, load from elsewhere skews a run.
 """
@@ -81,6 +82,9 @@ class BenchConfig:
     # not measured) and then rests: a store that has been running, not one just created.
     warm_up_mb: int = 0
     warm_up_idle_secs: float = 5.0
+    # Each run on agents no earlier run used: every run a first insert, as a server whose
+    # sessions come and go sees (its cache of latest checkpoints full of others).
+    new_agents: bool = False
 
     def validate(self) -> None:
         for s in self.scales:
@@ -205,9 +209,10 @@ def disk_mb(dirs: list) -> float | None:
 async def run_once(target, clients: list, scale: Scale, mode: str, cfg: BenchConfig,
                    payloads: list[bytes], written: set[tuple[int, int]], run: int = 1) -> dict:
     """One measured run of `scale` × `mode` on already-open worker clients; returns its row."""
-    keys = {(a, j) for a in range(scale.agents) for j in range(scale.tasks)}
+    first = max((a for a, _ in written), default=-1) + 1 if cfg.new_agents else 0
+    keys = {(a, j) for a in range(first, first + scale.agents) for j in range(scale.tasks)}
     prior = len(keys & written) / len(keys)
-    agents = iter(range(scale.agents))
+    agents = iter(range(first, first + scale.agents))
     pids = getattr(target, "server_pids", [])
     # Our servers' log batches over the run, from /metrics, once every process has published
     # them: a second's pause on each side of the run, for every target alike (a pause lets

@@ -182,6 +182,9 @@ def _parser() -> argparse.ArgumentParser:
                         "and rests --warm-up-idle seconds: a store that has been running (default: 0, none)")
     p.add_argument("--warm-up-idle", type=float, default=d.warm_up_idle_secs, dest="warm_up_idle_secs",
                    metavar="SECS")
+    p.add_argument("--new-agents", action="store_true",
+                   help="every run on agents no earlier run used, so each is a first insert (sessions that "
+                        "come and go) rather than the article's overwrite of the same keys")
     p.add_argument("--floor-each-run", type=int, default=0, metavar="N",
                    help="also take the first floor size, N appends, just before every run, and report "
                         "each run's commit p50 against it (0: only before and after all runs)")
@@ -239,7 +242,8 @@ def _main(argv: list[str] | None) -> int:
     args = parser.parse_args(argv)
     cfg = BenchConfig(scales=_csv(args.scales), modes=_csv(args.modes), workers=args.workers,
                       repeat=args.repeat, op_timeout_secs=args.op_timeout_secs, log_batches=not args.no_log_batches,
-                      warm_up_mb=args.warm_up_mb, warm_up_idle_secs=args.warm_up_idle_secs)
+                      warm_up_mb=args.warm_up_mb, warm_up_idle_secs=args.warm_up_idle_secs,
+                      new_agents=args.new_agents)
     try:
         cfg.validate()
     except ValueError as exc:

@@ -270,6 +270,24 @@ def test_agentos_end_to_end_counts_errors_and_reads_before_writing(fake_server, 
     assert "| agentos | 5x3 | mixed | 9 |" in out
 
 
+def test_new_agents_make_every_run_a_first_insert(fake_server, tmp_path):
+    api, url = fake_server
+    code = checkpoints.main([
+        "--scales", "2x2", "--modes", "write,mixed", "--workers", "2", "--targets", "agentos",
+        "--agentos-url", url, "--agentos-api-key", "secret", "--floor-iterations", "0", "--new-agents",
+        "--peer-tmp", str(tmp_path), "--results-root", str(tmp_path / "results"), "--op-timeout", "5"])
+    assert code == checkpoints.EXIT_OK
+    (folder,) = (tmp_path / "results").iterdir()
+    rows = [json.loads(line) for line in (folder / "rows.jsonl").read_text().splitlines()]
+    # (the fake server fails bench-a3's task 1)
+    assert [(r["mode"], r["phase"], r["checkpoints"]) for r in rows] == [("write", "first-insert", 4),
+                                                                         ("mixed", "first-insert", 3)]
+    agents = {s for _, s, _ in api.log if s.startswith("bench-a")}
+    assert agents == {"bench-a0", "bench-a1", "bench-a2", "bench-a3"}
+    mixed_reads = [s for m, s, _ in api.log if m == "GET" and s.startswith("bench-a")]
+    assert sorted(set(mixed_reads)) == ["bench-a2", "bench-a3"]     # the second run's own agents
+
+
 def test_a_refused_connection_is_counted_not_raised(tmp_path):
     cfg = BenchConfig(scales=("2x2",), modes=("mixed",), workers=1, op_timeout_secs=2)
     target = AgentOSTarget("http://127.0.0.1:9", cfg.op_timeout_secs)
