@@ -316,3 +316,26 @@ def test_the_store_answers_which_checkpoints_are_superseded_past_its_memory_limi
     assert "error" not in body, body["error"][:200]
     # the segment's 3,356, every one superseded by a later round of its session
     assert len(body["rows"]) == (64 << 20) // 20000 + 1
+
+
+def test_a_checkpoint_whose_head_does_not_name_it_is_read_whole_before_it_is_cut(tmp_path):
+    """The cut reads a named record's head for its session and seq; a body that puts its payload
+    first (not how our writers order it) is read whole, checksum and all."""
+    payload_first = records.encode_body({"payload": b"p" * 9000, "session": "a", "tenant": "t", "key": "k1",
+                                         "seq": 1, "at": 1.0})
+    corrupt = bytearray(records.frame(RecordKind.BLOB, b"c", records.encode_body(
+        {"payload": b"q" * 9000, "session": "c", "seq": 1, "at": 1.0})))
+    corrupt[-1] ^= 0xFF                                       # its checksum no longer holds
+    log = segments.SegmentLog(tmp_path, segment_bytes=1 << 20)
+    log.write(records.frame(RecordKind.BLOB, b"a1", payload_first), sync=True)
+    log.write(bytes(corrupt), sync=True)
+    log.write(records.frame(RecordKind.BLOB, b"a2", blob("a", 2, b"new")), sync=True)
+    length = log.end
+    log.close()
+    ((_, path),) = segments.list_segments(tmp_path)
+    data = path.read_bytes()
+    second = records.parse(data, 0)[3]
+    # a1 goes, found by its whole body; the corrupt record is skipped, not cut on its head's word
+    assert segment_rewrites.cut_records(path, [(0, "a", 1), (second, "c", 1)], length) == (1, 1)
+    freeing.replace(path.with_suffix(segment_rewrites.SUFFIX), path)
+    assert path.read_bytes() == data[second:length]

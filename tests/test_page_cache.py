@@ -69,3 +69,37 @@ def test_payloads_leave_the_page_cache_once_durable_and_read_back_the_same(tmp_p
     payloads.loader.sync()
     assert payloads.read(at, length) == more and payloads.read(*places[0]) == data[0]
     payloads.close()
+
+
+def test_a_cut_reads_only_the_heads_of_the_records_it_drops_and_leaves_its_copy_uncached(tmp_path):
+    """Compaction's cut (storage/segment_rewrites.py) checks each named checkpoint by its head:
+    the superseded payloads, most of a segment, are not read back from disk; what it writes
+    leaves the cache once durable."""
+    from storage import records, segment_rewrites
+
+    def blob(session, seq, payload):
+        return records.encode_body({"session": session, "tenant": "t", "key": f"k{seq}", "seq": seq,
+                                    "payload": payload, "at": 1.0})
+    log = segments.SegmentLog(tmp_path, segment_bytes=4 << 20)
+    for seq in range(1, 31):   # 30 checkpoints of 64 KB of one session: the last one stays
+        log.write(records.frame(records.RecordKind.BLOB, f"r{seq}".encode(), blob("s", seq, os.urandom(64 << 10))),
+                  sync=True)
+    length = log.end
+    log.close()
+    ((_, path),) = segments.list_segments(tmp_path)
+    data = path.read_bytes()
+    offsets = [(off, end) for off, _, _, _, end in records.scan(data)]
+    with open(path, "rb") as f:
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    assert not any(cached_pages(path)[:length // mmap.PAGESIZE])
+
+    named = [(off, "s", seq) for seq, (off, _) in enumerate(offsets[:-1], start=1)]
+    assert segment_rewrites.cut_records(path, named, length) == (29, 0)
+    cached = cached_pages(path)
+    page = mmap.PAGESIZE
+    payload_pages = [p for off, end in offsets[:-1] for p in range(off // page + 2, end // page - 1)]
+    assert len(payload_pages) > 300 and not any(cached[p] for p in payload_pages)
+    copy = path.with_suffix(segment_rewrites.SUFFIX)
+    assert not any(cached_pages(copy)[:-1])          # (the page it ends in may stay)
+    kept_from, kept_to = offsets[-1]
+    assert copy.read_bytes() == data[kept_from:kept_to]
