@@ -18,7 +18,7 @@ from broker.client import BusError
 from broker.protocol import Kind
 from broker.sharding import STORE, actor_name
 from gateway.errors import ApiError, json_response
-from gateway.latest_checkpoints import Checkpoint, LatestCheckpoints
+from gateway.latest_checkpoints import UNPLACED, Checkpoint, LatestCheckpoints
 from storage.log_client import LogWriteError
 from storage.records import RecordKind
 
@@ -127,12 +127,13 @@ class HistoryRoutes:
         """Append a checkpoint; once it is durable call `done(body, None)` with the answer's JSON
         body, or `done(None, error)` (an ApiError when the log refused it)."""
         seq = self._next_seq()
+        durability = self.gw.config.storage.durability
 
         def appended(position: int | None, error: BaseException | None) -> None:
             if error is None:
-                self.latest.offer(sid, Checkpoint(key, seq, payload, (self.gw.log_client.log_of(sid), position)))
-                done({"session_id": external_sid, "key": key, "seq": seq,
-                      "durability": self.gw.config.storage.durability}, None)
+                where = UNPLACED if durability == "none" else (self.gw.log_client.log_of(sid), position)
+                self.latest.offer(sid, Checkpoint(key, seq, payload, where))
+                done({"session_id": external_sid, "key": key, "seq": seq, "durability": durability}, None)
             elif isinstance(error, LogWriteError):
                 status, code = WRITE_ERRORS.get(error.code, (503, "storage_error"))
                 done(None, ApiError(status, code, f"checkpoint not saved: {error}"))

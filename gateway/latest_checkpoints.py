@@ -4,19 +4,19 @@ The gateway is the one process that writes external runtimes' checkpoints (it ap
 log and answers once they are durable), so what it wrote last is, while it lives, exactly what a
 read must return. Serving `GET …/checkpoints/latest` from here costs no bus message at all, and a
 PUT no longer hands its payload on to the session's actor. A miss (a session not written since this
-gateway started, or pushed out by the byte bound) reads the store with `sync`, which includes every
-acknowledged write, so the answer is the same either way. Holds only while there is a single
+gateway started, or pushed out by the byte bound) reads the store once it has loaded what the
+answer depends on, so the answer is the same either way. Holds only while there is a single
 gateway process: a second one would have to route each session's checkpoints to one of them.
 
-A miss needs only what was durable before this process started, and of what was written since,
-only the newest checkpoint of the session asked for, if it was pushed out: each pushed-out session
-is remembered with where its checkpoint lies in the log (`needed`). So the store need not catch
-up with the logs' ends first — which, under a burst of writes, is what a first read of a new
-session waited on: once the cache was full, every such read (the usual read of a new task's
-first step) waited so, and a run of new sessions went at half the checkpoints/s
-(2026-12-03: 2,400-3,100/s against 4,400-5,900/s with nothing pushed out). A session closed since
-is the exception (`closed`): the store's state at start still has its checkpoints, so a miss on
-it reads with `sync`, which includes the close.
+A miss depends on what was durable before this process started, and of what was written since,
+only on the newest checkpoint of the session asked for, if it was pushed out: each pushed-out
+session is remembered with where its checkpoint lies in the log (`needed`). So the store need
+not catch up with the logs' ends first — which, under a burst of writes, is what a first read of
+a new session waited on once the cache had pushed anything out: the usual read of a new task's
+first step, on a server that has been running. With an 8 MB cache and every run on new agents,
+remembering them gave 1.52x the checkpoints/s (bench/results/2026-12-03-new-sessions-small-cache-10k-ab/).
+A session closed since is the exception (`closed`): the store's state at start still has its
+checkpoints, so a miss on it reads with `sync` (the logs' ends), which includes the close.
 """
 from __future__ import annotations
 
@@ -36,8 +36,12 @@ class Checkpoint(NamedTuple):
     key: str
     seq: int
     payload: bytes
-    # (log, position) the log's end was at once it was durable; None: read from the store
+    # (log, position) the log's end was at once it was durable; None: read from the store;
+    # UNPLACED: acknowledged on receipt (durability `none`), before the log had a place for it
     where: tuple[int, int] | None = None
+
+
+UNPLACED = (-1, -1)
 
 
 def _cost(session: str, checkpoint: Checkpoint) -> int:
@@ -55,7 +59,7 @@ class LatestCheckpoints:
         self.closed: set[str] = set()   # sessions closed while this process ran (see the docstring)
         self.gone: dict[str, tuple[int, int]] = {}   # pushed out: where its newest checkpoint lies
         self.floor: dict[int, int] = {}   # past MAX_GONE: the furthest position of those forgotten
-        self.untracked = False            # past MAX_CLOSED: every miss reads with `sync`
+        self.untracked = False            # every miss reads with `sync` (past MAX_CLOSED, or MAX_GONE of UNPLACED)
 
     def forget(self, session: str) -> None:
         """The session was closed: nothing of it is to be served from here or from the store's past."""
@@ -75,6 +79,8 @@ class LatestCheckpoints:
             return None
         need = dict(self.floor)
         where = self.gone.get(session)
+        if where == UNPLACED:
+            return None
         if where is not None:
             log, position = where
             need[log] = max(need.get(log, 0), position)
@@ -118,6 +124,9 @@ class LatestCheckpoints:
     def _remember(self, session: str, where: tuple[int, int]) -> None:
         if len(self.gone) >= MAX_GONE:
             for log, position in self.gone.values():
-                self.floor[log] = max(self.floor.get(log, 0), position)
+                if (log, position) == UNPLACED:
+                    self.untracked = True
+                else:
+                    self.floor[log] = max(self.floor.get(log, 0), position)
             self.gone.clear()
         self.gone[session] = where

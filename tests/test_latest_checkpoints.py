@@ -180,3 +180,51 @@ def test_a_miss_asks_the_store_only_for_what_its_answer_depends_on():
             pass
         assert with_close[0].get("sync") is True and "sync_to" not in with_close[0]
     asyncio.run(go())
+
+
+def test_a_checkpoint_acknowledged_before_the_log_placed_it_is_read_with_sync_once_pushed_out():
+    """With durability `none` a PUT is answered on receipt: the position its answer names is not
+    yet where the record ends, so a miss on it must wait for the logs' ends."""
+    from gateway import latest_checkpoints
+    from gateway.latest_checkpoints import UNPLACED
+
+    latest = LatestCheckpoints(max_bytes=0)
+    latest.offer("a", Checkpoint("k", 1, b"", UNPLACED))
+    latest.offer("b", Checkpoint("k", 1, b"", (0, 40)))
+    assert latest.needed("a") is None and latest.needed("b") == {0: 40} and latest.needed("new") == {}
+    few_gone, latest_checkpoints.MAX_GONE = latest_checkpoints.MAX_GONE, 2
+    try:
+        latest.offer("c", Checkpoint("k", 1, b"", (0, 50)))       # folds a and b
+    finally:
+        latest_checkpoints.MAX_GONE = few_gone
+    assert latest.needed("new") is None                           # a is no longer told apart
+
+
+def test_with_durability_none_a_pushed_out_checkpoint_is_read_as_of_the_logs_ends():
+    import asyncio
+    import types
+
+    from agentos.config import from_dict
+    from gateway.errors import ApiError
+    from gateway.history import HistoryRoutes
+
+    async def go():
+        gateway = types.SimpleNamespace(
+            config=from_dict({"gateway": {"checkpoint_cache_mb": 0}, "storage": {"durability": "none"}}),
+            log_client=types.SimpleNamespace(log_of=lambda sid: 0, append_then=lambda k, b, s, done: done(7, None)))
+        routes = HistoryRoutes(gateway)
+        routes.settled = [[0, 5]]
+        asked = []
+
+        async def query(q):
+            asked.append(q)
+            return {"rows": []}
+        routes._query = query
+        answer = await routes.save_checkpoint("t", "s", "s", "k", b"x")
+        assert answer["durability"] == "none"
+        try:
+            await routes.latest_checkpoint("t", "s")
+        except ApiError:
+            pass
+        assert asked[0].get("sync") is True and "sync_to" not in asked[0]
+    asyncio.run(go())
