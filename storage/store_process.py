@@ -209,6 +209,11 @@ class StoreService:
                 await self.caught_up(_positions(b["sync_to"]))
             elif b.get("sync"):
                 await self.caught_up(await self.sync_target())
+            if b["query"] == "blob_latest" and not self.store.has_blobs(str(b["session"])):
+                # a new task's first read: answered here, not queued behind a compaction pass's
+                # question on the query thread (half a second for 60,000 checkpoints)
+                self.bus.reply(msg, Kind.STORE_ROWS, {"rows": []})
+                return
             rows, next_after = await self.loop.run_in_executor(
                 self.queries, lambda: self.store.query(b["query"], b["session"], b.get("tenant"), b.get("turn"),
                                                        int(b.get("after", -1) if b.get("after") is not None else -1),

@@ -97,8 +97,13 @@ class StoreQueries:
             "SELECT payload FROM checkpoints WHERE session = ? AND kind = 'agent' AND seq = ?", [session, seq]).fetchone()
         return bytes(inline)
 
+    def has_blobs(self, session: str) -> bool:
+        """Whether the session has had an external checkpoint loaded (a set lookup: safe beside
+        the loader, which only adds to it)."""
+        return f"blob:{session}" in self.checkpointed
+
     def q_blob_latest(self, session, tenant, turn, after, limit):
-        if f"blob:{session}" not in self.checkpointed:
+        if not self.has_blobs(session):
             return [], None
         clause, args = self._tenant_clause(tenant)
         row = self.cursors["messages"].execute(

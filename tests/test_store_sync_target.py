@@ -94,3 +94,44 @@ def test_at_start_the_loader_waits_for_each_writer_to_say_where_its_log_is_durab
         await asyncio.wait_for(learning, 5)                             # writer/log/1 retried after 1 s
         assert service.store.limits == {0: 900, 1: 40}
     asyncio.run(go())
+
+
+def test_a_first_read_of_a_session_without_checkpoints_does_not_queue_behind_a_slow_query(tmp_path):
+    """The query thread may be busy for half a second with a compaction pass's question; a read
+    of a session that has no checkpoint (a new task's first) is answered without it."""
+    import threading
+
+    from broker.protocol import Message
+
+    class _ReplyBus(_Bus):
+        def __init__(self):
+            super().__init__({})
+            self.replies = []
+
+        def reply(self, msg, kind, body):
+            self.replies.append(body)
+
+    async def go():
+        bus = _ReplyBus()
+        service = _service(tmp_path, bus, files={0: 0, 1: 0})
+        service.store.checkpointed.add("blob:known")
+        service.store.query = lambda *a: ([{"key": "k", "seq": 1, "payload": b"x"}], None)
+        busy = threading.Event()
+        service.queries.submit(busy.wait, 10)                       # a pass's question, running
+        try:
+            new = Message("gateway/0", Kind.STORE_QUERY, 1, 0.0, 0, "", "",
+                          {"query": "blob_latest", "session": "new", "sync_to": []})
+            await asyncio.wait_for(service.on_query(new), 2.0)
+            assert bus.replies == [{"rows": []}]
+            known = Message("gateway/0", Kind.STORE_QUERY, 2, 0.0, 0, "", "",
+                            {"query": "blob_latest", "session": "known", "sync_to": []})
+            waiting = asyncio.ensure_future(service.on_query(known))
+            await asyncio.sleep(0.2)
+            assert not waiting.done()                               # this one needs the query thread
+            busy.set()
+            await asyncio.wait_for(waiting, 5.0)
+            assert bus.replies[1]["rows"][0]["key"] == "k"
+        finally:
+            busy.set()
+            service.queries.shutdown()
+    asyncio.run(go())
