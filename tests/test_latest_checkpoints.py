@@ -135,50 +135,53 @@ def test_a_pushed_out_session_is_remembered_by_where_its_checkpoint_lies():
     assert few.needed("s2") == {0: 30, 1: 40} and few.needed("s0") == {0: 10, 1: 40} == few.needed("new")
 
 
-def test_a_miss_asks_the_store_only_for_what_its_answer_depends_on():
-    import asyncio
+def _routes(config: dict, log: int, positions: list[int], settled: list):
+    """HistoryRoutes over a fake log (each PUT durable at the next of `positions` in log `log`)
+    and a fake store that has nothing; returns (routes, the store queries asked)."""
     import types
 
     from agentos.config import from_dict
-    from gateway.errors import ApiError
     from gateway.history import HistoryRoutes
 
+    ends = iter(positions)
+    gateway = types.SimpleNamespace(config=from_dict(config), log_client=types.SimpleNamespace(
+        log_of=lambda sid: log, append_then=lambda kind, body, session, done: done(next(ends), None)))
+    routes = HistoryRoutes(gateway)
+    routes.settled = settled
+    asked: list[dict] = []
+
+    async def query(q):
+        asked.append(q)
+        return {"rows": []}
+    routes._query = query
+    return routes, asked
+
+
+async def _read_latest(routes, sid: str) -> None:
+    from gateway.errors import ApiError
+
+    try:
+        await routes.latest_checkpoint("t", sid)
+    except ApiError:
+        pass     # the fake store has none: 404
+
+
+def test_a_miss_asks_the_store_only_for_what_its_answer_depends_on():
+    import asyncio
+
     async def go():
-        asked = []
-
-        def append_then(kind, body, session, done):
-            done(1000 + len(asked), None)                        # durable, the log's end there
-            asked.append(("put", session))
-        gateway = types.SimpleNamespace(config=from_dict({"gateway": {"checkpoint_cache_mb": 1}}),
-                                        log_client=types.SimpleNamespace(log_of=lambda sid: 2,
-                                                                         append_then=append_then))
-        routes = HistoryRoutes(gateway)
-        routes.settled = [[0, 100], [2, 50]]
-
-        async def query(q):
-            asked.append(q)
-            return {"rows": []}
-        routes._query = query
+        routes, asked = _routes({"gateway": {"checkpoint_cache_mb": 1}}, 2, [1000, 1001], [[0, 100], [2, 50]])
         big = b"x" * (600 << 10)                                  # one fits in a megabyte, not two
         await routes.save_checkpoint("t", "old", "old", "k", big)
         await routes.save_checkpoint("t", "new", "new", "k", big)   # pushes "old" out
         for sid in ("old", "never", "new"):
-            try:
-                await routes.latest_checkpoint("t", sid)
-            except ApiError:
-                pass
-        reads = [q for q in asked if isinstance(q, dict)]
-        assert [q["session"] for q in reads] == ["old", "never"]     # "new" is held: no query
-        assert reads[0]["sync_to"] == [[0, 100], [2, 1000]]          # as far as its own checkpoint
-        assert reads[1]["sync_to"] == [[0, 100], [2, 50]]            # as far as the start
+            await _read_latest(routes, sid)
+        assert [q["session"] for q in asked] == ["old", "never"]     # "new" is held: no query
+        assert asked[0]["sync_to"] == [[0, 100], [2, 1000]]          # as far as its own checkpoint
+        assert asked[1]["sync_to"] == [[0, 100], [2, 50]]            # as far as the start
         routes.latest.forget("never")
-        with_close = []
-        routes._query = lambda q: with_close.append(q) or asyncio.sleep(0, {"rows": []})
-        try:
-            await routes.latest_checkpoint("t", "never")
-        except ApiError:
-            pass
-        assert with_close[0].get("sync") is True and "sync_to" not in with_close[0]
+        await _read_latest(routes, "never")
+        assert asked[2].get("sync") is True and "sync_to" not in asked[2]
     asyncio.run(go())
 
 
@@ -202,29 +205,12 @@ def test_a_checkpoint_acknowledged_before_the_log_placed_it_is_read_with_sync_on
 
 def test_with_durability_none_a_pushed_out_checkpoint_is_read_as_of_the_logs_ends():
     import asyncio
-    import types
-
-    from agentos.config import from_dict
-    from gateway.errors import ApiError
-    from gateway.history import HistoryRoutes
 
     async def go():
-        gateway = types.SimpleNamespace(
-            config=from_dict({"gateway": {"checkpoint_cache_mb": 0}, "storage": {"durability": "none"}}),
-            log_client=types.SimpleNamespace(log_of=lambda sid: 0, append_then=lambda k, b, s, done: done(7, None)))
-        routes = HistoryRoutes(gateway)
-        routes.settled = [[0, 5]]
-        asked = []
-
-        async def query(q):
-            asked.append(q)
-            return {"rows": []}
-        routes._query = query
+        routes, asked = _routes({"gateway": {"checkpoint_cache_mb": 0}, "storage": {"durability": "none"}},
+                                0, [7], [[0, 5]])
         answer = await routes.save_checkpoint("t", "s", "s", "k", b"x")
         assert answer["durability"] == "none"
-        try:
-            await routes.latest_checkpoint("t", "s")
-        except ApiError:
-            pass
+        await _read_latest(routes, "s")
         assert asked[0].get("sync") is True and "sync_to" not in asked[0]
     asyncio.run(go())
