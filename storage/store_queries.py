@@ -98,8 +98,8 @@ class StoreQueries:
         return bytes(inline)
 
     def has_blobs(self, session: str) -> bool:
-        """Whether the session has had an external checkpoint loaded (a set lookup: safe beside
-        the loader, which only adds to it)."""
+        """False if the session certainly has no external checkpoint loaded (a Bloom filter: True
+        may be a false "maybe"; safe beside the loader, which only adds to it)."""
         return f"blob:{session}" in self.checkpointed
 
     def q_blob_latest(self, session, tenant, turn, after, limit):
