@@ -44,7 +44,7 @@ def parse_upto(raw: str | list) -> dict[int, int]:
 
 
 class SessionClosing:
-    """Mixed into Store (storage/store.py): needs `conns`, `cursors`, `loaded`, `loading`, `log`,
+    """Mixed into Store (storage/store.py): needs `conns`, `pass_cursors`, `loaded`, `loading`, `log`,
     `closing` and `pending_closes`."""
 
     conns: dict[str, "duckdb.DuckDBPyConnection"]
@@ -163,8 +163,9 @@ class SessionClosing:
         return count
 
     def closed_records(self, log: int, end: int, limit: int = 20_000) -> list[list]:
-        """[position, session, closed at] of records of closed sessions before `end` in `log`."""
-        return [list(r) for r in self.cursors["messages"].execute(
+        """[position, session, closed at] of records of closed sessions before `end` in `log` (a
+        pass's question)."""
+        return [list(r) for r in self.pass_cursors["messages"].execute(
             "SELECT r.position, r.session, max(s.ts) FROM closed_records r JOIN closed_sessions s "
             "ON r.session = s.session WHERE r.log = ? AND r.position < ? GROUP BY r.position, r.session "
             "ORDER BY r.position LIMIT ?", [log, end, limit]).fetchall()]

@@ -3,8 +3,9 @@
 The loader (its own thread) reads whole records from every log, turns them into rows and loads
 them with DuckDB's appender in one transaction per file, together with that file's progress.
 Under overload it falls behind; it never drops. Queries (storage/store_queries.py) run on a
-separate thread with their own cursors, so a slow query never stops loading. Only this process
-imports DuckDB.
+separate thread with their own cursors, so a slow query never stops loading; compaction's and
+retention's questions and deletions run on a third with cursors of their own (`on_pass`), so a
+pass's half-second question never stops a read. Only this process imports DuckDB.
 """
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
         self.jsonl_path = Path(jsonl_dir) / "events.jsonl" if jsonl_dir else None
         self.log = log or logging.getLogger("agent-os.writer/store")
         self.conns: dict[str, duckdb.DuckDBPyConnection] = {}
-        self.cursors: dict[str, duckdb.DuckDBPyConnection] = {}
+        self.cursors: dict[str, duckdb.DuckDBPyConnection] = {}        # the query thread's
+        self.pass_cursors: dict[str, duckdb.DuckDBPyConnection] = {}   # the pass thread's (`on_pass`)
         self.progress: dict[str, dict[int, int]] = {}
         self.loaded: dict[int, int] = {}
         self.readers: dict[int, segments.SegmentReader] = {}
@@ -67,6 +69,7 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
         self.stats = {"records": 0, "rows": 0, "batches": 0, "bad_records": 0, "load_errors": 0}
         self.backlog = False
         self.loading = threading.Lock()   # held while a batch loads; a recycle waits for it
+        self.passing = threading.Lock()   # held while a pass's question runs; a recycle waits for it
         self.payloads = PayloadSegments(self.db_dir / payload_segments.DIR_NAME, payload_segment_bytes)
         self.payload_cursor = -1      # the payload segment a compaction pass looked at last
         self.read_bytes = READ_BYTES
@@ -86,6 +89,7 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
                 con.execute(ddl)
             self.conns[db] = con
             self.cursors[db] = con.cursor()
+            self.pass_cursors[db] = con.cursor()
             last[db] = {}
             for table, table_db in schema.TABLE_DB.items():
                 if table_db == db:
@@ -141,17 +145,19 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
     def recycle(self, db: str) -> None:
         """Close and reopen one DuckDB file. DuckDB's native memory creeps under a steady insert
         load (caches, allocator pools) beyond what `memory_limit` accounts for; a reopen starts it
-        over. Runs on the query thread (no query is running) holding the loader's lock (no load is
-        either); the CHECKPOINT makes the reopen quick."""
-        with self.loading:
+        over. Runs on the query thread (no query is running) holding the pass thread's lock, then
+        the loader's (nor is a pass's question, nor a load); the CHECKPOINT makes the reopen quick."""
+        with self.passing, self.loading:
             old = self.conns[db]
             self.cursors[db].close()
+            self.pass_cursors[db].close()
             try:
                 old.execute("CHECKPOINT")
             finally:
                 old.close()
                 self.conns[db] = self._connect(db)
                 self.cursors[db] = self.conns[db].cursor()
+                self.pass_cursors[db] = self.conns[db].cursor()
         self.stats["reopened"] = self.stats.get("reopened", 0) + 1
         native_memory.release_free_memory()
 
@@ -164,7 +170,7 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
         return ends
 
     def close(self) -> None:
-        for cur in self.cursors.values():
+        for cur in [*self.cursors.values(), *self.pass_cursors.values()]:
             cur.close()
         for con in self.conns.values():
             con.close()

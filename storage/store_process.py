@@ -41,6 +41,8 @@ class StoreService:
                            config.storage.jsonl_dir, log, payload_segment_bytes=config.storage.segment_bytes)
         self.queries = ThreadPoolExecutor(1, thread_name_prefix="store-query")
         self.maintenance = ThreadPoolExecutor(1, thread_name_prefix="store-compact")
+        # compaction's and retention's questions and deletions (`Store.on_pass`), beside the reads
+        self.passes = ThreadPoolExecutor(1, thread_name_prefix="store-pass")
         self.loader: ThreadPoolExecutor | None = None
         self.flushed: dict[int, int] = {}
         self.loaded: dict[int, int] = {}
@@ -90,6 +92,7 @@ class StoreService:
         self.store.urgent.set()
         self.loader.shutdown(wait=True)
         self.maintenance.shutdown(wait=True)   # a copy in progress reads the payload file: let it end
+        self.passes.shutdown(wait=True)        # a pass's question in progress uses its cursors
         # Everything that writes records stopped before this process (the supervisor stops in
         # reverse order), each after its last fdatasync: the files are whole, whatever was noticed.
         self.store.limits = None
@@ -231,7 +234,7 @@ class StoreService:
 
     async def on_purge(self, msg: Message) -> None:
         runs = [str(r) for r in msg.body["runs"]]
-        count = await self.loop.run_in_executor(self.queries, self.store.roomy, self.store.purge_runs, runs)
+        count = await self.loop.run_in_executor(self.passes, self.store.on_pass, self.store.purge_runs, runs)
         self.log.info("retention: removed %d rows of %d closed runs", count, len(runs))
         self.bus.reply(msg, Kind.STORE_ROWS, {"rows": [count]})
 
@@ -255,10 +258,10 @@ class StoreService:
                            int(b["writer"]), int(b["start"]), int(b["end"]))
 
     async def _answer(self, msg: Message, what: str, call, *args) -> None:
-        """Rows from `call(*args)` on the query thread; DuckDB trouble is answered as an error
+        """Rows from `call(*args)` on the pass thread; DuckDB trouble is answered as an error
         (the asking compaction pass tries again later)."""
         try:
-            rows = await self.loop.run_in_executor(self.queries, self.store.roomy, call, *args)
+            rows = await self.loop.run_in_executor(self.passes, self.store.on_pass, call, *args)
         except Exception as exc:  # noqa: BLE001
             self.bus.reply(msg, Kind.STORE_ROWS, {"rows": [], "error": f"{what}: {exc}"})
             return
@@ -318,14 +321,14 @@ class StoreService:
             await asyncio.sleep(self.config.storage.compaction_interval_secs)
             before = time.time() - self.config.storage.retention_secs
             try:
-                count = await self.loop.run_in_executor(self.queries, self.store.roomy, self.store.purge_access, before)
+                count = await self.loop.run_in_executor(self.passes, self.store.on_pass, self.store.purge_access, before)
             except Exception:   # DuckDB trouble: the next pass tries again
                 self.log.exception("removing expired access rows failed")
                 continue
             if count:
                 self.log.info("retention: removed %d access rows from before %.3f", count, before)
             try:
-                await self.loop.run_in_executor(self.queries, self.store.roomy, self.store.prune_closes)
+                await self.loop.run_in_executor(self.passes, self.store.on_pass, self.store.prune_closes)
             except Exception:   # the rows stay until a later pass; nothing reads them
                 self.log.exception("pruning closed sessions failed")
 

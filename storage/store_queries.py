@@ -1,5 +1,7 @@
 """The read queries writer/store answers over the bus, one method each, on the query thread with
-its own cursors (a slow query never stops the loader). `Store` (storage/store.py) mixes them in.
+its own cursors (a slow query never stops the loader), and compaction's questions, on the pass
+thread with cursors of their own (`on_pass`: a pass's question never holds up a read).
+`Store` (storage/store.py) mixes them in.
 """
 from __future__ import annotations
 
@@ -18,8 +20,8 @@ T = TypeVar("T")
 
 
 class StoreQueries:
-    """Needs: `cursors` and `memory` (one per DuckDB file), `payloads`, `checkpointed` and `loaded`
-    of a Store."""
+    """Needs: `cursors`, `pass_cursors` and `memory` (one per DuckDB file), `passing`, `payloads`,
+    `checkpointed` and `loaded` of a Store."""
 
     def query(self, name: str, session: str, tenant: str | None = None, turn: str | None = None,
               after: int = -1, limit: int = 100) -> tuple[list[dict[str, Any]], int | None]:
@@ -32,9 +34,7 @@ class StoreQueries:
 
     def roomy(self, call: Callable[..., T], *args: Any) -> T:
         """call(*args) on the query thread; refused by DuckDB for memory, once more with every
-        file's limit raised: rows holding big values (storage/duck_memory.py), and compaction's
-        questions over a whole table (which checkpoints a segment holds are superseded: 16 MB did
-        not hold it at 20,000 checkpoints of 510 sessions, and the log then kept them all)."""
+        file's limit raised: rows holding big values (storage/duck_memory.py)."""
         try:
             return call(*args)
         except duckdb.Error as exc:
@@ -42,6 +42,19 @@ class StoreQueries:
                 raise
         with contextlib.ExitStack() as raised:
             for db, cursor in self.cursors.items():
+                raised.enter_context(self.memory[db].raised(cursor))
+            return call(*args)
+
+    def on_pass(self, call: Callable[..., T], *args: Any) -> T:
+        """call(*args) on the pass thread: a compaction or retention pass's question or deletion.
+        Such a question goes over a whole table (which checkpoints a segment holds are superseded:
+        half a second for 60,000 of them), so it has cursors of its own and never holds up a read.
+        It runs with every file's limit raised: at the small limit it did not hold at 20,000
+        checkpoints of 510 sessions (16 MB; the log then kept them all), and beside the reads it
+        would take the memory they need — a payload copy's raise itself was refused
+        for memory then (DuckDB needs a little to change its limit)."""
+        with self.passing, contextlib.ExitStack() as raised:   # a recycle waits for the cursors
+            for db, cursor in self.pass_cursors.items():
                 raised.enter_context(self.memory[db].raised(cursor))
             return call(*args)
 
@@ -141,8 +154,8 @@ class StoreQueries:
 
     def superseded_blobs(self, writer: int, start: int, end: int) -> list[list]:
         """[position, session, seq] of the external checkpoints in [start, end) of log `writer`
-        older than their session's newest loaded one, by position."""
-        rows = self.cursors["messages"].execute(
+        older than their session's newest loaded one, by position (a pass's question)."""
+        rows = self.pass_cursors["messages"].execute(
             "SELECT lsn, session, seq FROM checkpoints WHERE kind = 'blob' AND writer = ? AND lsn IN "
             f"({SUPERSEDED}) ORDER BY lsn", [writer, writer, start, end]).fetchall()
         return [list(row) for row in rows]

@@ -2,17 +2,20 @@
 
 What readers rely on: the target is where each log is durable as its writer says, not where its
 files end (a batch may be written and not yet fsync'd); a writer it has heard from that does not
-answer now counts as far as its files go; one never heard from is waited for.
+answer now counts as far as its files go; one never heard from is waited for. And which reads
+wait for a thread that something slow holds: a new task's first read waits for nothing, a read
+never waits for a compaction pass's question, and a DuckDB file's reopen waits for both.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 
 import pytest
 
 from agentos.config import from_dict
-from broker.protocol import Kind
+from broker.protocol import Kind, Message
 from broker.requests import Undeliverable
 from storage.store_process import StoreService
 
@@ -33,6 +36,19 @@ class _Bus:
         if dest not in self.ends:
             raise Undeliverable(f"{dest}: not connected")
         return _Reply({"stats": {"end": self.ends[dest]}})
+
+
+class _ReplyBus(_Bus):
+    def __init__(self):
+        super().__init__({})
+        self.replies = []
+
+    def reply(self, msg, kind, body):
+        self.replies.append(body)
+
+
+def _message(kind, body, rid=1):
+    return Message("gateway/0", kind, rid, 0.0, 0, "", "", body)
 
 
 def _service(tmp_path, bus, files: dict[int, int]) -> StoreService:
@@ -99,18 +115,6 @@ def test_at_start_the_loader_waits_for_each_writer_to_say_where_its_log_is_durab
 def test_a_first_read_of_a_session_without_checkpoints_does_not_queue_behind_a_slow_query(tmp_path):
     """The query thread may be busy for half a second with a compaction pass's question; a read
     of a session that has no checkpoint (a new task's first) is answered without it."""
-    import threading
-
-    from broker.protocol import Message
-
-    class _ReplyBus(_Bus):
-        def __init__(self):
-            super().__init__({})
-            self.replies = []
-
-        def reply(self, msg, kind, body):
-            self.replies.append(body)
-
     async def go():
         bus = _ReplyBus()
         service = _service(tmp_path, bus, files={0: 0, 1: 0})
@@ -119,12 +123,10 @@ def test_a_first_read_of_a_session_without_checkpoints_does_not_queue_behind_a_s
         busy = threading.Event()
         service.queries.submit(busy.wait, 10)                       # a pass's question, running
         try:
-            new = Message("gateway/0", Kind.STORE_QUERY, 1, 0.0, 0, "", "",
-                          {"query": "blob_latest", "session": "new", "sync_to": []})
+            new = _message(Kind.STORE_QUERY, {"query": "blob_latest", "session": "new", "sync_to": []})
             await asyncio.wait_for(service.on_query(new), 2.0)
             assert bus.replies == [{"rows": []}]
-            known = Message("gateway/0", Kind.STORE_QUERY, 2, 0.0, 0, "", "",
-                            {"query": "blob_latest", "session": "known", "sync_to": []})
+            known = _message(Kind.STORE_QUERY, {"query": "blob_latest", "session": "known", "sync_to": []}, 2)
             waiting = asyncio.ensure_future(service.on_query(known))
             await asyncio.sleep(0.2)
             assert not waiting.done()                               # this one needs the query thread
@@ -133,5 +135,50 @@ def test_a_first_read_of_a_session_without_checkpoints_does_not_queue_behind_a_s
             assert bus.replies[1]["rows"][0]["key"] == "k"
         finally:
             busy.set()
+            service.queries.shutdown()
+    asyncio.run(go())
+
+
+def test_a_compaction_pass_question_holds_up_no_read_and_a_reopen_waits_for_it(tmp_path):
+    """Which checkpoints a segment holds are superseded takes half a second at 60,000 of them:
+    it runs on a thread of its own with cursors of its own, so reads go on meanwhile; a reopen of
+    the file (`storage.duckdb_recycle_secs`) closes those cursors too, so it waits for the
+    question to end, and both threads' cursors work after it."""
+    async def go():
+        loop = asyncio.get_running_loop()
+        bus = _ReplyBus()
+        service = _service(tmp_path, bus, files={0: 0, 1: 0})
+        await loop.run_in_executor(service.queries, service.store.open)
+        inside, release = threading.Event(), threading.Event()
+        superseded = service.store.superseded_blobs
+
+        def slow(*args):
+            inside.set()
+            release.wait(10)
+            return superseded(*args)
+
+        service.store.superseded_blobs = slow
+        ask = {"writer": 0, "start": 0, "end": 1 << 40}
+        count = {"query": "count", "session": ""}
+        try:
+            question = asyncio.ensure_future(service.on_superseded(_message(Kind.STORE_SUPERSEDED, ask)))
+            assert await loop.run_in_executor(None, inside.wait, 5)
+            await asyncio.wait_for(service.on_query(_message(Kind.STORE_QUERY, count, 2)), 2.0)
+            assert len(bus.replies) == 1 and bus.replies[0]["rows"][0]["checkpoints"] == 0
+            reopen = loop.run_in_executor(service.queries, service.store.recycle, "messages")
+            await asyncio.sleep(0.3)
+            assert not reopen.done() and not question.done()
+            release.set()
+            await asyncio.wait_for(question, 5.0)
+            await asyncio.wait_for(reopen, 5.0)
+            assert bus.replies[1] == {"rows": []}
+            service.store.superseded_blobs = superseded
+            await asyncio.wait_for(service.on_superseded(_message(Kind.STORE_SUPERSEDED, ask, 3)), 5.0)
+            await asyncio.wait_for(service.on_query(_message(Kind.STORE_QUERY, count, 4)), 5.0)
+            assert bus.replies[2:] == [{"rows": []}, bus.replies[0]]
+        finally:
+            release.set()
+            service.passes.shutdown()
+            service.queries.submit(service.store.close).result()
             service.queries.shutdown()
     asyncio.run(go())
