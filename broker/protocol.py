@@ -192,8 +192,9 @@ SPECS: dict[Kind, Spec] = {
     # newest one the store has loaded (rows: [position, session, seq], by position): they can
     # leave the log.
     Kind.STORE_SUPERSEDED: _spec({"writer": int, "start": int, "end": int}),
-    # Delete the rows of those checkpoints once the log no longer has them (rows: [count]).
-    Kind.STORE_FORGET: _spec({"writer": int, "start": int, "end": int}),
+    # Delete the rows of those checkpoints, by the positions named, once the log no longer has them
+    # (rows: [count]).
+    Kind.STORE_FORGET: _spec({"writer": int, "start": int, "end": int, "positions": list}),
     # Where log `writer` holds, before `end`, records of closed sessions (rows: [position, session,
     # closed at], by position; at most a few thousand an answer)…
     Kind.STORE_CLOSED: _spec({"writer": int, "end": int}),

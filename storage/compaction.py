@@ -158,8 +158,8 @@ async def _drop_superseded(writer: "LogWriter", ready: int) -> int:
             metrics.compacted_records.labels("superseded_checkpoint").inc(count)
         if rows:
             # their rows go too, now that the log no longer has them (a failure leaves rows nobody reads)
-            await writer.bus.request(STORE, Kind.STORE_FORGET, {"writer": writer.index, "start": low, "end": high},
-                                     timeout=60.0)
+            await writer.bus.request(STORE, Kind.STORE_FORGET, {"writer": writer.index, "start": low, "end": high,
+                                                                "positions": positions}, timeout=60.0)
         await loop.run_in_executor(writer.compaction_io, write_mark, writer.directory, high)
         mark = high
     if dropped:
@@ -196,8 +196,9 @@ async def _revisit_superseded(writer: "LogWriter") -> int:
             count = await rewrite_segment(writer, start, end, path, {"checkpoints": sorted(named)})
             dropped += count
             metrics.compacted_records.labels("superseded_checkpoint").inc(count)
-            await writer.bus.request(STORE, Kind.STORE_FORGET, {"writer": writer.index, "start": start, "end": end},
-                                     timeout=60.0)
+            await writer.bus.request(STORE, Kind.STORE_FORGET, {
+                "writer": writer.index, "start": start, "end": end,
+                "positions": [position for position, _, _ in reply.body["rows"]]}, timeout=60.0)
         await loop.run_in_executor(writer.compaction_io, write_mark, writer.directory, end, REVISIT_MARK_FILE)
     if dropped:
         writer.log.info("compaction: dropped %d superseded checkpoints from segments seen before", dropped)

@@ -5,27 +5,28 @@ loader's lock, since the loader writes through the same connection.
 """
 from __future__ import annotations
 
-from storage import store_queries
-
 ACCESS_PURGE_ROWS = 500_000   # access rows deleted per retention pass, at most
 
 
 class StoreDeletions:
     """Needs: `conns` (one per DuckDB file) and `loading` of a Store."""
 
-    def forget_superseded(self, writer: int, start: int, end: int) -> int:
-        """Delete the rows of the superseded external checkpoints in [start, end) of log `writer`
-        (the log no longer has them, nothing reads them), keeping the writer's largest lsn: it is
-        the file's progress."""
+    def forget_superseded(self, writer: int, start: int, end: int, positions: list[int]) -> int:
+        """Delete the rows of the superseded external checkpoints at `positions` in [start, end)
+        of log `writer` — those its compaction was named and dropped (the log no longer has them,
+        nothing reads them) — keeping the writer's largest lsn: it is the file's progress. By the
+        positions named, not by what is superseded now: a checkpoint superseded since is still in
+        the log, and a pass names it only while its row is there. Holds the loader's lock only
+        for a lookup of the positions, not for the pass's whole question again."""
         with self.loading:   # the loader writes through the same connection
             con = self.conns["messages"]
             con.execute("BEGIN TRANSACTION")
             try:
                 (top,) = con.execute("SELECT max(lsn) FROM checkpoints WHERE writer = ?", [writer]).fetchone()
                 (count,) = con.execute(
-                    "DELETE FROM checkpoints WHERE kind = 'blob' AND writer = ? AND lsn <> ? AND lsn IN "
-                    f"({store_queries.SUPERSEDED})", [writer, top if top is not None else -1, writer, start, end]
-                ).fetchone()
+                    "DELETE FROM checkpoints WHERE kind = 'blob' AND writer = ? AND lsn >= ? AND lsn < ? "
+                    "AND lsn <> ? AND lsn IN (SELECT unnest(?::BIGINT[]))",
+                    [writer, start, end, top if top is not None else -1, positions]).fetchone()
                 con.execute("COMMIT")
             except Exception:
                 con.execute("ROLLBACK")

@@ -246,7 +246,7 @@ class StoreService:
     async def on_forget(self, msg: Message) -> None:
         b = msg.body   # on failure the rows stay; nothing reads them either way
         await self._answer(msg, "forgetting checkpoints", lambda *a: [self.store.forget_superseded(*a)],
-                           int(b["writer"]), int(b["start"]), int(b["end"]))
+                           int(b["writer"]), int(b["start"]), int(b["end"]), [int(p) for p in b["positions"]])
 
     async def on_closed(self, msg: Message) -> None:
         await self._answer(msg, "records of closed sessions", self.store.closed_records,

@@ -167,8 +167,9 @@ def test_forgetting_superseded_rows_keeps_each_sessions_newest_and_the_progress(
     store = Store(tmp_path, writers=1, memory_limit_mb=64)
     store.open()
     store.load_all()
-    assert len(store.superseded_blobs(0, 0, end)) == 2 + 1 + 2 + 1   # a0-a2, a5, b0-b1
-    assert store.forget_superseded(0, 0, end) == 2 + 2 + 1            # not a5: it holds the progress
+    named = store.superseded_blobs(0, 0, end)
+    assert len(named) == 2 + 1 + 2 + 1                                 # a0-a2, a5, b0-b1
+    assert store.forget_superseded(0, 0, end, [p for p, _, _ in named]) == 2 + 2 + 1   # not a5: the progress
     left = store.conns["messages"].execute("SELECT session, seq FROM checkpoints ORDER BY lsn").fetchall()
     assert left == [("b", 2), ("a", 9), ("a", 5)]
     assert store.query("blob_latest", "a")[0][0]["payload"] == b"newest"
@@ -339,3 +340,26 @@ def test_a_checkpoint_whose_head_does_not_name_it_is_read_whole_before_it_is_cut
     assert segment_rewrites.cut_records(path, [(0, "a", 1), (second, "c", 1)], length) == (1, 1)
     freeing.replace(path.with_suffix(segment_rewrites.SUFFIX), path)
     assert path.read_bytes() == data[second:length]
+
+
+def test_forgetting_deletes_the_rows_the_pass_was_named_not_those_superseded_since(tmp_path):
+    """Between a pass's question and its forgetting, the log drops what it was named; a checkpoint
+    superseded meanwhile is still in the log, so its row stays for the next pass to name (had it
+    gone, no pass would ever drop its record)."""
+    log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=1 << 20)
+    write_batch(log, [(RecordKind.BLOB, f"a{n}", blob("a", n, b"x")) for n in range(2)])
+    end = log.end
+    store = Store(tmp_path, writers=1, memory_limit_mb=64)
+    store.open()
+    store.load_all()
+    named = store.superseded_blobs(0, 0, end)
+    assert [seq for _, _, seq in named] == [0]
+    write_batch(log, [(RecordKind.BLOB, "a2", blob("a", 2, b"newest"))])   # a1 superseded now
+    log.close()
+    store.load_all()
+    assert store.forget_superseded(0, 0, end, [position for position, _, _ in named]) == 1
+    assert [seq for _, _, seq in store.superseded_blobs(0, 0, end)] == [1]   # the next pass names a1
+    assert store.forget_superseded(0, 0, end, [position for position, _, _ in store.superseded_blobs(0, 0, end)]) == 1
+    assert store.query("blob_latest", "a")[0][0]["payload"] == b"newest"
+    assert store.query("count", "")[0][0]["checkpoints"] == 1
+    store.close()

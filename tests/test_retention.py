@@ -24,7 +24,7 @@ class StoreOverBus:
         elif kind == Kind.STORE_SUPERSEDED:
             rows = s.superseded_blobs(body["writer"], body["start"], body["end"])
         elif kind == Kind.STORE_FORGET:
-            rows = [s.forget_superseded(body["writer"], body["start"], body["end"])]
+            rows = [s.forget_superseded(body["writer"], body["start"], body["end"], body["positions"])]
         elif kind == Kind.STORE_PURGE:
             rows = [s.purge_runs(body["runs"])]
         elif kind == Kind.STORE_CLOSED:
