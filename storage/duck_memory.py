@@ -8,10 +8,11 @@ batch for ever and loaded nothing after it. Worse, a COMMIT whose autocheckpoint
 block is durable yet invalidates the file (DuckDB's FatalException). So the loader commits a batch
 that holds a big record with the limit raised up front (`raised`), and any other statement DuckDB
 refuses for memory runs once more raised (`run`); the limit goes back down when the last raised
-statement ends (the loader and the query thread may both be in one). A COMMIT refused for memory
-comes as a TransactionException ("Failed to commit: could not allocate block…"), not as
-OutOfMemoryException; the transaction is rolled back, so it too runs once more raised (it used to
-go to the loader's generic retry: an ERROR in the log and a second's pause in loading).
+statement ends (the loader, the query thread and the pass thread may each be in one). A COMMIT
+refused for memory comes as a TransactionException ("Failed to commit: could not allocate
+block…"), not as OutOfMemoryException; the transaction is rolled back, so it too runs once more
+raised (it used to go to the loader's generic retry: an ERROR in the log and a second's pause in
+loading).
 """
 from __future__ import annotations
 

@@ -213,8 +213,8 @@ class StoreService:
             elif b.get("sync"):
                 await self.caught_up(await self.sync_target())
             if b["query"] == "blob_latest" and not self.store.has_blobs(str(b["session"])):
-                # a new task's first read: answered here, not queued behind a compaction pass's
-                # question on the query thread (half a second for 60,000 checkpoints)
+                # a new task's first read: answered here, not queued on the query thread behind
+                # the reads of sessions that have checkpoints
                 self.bus.reply(msg, Kind.STORE_ROWS, {"rows": []})
                 return
             rows, next_after = await self.loop.run_in_executor(
