@@ -16,8 +16,8 @@ class StoreDeletions:
         of log `writer` — those its compaction was named and dropped (the log no longer has them,
         nothing reads them) — keeping the writer's largest lsn: it is the file's progress. By the
         positions named, not by what is superseded now: a checkpoint superseded since is still in
-        the log, and a pass names it only while its row is there. Holds the loader's lock only
-        for a lookup of the positions, not for the pass's whole question again."""
+        the log, and a pass names it only while its row is there (it stayed in the log for good:
+        bench/results/2026-12-03-forget-by-positions-leak/)."""
         with self.loading:   # the loader writes through the same connection
             con = self.conns["messages"]
             con.execute("BEGIN TRANSACTION")
