@@ -245,8 +245,9 @@ class StoreService:
 
     async def on_forget(self, msg: Message) -> None:
         b = msg.body   # on failure the rows stay; nothing reads them either way
+        # the positions (tens of thousands) go to DuckDB as they are, off this loop: it checks them
         await self._answer(msg, "forgetting checkpoints", lambda *a: [self.store.forget_superseded(*a)],
-                           int(b["writer"]), int(b["start"]), int(b["end"]), [int(p) for p in b["positions"]])
+                           int(b["writer"]), int(b["start"]), int(b["end"]), b["positions"])
 
     async def on_closed(self, msg: Message) -> None:
         await self._answer(msg, "records of closed sessions", self.store.closed_records,

@@ -182,3 +182,25 @@ def test_a_compaction_pass_question_holds_up_no_read_and_a_reopen_waits_for_it(t
             service.queries.submit(service.store.close).result()
             service.queries.shutdown()
     asyncio.run(go())
+
+
+def test_a_forget_naming_a_position_that_is_not_one_is_answered_as_an_error(tmp_path):
+    """A peer's bad positions reach DuckDB as sent (off the loop); it refuses them, the pass hears
+    an error and tries later, and the store goes on answering."""
+    async def go():
+        loop = asyncio.get_running_loop()
+        bus = _ReplyBus()
+        service = _service(tmp_path, bus, files={0: 0, 1: 0})
+        await loop.run_in_executor(service.queries, service.store.open)
+        try:
+            bad = {"writer": 0, "start": 0, "end": 1 << 40, "positions": [1, "x"]}
+            await asyncio.wait_for(service.on_forget(_message(Kind.STORE_FORGET, bad)), 5.0)
+            assert bus.replies[0]["rows"] == [] and "forgetting checkpoints" in bus.replies[0]["error"]
+            good = dict(bad, positions=[1, 2])
+            await asyncio.wait_for(service.on_forget(_message(Kind.STORE_FORGET, good, 2)), 5.0)
+            assert bus.replies[1] == {"rows": [0]}
+        finally:
+            service.passes.shutdown()
+            service.queries.submit(service.store.close).result()
+            service.queries.shutdown()
+    asyncio.run(go())
