@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -32,11 +31,6 @@ from broker.address import bus_address
 SYNC_TIMEOUT_SECS = 30.0
 KNOWN_WRITER_SECS = 2.0    # how long a `sync` waits for a writer it has heard from before using its files
 PAYLOAD_PASS_SECS = 10.0   # a payload compaction pass stops after this long; the next goes on from there
-# How long a thread running Python keeps the GIL while another waits for it (CPython's default is
-# 5 ms). The loader decodes and projects thousands of records a batch in Python; a read needs the
-# GIL back several times on its way (the loop takes the message, the query thread runs it and
-# reads the payload, the loop answers), and at 5 ms each behind the loader it waited tens of ms.
-SWITCH_INTERVAL_SECS = 0.0005
 
 
 class StoreService:
@@ -359,7 +353,6 @@ def _positions(pairs: list) -> dict[int, int]:
 
 
 def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> int:
-    sys.setswitchinterval(SWITCH_INTERVAL_SECS)
     async def run(stop: asyncio.Event) -> int:
         service_ = StoreService(config, bus_address(config, run_dir), log)
         await service_.start()
