@@ -123,5 +123,8 @@ def swap(store: "Store", plan: Plan) -> int:
                     pass
                 raise
         store.memory["messages"].run(con, apply)   # refused for memory: once more, the limit raised
+        writers, lsns, places = plan.moves
+        store.newest.moved(place(plan.segment, 0), place(plan.segment + 1, 0),
+                           dict(zip(zip(writers, lsns), places)))
         store.payloads.drop(plan.segment)
     return plan.size - plan.live_bytes

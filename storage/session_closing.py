@@ -45,7 +45,7 @@ def parse_upto(raw: str | list) -> dict[int, int]:
 
 class SessionClosing:
     """Mixed into Store (storage/store.py): needs `conns`, `pass_cursors`, `loaded`, `loading`, `log`,
-    `closing` and `pending_closes`."""
+    `closing`, `pending_closes` and `newest`."""
 
     conns: dict[str, "duckdb.DuckDBPyConnection"]
     loaded: dict[int, int]
@@ -112,6 +112,7 @@ class SessionClosing:
         events = self.conns["events"].execute(
             f"SELECT DISTINCT lsn, writer FROM events WHERE session = ? AND ({cond})", [session, *args]).fetchall()
         count = self._delete_rows("messages", session, cond, args, events)
+        self.newest.forget(session)   # after the deletion: a query meanwhile saw the rows (newest_blobs.py)
         count += self._delete_rows("events", session, cond, args, [])
         self.conns["messages"].execute("UPDATE closed_sessions SET applied = true WHERE writer = ? AND lsn = ?",
                                        [writer, lsn])

@@ -23,6 +23,7 @@ from agentos import metrics, native_memory
 from storage import payload_segments, records, schema, segments, session_closing
 from storage.bloom import BloomFilter
 from storage.duck_memory import MemoryLimit
+from storage.newest_blobs import Newest, NewestBlobs
 from storage.payload_segments import PayloadSegments
 from storage.projection import project
 from storage.session_closing import SessionClosing
@@ -75,6 +76,7 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
         self.read_bytes = READ_BYTES
         # "kind:session" of every checkpoint loaded: a session not in it has none (storage/bloom.py)
         self.checkpointed = BloomFilter()
+        self.newest = NewestBlobs()   # where each session's newest external checkpoint lies
         self.closing: dict[str, dict[int, int]] = {}   # see storage/session_closing.py
         self.pending_closes: list[tuple[str, dict[int, int], int, int]] = []
 
@@ -225,6 +227,7 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
         starts = {w: r.position for w, r in self.readers.items()}
         events_for_jsonl: list[dict] = []
         big: set[str] = set()     # files a record of this batch brings a big value to
+        first_blobs: set[str] = set()   # sessions whose first external checkpoint this batch loads
         count = 0
         self.backlog = False
         payloads_mark = self.payloads.loader.mark()
@@ -248,7 +251,10 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
                     for table, row in list(project(kind, decoded, writer, position)):  # all or nothing
                         if table == "checkpoints":
                             # before the commit: a query can only see the row once this is set
-                            self.checkpointed.add(f"{row[2]}:{row[0]}")
+                            name = f"{row[2]}:{row[0]}"
+                            if row[2] == "blob" and name not in self.checkpointed:
+                                first_blobs.add(row[0])
+                            self.checkpointed.add(name)
                         rows.setdefault(table, []).append(row)
                 except (ValueError, KeyError, TypeError, msgpack.ExtraData) as exc:
                     self.stats["bad_records"] += 1
@@ -270,6 +276,8 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
                 tables = {t: r for t, r in rows.items() if schema.TABLE_DB.get(t, schema.BOOK_TABLE_DB.get(t)) == db}
                 if tables or positions[db]:
                     self._commit(db, tables, positions[db], db in big)
+                    if db == "messages":   # at once: a retry after another file's failure skips these rows
+                        self._note_newest(rows.get("checkpoints", ()), first_blobs)
         except Exception:
             for writer, start in starts.items():
                 self.readers[writer].position = start  # re-read; files already committed skip by progress
@@ -297,6 +305,12 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
         self.stats["batches"] += 1
         self.on_loaded(dict(self.loaded), count)
         return count
+
+    def _note_newest(self, rows: list[tuple], first_blobs: set[str]) -> None:
+        for session, tenant, kind, key, seq, *_, writer, lsn, at, length in rows:
+            if kind == "blob" and at is not None:   # a session's newest of the batch
+                self.newest.loaded(session, Newest(tenant, key, seq, at, length, True, writer, lsn),
+                                   session in first_blobs)
 
     def _payloads_out(self, rows: list[tuple]) -> list[tuple]:
         """A batch's checkpoints rows with their payloads moved to the payload file.

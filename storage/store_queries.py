@@ -13,6 +13,7 @@ import msgpack
 import orjson
 
 from storage import duck_memory, schema
+from storage.newest_blobs import Newest
 
 MAX_LIMIT = 1000
 EXPIRED_PER_ANSWER = 5000     # runs per `expired_runs` answer (see q_expired_runs)
@@ -21,7 +22,7 @@ T = TypeVar("T")
 
 class StoreQueries:
     """Needs: `cursors`, `pass_cursors` and `memory` (one per DuckDB file), `passing`, `payloads`,
-    `checkpointed` and `loaded` of a Store."""
+    `checkpointed`, `newest` and `loaded` of a Store."""
 
     def query(self, name: str, session: str, tenant: str | None = None, turn: str | None = None,
               after: int = -1, limit: int = 100) -> tuple[list[dict[str, Any]], int | None]:
@@ -118,11 +119,21 @@ class StoreQueries:
     def q_blob_latest(self, session, tenant, turn, after, limit):
         if not self.has_blobs(session):
             return [], None
+        known = self.newest.get(session)
+        if known is not None and (not tenant or known.tenant == tenant):
+            return [{"key": known.key, "seq": known.seq, "payload": self.payloads.read(known.at, known.length)}], None
+        removals = self.newest.removals   # before the query: see storage/newest_blobs.py
         clause, args = self._tenant_clause(tenant)
+        # a scan of the session's rows: DuckDB makes no index lookup of it
         row = self.cursors["messages"].execute(
-            "SELECT key, seq, payload, payload_at, payload_len FROM checkpoints WHERE session = ? AND kind = 'blob'"
-            + clause + " ORDER BY seq DESC LIMIT 1", [session, *args]).fetchone()
-        return ([{"key": row[0], "seq": row[1], "payload": self._payload(*row[2:])}] if row else []), None
+            "SELECT key, seq, payload, payload_at, payload_len, tenant, writer, lsn FROM checkpoints WHERE session = ? "
+            "AND kind = 'blob'" + clause + " ORDER BY seq DESC LIMIT 1", [session, *args]).fetchone()
+        if row is None:
+            return [], None
+        key, seq, inline, at, length, row_tenant, writer, lsn = row
+        if at is not None:   # a session's rows are all its tenant's (gateway/tenancy.py): the newest
+            self.newest.answered(session, Newest(row_tenant, key, seq, at, length, True, writer, lsn), removals)
+        return [{"key": key, "seq": seq, "payload": self._payload(inline, at, length)}], None
 
     def q_flow_records(self, session, tenant, turn, after, limit):
         """The whole journal of run `session`, in log order."""
