@@ -29,14 +29,20 @@ class BloomFilter:
         bits = self.bits
         return [word % bits for word in self._words.unpack_from(digest)]
 
-    def add(self, key: str) -> None:
+    def add(self, key: str) -> bool:
+        """Add `key`; whether it was new (False: added before, or a false "maybe")."""
         if key in self._recent:
-            return
+            return False
         if len(self._recent) >= RECENT_KEYS:
             self._recent.clear()
         self._recent.add(key)
+        new = False
         for bit in self._positions(key):
-            self.array[bit >> 3] |= 1 << (bit & 7)
+            mask = 1 << (bit & 7)
+            if not self.array[bit >> 3] & mask:
+                new = True
+                self.array[bit >> 3] |= mask
+        return new
 
     def __contains__(self, key: str) -> bool:
         return all(self.array[bit >> 3] & (1 << (bit & 7)) for bit in self._positions(key))

@@ -51,16 +51,20 @@ class NewestBlobs:
         found = self.entries.get(session)
         return found if found is not None and found.sure else None
 
-    def loaded(self, session: str, row: Newest, first: bool) -> None:
-        """The loader committed `row` (its `sure` is not read), its session's newest of the batch;
-        `first`: no external checkpoint of the session was loaded before it (as far as the Bloom
-        filter knows)."""
+    def loaded(self, row: tuple, first: bool) -> None:
+        """The loader committed `row` of the checkpoints table (storage/projection.py, its payload
+        placed: `…, writer, lsn, at, length`), its session's newest of the batch; `first`: no
+        external checkpoint of the session was loaded before it (as far as the Bloom filter knows)."""
+        session, tenant, _, key, seq = row[:5]
         with self.lock:
             old = self.entries.get(session)
             if old is None:   # not sure unless the first: older rows may be newer (a clock set back)
-                self._put(session, row._replace(sure=first))
-            elif row.seq > old.seq:
-                self._put(session, row._replace(sure=old.sure))
+                sure = first
+            elif seq > old.seq:
+                sure = old.sure
+            else:
+                return
+            self._put(session, Newest(sys.intern(tenant), key, seq, row[11], row[12], sure, row[9], row[10]))
 
     def answered(self, session: str, row: Newest, removals: int) -> None:
         """A query found `row` the session's newest, having started when `removals` entries had
@@ -72,7 +76,7 @@ class NewestBlobs:
             if old is not None and old.seq >= row.seq:
                 self.entries[session] = old._replace(sure=True)
             else:
-                self._put(session, row._replace(sure=True))
+                self._put(session, row._replace(tenant=sys.intern(row.tenant), sure=True))
 
     def forget(self, session: str) -> None:
         """The session's rows are being deleted (closed)."""
@@ -96,7 +100,7 @@ class NewestBlobs:
         return len(placed)
 
     def _put(self, session: str, entry: Newest) -> None:
-        self.entries[session] = entry._replace(tenant=sys.intern(entry.tenant))   # one per tenant
+        self.entries[session] = entry   # its tenant interned: one string per tenant
         self.entries.move_to_end(session)
         while len(self.entries) > self.max_sessions:
             self.entries.popitem(last=False)

@@ -23,7 +23,7 @@ from agentos import metrics, native_memory
 from storage import payload_segments, records, schema, segments, session_closing
 from storage.bloom import BloomFilter
 from storage.duck_memory import MemoryLimit
-from storage.newest_blobs import Newest, NewestBlobs
+from storage.newest_blobs import NewestBlobs
 from storage.payload_segments import PayloadSegments
 from storage.projection import project
 from storage.session_closing import SessionClosing
@@ -251,10 +251,8 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
                     for table, row in list(project(kind, decoded, writer, position)):  # all or nothing
                         if table == "checkpoints":
                             # before the commit: a query can only see the row once this is set
-                            name = f"{row[2]}:{row[0]}"
-                            if row[2] == "blob" and name not in self.checkpointed:
+                            if self.checkpointed.add(f"{row[2]}:{row[0]}") and row[2] == "blob":
                                 first_blobs.add(row[0])
-                            self.checkpointed.add(name)
                         rows.setdefault(table, []).append(row)
                 except (ValueError, KeyError, TypeError, msgpack.ExtraData) as exc:
                     self.stats["bad_records"] += 1
@@ -307,10 +305,10 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
         return count
 
     def _note_newest(self, rows: list[tuple], first_blobs: set[str]) -> None:
-        for session, tenant, kind, key, seq, *_, writer, lsn, at, length in rows:
-            if kind == "blob" and at is not None:   # a session's newest of the batch
-                self.newest.loaded(session, Newest(tenant, key, seq, at, length, True, writer, lsn),
-                                   session in first_blobs)
+        loaded = self.newest.loaded
+        for row in rows:
+            if row[2] == "blob" and row[11] is not None:   # a session's newest of the batch
+                loaded(row, row[0] in first_blobs)
 
     def _payloads_out(self, rows: list[tuple]) -> list[tuple]:
         """A batch's checkpoints rows with their payloads moved to the payload file.

@@ -7,9 +7,15 @@ from storage.bloom import BloomFilter
 def test_a_member_is_always_found_and_most_strangers_are_not():
     bloom = BloomFilter(bits=1 << 16, hashes=7)
     members = [f"agent:s{i:05d}" for i in range(5000)]
-    for key in members:
-        bloom.add(key)
+    news = [bloom.add(key) for key in members]
     assert all(key in bloom for key in members)
+    # add() says whether a key was new: a member added again is not (a stranger may be a "maybe")
+    assert sum(news) > 4900 and not any(bloom.add(key) for key in members[:10])
+    later = BloomFilter(bits=1 << 16, hashes=7)   # past the recent keys, by the bits
+    for key in members:
+        later.add(key)
+    later._recent.clear()
+    assert not any(later.add(key) for key in members)
     strangers = sum(f"agent:t{i:05d}" in bloom for i in range(20000))
     # 5,000 members in 65,536 bits with 7 hashes: about 1.4% of strangers answer "maybe"
     assert strangers < 20000 * 0.04

@@ -10,24 +10,30 @@ from storage.store import Store
 
 
 def row(seq, at=0, writer=0, lsn=0):
+    """As a query answers it."""
     return Newest("t", f"k{seq}", seq, at, 10, False, writer, lsn)
+
+
+def loaded_row(session, seq, at=0, writer=0, lsn=0):
+    """As the loader commits it (storage/projection.py, its payload placed)."""
+    return (session, "t", "blob", f"k{seq}", seq, True, 0, None, 1.0, writer, lsn, at, 10)
 
 
 def test_a_sessions_first_checkpoint_is_known_at_once_one_from_before_only_once_a_query_answered():
     known = NewestBlobs()
-    known.loaded("new", row(5), first=True)
-    known.loaded("old", row(7), first=False)   # rows from before this process may be newer
+    known.loaded(loaded_row("new", 5), first=True)
+    known.loaded(loaded_row("old", 7), first=False)   # rows from before this process may be newer
     assert known.get("new").seq == 5 and known.get("old") is None
     known.answered("old", row(6), known.removals)   # the query saw 6; the load since brought 7
     assert known.get("old").seq == 7
-    known.loaded("new", row(4), first=False)   # not newer: kept as it is
-    known.loaded("new", row(9), first=False)
+    known.loaded(loaded_row("new", 4), first=False)   # not newer: kept as it is
+    known.loaded(loaded_row("new", 9), first=False)
     assert known.get("new").seq == 9
 
 
 def test_a_query_answer_is_not_taken_when_an_entry_was_removed_while_it_ran():
     known = NewestBlobs()
-    known.loaded("s", row(3), first=True)
+    known.loaded(loaded_row("s", 3), first=True)
     before = known.removals
     known.forget("s")              # a close deleted its rows after the query read them
     known.answered("s", row(3), before)
@@ -39,7 +45,7 @@ def test_a_query_answer_is_not_taken_when_an_entry_was_removed_while_it_ran():
 def test_the_bound_pushes_out_the_least_recently_loaded_and_a_compaction_moves_the_rest():
     known = NewestBlobs(max_sessions=2)
     for n, session in enumerate("abc"):
-        known.loaded(session, row(n, at=payload_segments.place(0, n * 10), lsn=n), first=True)
+        known.loaded(loaded_row(session, n, at=payload_segments.place(0, n * 10), lsn=n), first=True)
     assert known.get("a") is None and known.removals == 1
     moved = known.moved(payload_segments.place(0, 0), payload_segments.place(1, 0),
                         {(0, 2): payload_segments.place(3, 0)})
