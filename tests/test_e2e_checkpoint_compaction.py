@@ -139,3 +139,51 @@ def test_superseded_checkpoints_leave_a_default_sized_segment(make_server):
     wait_until(lambda: scrape(server.url).get('agentos_compacted_records_total{reason="superseded_checkpoint"}', 0) > 5000,
                60, "the sealed segment's superseded checkpoints to leave the log", interval=0.5)
     assert "could not answer" not in server.log() and " ERROR " not in server.log(), server.log()[-3000:]
+
+
+def test_without_a_gateway_cache_every_latest_read_is_the_newest_through_kill9_of_the_store_and_a_close(make_server):
+    """Real processes, no gateway cache: every `…/checkpoints/latest` is answered by writer/store,
+    from where it knows a session's newest checkpoint lies (storage/newest_blobs.py) or by a
+    query. Checkpoints before and after a kill -9 of writer/store (its memory starts empty), a
+    close and a new checkpoint under the closed id: each read is the newest acknowledged."""
+    import urllib.request
+
+    from harness import get_json, status_of
+
+    server = make_server({"gateway": {"checkpoint_cache_mb": 0}})
+    sessions = [f"nb-{i}" for i in range(5)]
+    newest = {}
+
+    def write(n, sids=sessions):
+        for sid in sids:
+            body = f"{sid}:{n};".encode() * (200 + 50 * n)
+            assert put(server.url, sid, f"n{n}", body) == 200
+            newest[sid] = (f"n{n}", body)
+
+    def reads():
+        out = {}
+        for sid in sessions:
+            url = f"{server.url}/v1/sessions/{sid}/checkpoints/latest"
+            if status_of(url) == 404:
+                out[sid] = None
+                continue
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                out[sid] = (resp.headers["X-Checkpoint-Key"], resp.read())
+        return out
+
+    for n in range(3):
+        write(n)
+        assert reads() == newest
+    server.kill9("writer/store")
+    assert reads() == newest            # by a query: the restarted store knows nothing yet
+    write(3)
+    assert reads() == newest            # the loader's newest, now known for sure
+    assert get_json(f"{server.url}/v1/sessions/{sessions[0]}", method="DELETE")[0] == 204
+    del newest[sessions[0]]
+    assert reads() == {**newest, sessions[0]: None}
+    write(0, sessions[:1])              # the closed id starts over
+    write(4)
+    assert reads() == newest
+    server.kill9("writer/store")
+    write(5)
+    assert reads() == newest
