@@ -178,9 +178,8 @@ SPECS: dict[Kind, Spec] = {
     Kind.LOG_APPEND: _spec({"records": list}, sync=bool),  # sync: someone waits for this ack
     Kind.LOG_ACK: _spec({"position": int, "count": int}),
     Kind.LOG_FLUSHED: _spec({"writer": int, "position": int}, count=int),
-    # query: messages, events, checkpoint_chain, blob_latest, flow_records, open_runs, count
-    # (see storage/store.py `QUERIES`);
-    # sync: answer only after loading everything the log had acknowledged when the query arrived.
+    # query: messages, events, checkpoint_chain, blob_latest, blob_filter, flow_records, open_runs,
+    # expired_runs, count, log_ends (see storage/store_queries.py `QUERIES`);
     # `sync`: answer once the store has loaded everything in the logs now; `sync_to` ([[log, position],
     # ...]): once it has loaded that far (a reader that knows what it has not seen yet).
     Kind.STORE_QUERY: _spec({"query": str, "session": str}, tenant=str, turn=str, after=int, limit=int,

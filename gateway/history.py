@@ -8,6 +8,7 @@ acknowledged before the request. A checkpoint PUT is appended to the log by the 
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 from typing import TYPE_CHECKING, Callable
@@ -19,6 +20,7 @@ from broker.protocol import Kind
 from broker.sharding import STORE, actor_name
 from gateway.errors import ApiError, json_response
 from gateway.latest_checkpoints import UNPLACED, Checkpoint, LatestCheckpoints
+from storage.bloom import BloomFilter
 from storage.log_client import LogWriteError
 from storage.records import RecordKind
 
@@ -47,6 +49,9 @@ def _int_param(request: web.Request, name: str, default: int, low: int, high: in
     return value
 
 
+log = logging.getLogger("agent-os.gateway")
+
+
 class HistoryRoutes:
     def __init__(self, gateway: "Gateway") -> None:
         self.gw = gateway
@@ -55,21 +60,42 @@ class HistoryRoutes:
         # Where the logs ended when this process started ([[log, position], ...]), once the store
         # said: a cache miss reads the store as of there (see gateway/latest_checkpoints.py).
         self.settled: list | None = None
+        # A session neither holds has certainly never had an external checkpoint, and a miss on it
+        # is answered here, not by the store: a new session's first read (its runtime looking for
+        # one to resume from). `before`: the store's filter as of `settled`, once it said; the
+        # gateway writes every external checkpoint after that (`written`).
+        self.before: BloomFilter | None = None
+        self.written = BloomFilter()
 
     async def settle(self) -> None:
-        """Ask the store where the logs end, until it answers (at start, beside serving)."""
+        """Ask the store where the logs end, then for its filter as of there, until it answers
+        each (at start, beside serving)."""
         delay = 0.1
-        while self.settled is None:
+        while self.before is None:
             try:
-                reply = await self.gw.bus.request(STORE, Kind.STORE_QUERY, {"query": "log_ends", "session": ""},
-                                                  timeout=10.0)
-                if not reply.body.get("error"):
-                    self.settled = reply.body["rows"]
-                    return
-            except BusError:
+                if self.settled is None:
+                    reply = await self.gw.bus.request(STORE, Kind.STORE_QUERY, {"query": "log_ends", "session": ""},
+                                                      timeout=10.0)
+                    if not reply.body.get("error"):
+                        self.settled = reply.body["rows"]
+                        continue
+                else:
+                    reply = await self.gw.bus.request(STORE, Kind.STORE_QUERY, {
+                        "query": "blob_filter", "session": "", "sync_to": self.settled}, timeout=35.0)
+                    if not reply.body.get("error"):
+                        self.before = BloomFilter.restore(reply.body["rows"][0])
+                        log.info("the store's filter of sessions with checkpoints, as of this start, is here: "
+                                 "a read of a session never written is answered without it")
+                        return
+            except (BusError, ValueError, KeyError, IndexError, TypeError):
                 pass
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
+
+    def never_checkpointed(self, sid: str) -> bool:
+        """Whether `sid` certainly has no external checkpoint (False: it may have one)."""
+        name = f"blob:{sid}"
+        return self.before is not None and name not in self.before and name not in self.written
 
     async def _query(self, body: dict) -> dict:
         try:
@@ -128,6 +154,7 @@ class HistoryRoutes:
         body, or `done(None, error)` (an ApiError when the log refused it)."""
         seq = self._next_seq()
         durability = self.gw.config.storage.durability
+        self.written.add(f"blob:{sid}")   # before it can be durable: a read from now on asks the store
 
         def appended(position: int | None, error: BaseException | None) -> None:
             if error is None:
@@ -185,6 +212,8 @@ class HistoryRoutes:
     async def latest_checkpoint(self, tenant: str, sid: str) -> Checkpoint:
         latest = self.latest.get(sid)
         if latest is None:
+            if self.never_checkpointed(sid):
+                raise ApiError(404, "not_found", "this session has no checkpoint")
             query = {"query": "blob_latest", "session": sid, "tenant": tenant}
             need = self.latest.needed(sid)
             if self.settled is not None and need is not None:

@@ -24,6 +24,25 @@ class BloomFilter:
         self._words = struct.Struct(f"<{hashes}I")
         self._recent: set[str] = set()
 
+    def state(self) -> dict:
+        """What `restore` takes (plain data: it goes over the bus as msgpack)."""
+        return {"bits": self.bits, "hashes": self.hashes, "array": bytes(self.array)}
+
+    @classmethod
+    def restore(cls, state: dict) -> "BloomFilter":
+        """A filter from `state()`; ValueError if it is not one."""
+        try:
+            bits, hashes, array = state["bits"], state["hashes"], state["array"]
+        except (KeyError, TypeError):
+            raise ValueError("a Bloom filter's state has 'bits', 'hashes' and 'array'") from None
+        if type(bits) is not int or type(hashes) is not int or not isinstance(array, bytes):
+            raise ValueError("a Bloom filter's 'bits' and 'hashes' are integers, its 'array' bytes")
+        restored = cls(bits, hashes)
+        if len(array) != len(restored.array):
+            raise ValueError(f"a Bloom filter of {bits} bits has {len(restored.array)} bytes, not {len(array)}")
+        restored.array[:] = array
+        return restored
+
     def _positions(self, key: str) -> list[int]:
         digest = hashlib.blake2b(key.encode(), digest_size=32).digest()
         bits = self.bits

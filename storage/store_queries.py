@@ -135,6 +135,11 @@ class StoreQueries:
             self.newest.answered(session, Newest(row_tenant, key, seq, at, length, True, writer, lsn), removals)
         return [{"key": key, "seq": seq, "payload": self._payload(inline, at, length)}], None
 
+    def q_blob_filter(self, session, tenant, turn, after, limit):
+        """The Bloom filter of the sessions with checkpoints (`checkpointed`), for the gateway: a
+        session it does not hold is certainly without an external checkpoint so far loaded."""
+        return [self.checkpointed.state()], None
+
     def q_flow_records(self, session, tenant, turn, after, limit):
         """The whole journal of run `session`, in log order."""
         rows = self.cursors["flows"].execute("SELECT body FROM flow_records WHERE run = ? ORDER BY writer, lsn",
@@ -191,5 +196,6 @@ SUPERSEDED = (
 
 QUERIES = {"messages": StoreQueries.q_messages, "events": StoreQueries.q_events,
            "checkpoint_chain": StoreQueries.q_checkpoint_chain, "blob_latest": StoreQueries.q_blob_latest,
+           "blob_filter": StoreQueries.q_blob_filter,
            "count": StoreQueries.q_count, "flow_records": StoreQueries.q_flow_records,
            "open_runs": StoreQueries.q_open_runs, "expired_runs": StoreQueries.q_expired_runs}

@@ -27,3 +27,14 @@ def test_bad_shapes_are_refused():
         BloomFilter(bits=4)
     with pytest.raises(ValueError):
         BloomFilter(hashes=9)
+
+
+def test_a_filter_goes_over_the_wire_as_plain_data_and_a_bad_one_is_refused():
+    bloom = BloomFilter(bits=1 << 12, hashes=5)
+    bloom.add("blob:a")
+    again = BloomFilter.restore(bloom.state())
+    assert "blob:a" in again and "blob:b" not in again and again.state() == bloom.state()
+    for bad in (None, {}, {"bits": 1 << 12, "hashes": 5, "array": b"short"},
+                {"bits": "4096", "hashes": 5, "array": bytes(512)}, {"bits": 1 << 12, "hashes": 9, "array": bytes(512)}):
+        with pytest.raises(ValueError):
+            BloomFilter.restore(bad)

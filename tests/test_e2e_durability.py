@@ -254,7 +254,9 @@ def test_a_torn_tail_recovers_to_the_last_whole_record(tmp_path):
 
 
 def test_a_restarted_gateway_reads_checkpoints_written_before_it_and_404s_the_rest(make_server):
-    """Its cache starts empty: misses read the store as of where the logs ended at its start."""
+    """Its cache starts empty: misses read the store as of where the logs ended at its start, and
+    once the store's filter of sessions with checkpoints is here, a session neither it nor the
+    gateway's own writes name is answered 404 without the store."""
     import urllib.error
     import urllib.request
 
@@ -277,10 +279,14 @@ def test_a_restarted_gateway_reads_checkpoints_written_before_it_and_404s_the_re
         except OSError:
             return False      # not listening yet
     wait_until(ready, 20, "the restarted gateway to be ready")
+    filters = "the store's filter of sessions with checkpoints"
     for _ in range(3):       # before and after it has heard from the store where the logs ended
         assert latest("before-restart") == (200, "k4", b"v4")
         assert latest("never-written")[0] == 404
         time.sleep(0.3)
+    wait_until(lambda: server.log().count(filters) >= 2, 20, "the restarted gateway to have the store's filter")
+    assert latest("before-restart") == (200, "k4", b"v4")
+    assert latest("never-written")[0] == 404
     assert put(server.url, "before-restart", "k5", b"v5")[0] == 200
     assert latest("before-restart") == (200, "k5", b"v5")
 

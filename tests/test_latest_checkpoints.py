@@ -214,3 +214,28 @@ def test_with_durability_none_a_pushed_out_checkpoint_is_read_as_of_the_logs_end
         await _read_latest(routes, "s")
         assert asked[0].get("sync") is True and "sync_to" not in asked[0]
     asyncio.run(go())
+
+
+def test_a_session_neither_the_stores_filter_nor_this_gateway_knows_is_answered_without_the_store():
+    import asyncio
+
+    import pytest
+
+    from gateway.errors import ApiError
+    from storage.bloom import BloomFilter
+
+    async def go():
+        routes, asked = _routes({"gateway": {"checkpoint_cache_mb": 0}}, 0, [10, 20], [[0, 5]])
+        await _read_latest(routes, "never")
+        assert [q["session"] for q in asked] == ["never"]     # no filter from the store yet: it is asked
+        before = BloomFilter()
+        before.add("blob:old")                               # a checkpoint from before this process
+        routes.before = before
+        with pytest.raises(ApiError) as missing:
+            await routes.latest_checkpoint("t", "never")
+        assert missing.value.status == 404 and len(asked) == 1
+        await _read_latest(routes, "old")
+        await routes.save_checkpoint("t", "new", "new", "k", b"x")   # not held: the cache is off
+        await _read_latest(routes, "new")
+        assert [q["session"] for q in asked] == ["never", "old", "new"]
+    asyncio.run(go())
