@@ -40,6 +40,9 @@ class StoreService:
         self.store = Store(Path(config.storage.dir), config.logs, config.storage.duckdb_memory_limit_mb,
                            config.storage.jsonl_dir, log, payload_segment_bytes=config.storage.segment_bytes)
         self.queries = ThreadPoolExecutor(1, thread_name_prefix="store-query")
+        # a latest read whose place is known (storage/newest_blobs.py): one payload read, which need
+        # not queue behind the queries (nor a reopen or a payload compaction's swap on their thread)
+        self.payload_reads = ThreadPoolExecutor(1, thread_name_prefix="store-payload")
         self.maintenance = ThreadPoolExecutor(1, thread_name_prefix="store-compact")
         # compaction's and retention's questions and deletions (`Store.on_pass`), beside the reads
         self.passes = ThreadPoolExecutor(1, thread_name_prefix="store-pass")
@@ -93,6 +96,7 @@ class StoreService:
         self.loader.shutdown(wait=True)
         self.maintenance.shutdown(wait=True)   # a copy in progress reads the payload file: let it end
         self.passes.shutdown(wait=True)        # a pass's question in progress uses its cursors
+        self.payload_reads.shutdown(wait=True)
         # Everything that writes records stopped before this process (the supervisor stops in
         # reverse order), each after its last fdatasync: the files are whole, whatever was noticed.
         self.store.limits = None
@@ -217,6 +221,9 @@ class StoreService:
                 # the reads of sessions that have checkpoints
                 self.bus.reply(msg, Kind.STORE_ROWS, {"rows": []})
                 return
+            if b["query"] == "blob_latest" and (rows := await self._known_latest(str(b["session"]), b.get("tenant"))):
+                self.bus.reply(msg, Kind.STORE_ROWS, {"rows": rows})
+                return
             rows, next_after = await self.loop.run_in_executor(
                 self.queries, lambda: self.store.query(b["query"], b["session"], b.get("tenant"), b.get("turn"),
                                                        int(b.get("after", -1) if b.get("after") is not None else -1),
@@ -231,6 +238,21 @@ class StoreService:
         if next_after is not None:
             body["next_after"] = next_after
         self.bus.reply(msg, Kind.STORE_ROWS, body)
+
+    async def _known_latest(self, session: str, tenant: str | None) -> list[dict]:
+        """The session's newest external checkpoint if its place is known, read off the query
+        thread; [] to ask the query thread instead. A payload compaction may have moved it and
+        deleted its old segment since the place was looked up: that read fails (this process
+        never numbers two segments alike) and the query thread answers."""
+        known = self.store.newest.get(session)
+        if known is None or (tenant and known.tenant != tenant):
+            return []
+        try:
+            payload = await self.loop.run_in_executor(self.payload_reads, self.store.payloads.read, known.at,
+                                                      known.length)
+        except OSError:
+            return []
+        return [{"key": known.key, "seq": known.seq, "payload": payload}]
 
     async def on_purge(self, msg: Message) -> None:
         runs = [str(r) for r in msg.body["runs"]]

@@ -204,3 +204,52 @@ def test_a_forget_naming_a_position_that_is_not_one_is_answered_as_an_error(tmp_
             service.queries.submit(service.store.close).result()
             service.queries.shutdown()
     asyncio.run(go())
+
+
+def test_a_latest_read_whose_place_is_known_does_not_queue_behind_the_query_thread(tmp_path):
+    """A session whose newest external checkpoint's place writer/store knows is answered with one
+    payload read, even while the query thread is held (a reopen, a payload compaction's swap);
+    if that place has gone meanwhile (compacted away), the query thread answers instead."""
+    from storage import payload_segments, records, segments
+    from storage.records import RecordKind
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        bus = _ReplyBus()
+        service = _service(tmp_path, bus, files={0: 0, 1: 0})
+        log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=1 << 20)
+        body = records.encode_body({"session": "s", "tenant": "t", "key": "k1", "seq": 1, "payload": b"state",
+                                    "at": 1.0})
+        log.write(records.frame(RecordKind.BLOB, b"r1", body), sync=True)
+        log.close()
+        await loop.run_in_executor(service.queries, service.store.open)
+        await loop.run_in_executor(service.queries, service.store.load_all)
+        busy = threading.Event()
+        service.queries.submit(busy.wait, 10)
+        try:
+            ask = {"query": "blob_latest", "session": "s", "tenant": "t", "sync_to": []}
+            await asyncio.wait_for(service.on_query(_message(Kind.STORE_QUERY, ask)), 2.0)
+            assert bus.replies == [{"rows": [{"key": "k1", "seq": 1, "payload": b"state"}]}]
+            read = service.store.payloads.read
+            gone = [payload_segments.place(0, 0)]
+
+            def compacted_away_once(at, length):          # moved, its old segment deleted, since
+                if gone:
+                    raise FileNotFoundError(gone.pop())
+                return read(at, length)
+            service.store.payloads.read = compacted_away_once
+            waiting = asyncio.ensure_future(service.on_query(_message(Kind.STORE_QUERY, ask, 3)))
+            await asyncio.sleep(0.2)
+            assert not waiting.done()                     # that read failed: the query thread's turn
+            busy.set()
+            await asyncio.wait_for(waiting, 5.0)
+            assert bus.replies[-1] == {"rows": [{"key": "k1", "seq": 1, "payload": b"state"}]}
+            other = {**ask, "tenant": "other"}            # never from the entry: the query says none
+            await asyncio.wait_for(service.on_query(_message(Kind.STORE_QUERY, other, 4)), 5.0)
+            assert bus.replies[-1] == {"rows": []}
+        finally:
+            busy.set()
+            service.payload_reads.shutdown()
+            service.queries.submit(service.store.close).result()
+            service.queries.shutdown()
+    asyncio.run(go())
