@@ -100,7 +100,7 @@ class NewestBlobs:
         return len(placed)
 
     def _put(self, session: str, entry: Newest) -> None:
-        self.entries[session] = entry   # its tenant interned: one string per tenant
+        self.entries[session] = entry   # callers intern its tenant: one string per tenant
         self.entries.move_to_end(session)
         while len(self.entries) > self.max_sessions:
             self.entries.popitem(last=False)

@@ -244,15 +244,12 @@ class StoreService:
         thread; [] to ask the query thread instead. A payload compaction may have moved it and
         deleted its old segment since the place was looked up: that read fails (this process
         never numbers two segments alike) and the query thread answers."""
-        known = self.store.newest.get(session)
-        if known is None or (tenant and known.tenant != tenant):
-            return []
+        if self.store.newest.get(session) is None:
+            return []        # not known: no thread hop
         try:
-            payload = await self.loop.run_in_executor(self.payload_reads, self.store.payloads.read, known.at,
-                                                      known.length)
+            return await self.loop.run_in_executor(self.payload_reads, self.store.known_latest, session, tenant) or []
         except OSError:
             return []
-        return [{"key": known.key, "seq": known.seq, "payload": payload}]
 
     async def on_purge(self, msg: Message) -> None:
         runs = [str(r) for r in msg.body["runs"]]

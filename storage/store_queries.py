@@ -119,9 +119,8 @@ class StoreQueries:
     def q_blob_latest(self, session, tenant, turn, after, limit):
         if not self.has_blobs(session):
             return [], None
-        known = self.newest.get(session)
-        if known is not None and (not tenant or known.tenant == tenant):
-            return [{"key": known.key, "seq": known.seq, "payload": self.payloads.read(known.at, known.length)}], None
+        if (rows := self.known_latest(session, tenant)) is not None:
+            return rows, None
         removals = self.newest.removals   # before the query: see storage/newest_blobs.py
         clause, args = self._tenant_clause(tenant)
         # a scan of the session's rows: DuckDB makes no index lookup of it
@@ -134,6 +133,15 @@ class StoreQueries:
         if at is not None:   # a session's rows are all its tenant's (gateway/tenancy.py): the newest
             self.newest.answered(session, Newest(row_tenant, key, seq, at, length, True, writer, lsn), removals)
         return [{"key": key, "seq": seq, "payload": self._payload(inline, at, length)}], None
+
+    def known_latest(self, session: str, tenant: str | None) -> list[dict] | None:
+        """`blob_latest`'s rows from where the session's newest external checkpoint is known to lie
+        (storage/newest_blobs.py), one payload read; None if that is not known. OSError if the
+        place is gone (a payload compaction moved it since: read again)."""
+        known = self.newest.get(session)
+        if known is None or (tenant and known.tenant != tenant):
+            return None
+        return [{"key": known.key, "seq": known.seq, "payload": self.payloads.read(known.at, known.length)}]
 
     def q_blob_filter(self, session, tenant, turn, after, limit):
         """The Bloom filter of the sessions with checkpoints (`checkpointed`), for the gateway: a
