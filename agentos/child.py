@@ -51,7 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         log.error("cannot read the resolved config in %s: %s", run_dir.path, exc)
         return service.EXIT_CONFIG
-    cpu_layout.place(role, config, log)   # before the role starts a thread
+    try:
+        gateway_cpu = run_dir.read_json(run_dir.placement_path).get("gateway_cpu")
+    except (OSError, ValueError, AttributeError):
+        gateway_cpu = None              # the last CPU, as without a claim
+    cpu_layout.place(role, config, log, gateway_cpu)   # before the role starts a thread
     module = importlib.import_module(ROLES[role])
     return module.main(config, index, run_dir, log)
 

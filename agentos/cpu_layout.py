@@ -11,38 +11,72 @@ writer/store kept off it: 1.81× the checkpoints/s at 0.57× the commit p99 at 1
 (bench/results/2026-12-03-gateway-own-cpu-10k/, …-1worker/, 2026-12-03-turns-persist-dec03-twentyfirst/).
 
 So, with `kernel.gateway_own_cpu` (default on) and at least two CPUs allowed to the server:
-the gateway runs on the last of them; writer/store, the compaction helpers the gateway starts
-and the gateway's own background threads (the log's I/O and compaction threads, a spare's
-zeroing, the bucket shipper) run on the others. Everything else — broker, actors, scheduler,
-writer/log — may run anywhere, the gateway's CPU included when it is idle. With one CPU nothing
-is pinned. The CPUs are those the server was started with (a container's or `taskset`'s).
+the gateway runs on one of them; writer/store, the compaction helpers the gateway starts and
+the gateway's own background threads (the log's I/O and compaction threads, a spare's zeroing,
+the bucket shipper) run on the others. Everything else — broker, actors, scheduler, writer/log —
+may run anywhere, the gateway's CPU included when it is idle. With one CPU nothing is pinned.
+The CPUs are those the server was started with (a container's or `taskset`'s).
+
+Which one: the last that no other server's gateway on this machine holds. The supervisor claims
+it at start with an advisory lock on a file per CPU (`claim`, in CLAIMS_DIR), held for its life
+(the kernel lets go of it however the supervisor ends), and tells its children in the run
+directory. Without it, every server on a machine put its gateway on the same last CPU and its
+writer/store on the others, where the other servers' gateways were not. When every CPU is held,
+or no claim can be made, the last one is used, as before.
 """
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from agentos.config import Config
 
 _background: set[int] | None = None    # this process's CPUs for background threads, once placed
+CLAIMS_DIR = Path("/tmp/agent-os-cpus")  # one lock file per CPU, shared by every server of the machine
 
 
-def plan(allowed: set[int]) -> tuple[set[int], set[int]] | None:
-    """(the gateway's CPUs, everything background's), or None when there is no CPU to spare."""
+def claim(allowed: set[int], directory: Path = CLAIMS_DIR) -> tuple[int, int] | None:
+    """(the last allowed CPU no other server's gateway holds, the descriptor whose lock holds it
+    until closed), or None when every one is held or no claim can be made."""
+    try:
+        directory.mkdir(exist_ok=True)
+        os.chmod(directory, 0o1777)   # every user's servers claim here (like /tmp: sticky)
+    except OSError:
+        pass                          # another user's directory: its files may still be opened
+    for cpu in sorted(allowed, reverse=True):
+        try:
+            fd = os.open(directory / f"cpu-{cpu}", os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        return cpu, fd
+    return None
+
+
+def plan(allowed: set[int], gateway_cpu: int | None = None) -> tuple[set[int], set[int]] | None:
+    """(the gateway's CPUs, everything background's), or None when there is no CPU to spare; the
+    gateway takes `gateway_cpu` if it is allowed, else the last CPU."""
     if len(allowed) < 2:
         return None
-    cpus = sorted(allowed)
-    return {cpus[-1]}, set(cpus[:-1])
+    cpu = gateway_cpu if gateway_cpu in allowed else max(allowed)
+    return {cpu}, allowed - {cpu}
 
 
-def place(role: str, config: "Config", log: logging.Logger) -> None:
-    """At a child's start, before it starts a thread (threads inherit their creator's CPUs)."""
+def place(role: str, config: "Config", log: logging.Logger, gateway_cpu: int | None = None) -> None:
+    """At a child's start, before it starts a thread (threads inherit their creator's CPUs);
+    `gateway_cpu`: the CPU its supervisor claimed for the gateway."""
     global _background
     if not config.kernel.gateway_own_cpu or role not in ("gateway", "writer-store"):
         return
-    layout = plan(os.sched_getaffinity(0))
+    layout = plan(os.sched_getaffinity(0), gateway_cpu)
     if layout is None:
         return
     gateway, background = layout

@@ -58,6 +58,11 @@ class RunDir:
         return self.path / "processes.json"
 
     @property
+    def placement_path(self) -> Path:
+        """{"gateway_cpu": N or null}: the CPU the supervisor claimed for the gateway (agentos/cpu_layout.py)."""
+        return self.path / "placement.json"
+
+    @property
     def metrics_dir(self) -> Path:
         return self.path / "metrics"
 

@@ -18,7 +18,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
-from agentos import metrics, module_command, service
+from agentos import cpu_layout, metrics, module_command, service
 from agentos.child import process_name
 from agentos.config import Config
 from agentos.forkserver import ForkedProcess, ForkServer
@@ -80,6 +80,7 @@ class Supervisor:
         self.exit_code = service.EXIT_OK
         self.forks = ForkServer(self.env, log, enabled=config.kernel.fork_server)
         self.exited = asyncio.Event()   # a child's pidfd turned readable: the monitor looks now
+        self.cpu_claim: int | None = None   # the descriptor whose lock holds the gateway's CPU
 
     def plan(self) -> list[Child]:
         children = [Child("broker")]
@@ -121,6 +122,7 @@ class Supervisor:
             self.forks.close()
             return service.EXIT_CONFIG
         self.write_config()
+        self.claim_gateway_cpu()   # once the lease is ours: a standby holds no CPU while it waits
         try:
             await self.start_all()
         except StartupError as exc:
@@ -323,6 +325,9 @@ class Supervisor:
         if self.forks.proc is not None:
             metrics.mark_dead(self.forks.proc.pid)
         self.forks.close()
+        if self.cpu_claim is not None:   # every child is gone: another server may take the CPU
+            os.close(self.cpu_claim)
+            self.cpu_claim = None
         self.write_table()
 
     async def stop_child(self, child: Child, grace: float) -> None:
@@ -343,6 +348,19 @@ class Supervisor:
         self._unwatch_exit(child)
 
     # -- run directory --------------------------------------------------------------------
+
+    def claim_gateway_cpu(self) -> None:
+        """The CPU the gateway runs on, for the children to read (agentos/cpu_layout.py)."""
+        cpu = None
+        allowed = os.sched_getaffinity(0)
+        if self.config.kernel.gateway_own_cpu and len(allowed) > 1:
+            claimed = cpu_layout.claim(allowed)
+            if claimed is not None:
+                cpu, self.cpu_claim = claimed
+            else:
+                log.info("no CPU to claim for the gateway (each held by another server's, or the claims "
+                         "directory %s is not writable): it takes the last", cpu_layout.CLAIMS_DIR)
+        self.run_dir.write_json(self.run_dir.placement_path, {"gateway_cpu": cpu})
 
     def write_config(self) -> None:
         self.run_dir.write_json(self.run_dir.config_path, dataclasses.asdict(self.config))

@@ -26,6 +26,22 @@ def test_the_gateway_takes_the_last_allowed_cpu_and_background_work_the_others()
     assert cpu_layout.plan({0}) is None                       # one CPU: nothing to spare
     assert cpu_layout.plan({0, 1}) == ({1}, {0})
     assert cpu_layout.plan({2, 5, 7, 0}) == ({7}, {0, 2, 5})   # the set the server was given, not 0..n
+    assert cpu_layout.plan({2, 5, 7, 0}, 5) == ({5}, {0, 2, 7})   # the one its supervisor claimed
+    assert cpu_layout.plan({0, 1}, 3) == ({1}, {0})              # a claim not allowed here: the last
+
+
+def test_each_server_claims_the_last_cpu_no_other_servers_gateway_holds(tmp_path):
+    claims = tmp_path / "claims"
+    held = [cpu_layout.claim({0, 1, 2}, claims) for _ in range(3)]
+    assert [cpu for cpu, _ in held] == [2, 1, 0]
+    assert cpu_layout.claim({0, 1, 2}, claims) is None           # all held: the caller takes the last
+    os.close(held[0][1])                                          # that server stopped (or was killed)
+    again = cpu_layout.claim({0, 1, 2}, claims)
+    assert again[0] == 2
+    for _, fd in [again, *held[1:]]:
+        os.close(fd)
+    (tmp_path / "file").write_text("")
+    assert cpu_layout.claim({0, 1}, tmp_path / "file") is None   # no claims can be made there
 
 
 @pytest.fixture
@@ -59,6 +75,10 @@ def test_the_gateway_and_writer_store_are_placed_and_nothing_else(affinity):
     calls.clear()
     cpu_layout.place("writer-store", config, log)
     assert calls == [(0, {0, 1, 2})]
+    calls.clear()
+    for role in ("gateway", "writer-store"):                  # the CPU its supervisor claimed
+        cpu_layout.place(role, config, log, gateway_cpu=1)
+    assert calls == [(0, {1}), (0, {0, 2, 3})]
 
 
 def test_switched_off_or_on_one_cpu_or_refused_nothing_is_pinned(affinity, caplog):
@@ -87,12 +107,36 @@ def test_a_spares_zeroing_thread_leaves_the_gateways_cpu(tmp_path, monkeypatch):
     pool.close()
 
 
+def _gateway_cpu(server) -> int:
+    import json
+    return json.loads((server.run_root / "run" / "placement.json").read_text())["gateway_cpu"]
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: nothing is pinned")
 def test_a_real_tree_runs_its_gateway_on_a_cpu_of_its_own(shared_server):
     allowed = os.sched_getaffinity(0)
-    gateway, background = cpu_layout.plan(allowed)
+    gateway, background = cpu_layout.plan(allowed, _gateway_cpu(shared_server))
     assert _allowed(shared_server.pid("gateway/0")) == gateway
     assert _allowed(shared_server.pid("writer/store")) == background
     for name in ("broker", "scheduler", "writer/log/0"):       # the rest may run anywhere
         assert _allowed(shared_server.pid(name)) == allowed
     assert "of its own" in shared_server.log()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: nothing is pinned")
+def test_a_second_server_on_the_machine_puts_its_gateway_on_another_cpu(shared_server, make_server):
+    """Each supervisor claims its gateway's CPU; a second server's gateway does not land on the
+    first one's (nor its writer/store on the second's), and a restarted gateway keeps its CPU."""
+    from harness import wait_until
+
+    first = _gateway_cpu(shared_server)
+    second = make_server({})
+    mine = _gateway_cpu(second)
+    if mine is None:
+        pytest.skip("every CPU's claim is held by servers outside this test")
+    assert mine != first
+    assert _allowed(second.pid("gateway/0")) == {mine}
+    assert mine not in _allowed(second.pid("writer/store"))
+    second.kill9("gateway/0")
+    # placed at its start: it may not have got there yet when its pid is known
+    wait_until(lambda: _allowed(second.pid("gateway/0")) == {mine}, 10, "the restarted gateway on its CPU")
