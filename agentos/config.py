@@ -69,6 +69,10 @@ class KernelConfig:
     # The gateway on a CPU of its own, writer/store and background threads off it, where the server
     # has two CPUs or more (agentos/cpu_layout.py); false: the kernel places every process.
     gateway_own_cpu: bool = True
+    # Which: -1, the last CPU no other server's gateway on the machine holds; N, CPU N (the
+    # benchmarks pin the last one, as every server did before claims: their trees, one after
+    # another or side by side, then run where the disk's interrupts land alike).
+    gateway_cpu: int = -1
 
 
 @dataclass
@@ -325,6 +329,8 @@ def validate(config: Config) -> None:
     _positive(config.gateway.turn_probe_secs, "gateway.turn_probe_secs")
     _positive(config.gateway.poll_after_answer_usecs, "gateway.poll_after_answer_usecs", allow_zero=True)
     _positive(config.kernel.actors, "kernel.actors", allow_zero=True)
+    if config.kernel.gateway_cpu < -1:
+        raise ConfigError(f"kernel.gateway_cpu: -1 (claim one) or a CPU number, got {config.kernel.gateway_cpu}")
     if config.kernel.actors > 256:
         raise ConfigError(f"kernel.actors: at most 256, got {config.kernel.actors}")
     _positive(config.kernel.max_in_flight_turns, "kernel.max_in_flight_turns", allow_zero=True)

@@ -353,7 +353,16 @@ class Supervisor:
         """The CPU the gateway runs on, for the children to read (agentos/cpu_layout.py)."""
         cpu = None
         allowed = os.sched_getaffinity(0)
-        if self.config.kernel.gateway_own_cpu and len(allowed) > 1:
+        wanted = self.config.kernel.gateway_cpu
+        if not self.config.kernel.gateway_own_cpu or len(allowed) < 2:
+            pass
+        elif wanted >= 0:
+            if wanted in allowed:
+                cpu = wanted
+            else:
+                log.warning("kernel.gateway_cpu %d is not among this server's CPUs %s: the gateway takes the last",
+                            wanted, sorted(allowed))
+        else:
             claimed = cpu_layout.claim(allowed)
             if claimed is not None:
                 cpu, self.cpu_claim = claimed

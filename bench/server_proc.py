@@ -76,7 +76,9 @@ class ServerProcess:
         self.run_root = Path(tempfile.mkdtemp(prefix="aos-", dir="/tmp"))
         base = {
             "gateway": {"listen": "127.0.0.1:0"},
-            "kernel": {"run_dir": str(self.run_root / "run")},
+            # the gateway on the last CPU, not the one its supervisor would claim: trees started one
+            # after another, or side by side while another is loaded, get the same placement
+            "kernel": {"run_dir": str(self.run_root / "run"), "gateway_cpu": max(os.sched_getaffinity(0))},
             "storage": {"dir": str(self.work_dir / "data")},
         }
         self.config = deep_merge(base, config or {})

@@ -124,15 +124,18 @@ def test_a_real_tree_runs_its_gateway_on_a_cpu_of_its_own(shared_server):
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: nothing is pinned")
-def test_a_second_server_on_the_machine_puts_its_gateway_on_another_cpu(shared_server, make_server):
-    """Each supervisor claims its gateway's CPU; a second server's gateway does not land on the
-    first one's (nor its writer/store on the second's), and a restarted gateway keeps its CPU."""
+def test_a_second_server_on_the_machine_puts_its_gateway_on_another_cpu(make_server, tmp_path):
+    """Each supervisor claims its gateway's CPU (`kernel.gateway_cpu: -1`, the default; the test
+    harness, like the benchmarks, pins the last one); a second server's gateway does not land on
+    the first one's (nor its writer/store on the second's), and a restarted gateway keeps its CPU."""
     from harness import wait_until
 
-    first = _gateway_cpu(shared_server)
-    second = make_server({})
+    def claiming(name):
+        return {"kernel": {"gateway_cpu": -1}, "storage": {"dir": str(tmp_path / name)}}
+    first = _gateway_cpu(make_server(claiming("first")))
+    second = make_server(claiming("second"))
     mine = _gateway_cpu(second)
-    if mine is None:
+    if first is None or mine is None:
         pytest.skip("every CPU's claim is held by servers outside this test")
     assert mine != first
     assert _allowed(second.pid("gateway/0")) == {mine}
