@@ -281,6 +281,9 @@ class LogWriter(ClusterSide):
     def _written(self, batch: tuple, end: int) -> None:
         data, _, waiting, count, started, segment_before = batch
         self.last_batch_at = time.monotonic()
+        if self.durability != "s3":
+            # first: in the gateway the acks are its answers to the clients; the counting can wait
+            self._acknowledge(waiting, end)
         size = sum(map(len, data))
         self.stats["batches"] += 1
         self.stats["bytes"] += size
@@ -288,7 +291,7 @@ class LogWriter(ClusterSide):
         if self.fsync:
             self.stats["fsyncs"] += 1
             metrics.inc(metrics.log_fsyncs)
-            elapsed = time.monotonic() - started
+            elapsed = self.last_batch_at - started
             metrics.observe(metrics.log_fsync_ms, elapsed * 1000.0)
             metrics.observe(metrics.log_batch_records, sum(n for _, n in waiting))
             self.slow.check(elapsed, self.segments.last_phases, count, size)
@@ -297,8 +300,6 @@ class LogWriter(ClusterSide):
             self.shipper.submit(end - size, end, b"".join(data), new_segment=self.segments.start != segment_before)
         if self.durability == "s3":
             self.awaiting_ship.append((end, waiting))  # acknowledged once the bucket has it
-            return
-        self._acknowledge(waiting, end)
 
     def _acknowledge(self, waiting: list[tuple[Message, int]], end: int) -> None:
         if self.lease_lost:
