@@ -69,7 +69,7 @@ class KernelConfig:
     # The gateway on a CPU of its own, writer/store and background threads off it, where the server
     # has two CPUs or more (agentos/cpu_layout.py); false: the kernel places every process.
     gateway_own_cpu: bool = True
-    # Which: -1, the last CPU no other server's gateway on the machine holds; N, CPU N (the
+    # Which: -1, the last CPU no other server's gateway (this user's) holds; N, CPU N (the
     # benchmarks pin the last one, as every server did before claims: their trees, one after
     # another or side by side, then run where the disk's interrupts land alike).
     gateway_cpu: int = -1

@@ -17,10 +17,10 @@ the bucket shipper) run on the others. Everything else — broker, actors, sched
 may run anywhere, the gateway's CPU included when it is idle. With one CPU nothing is pinned.
 The CPUs are those the server was started with (a container's or `taskset`'s).
 
-Which one: the last that no other server's gateway on this machine holds. The supervisor claims
-it at start with an advisory lock on a file per CPU (`claim`, in CLAIMS_DIR), held for its life
-(the kernel lets go of it however the supervisor ends), and tells its children in the run
-directory. Without it, every server on a machine put its gateway on the same last CPU and its
+Which one: the last that no other server's gateway on this machine holds (of this user's: the
+claims live in the user's own directory, as the run directories do). The supervisor claims it at
+start with an advisory lock on a file per CPU (`claim`, in CLAIMS_DIR), held for its life (the
+kernel lets go of it however the supervisor ends), and tells its children in the run directory. Without it, every server on a machine put its gateway on the same last CPU and its
 writer/store on the others, where the other servers' gateways were not. When every CPU is held,
 or no claim can be made, the last one is used, as before.
 """
@@ -36,20 +36,19 @@ if TYPE_CHECKING:
     from agentos.config import Config
 
 _background: set[int] | None = None    # this process's CPUs for background threads, once placed
-CLAIMS_DIR = Path("/tmp/agent-os-cpus")  # one lock file per CPU, shared by every server of the machine
+CLAIMS_DIR = Path("/tmp") / f"agent-os-{os.getuid()}" / "cpus"   # a lock file per CPU (agentos/rundir.py's parent)
 
 
 def claim(allowed: set[int], directory: Path = CLAIMS_DIR) -> tuple[int, int] | None:
     """(the last allowed CPU no other server's gateway holds, the descriptor whose lock holds it
     until closed), or None when every one is held or no claim can be made."""
     try:
-        directory.mkdir(exist_ok=True)
-        os.chmod(directory, 0o1777)   # every user's servers claim here (like /tmp: sticky)
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError:
-        pass                          # another user's directory: its files may still be opened
+        return None
     for cpu in sorted(allowed, reverse=True):
         try:
-            fd = os.open(directory / f"cpu-{cpu}", os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(directory / f"cpu-{cpu}", os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         except OSError:
             continue
         try:
