@@ -51,6 +51,14 @@ def _message(kind, body, rid=1):
     return Message("gateway/0", kind, rid, 0.0, 0, "", "", body)
 
 
+def _close(service: StoreService, pool) -> None:
+    """After a test with an opened store: `pool` (the other thread it used) stopped, the store
+    closed on its query thread, that thread stopped."""
+    pool.shutdown()
+    service.queries.submit(service.store.close).result()
+    service.queries.shutdown()
+
+
 def _service(tmp_path, bus, files: dict[int, int]) -> StoreService:
     config = from_dict({"storage": {"dir": str(tmp_path)}})       # two logs: writer/log/0, the gateway's
     service = StoreService(config, f"ipc://{tmp_path}/no-broker.sock", logging.getLogger("test"))
@@ -178,9 +186,7 @@ def test_a_compaction_pass_question_holds_up_no_read_and_a_reopen_waits_for_it(t
             assert bus.replies[2:] == [{"rows": []}, bus.replies[0]]
         finally:
             release.set()
-            service.passes.shutdown()
-            service.queries.submit(service.store.close).result()
-            service.queries.shutdown()
+            _close(service, service.passes)
     asyncio.run(go())
 
 
@@ -200,9 +206,7 @@ def test_a_forget_naming_a_position_that_is_not_one_is_answered_as_an_error(tmp_
             await asyncio.wait_for(service.on_forget(_message(Kind.STORE_FORGET, good, 2)), 5.0)
             assert bus.replies[1] == {"rows": [0]}
         finally:
-            service.passes.shutdown()
-            service.queries.submit(service.store.close).result()
-            service.queries.shutdown()
+            _close(service, service.passes)
     asyncio.run(go())
 
 
@@ -249,7 +253,5 @@ def test_a_latest_read_whose_place_is_known_does_not_queue_behind_the_query_thre
             assert bus.replies[-1] == {"rows": []}
         finally:
             busy.set()
-            service.payload_reads.shutdown()
-            service.queries.submit(service.store.close).result()
-            service.queries.shutdown()
+            _close(service, service.payload_reads)
     asyncio.run(go())
