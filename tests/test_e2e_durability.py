@@ -269,8 +269,11 @@ def test_a_restarted_gateway_reads_checkpoints_written_before_it_and_404s_the_re
         except urllib.error.HTTPError as exc:
             return exc.code, None, None
 
+    filters = "the store's filter of sessions with checkpoints"
     for n in range(5):
         assert put(server.url, "before-restart", f"k{n}", f"v{n}".encode())[0] == 200
+    # the first gateway's filter first: the count of that line below then tells the second's
+    wait_until(lambda: server.log().count(filters) >= 1, 20, "the first gateway to have the store's filter")
     server.kill9("gateway/0")
 
     def ready():
@@ -279,7 +282,6 @@ def test_a_restarted_gateway_reads_checkpoints_written_before_it_and_404s_the_re
         except OSError:
             return False      # not listening yet
     wait_until(ready, 20, "the restarted gateway to be ready")
-    filters = "the store's filter of sessions with checkpoints"
     for _ in range(3):       # before and after it has heard from the store where the logs ended
         assert latest("before-restart") == (200, "k4", b"v4")
         assert latest("never-written")[0] == 404
