@@ -154,6 +154,10 @@ class SegmentLog:
             self.rotations += 1
         self.fd, self.start, self.size = fd, position, 0
         self.spare_started = False
+        if self.preallocate and self.rotations and self.spares.ready() is None:
+            # A burst took the last spare: the next one is zeroed from now, not from half-way
+            # through this segment, or a burst longer than the spares waits at every rotation.
+            self._prepare_spare()
 
     def _prepare_spare(self) -> None:
         """Zero the next segment's file now, off the writing thread, so a rotation only renames it."""

@@ -16,6 +16,8 @@ def _ready(directory) -> list[str]:
 
 
 def _fill(log: segments.SegmentLog) -> None:
+    """Idle until every spare is zeroed (the one under way, if any, first)."""
+    log.spares.wait()
     while log.refill():
         log.spares.wait()
 
@@ -100,16 +102,36 @@ def test_each_zeroing_is_counted_by_when_it_happened(tmp_path):
     for frame in frames(8, size=300):                                # past half: the next one, ahead
         log.write(frame, sync=True)
     log.spares.wait()
-    while log.rotations == 0:                                        # the rotation takes it: no zeroing
-        log.write(frames(1, size=300)[0], sync=True)
-    _fill(log)                                                       # idle: both spares again
+    while log.rotations == 0:                                        # the rotation takes it, and with
+        log.write(frames(1, size=300)[0], sync=True)                 # none left the next goes ahead
+    log.spares.wait()
+    _fill(log)                                                       # idle: the other spare
     log.close()
     other = tmp_path / "other"
     other.mkdir()
     spares.Spares(other, SEGMENT, 1).take(other / "next.seg")        # none ready: zeroed while waited for
     after = counts()
-    assert {when: after[when] - before[when] for when in after} == {"at_open": 1, "ahead": 1, "idle": 2,
+    assert {when: after[when] - before[when] for when in after} == {"at_open": 1, "ahead": 2, "idle": 1,
                                                                     "at_rotation": 1}
+
+
+def test_a_rotation_that_took_the_last_spare_zeroes_the_next_at_once(tmp_path):
+    """Not from half-way through the new segment: a burst longer than the spares would otherwise
+    wait for a zeroing at every rotation."""
+    log = segments.SegmentLog(tmp_path, SEGMENT, spares=2)
+    while log.rotations == 0:
+        log.write(frames(1, size=300)[0], sync=True)
+    _fill(log)
+    assert _ready(tmp_path) == ["spare.1.zero", "spare.zero"]
+    while log.rotations < 2:                             # a burst takes one spare: one is left
+        log.write(frames(1, size=300)[0], sync=True)
+    assert not log.spares.zeroing() and len(_ready(tmp_path)) == 1
+    while log.rotations < 3:                             # and the last one
+        log.write(frames(1, size=300)[0], sync=True)
+    assert log.size * 2 < SEGMENT                        # just begun
+    log.spares.wait()
+    assert len(_ready(tmp_path)) == 1                    # the next is zeroed already
+    log.close()
 
 
 def test_an_idle_zeroing_is_held_while_the_log_is_busy_until_its_spare_is_needed(tmp_path):
