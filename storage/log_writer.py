@@ -56,6 +56,7 @@ from storage import compaction, compaction_helper, records, segments
 from storage.log_cluster import ClusterSide
 from storage.s3 import ObjectStore
 from storage.shipper import Shipper
+from storage.spares import IDLE_SECS
 from broker.address import bus_address, direct_log_endpoint
 from storage.log_inbox import LogInbox
 from storage.recent_ids import RecentIds
@@ -63,7 +64,6 @@ from storage.slow_batches import SlowBatches
 from storage.store_notices import StoreNotices
 
 RECENT_SCAN_BYTES = 128 << 20
-IDLE_SECS = 0.25         # no batch this long: the log is idle, its spares may be zeroed
 SPARE_CHECK_SECS = 0.25
 
 

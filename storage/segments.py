@@ -35,7 +35,7 @@ from pathlib import Path
 
 from storage import freeing, records
 from storage.freeing import fsync_dir   # the log's own, and its readers' (re-exported)
-from storage.spares import Spares
+from storage.spares import IDLE_SECS, LONG_BURST_SECS, Spares
 from storage.segment_listing import list_segments, locate, segment_name, segments_from
 
 log = logging.getLogger("agent-os.storage")
@@ -101,6 +101,7 @@ class SegmentLog:
         self.spare_started = False   # the next segment's zeroing has begun (or it was there already)
         self.rotations = 0           # segments sealed since open: a log that never fills one needs one spare
         self.last_phases = (0.0, 0.0, 0.0, 0.0)   # the last write's seconds: rotating, writing, syncing, on CPU
+        self.busy_since = self.last_write_at = time.monotonic()   # writes with no IDLE_SECS between them
         self.recovery = self._open()
 
     @property
@@ -154,9 +155,11 @@ class SegmentLog:
             self.rotations += 1
         self.fd, self.start, self.size = fd, position, 0
         self.spare_started = False
-        if self.preallocate and self.rotations and self.spares.ready() is None:
-            # A burst took the last spare: the next one is zeroed from now, not from half-way
-            # through this segment, or a burst longer than the spares waits at every rotation.
+        if (self.preallocate and self.rotations and self.spares.ready() is None
+                and self.last_write_at - self.busy_since >= LONG_BURST_SECS):
+            # A long burst took the last spare: the next one is zeroed from now, not from half-way
+            # through this segment, or it waits at every rotation from here on (a zeroing took
+            # longer than writing half a segment). A short one ends first, and its gap zeroes them.
             self._prepare_spare()
 
     def _prepare_spare(self) -> None:
@@ -205,6 +208,9 @@ class SegmentLog:
         them first); fdatasync if asked. Returns the end position after them."""
         length = len(data) if isinstance(data, bytes) else sum(map(len, data))
         began, cpu = time.monotonic(), time.thread_time()
+        if began - self.last_write_at >= IDLE_SECS:
+            self.busy_since = began
+        self.last_write_at = began
         if self.size and self.size + length > self.segment_bytes:
             if sync:
                 os.fdatasync(self.fd)

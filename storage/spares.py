@@ -12,10 +12,16 @@ A zeroing started because the log was idle is held while the log is busy again (
 chunks, until the log has been idle IDLE_SECS or its spare is needed by a rotation or as the next
 one ahead): its writes and fdatasyncs would otherwise go on competing with the commits of the
 burst that interrupted it — a segment's zeroing takes about half a second on this disk, and the
-benchmark's runs began while one was under way. A rotation that finds no spare ready still waits
-for the one being zeroed: beginning a plain segment instead (the file's size in every
-fdatasync) did 0.94× the checkpoints/s at 1.76× the commit p99 at 10k mixed
-(bench/results/2026-12-03-spares-plain-10k-ab/).
+benchmark's runs began while one was under way.
+
+A burst of LONG_BURST_SECS or more that takes the last spare has the next one zeroed at once,
+not from half-way through the new segment: a zeroing took longer than writing half a segment,
+so such a burst waited at nearly every rotation (35-36 batches over 100 ms in a 100k write run).
+A shorter burst usually ends before it needs one, and its gap zeroes it held: zeroing at once
+after every burst cost the 10k runs (bench/results/2026-12-03-spare-at-rotation-*). A rotation
+that finds no spare ready still waits for the one being zeroed: beginning a plain segment
+instead (the file's size in every fdatasync) did 0.94× the checkpoints/s at 1.76× the commit
+p99 at 10k mixed (bench/results/2026-12-03-spares-plain-10k-ab/).
 """
 from __future__ import annotations
 
@@ -33,6 +39,8 @@ ZEROING = "spare.zeroing"
 ZERO_CHUNK = 1 << 20    # fdatasync'd at a time
 ZERO_WRITE = 16 << 10   # bytes per write (see zero_file)
 HOLD_SECS = 0.02        # a held zeroing looks this often whether it may go on
+IDLE_SECS = 0.25        # no batch this long: the log is idle, its spares may be zeroed
+LONG_BURST_SECS = 2.0   # a burst this long that took the last spare has the next zeroed at once
 
 
 def spare_names(count: int) -> list[str]:

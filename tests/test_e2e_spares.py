@@ -41,8 +41,7 @@ def test_an_idle_log_keeps_its_spares_ready_and_a_burst_takes_them(tmp_path):
         assert len(_spares(writer_log)) <= 1            # writer/log never filled a segment: one at most
         with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as resp:
             zeroed = fsync_window.parse(resp.read().decode())["zeroed"]
-        # the first segment's next at half, the one after it once that rotation took it, two more idle
-        assert zeroed.get("ahead", 0) >= 2 and zeroed.get("idle", 0) >= 2 and zeroed.get("at_open", 0) >= 2, zeroed
+        assert zeroed.get("idle", 0) >= 3 and zeroed.get("at_open", 0) >= 2, zeroed
         assert zeroed.get("at_rotation", 0) == 0, zeroed  # no batch waited for a segment to be zeroed
     finally:
         assert server.stop() == 0

@@ -102,35 +102,48 @@ def test_each_zeroing_is_counted_by_when_it_happened(tmp_path):
     for frame in frames(8, size=300):                                # past half: the next one, ahead
         log.write(frame, sync=True)
     log.spares.wait()
-    while log.rotations == 0:                                        # the rotation takes it, and with
-        log.write(frames(1, size=300)[0], sync=True)                 # none left the next goes ahead
-    log.spares.wait()
-    _fill(log)                                                       # idle: the other spare
+    while log.rotations == 0:                                        # the rotation takes it: no zeroing
+        log.write(frames(1, size=300)[0], sync=True)
+    _fill(log)                                                       # idle: both spares again
     log.close()
     other = tmp_path / "other"
     other.mkdir()
     spares.Spares(other, SEGMENT, 1).take(other / "next.seg")        # none ready: zeroed while waited for
     after = counts()
-    assert {when: after[when] - before[when] for when in after} == {"at_open": 1, "ahead": 2, "idle": 1,
+    assert {when: after[when] - before[when] for when in after} == {"at_open": 1, "ahead": 1, "idle": 2,
                                                                     "at_rotation": 1}
 
 
-def test_a_rotation_that_took_the_last_spare_zeroes_the_next_at_once(tmp_path):
+def test_a_long_burst_that_took_the_last_spare_has_the_next_zeroed_at_once(tmp_path):
     """Not from half-way through the new segment: a burst longer than the spares would otherwise
-    wait for a zeroing at every rotation."""
+    wait for a zeroing at nearly every rotation. A short burst leaves it to the idle gap after it."""
     log = segments.SegmentLog(tmp_path, SEGMENT, spares=2)
     while log.rotations == 0:
         log.write(frames(1, size=300)[0], sync=True)
     _fill(log)
     assert _ready(tmp_path) == ["spare.1.zero", "spare.zero"]
-    while log.rotations < 2:                             # a burst takes one spare: one is left
+    while log.rotations < 3:                             # a short burst takes both
         log.write(frames(1, size=300)[0], sync=True)
-    assert not log.spares.zeroing() and len(_ready(tmp_path)) == 1
-    while log.rotations < 3:                             # and the last one
+    assert log.size * 2 < SEGMENT and not log.spares.zeroing() and _ready(tmp_path) == []
+    _fill(log)
+    log.busy_since -= segments.LONG_BURST_SECS           # as if writing without a gap that long
+    while log.rotations < 5:                             # a long burst takes both
         log.write(frames(1, size=300)[0], sync=True)
     assert log.size * 2 < SEGMENT                        # just begun
     log.spares.wait()
     assert len(_ready(tmp_path)) == 1                    # the next is zeroed already
+    log.close()
+
+
+def test_a_gap_between_writes_begins_a_new_burst(tmp_path):
+    log = segments.SegmentLog(tmp_path, SEGMENT, spares=1)
+    log.write(frames(1, size=300)[0], sync=True)
+    began = log.busy_since
+    log.write(frames(1, size=300)[0], sync=True)
+    assert log.busy_since == began                       # no gap: the same burst
+    log.last_write_at -= segments.IDLE_SECS              # as if idle that long since
+    log.write(frames(1, size=300)[0], sync=True)
+    assert log.busy_since > began and log.busy_since == log.last_write_at
     log.close()
 
 
