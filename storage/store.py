@@ -36,10 +36,6 @@ PAYLOAD_COLUMN = 7            # of a checkpoints row as projected: its bytes go 
 # Bulk loading: a batch is loaded once this much time passed since the previous one, unless a
 # reader is waiting for it (`urgent`). Each load costs three DuckDB transactions whatever its size.
 BATCH_INTERVAL_SECS = 1.0
-# A burst's backlog is loaded a batch per interval while the writers go on, for at most
-# DEFER_SECS, then all of it: see `_defer`.
-DEFER_SECS = 2.0
-QUIET_SECS = 0.05             # no notice from a writer this long: its burst is over
 MIN_DB_MEMORY_MB = 16
 BIG_RECORD_BYTES = 512 << 10   # past this a value takes blocks of its own size in DuckDB
 CHECKPOINT_THRESHOLD = "4MB"
@@ -73,8 +69,6 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
         self.on_fatal: Callable[[BaseException], None] = lambda exc: None
         self.stats = {"records": 0, "rows": 0, "batches": 0, "bad_records": 0, "load_errors": 0}
         self.backlog = False
-        self.noticed_at = 0.0             # a writer's last notice (writer/store sets it)
-        self.deferring_since: float | None = None
         self.loading = threading.Lock()   # held while a batch loads; a recycle waits for it
         self.passing = threading.Lock()   # held while a pass's question runs; a recycle waits for it
         self.payloads = PayloadSegments(self.db_dir / payload_segments.DIR_NAME, payload_segment_bytes)
@@ -201,10 +195,7 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
             try:
                 # Keep loading without a pause only while a backlog remains (reads came back full).
                 while self.load_once() >= 0 and self.backlog and not self.stopping.is_set():
-                    if self._defer():
-                        break
-                if not self.backlog:
-                    self.deferring_since = None
+                    pass
             except duckdb.FatalException as exc:
                 # DuckDB invalidated the file (an autocheckpoint that failed after a durable
                 # COMMIT, say): nothing more loads until it is reopened, and only a fresh open
@@ -220,23 +211,6 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
                 self.log.exception("loading a batch into DuckDB failed; retrying")
                 self.wake.set()
                 self.stopping.wait(1.0)
-
-    def _defer(self) -> bool:
-        """Whether the rest of a backlog waits for the next interval: while the writers are in a
-        burst, nobody waits to read, and the loading has waited less than DEFER_SECS. Loading a
-        10k-checkpoint burst as it came (a batch after another on the other CPU) cost the
-        commits; stopping writer/store for the burst took the 10k mixed runs from 6,450-9,423 to
-        10,385-11,593 checkpoints/s and their commit p99 from 1.8-3.8 to 1.1-1.5 ms (by hand,
-        2026-12-03), and SCHED_IDLE for the loader did not: its work competes with the gateway
-        on the other CPU, not for its own. The projection may lag; a read that needs it sets
-        `urgent`, and from then on the backlog loads at once."""
-        now = time.monotonic()
-        if self.urgent.is_set() or now - self.noticed_at >= QUIET_SECS:
-            self.deferring_since = None
-            return False
-        if self.deferring_since is None:
-            self.deferring_since = now
-        return now - self.deferring_since < DEFER_SECS
 
     def load_all(self) -> None:
         while self.load_once():

@@ -112,7 +112,6 @@ class StoreService:
         if position > self.flushed.get(writer, 0):
             self.flushed[writer] = position
             self.pending_flushes.append((writer, position, int(msg.body.get("count") or 0), time.monotonic()))
-        self.store.noticed_at = time.monotonic()
         self.store.wake.set()
 
     def _on_loaded(self, positions: dict[int, int]) -> None:
@@ -128,8 +127,6 @@ class StoreService:
             else:
                 still.append((target, fut))
         self.waiters = still
-        if still:
-            self.store.urgent.set()     # still waiting: the loader does not defer the rest
 
     def _caught_up(self, target: dict[int, int]) -> bool:
         return all(self.loaded.get(w, 0) >= p for w, p in target.items())
