@@ -89,7 +89,6 @@ class LogWriter(ClusterSide):
         self.last_waiters = 0       # ... and in the last one written
         self.window_timer: asyncio.TimerHandle | None = None   # embedded: the wait for more of them
         self.writing = False        # embedded: a batch of ASYNC records is on the I/O thread
-        self.last_batch_at = time.monotonic()   # idle since: spares are zeroed after IDLE_SECS of none
         self.log = log
         self.fsync = config.storage.durability != "none"
         self.directory = Path(config.storage.dir) / "wal" / str(index)
@@ -227,7 +226,7 @@ class LogWriter(ClusterSide):
 
     def _busy(self) -> bool:
         """A batch within IDLE_SECS (or one on the I/O thread): spares wait (read from their thread too)."""
-        return self.writing or time.monotonic() - self.last_batch_at < IDLE_SECS
+        return self.writing or time.monotonic() - self.segments.last_write_at < IDLE_SECS
 
     def _embedded_appended(self) -> None:
         """Embedded, durable: a batch someone waits on is written by this call, in the loop iteration
@@ -280,7 +279,7 @@ class LogWriter(ClusterSide):
 
     def _written(self, batch: tuple, end: int) -> None:
         data, _, waiting, count, started, segment_before = batch
-        self.last_batch_at = time.monotonic()
+        done = time.monotonic()
         if self.durability != "s3":
             # first: in the gateway the acks are its answers to the clients; the counting can wait
             self._acknowledge(waiting, end)
@@ -291,7 +290,7 @@ class LogWriter(ClusterSide):
         if self.fsync:
             self.stats["fsyncs"] += 1
             metrics.inc(metrics.log_fsyncs)
-            elapsed = self.last_batch_at - started
+            elapsed = done - started
             metrics.observe(metrics.log_fsync_ms, elapsed * 1000.0)
             metrics.observe(metrics.log_batch_records, sum(n for _, n in waiting))
             self.slow.check(elapsed, self.segments.last_phases, count, size)

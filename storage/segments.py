@@ -101,7 +101,9 @@ class SegmentLog:
         self.spare_started = False   # the next segment's zeroing has begun (or it was there already)
         self.rotations = 0           # segments sealed since open: a log that never fills one needs one spare
         self.last_phases = (0.0, 0.0, 0.0, 0.0)   # the last write's seconds: rotating, writing, syncing, on CPU
-        self.busy_since = self.last_write_at = time.monotonic()   # writes with no IDLE_SECS between them
+        # When the last write began (writer/log's idle clock too), and when the writes began that
+        # had no IDLE_SECS between them since (a burst).
+        self.busy_since = self.last_write_at = time.monotonic()
         self.recovery = self._open()
 
     @property
