@@ -1,6 +1,7 @@
 """gateway/answer_polling.py: the loop polls for a window after each answer, then sleeps again."""
 import asyncio
 
+from gateway import answer_polling
 from gateway.answer_polling import AnswerPolling
 
 
@@ -26,3 +27,22 @@ def test_no_window_or_no_loop_means_no_polling():
         await asyncio.sleep(0)
         return off._polling, unstarted._polling
     assert asyncio.run(go()) == (False, False)
+
+
+def test_polling_yields_the_cpu_at_each_poll_and_not_after_its_window(monkeypatch):
+    yields = []
+    monkeypatch.setattr(answer_polling.os, "sched_yield", lambda: yields.append(1))
+
+    async def go():
+        polling = AnswerPolling(0.02)
+        polling.loop = asyncio.get_running_loop()
+        polling.answered()
+        await asyncio.sleep(0.01)
+        during = len(yields)
+        await asyncio.sleep(0.1)
+        after_window = len(yields)
+        await asyncio.sleep(0.05)
+        return during, after_window, len(yields)
+    during, after_window, last = asyncio.run(go())
+    assert during > 0                   # a client woken on the gateway's CPU gets it while we poll
+    assert last == after_window         # an idle gateway neither polls nor yields
