@@ -134,3 +134,29 @@ def test_a_fold_that_cannot_write_still_leaves_every_count_in_the_scrape(tmp_pat
         metrics_files.retire(pid, str(tmp_path))          # cannot fold: the files stay, renamed
     assert _metric_files(tmp_path) == sorted(f"{t}_dead-{p}.db" for t in ("counter", "histogram") for p in pids)
     assert "agentos_admission_rejected_total 4.0" in _scrape(tmp_path)
+
+
+def test_a_dead_process_files_are_renamed_only_under_the_lock_scrapes_take(tmp_path, monkeypatch):
+    """A directory listing taken while a file is renamed can miss it under both names: a scrape
+    must never list while the supervisor renames a dead process's files."""
+    import fcntl
+
+    from agentos import metrics_files
+    pid = _process_that_counts(tmp_path)
+    held = []
+    rename = os.rename
+
+    def checking_rename(src, dst):
+        fd = os.open(os.path.join(tmp_path, metrics_files.LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held.append(False)                  # nobody held it: a scrape could have been listing
+        except BlockingIOError:
+            held.append(True)
+        finally:
+            os.close(fd)
+        rename(src, dst)
+    monkeypatch.setattr(metrics_files.os, "rename", checking_rename)
+    metrics_files.retire(pid, str(tmp_path))
+    assert held == [True, True]                 # the counter's file and the histogram's
+    assert "agentos_admission_rejected_total 2.0" in _scrape(tmp_path)
