@@ -138,6 +138,31 @@ async def run_turn(session: aiohttp.ClientSession, base: str, sid: str, text: st
         return result
 
 
+async def start_turn(session: aiohttp.ClientSession, base: str, sid: str, text: str, headers=None,
+                     timeout: float = 30.0) -> asyncio.Task:
+    """A turn running in a task, returned once its `turn.started` came (await the task for the
+    rest of it); for tests that act on a turn while it runs."""
+    started = asyncio.Event()
+
+    async def on_event(name, result):
+        if name == "turn.started":
+            started.set()
+
+    task = asyncio.create_task(run_turn(session, base, sid, text, headers=headers, on_event=on_event,
+                                        timeout=timeout))
+    waiting = asyncio.create_task(started.wait())
+    await asyncio.wait({task, waiting}, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+    waiting.cancel()
+    if not started.is_set():
+        if task.done():
+            result = task.result()
+            raise AssertionError(f"turn on {sid} ended before it started: status {result.status}, "
+                                 f"error {result.error}, events {[e for e, _ in result.events]}")
+        task.cancel()
+        raise AssertionError(f"turn on {sid} did not start within 10 s")
+    return task
+
+
 def turn(base: str, sid: str, text: str, **kwargs) -> TurnResult:
     async def go():
         async with aiohttp.ClientSession() as session:

@@ -9,7 +9,7 @@ import pytest
 import zmq
 
 from broker.sharding import shard_of
-from harness import Server, get_json, pid_alive, run_turn, turn, wait_until
+from harness import Server, get_json, pid_alive, run_turn, start_turn, turn, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -113,16 +113,8 @@ def test_sigterm_drains_in_flight_turns_and_exits_0(make_server):
     server = make_server({"kernel": {"drain_secs": 10}})
 
     async def go():
-        started = asyncio.Event()
-
-        async def on_event(name, result):
-            if name == "turn.started":
-                started.set()
-
         async with aiohttp.ClientSession() as s:
-            slow = asyncio.create_task(run_turn(s, server.url, "drain-slow", "slow [[mock ttft_ms=1500]]",
-                                                on_event=on_event))
-            await asyncio.wait_for(started.wait(), 10)
+            slow = await start_turn(s, server.url, "drain-slow", "slow [[mock ttft_ms=1500]]")
             server.proc.send_signal(signal.SIGTERM)
             await asyncio.sleep(0.2)
             async with s.get(server.url + "/readyz") as resp:

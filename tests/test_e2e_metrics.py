@@ -5,7 +5,7 @@ import asyncio
 import aiohttp
 
 from bench.loadgen import LoadConfig, run_load
-from harness import run_turn, scrape, wait_until
+from harness import scrape, start_turn, wait_until
 
 DESIGN_NAMES = [
     "agentos_in_flight_turns", "agentos_admission_limit", "agentos_admission_rejected_total",
@@ -22,15 +22,8 @@ def test_metrics_parse_and_move_as_turns_run(shared_server):
     before = scrape(url)
 
     async def go():
-        started = asyncio.Event()
-
-        async def on_event(name, result):
-            if name == "turn.started":
-                started.set()
-
         async with aiohttp.ClientSession() as s:
-            slow = asyncio.create_task(run_turn(s, url, "met-1", "slow [[mock ttft_ms=2500]]", on_event=on_event))
-            await asyncio.wait_for(started.wait(), 10)
+            slow = await start_turn(s, url, "met-1", "slow [[mock ttft_ms=2500]]")
             during = await asyncio.get_running_loop().run_in_executor(
                 None, lambda: wait_until(lambda: (v := scrape(url))["agentos_in_flight_turns"] >= 1 and v, 10,
                                          "in-flight turns to show"))

@@ -5,7 +5,7 @@ import json
 
 import aiohttp
 
-from harness import get_json, run_turn, status_of, turn
+from harness import get_json, run_turn, start_turn, status_of, turn
 
 ACME = {"Authorization": "Bearer key-acme"}
 GLOBEX = {"Authorization": "Bearer key-globex"}
@@ -66,16 +66,8 @@ def test_a_tenants_share_of_the_gate_does_not_starve_others(make_server):
                           "kernel": {"max_in_flight_turns": 10, "max_in_flight_turns_per_tenant": 1}})
 
     async def go():
-        started = asyncio.Event()
-
-        async def on_event(name, result):
-            if name == "turn.started":
-                started.set()
-
         async with aiohttp.ClientSession() as s:
-            slow = asyncio.create_task(run_turn(s, server.url, "a1", "slow [[mock ttft_ms=1500]]", headers=ACME,
-                                                on_event=on_event))
-            await asyncio.wait_for(started.wait(), 10)
+            slow = await start_turn(s, server.url, "a1", "slow [[mock ttft_ms=1500]]", headers=ACME)
             second = await run_turn(s, server.url, "a2", "over the share", headers=ACME)
             other = await run_turn(s, server.url, "g1", "globex is fine", headers=GLOBEX)
             return await slow, second, other

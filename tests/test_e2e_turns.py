@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 
 from bench.mock_llm import expected_text
-from harness import REPO, get_json, run_turn, scrape, turn, wait_until
+from harness import REPO, get_json, run_turn, scrape, start_turn, turn, wait_until
 
 
 def test_a_turn_streams_and_the_session_keeps_its_history(shared_server):
@@ -33,16 +33,8 @@ def test_a_turn_streams_and_the_session_keeps_its_history(shared_server):
 
 def test_a_new_turn_cancels_the_running_one(shared_server):
     async def go():
-        started = asyncio.Event()
-
-        async def on_event(name, result):
-            if name == "turn.started":
-                started.set()
-
         async with aiohttp.ClientSession() as s:
-            slow = asyncio.create_task(run_turn(s, shared_server.url, "e2e-lastwins", "slow [[mock ttft_ms=5000]]",
-                                                on_event=on_event))
-            await asyncio.wait_for(started.wait(), 10)
+            slow = await start_turn(s, shared_server.url, "e2e-lastwins", "slow [[mock ttft_ms=5000]]")
             fast = await run_turn(s, shared_server.url, "e2e-lastwins", "fast")
             return await slow, fast
 
@@ -141,16 +133,8 @@ def test_wrong_method_is_405_json(shared_server):
 
 def test_cancel_endpoint(shared_server):
     async def go():
-        started = asyncio.Event()
-
-        async def on_event(name, result):
-            if name == "turn.started":
-                started.set()
-
         async with aiohttp.ClientSession() as s:
-            slow = asyncio.create_task(run_turn(s, shared_server.url, "e2e-cancel", "slow [[mock ttft_ms=5000]]",
-                                                on_event=on_event))
-            await asyncio.wait_for(started.wait(), 10)
+            slow = await start_turn(s, shared_server.url, "e2e-cancel", "slow [[mock ttft_ms=5000]]")
             async with s.delete(f"{shared_server.url}/v1/sessions/e2e-cancel/turns/current") as resp:
                 body = await resp.json()
             async with s.delete(f"{shared_server.url}/v1/sessions/e2e-cancel/turns/current") as resp:
