@@ -102,6 +102,13 @@ def _mode_cell(row: dict, repeats: int) -> str:
     return cell if "round" not in row else f"{cell} #{row['round']}"   # a --compare round
 
 
+def _server_log(rows: list[dict], repeats: int) -> str:
+    """Each run's kept log lines under its label, in a block (they are the server's words)."""
+    blocks = [f"{r['target']} {r['scale']} {_mode_cell(r, repeats)}:\n\n```\n" + "\n".join(r["server_log"]) + "\n```"
+              for r in rows if r.get("server_log")]
+    return "\n\n".join(blocks)
+
+
 def _p50_p99(summary: dict | None) -> str | None:
     if not summary or not summary.get("n"):
         return None
@@ -285,6 +292,13 @@ def summary_markdown(rows: list[dict], config: dict) -> str:
                                    zeroed_text(f.get("zeroed")) if "zeroed" in f else "–",
                                    f.get("compacted", "–")]
                                   for r in batches for f in [r["log_fsync"]]])]
+    warned = _server_log(rows, repeats)
+    if warned:
+        parts += ["", "## What our server warned of during the runs", "",
+                  ("The lines at WARNING or above each tree wrote while a run went on, from just before "
+                   "it to just after (bench/server_log.py); runs not listed logged none. "
+                   "A batch over 0.5 s is logged with where its time went (storage/slow_batches.py)."),
+                  "", warned]
     phases = _phase_table(rows)
     if phases:
         parts += ["", "## First insert vs overwrite", "", phases]

@@ -170,6 +170,7 @@ class AgentOSTarget:
         self.get_headers = dict(auth)
         self.durability_seen: set[str] = set()
         self.data_dirs: list[str] = []   # the server's storage.dir when we started it (its disk use is reported)
+        self.log_path: str | None = None  # its log, when we started it
 
     @staticmethod
     def path(agent: str) -> str:

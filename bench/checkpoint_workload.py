@@ -35,6 +35,7 @@ from bench import fsync_window
 from bench.checkpoint_report import window_report
 from bench.checkpoint_targets import CheckpointError, Latest, process_tree_cpu_secs
 from bench.sampling import machine_busy_secs
+from bench.server_log import LogWatch
 from bench.stats import summarize
 
 SCALES = {"1k": (100, 10), "10k": (500, 20), "100k": (1000, 100)}
@@ -218,6 +219,8 @@ async def run_once(target, clients: list, scale: Scale, mode: str, cfg: BenchCon
     # them: a second's pause on each side of the run, for every target alike (a pause lets
     # background work finish: PostgreSQL's as much as ours).
     url = getattr(target, "url", None) if cfg.log_batches else None
+    log_path = getattr(target, "log_path", None)
+    watch = LogWatch(log_path) if log_path else None
     fsyncs0 = await fsync_window.settled_snapshot(url) if cfg.log_batches else None
     cpu0, server0, busy0 = _cpu_secs(), process_tree_cpu_secs(pids), machine_busy_secs()
     rec = RunRecord(perf_counter())
@@ -254,6 +257,7 @@ async def run_once(target, clients: list, scale: Scale, mode: str, cfg: BenchCon
         "payload_bytes": sum(len(payloads[j]) for j in range(scale.tasks)) * scale.agents,
         "cpu_percent_of_core": _cpu_row(duration, cpu, server, busy),
         "log_fsync": log_fsync,
+        "server_log": watch.notable() if watch is not None else None,   # bench/server_log.py
         # what the store holds on disk right after the run (blocks allocated, zeroed segments included)
         "disk_mb": disk_mb(getattr(target, "data_dirs", [])),
     }

@@ -79,6 +79,7 @@ def agentos_started(cfg: BenchConfig, tmp_root: str, durability: str, name: str 
         target = AgentOSTarget(server.url, cfg.op_timeout_secs, None, server_pids=list(server.pids().values()),
                                name=name)
         target.data_dirs = [server.config["storage"]["dir"]]
+        target.log_path = str(server.log_path)   # each run's row keeps its warnings (bench/server_log.py)
         target.round = round_
         yield target
     finally:

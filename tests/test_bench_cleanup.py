@@ -27,11 +27,14 @@ def test_the_checkpoint_benchmark_removes_its_trees_data_and_processes(tmp_path)
         with checkpoints.agentos_started(cfg, str(tmp_path), "local", overrides=overrides) as started:
             seen["dirs"] = [p.name for p in tmp_path.iterdir()]
             seen["pids"] = started.server_pids
+            with open(started.log_path, "a") as log:   # before the run: not the run's to keep
+                log.write("2026-12-03 22:00:00,000 agent-os.test WARNING written before the run\n")
             yield started
 
     rows, _ = checkpoints.run_benchmark(cfg, [target], progress=lambda s: None)
     (row,) = rows
     assert row["checkpoints"] == 12 and not row["errors"]
+    assert row["server_log"] == []        # the tree's log was watched, and it warned of nothing
     # what the tree held on disk after the run: at least its zeroed 1 MiB segment, as configured
     assert 1.0 <= row["disk_mb"] < 64
     assert [d for d in seen["dirs"] if d.startswith("bench-ckpt-")], "the tree ran in a directory of its own"

@@ -1,0 +1,56 @@
+"""What our server logged above INFO while a benchmark run went on, kept in the run's row.
+
+A benchmark's tree goes with its temporary directory when the command ends (gigabytes nobody
+reads again), and its log with it. But a run that stalled is explained, if at all, by what the
+tree warned of meanwhile: storage/slow_batches.py names the part of a slow batch that took the
+time (the writes, the fdatasync, a rotation, or outside the writing call). A 1k run once did 431
+checkpoints/s with five fdatasyncs over 100 ms and the machine three-quarters idle, and nothing
+was left to say why (bench/results/2026-12-03-checkpoints-dec03-thirtieth/). So each run's row
+keeps the lines at WARNING or above that its tree wrote during the run, with the traceback
+lines after them, at most MAX_LINES.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+# agentos/service.py's log format: "2026-12-03 22:27:22,138 agent-os.supervisor WARNING message"
+_STAMPED = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
+_NOTABLE = re.compile(r"\S+ \S+ \S+ (WARNING|ERROR|CRITICAL) ")
+MAX_LINES = 40
+MAX_LINE_CHARS = 500
+
+
+class LogWatch:
+    """Reads a log file on from where it stood when made (or last read)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        try:
+            self.offset = self.path.stat().st_size
+        except OSError:
+            self.offset = 0
+
+    def notable(self) -> list[str]:
+        """The lines at WARNING or above written since the last call (a line not yet ended waits
+        for the next), each with the unstamped lines that follow it (a traceback)."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return []
+        whole = data.rfind(b"\n") + 1
+        self.offset += whole
+        out: list[str] = []
+        keep = False
+        for line in data[:whole].decode("utf-8", errors="replace").splitlines():
+            if _STAMPED.match(line):
+                keep = _NOTABLE.match(line) is not None
+            if not keep:
+                continue
+            if len(out) == MAX_LINES:
+                out.append("… (more not kept)")
+                break
+            out.append(line if len(line) <= MAX_LINE_CHARS else line[:MAX_LINE_CHARS] + " …")
+        return out
