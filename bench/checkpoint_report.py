@@ -18,6 +18,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench import server_log
 from bench.checkpoint_compare import compare_table
 from bench.fsync_window import bound_text, zeroed_text
 from bench.results import markdown_table, pyplot
@@ -100,13 +101,6 @@ def _window_cell(value: float | None, label: str, default_label: str) -> object:
 def _mode_cell(row: dict, repeats: int) -> str:
     cell = row["mode"] if repeats <= 1 else f"{row['mode']} R{row['run']}"
     return cell if "round" not in row else f"{cell} #{row['round']}"   # a --compare round
-
-
-def _server_log(rows: list[dict], repeats: int) -> str:
-    """Each run's kept log lines under its label, in a block (they are the server's words)."""
-    blocks = [f"{r['target']} {r['scale']} {_mode_cell(r, repeats)}:\n\n```\n" + "\n".join(r["server_log"]) + "\n```"
-              for r in rows if r.get("server_log")]
-    return "\n\n".join(blocks)
 
 
 def _p50_p99(summary: dict | None) -> str | None:
@@ -292,13 +286,10 @@ def summary_markdown(rows: list[dict], config: dict) -> str:
                                    zeroed_text(f.get("zeroed")) if "zeroed" in f else "–",
                                    f.get("compacted", "–")]
                                   for r in batches for f in [r["log_fsync"]]])]
-    warned = _server_log(rows, repeats)
+    warned = server_log.section([(f"{r['target']} {r['scale']} {_mode_cell(r, repeats)}", r.get("server_log"))
+                                 for r in rows])
     if warned:
-        parts += ["", "## What our server warned of during the runs", "",
-                  ("The lines at WARNING or above each tree wrote while a run went on, from just before "
-                   "it to just after (bench/server_log.py); runs not listed logged none. "
-                   "A batch over 0.5 s is logged with where its time went (storage/slow_batches.py)."),
-                  "", warned]
+        parts += ["", warned]
     phases = _phase_table(rows)
     if phases:
         parts += ["", "## First insert vs overwrite", "", phases]

@@ -7,7 +7,8 @@ time (the writes, the fdatasync, a rotation, or outside the writing call). A 1k 
 checkpoints/s with five fdatasyncs over 100 ms and the machine three-quarters idle, and nothing
 was left to say why (bench/results/2026-12-03-checkpoints-dec03-thirtieth/). So each run's row
 keeps the lines at WARNING or above that its tree wrote during the run, with the traceback
-lines after them, at most MAX_LINES.
+lines after them, at most MAX_LINES, and the summaries quote them under the run's label
+(`section`). The checkpoint benchmark keeps them for each run, the turn sweep for each round.
 """
 from __future__ import annotations
 
@@ -54,3 +55,16 @@ class LogWatch:
                 break
             out.append(line if len(line) <= MAX_LINE_CHARS else line[:MAX_LINE_CHARS] + " …")
         return out
+
+
+def section(labelled: list[tuple[str, list[str] | None]], runs: str = "runs") -> str:
+    """The summary's section quoting each run's kept lines under its label ('' if none has any)."""
+    blocks = [f"{label}:\n\n```\n" + "\n".join(lines) + "\n```" for label, lines in labelled if lines]
+    if not blocks:
+        return ""
+    return "\n\n".join([
+        f"## What our server warned of during the {runs}",
+        (f"The lines at WARNING or above each tree wrote while one of its {runs} went on, from just "
+         f"before it to just after (bench/server_log.py); {runs} not listed logged none. A batch over "
+         "0.5 s is logged with where its time went (storage/slow_batches.py)."),
+        *blocks]) + "\n"

@@ -30,6 +30,7 @@ import yaml
 from bench.checkpoint_compare import override
 from bench.results import ResultsDir
 from bench.sampling import PeakMemory, named_pids, window_between, window_sample
+from bench.server_log import LogWatch
 from bench.server_proc import REPO, ServerProcess, deep_merge
 from bench.turns_report import write_report
 
@@ -273,10 +274,12 @@ def run_sweep(profiles: list[str], sweep: list[int], mock, args, work: Path, kee
                     server = servers[profile]
                     label = profile if args.repeat == 1 else f"{profile} round {rnd}"
                     mock.reset_stats()
+                    watch = LogWatch(server.log_path)
                     result = run_loadgen(server.url, c, args.duration, args.warmup, f"{_slug(profile)}-{rnd}-c{c}",
                                          work / f"{_slug(profile)}-{rnd}-{c}.json", server.pids,
                                          f"{label} c={c}")
-                    keep({**point_row(profile, c, result, mock.stats()), "round": rnd})
+                    keep({**point_row(profile, c, result, mock.stats()), "round": rnd,
+                          "server_log": watch.notable()})   # bench/server_log.py
                 turn += 1
     finally:
         for server in servers.values():

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench import server_log
 from bench.fsync_window import bound_text, zeroed_text
 from bench.results import ResultsDir, markdown_table, pyplot
 
@@ -87,7 +88,10 @@ def write_report(results: ResultsDir, rows: list[dict], args: Any) -> None:
     cost = _persistence_cost(rows)
     if cost:
         parts.append(cost)
-    for section in (_log_batches(rows), _cpu_by_process(rows), _disk_by_round(rows)):
+    warned = server_log.section([(f"{_name(r['profile'])}, c={r['concurrency']}, round {r.get('round', 1)}",
+                                  r.get("server_log")) for p in _profiles(rows, peers=False) for r in _points(rows, p)],
+                                "rounds")
+    for section in (_log_batches(rows), _cpu_by_process(rows), _disk_by_round(rows), warned):
         if section:
             parts.append(section)
     side_by_side = _comparison(rows)

@@ -57,14 +57,20 @@ def _turn_row(profile: str, rnd: int, c: int, turns_per_sec: float, failed: int 
 
 def test_turn_summary_prices_persistence_over_alternating_rounds(tmp_path):
     results = ResultsDir("turns", tmp_path)
+    slow = ("2026-12-02 14:01:02,003 agent-os.writer/log/0 WARNING log /tmp/wal/0: a batch of 40 records took "
+            "1210 ms: rotating 0, writing 3, fdatasync 1207")
     rows = [_turn_row("core", 1, 1000, 340.0), _turn_row("persist", 1, 1000, 320.0),
-            _turn_row("persist", 2, 1000, 330.0), _turn_row("core", 2, 1000, 310.0, failed=2)]
+            {**_turn_row("persist", 2, 1000, 330.0), "server_log": [slow]}, _turn_row("core", 2, 1000, 310.0, failed=2)]
     args = types.SimpleNamespace(mock_ttft_ms=2000.0, mock_tps=200.0, mock_tokens=8, warmup=3.0, duration=15.0)
     write_turns_report(results, rows, args)
     text = (results.path / "summary.md").read_text()
     # means 325.0 and 325.0: no cost, though each round alone said +6% and -6%
     assert "| 1000 | 340.0 / 310.0 | 320.0 / 330.0 | 325.0 | 325.0 | 0.0% | 2 / 0 |" in text
     assert "| round | c | turns/s" in text and "| 2 | 1000 | 310.0 |" in text
+    # what the tree warned of during a round is quoted under that round, and only that round
+    assert "## What our server warned of during the rounds" in text
+    assert "Agent OS, full persistence (local), c=1000, round 2:\n\n```\n" + slow + "\n```" in text
+    assert text.count("```\n") == 2
 
 
 def test_failover_report_splits_lease_wait_and_rebuild(tmp_path):
