@@ -41,6 +41,7 @@ from bench.chaos_closes import close_client, reopened
 from bench.chaos_report import write_report
 from bench.results import ResultsDir
 from bench.sampling import memory_by_process
+from bench.server_log import logged_errors
 from bench.server_proc import ServerProcess, wait_until
 from bench.sse_client import run_turn
 from bench.steps import start_workers, stop_workers
@@ -336,6 +337,10 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     lost_checkpoints = lost_from_log(ledger.checkpoints, in_log)
     row = accounting(args, ledger, kills, checked, lost_checkpoints, restarts, phases, after)
+    # the logs' own word on the run: a kill is a WARNING, a bug of ours under kills an ERROR
+    logged = {log.name: logged_errors(log) for log in sorted(results.path.glob("*.log"))}
+    row["logged_errors"] = {name: count for name, (count, _) in logged.items()}
+    row["logged_error_lines"] = [line for _, lines in logged.values() for line in lines]
     results.write_rows([row])
     results.write_rows(kills, "kills.jsonl")
     results.write_rows([{"t": t, **counts} for t, counts in sorted(ledger.timeline.items())], "timeline.jsonl")

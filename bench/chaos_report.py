@@ -20,6 +20,9 @@ def write_report(results: ResultsDir, row: dict, kills: list[dict], ledger: "Led
         "what was streamed, an acknowledged checkpoint missing from the log, an accepted flow run that did not "
         "complete with its result, a closed session that a read still finds. Hung counts streams with neither a terminal event nor a clean close within "
         "the deadline.", "",
+        "ERROR or CRITICAL records in the tree's logs (kept in this folder): "
+        + ", ".join(f"{name} {count}" for name, count in row["logged_errors"].items()) + ".", "",
+        *(["```\n" + "\n".join(row["logged_error_lines"]) + "\n```", ""] if row["logged_error_lines"] else []),
         "## Turn outcomes", "",
         markdown_table(["outcome", "turns"], sorted(row["turn_outcomes"].items())), "",
         f"Streams picked up again with Last-Event-ID after a drop: {row['turns_resumed']}; "

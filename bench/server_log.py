@@ -18,6 +18,7 @@ from pathlib import Path
 # agentos/service.py's log format: "2026-12-03 22:27:22,138 agent-os.supervisor WARNING message"
 _STAMPED = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
 _NOTABLE = re.compile(r"\S+ \S+ \S+ (WARNING|ERROR|CRITICAL) ")
+_ERRORS = re.compile(r"\S+ \S+ \S+ (ERROR|CRITICAL) ")
 MAX_LINES = 40
 MAX_LINE_CHARS = 500
 
@@ -43,18 +44,33 @@ class LogWatch:
             return []
         whole = data.rfind(b"\n") + 1
         self.offset += whole
-        out: list[str] = []
-        keep = False
-        for line in data[:whole].decode("utf-8", errors="replace").splitlines():
-            if _STAMPED.match(line):
-                keep = _NOTABLE.match(line) is not None
-            if not keep:
-                continue
-            if len(out) == MAX_LINES:
-                out.append("… (more not kept)")
-                break
-            out.append(line if len(line) <= MAX_LINE_CHARS else line[:MAX_LINE_CHARS] + " …")
-        return out
+        return _kept(data[:whole].decode("utf-8", errors="replace"), _NOTABLE)[1]
+
+
+def logged_errors(path: str | Path) -> tuple[int, list[str]]:
+    """How many ERROR or CRITICAL records a whole log holds, and the first of them (bounded as
+    above): a chaos run's server log is thousands of lines of expected WARNINGs (each kill)."""
+    try:
+        text = Path(path).read_text("utf-8", errors="replace")
+    except OSError:
+        return 0, []
+    return _kept(text, _ERRORS)
+
+
+def _kept(text: str, level: re.Pattern) -> tuple[int, list[str]]:
+    """(records at `level`, their lines — each with the unstamped lines after it — at most MAX_LINES)."""
+    count, out, keep = 0, [], False
+    for line in text.splitlines():
+        if _STAMPED.match(line):
+            keep = level.match(line) is not None
+            count += keep
+        if not keep or len(out) > MAX_LINES:
+            continue
+        if len(out) == MAX_LINES:
+            out.append("… (more not kept)")
+            continue
+        out.append(line if len(line) <= MAX_LINE_CHARS else line[:MAX_LINE_CHARS] + " …")
+    return count, out
 
 
 def section(labelled: list[tuple[str, list[str] | None]], runs: str = "runs") -> str:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from bench import server_log
 from bench.checkpoint_report import summary_markdown, window_report
-from bench.server_log import LogWatch
+from bench.server_log import LogWatch, logged_errors
 
 INFO = "2026-12-03 22:15:01,002 agent-os.broker INFO routing on ipc:///tmp/x\n"
 SLOW = ("2026-12-03 22:15:02,003 agent-os.storage WARNING log /tmp/wal/0: a batch of 9 records took 0.772 s "
@@ -51,3 +51,13 @@ def test_the_summary_quotes_each_run_that_warned_under_its_label():
     assert "agentos 1k mixed R1:\n\n```\n" + SLOW + "```" in text
     assert "mixed R2:\n" not in text
     assert "warned of" not in summary_markdown([row(1, []), row(2, None)], config)
+
+
+def test_a_whole_logs_errors_are_counted_past_the_lines_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(server_log, "MAX_LINES", 2)
+    path = tmp_path / "server.log"
+    path.write_text(INFO + SLOW + ERROR + TRACE + SLOW + ERROR + ERROR.replace(" ERROR ", " CRITICAL "))
+    count, lines = logged_errors(path)
+    assert count == 3                               # the WARNINGs are not errors
+    assert lines == [ERROR.rstrip("\n"), TRACE.split("\n")[0], "… (more not kept)"]
+    assert logged_errors(tmp_path / "missing.log") == (0, [])

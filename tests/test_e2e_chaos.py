@@ -2,6 +2,7 @@
 role of the tree is killed with SIGKILL in turn — and the load generator's own accounting says
 nothing acknowledged was lost and no stream hung. (The ten-minute run is a benchmark.)"""
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -35,7 +36,12 @@ def test_twenty_seconds_of_sigkills_lose_nothing_acknowledged(tmp_path):
     assert min(row["acknowledged"].values()) > 0 and row["turn_outcomes"]["completed"] > 0
     assert row["flow_results"]["unfinished"] == 0
     assert (folder / "summary.md").exists() and (folder / "chaos.png").exists()
-    assert "restarting" in (folder / "server.log").read_text()   # the tree's own account is kept
+    server_log = (folder / "server.log").read_text()
+    assert "restarting" in server_log   # the tree's own account is kept
     assert (folder / "worker-0.log").exists()
+    # and its count of errors is the log's: ERROR and CRITICAL records, not the kills' WARNINGs
+    errors = [line for line in server_log.splitlines() if re.match(r"\S+ \S+ \S+ (ERROR|CRITICAL) ", line)]
+    assert row["logged_errors"]["server.log"] == len(errors) and "worker-0.log" in row["logged_errors"]
+    assert f"server.log {len(errors)}" in (folder / "summary.md").read_text()
     pids = [k["pid"] for k in kills] + [m["pid"] for m in row["memory_kib"].values()]
     assert not [p for p in pids if pid_alive(p)]   # the benchmark left nothing running
