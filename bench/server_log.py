@@ -9,6 +9,7 @@ was left to say why (bench/results/2026-12-03-checkpoints-dec03-thirtieth/). So 
 keeps the lines at WARNING or above that its tree wrote during the run, with the traceback
 lines after them, at most MAX_LINES, and the summaries quote them under the run's label
 (`section`). The checkpoint benchmark keeps them for each run, the turn sweep for each round.
+The chaos benchmark, which keeps its tree's whole logs, counts their errors (`logged_errors`).
 """
 from __future__ import annotations
 
