@@ -9,6 +9,9 @@ projects at least one row into its file). Times are UNIX seconds (DOUBLE).
 events.db
   events(session, tenant, turn, seq, type, data JSON text, ts, writer, lsn)
       turn lifecycle (turn.started, step.completed, turn.completed / failed / cancelled)
+  jsonl_progress(path, bytes)
+      with `storage.jsonl_dir` set: where events.jsonl ended after the last batch this file
+      took, updated in that batch's transaction (storage/jsonl_events.py); one row at most
 messages.db
   messages(session, tenant, idx, turn, role, content, extra JSON text, ts, writer, lsn)
       the transcript: message `idx` of a session (tool calls and ids in `extra`)
@@ -49,6 +52,7 @@ DATABASES: dict[str, list[str]] = {
     "events": [
         "CREATE TABLE IF NOT EXISTS events (session VARCHAR, tenant VARCHAR, turn VARCHAR, seq INTEGER, "
         "type VARCHAR, data VARCHAR, ts DOUBLE, writer SMALLINT, lsn BIGINT)",
+        "CREATE TABLE IF NOT EXISTS jsonl_progress (path VARCHAR, bytes BIGINT)",
     ],
     "messages": [
         "CREATE TABLE IF NOT EXISTS messages (session VARCHAR, tenant VARCHAR, idx INTEGER, turn VARCHAR, "

@@ -13,16 +13,16 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import duckdb
 import msgpack
-import orjson
 
 from agentos import metrics, native_memory
 from storage import payload_segments, records, schema, segments, session_closing
 from storage.bloom import BloomFilter
 from storage.duck_memory import MemoryLimit
+from storage.jsonl_events import JsonlEvents
 from storage.newest_blobs import NewestBlobs
 from storage.payload_segments import PayloadSegments
 from storage.projection import project
@@ -51,8 +51,8 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
         self.writers = writers
         self.memory_limit_mb = memory_limit_mb
         self.memory = {db: MemoryLimit(self.db_memory_mb) for db in schema.DATABASES}   # raised for big values
-        self.jsonl_path = Path(jsonl_dir) / "events.jsonl" if jsonl_dir else None
         self.log = log or logging.getLogger("agent-os.writer/store")
+        self.jsonl = JsonlEvents(Path(jsonl_dir), self.log) if jsonl_dir else None
         self.conns: dict[str, duckdb.DuckDBPyConnection] = {}
         self.cursors: dict[str, duckdb.DuckDBPyConnection] = {}        # the query thread's
         self.pass_cursors: dict[str, duckdb.DuckDBPyConnection] = {}   # the pass thread's (`on_pass`)
@@ -99,6 +99,8 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
                         last[db][writer] = max(last[db].get(writer, -1), lsn)
             # Records before this position are in the file (the one at `lsn` itself included).
             self.progress[db] = {w: lsn + 1 for w, lsn in last[db].items()}
+        if self.jsonl is not None:
+            self._open_jsonl()
         # in pieces: a million sessions' names at once would hold a few hundred MB for a moment
         result = self.conns["messages"].execute("SELECT DISTINCT kind, session FROM checkpoints")
         while rows := result.fetchmany(OPEN_ROWS_PER_FETCH):
@@ -120,6 +122,17 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
             self.loaded[writer] = start
         self.pending_closes = self.open_closing()   # a crash cut their deletions short
         self.apply_pending_closes()
+
+    def _open_jsonl(self) -> None:
+        con = self.conns["events"]
+        row = con.execute("SELECT path, bytes FROM jsonl_progress").fetchone()
+        size = self.jsonl.open(row)
+        # The file as it stands now counts as committed (a new path's too: a crash before the
+        # next commit must cut back to here, not leave lines the loader writes again).
+        if row is None:
+            con.execute("INSERT INTO jsonl_progress VALUES (?, ?)", [str(self.jsonl.path), size])
+        else:
+            con.execute("UPDATE jsonl_progress SET path = ?, bytes = ?", [str(self.jsonl.path), size])
 
     def _legacy_payloads(self) -> Path:
         """The single payload file of older versions (`payload_file` named its generation)."""
@@ -259,7 +272,7 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
                     self.log.error("skipping an unreadable record at %d:%d: %s", writer, position, exc)
                     continue
                 positions[db][writer] = position + 1
-                if self.jsonl_path is not None and kind == records.RecordKind.EVENT:
+                if self.jsonl is not None and kind == records.RecordKind.EVENT:
                     events_for_jsonl.append(decoded)
             if batch:
                 scanned[writer] = batch[-1][4]
@@ -273,7 +286,7 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
             for db in self.conns:
                 tables = {t: r for t, r in rows.items() if schema.TABLE_DB.get(t, schema.BOOK_TABLE_DB.get(t)) == db}
                 if tables or positions[db]:
-                    self._commit(db, tables, positions[db], db in big)
+                    self._commit_with_jsonl(db, tables, positions[db], db in big, events_for_jsonl)
                     if db == "messages":   # at once: a retry after another file's failure skips these rows
                         self._note_newest(rows.get("checkpoints", ()), first_blobs)
         except Exception:
@@ -293,7 +306,6 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
         if self.pending_closes:
             self.apply_pending_closes()
         self.settle_closing()
-        self._write_jsonl(events_for_jsonl)
         total_rows = sum(len(r) for r in rows.values())
         for table, table_rows in rows.items():
             metrics.store_rows.labels(table).inc(len(table_rows))
@@ -338,16 +350,32 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
     def db_memory_mb(self) -> int:
         return max(MIN_DB_MEMORY_MB, self.memory_limit_mb // len(schema.DATABASES))
 
-    def _commit(self, db: str, tables: dict[str, list[tuple]], positions: dict[int, int], big: bool) -> None:
+    def _commit_with_jsonl(self, db: str, tables: dict[str, list[tuple]], positions: dict[int, int], big: bool,
+                           events: list[dict]) -> None:
+        """`_commit`, with the batch's event lines written to the JSONL copy first and its end
+        recorded in the same transaction (storage/jsonl_events.py)."""
+        if db != "events" or not events or self.jsonl is None:
+            self._commit(db, tables, positions, big)
+            return
+        start, end = self.jsonl.write(events)
+        try:
+            self._commit(db, tables, positions, big,
+                         ("UPDATE jsonl_progress SET path = ?, bytes = ?", [str(self.jsonl.path), end]))
+        except BaseException:
+            self.jsonl.cut(start)
+            raise
+
+    def _commit(self, db: str, tables: dict[str, list[tuple]], positions: dict[int, int], big: bool,
+                statement: tuple[str, list] | None = None) -> None:
         if big:   # raised up front: the COMMIT's autocheckpoint pins the value's block too, and its
             # failure is fatal to the file, not an error to retry (storage/duck_memory.py)
             with self.memory[db].raised(self.conns[db]):
-                self._append(db, tables)
+                self._append(db, tables, statement)
         else:
-            self.memory[db].run(self.conns[db], lambda: self._append(db, tables))
+            self.memory[db].run(self.conns[db], lambda: self._append(db, tables, statement))
         self.progress[db].update(positions)
 
-    def _append(self, db: str, tables: dict[str, list[tuple]]) -> None:
+    def _append(self, db: str, tables: dict[str, list[tuple]], statement: tuple[str, list] | None = None) -> None:
         con = self.conns[db]
         con.execute("BEGIN TRANSACTION")
         try:
@@ -355,6 +383,8 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
                 appender = con.appender(table)
                 appender.append_rows(table_rows)
                 appender.flush()
+            if statement is not None:
+                con.execute(*statement)
             con.execute("COMMIT")
         except Exception:
             try:
@@ -362,16 +392,3 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
             except duckdb.TransactionException:
                 pass  # a failed COMMIT already ended the transaction
             raise
-
-    def _write_jsonl(self, events: list[dict]) -> None:
-        if not events or self.jsonl_path is None:
-            return
-        self.jsonl_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.jsonl_path, "ab") as f:
-            f.write(b"".join(orjson.dumps(e, default=_jsonable) + b"\n" for e in events))
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, (bytes, bytearray)):
-        return value.decode("utf-8", "replace")
-    raise TypeError

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import aiohttp
 import duckdb
+import orjson
 
 from broker.sharding import shard_of
 from harness import Server, get_json, run_turn, scrape, turn, wait_until
@@ -137,7 +138,7 @@ def wal_records(data_dir: Path) -> list[tuple[int, bytes, bytes]]:
 
 
 def test_acknowledged_records_survive_kill9_of_writers_and_tree_exactly_once(tmp_path):
-    config = {"kernel": {"concurrency_limit": 64}}
+    config = {"kernel": {"concurrency_limit": 64}, "storage": {"jsonl_dir": str(tmp_path / "jsonl")}}
     server = Server(tmp_path, config).start()
     acked_puts: list[tuple[str, str]] = []
     completed: list[tuple[str, str]] = []
@@ -207,12 +208,16 @@ def test_acknowledged_records_survive_kill9_of_writers_and_tree_exactly_once(tmp
     with duckdb.connect(str(db / "events.db"), read_only=True) as con:
         events = collections.Counter(con.execute("SELECT turn, type FROM events").fetchall())
         event_rows = con.execute("SELECT count(*) FROM events").fetchone()[0]
+        event_keys = collections.Counter(con.execute("SELECT session, turn, seq, type FROM events").fetchall())
+    jsonl = [orjson.loads(line) for line in (tmp_path / "jsonl" / "events.jsonl").read_bytes().splitlines()]
     with duckdb.connect(str(db / "access.db"), read_only=True) as con:
         access_rows = con.execute("SELECT count(*) FROM access").fetchone()[0]
     # DuckDB caught up with the log: one row per record, none missing, none twice.
     assert sum(blobs.values()) == by_kind[RecordKind.BLOB]
     assert agent_ckpts == by_kind[RecordKind.CHECKPOINT]
     assert event_rows == by_kind[RecordKind.EVENT]
+    # The JSON-lines copy too: each event once, though writer/store and the tree died mid-load.
+    assert collections.Counter((e["session"], e["turn"], e["seq"], e["type"]) for e in jsonl) == event_keys
     assert access_rows == sum(len(records.decode_body(body)["rows"]) for kind, _, body in log
                               if kind == RecordKind.ACCESS)
     # Every acknowledged checkpoint exactly once.

@@ -1,0 +1,141 @@
+"""The JSON-lines copy of the events (`storage.jsonl_dir`, storage/jsonl_events.py), loaded
+in-process from real segment files: every event once, whatever fails or is killed between the
+file and DuckDB."""
+import os
+
+import duckdb
+import orjson
+import pytest
+
+from log_frames import frames
+from storage import segments
+from storage.store import Store
+
+
+def lines(path):
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+def seqs(path):
+    return [e["seq"] for e in lines(path)]
+
+
+def recorded(store):
+    return store.conns["events"].execute("SELECT path, bytes FROM jsonl_progress").fetchall()
+
+
+@pytest.fixture
+def log(tmp_path):
+    log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=1 << 20)
+    yield log
+    log.close()
+
+
+def open_store(tmp_path, jsonl_dir):
+    store = Store(tmp_path, 1, 64, jsonl_dir=str(jsonl_dir))
+    store.open()
+    return store
+
+
+def test_each_event_is_one_line_in_log_order_and_its_end_is_committed_with_the_rows(tmp_path, log):
+    log.write(b"".join(frames(6)), sync=True)
+    store = open_store(tmp_path, tmp_path / "jsonl")
+    try:
+        store.load_all()
+        path = tmp_path / "jsonl" / "events.jsonl"
+        assert seqs(path) == [0, 1, 2, 3, 4, 5]
+        assert lines(path)[1]["session"] == "s1" and lines(path)[1]["data"]["pad"] == "p" * 100
+        assert recorded(store) == [(str(path), path.stat().st_size)]
+        log.write(b"".join(frames(2, start=6)), sync=True)
+        store.load_all()
+        assert seqs(path) == list(range(8))
+    finally:
+        store.close()
+
+
+def test_lines_written_but_never_committed_are_cut_on_open_and_written_once(tmp_path, log):
+    """A kill between the file's fdatasync and DuckDB's commit, and one mid-line."""
+    log.write(b"".join(frames(4)), sync=True)
+    path = tmp_path / "jsonl" / "events.jsonl"
+    store = open_store(tmp_path, tmp_path / "jsonl")
+    try:
+        store.load_all()
+        log.write(b"".join(frames(3, start=4)), sync=True)
+        # What the next batch would write before its commit, then a torn line: the kill.
+        store.jsonl.write([{"session": "s1", "seq": 4}, {"session": "s2", "seq": 5}])
+        with open(path, "ab") as f:
+            f.write(b'{"session":"s0","se')
+    finally:
+        store.close()
+    store = open_store(tmp_path, tmp_path / "jsonl")
+    try:
+        assert seqs(path) == [0, 1, 2, 3]
+        store.load_all()
+        assert seqs(path) == list(range(7))
+        assert recorded(store) == [(str(path), path.stat().st_size)]
+    finally:
+        store.close()
+
+
+def test_a_failed_commit_leaves_no_line_and_its_retry_writes_each_once(tmp_path, log, monkeypatch):
+    log.write(b"".join(frames(3)), sync=True)
+    store = open_store(tmp_path, tmp_path / "jsonl")
+    path = tmp_path / "jsonl" / "events.jsonl"
+    real = Store._append
+    failures = []
+
+    def append(self, db, tables, statement=None):
+        if db == "events" and not failures:
+            failures.append(db)
+            raise duckdb.IOException("the disk said no")
+        return real(self, db, tables, statement)
+
+    monkeypatch.setattr(Store, "_append", append)
+    try:
+        with pytest.raises(duckdb.IOException):
+            store.load_once()
+        assert path.read_bytes() == b""
+        store.load_all()
+        assert seqs(path) == [0, 1, 2]
+        assert store.conns["events"].execute("SELECT count(*) FROM events").fetchone() == (3,)
+    finally:
+        store.close()
+
+
+def test_a_rotated_file_starts_anew_and_a_file_elsewhere_is_never_cut(tmp_path, log):
+    log.write(b"".join(frames(2)), sync=True)
+    path = tmp_path / "jsonl" / "events.jsonl"
+    store = open_store(tmp_path, tmp_path / "jsonl")
+    try:
+        store.load_all()
+        path.rename(tmp_path / "jsonl" / "events.jsonl.1")   # a log rotator
+        log.write(b"".join(frames(2, start=2)), sync=True)
+        store.load_all()
+        assert seqs(path) == [2, 3] and seqs(tmp_path / "jsonl" / "events.jsonl.1") == [0, 1]
+    finally:
+        store.close()
+    # Moved to a directory whose file is longer than what was recorded for the old one.
+    other = tmp_path / "other" / "events.jsonl"
+    other.parent.mkdir()
+    other.write_bytes(b'{"kept": 1}\n' * 100)
+    store = open_store(tmp_path, tmp_path / "other")
+    try:
+        assert other.read_bytes() == b'{"kept": 1}\n' * 100
+        assert recorded(store) == [(str(other), other.stat().st_size)]
+        log.write(b"".join(frames(1, start=4)), sync=True)
+        store.load_all()
+        assert len(lines(other)) == 101 and lines(other)[-1]["seq"] == 4
+    finally:
+        store.close()
+
+
+def test_a_directory_that_cannot_take_the_file_fails_the_start(tmp_path, log):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_bytes(b"")
+    store = Store(tmp_path, 1, 64, jsonl_dir=str(blocker / "jsonl"))
+    try:
+        with pytest.raises(OSError):
+            store.open()
+    finally:
+        store.close()
+    assert os.path.getsize(blocker) == 0
