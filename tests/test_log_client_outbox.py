@@ -1,0 +1,93 @@
+"""The sending side's outbox (storage/log_client.py): bounded, and nothing in it is ever dropped —
+appends wait for room when it is full, and ASYNC records a writer refused are sent again."""
+import asyncio
+import logging
+import types
+
+from broker.protocol import Kind
+from storage import log_client
+from storage.log_client import LogClient, LogWriteError
+from storage.records import RecordKind
+
+
+class HeldLog:
+    """An embedded writer (as the gateway's own log) that answers only when the test says so."""
+
+    def __init__(self):
+        self.bus = types.SimpleNamespace(name="writer/log/1", index=1)
+        self.index = 1
+        self.held = []
+        self.written = []   # record ids, in the order they were acknowledged
+
+    def on_append(self, append):
+        self.held.append(append)
+
+    def ack_all(self):
+        held, self.held = self.held, []
+        for append in held:
+            self.written += [record[1] for record in append.body["records"]]
+            append.answer(Kind.LOG_ACK, {"position": len(self.written), "count": len(append.body["records"])})
+
+    def refuse_all(self):
+        held, self.held = self.held, []
+        for append in held:
+            append.answer(Kind.ERROR, {"code": "disk_full", "message": "log write failed: No space left on device"})
+
+
+def client(held, max_outstanding):
+    bus = types.SimpleNamespace(name="gateway/0", incarnation=1, restart_hooks=[], log=None)
+    return LogClient(bus, writers=1, log=logging.getLogger("test"), max_outstanding=max_outstanding,
+                     own_log=held)
+
+
+def event(n):
+    return {"session": "s", "tenant": "t", "turn": "", "seq": n, "type": "x", "data": None, "at": 0.0}
+
+
+async def settle():
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+def test_a_full_outbox_makes_appends_wait_and_drops_nothing():
+    async def go():
+        held = HeldLog()
+        log = client(held, max_outstanding=3)
+        for n in range(3):
+            assert await log.append(RecordKind.EVENT, event(n), "s", sync=False) is None
+        fourth = asyncio.create_task(log.append(RecordKind.EVENT, event(3), "s", sync=False))
+        await asyncio.sleep(log_client.ASYNC_LINGER_SECS * 3)
+        assert not fourth.done() and log.outstanding == 3     # waits for room: not dropped, not past the bound
+        held.ack_all()
+        await asyncio.wait_for(fourth, 2)
+        await asyncio.sleep(log_client.ASYNC_LINGER_SECS * 3)
+        held.ack_all()
+        assert len(held.written) == 4 and len(set(held.written)) == 4 and log.outstanding == 0
+
+    asyncio.run(go())
+
+
+def test_refused_async_records_are_sent_again_and_sync_ones_fail_fast():
+    async def go():
+        held = HeldLog()
+        log = client(held, max_outstanding=100)
+        await log.append(RecordKind.ACCESS, event(0), "s", sync=False)
+        sync = asyncio.create_task(log.append(RecordKind.EVENT, event(1), "s", sync=True))
+        await settle()
+        assert len(held.held) == 1 and len(held.held[0].body["records"]) == 2   # the ASYNC one rode along
+        sent = held.held[0].body["records"]
+        held.refuse_all()                 # a full disk
+        await settle()
+        error = sync.exception()
+        assert isinstance(error, LogWriteError) and error.code == "disk_full"
+        assert log.outstanding == 1       # the ASYNC record waits in the outbox, to be sent again
+        for _ in range(100):
+            if held.held:
+                break
+            await asyncio.sleep(0.05)
+        assert [r[1] for r in held.held[0].body["records"]] == [sent[0][1]]   # the same record, the same id
+        held.ack_all()
+        await settle()
+        assert log.outstanding == 0 and held.written == [sent[0][1]]
+
+    asyncio.run(go())
