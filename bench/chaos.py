@@ -17,7 +17,9 @@ The accounting, after the kills stop and the tree has settled:
   acknowledged that a read still finds (bench/chaos_closes.py).
 - hung: streams that neither ended with a terminal event nor closed cleanly within the deadline.
 - restarts per role, and each process's private memory after warm-up and after the run.
-Exit status 1 if anything was lost or hung.
+- the JSON-lines copy of the events (on in this run): every event the logs hold is one line of
+  it, though writer/store was killed mid-load (bench/chaos_jsonl.py).
+Exit status 1 if anything was lost or hung, or that copy is not whole.
 """
 from __future__ import annotations
 
@@ -37,7 +39,8 @@ from typing import Any
 import aiohttp
 
 from bench.logged_checkpoints import checkpoints_in_log, lost_from_log
-from bench.chaos_closes import close_client, reopened
+from bench import chaos_jsonl
+from bench.chaos_closes import close_client, closable, reopened
 from bench.chaos_report import write_report
 from bench.results import ResultsDir
 from bench.sampling import memory_by_process
@@ -297,8 +300,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def server_config() -> dict[str, Any]:
-    return {"storage": {"durability": "local"},
+def server_config(jsonl_dir: Path) -> dict[str, Any]:
+    return {"storage": {"durability": "local", "jsonl_dir": str(jsonl_dir)},
             "kernel": {"actors": 2, "max_in_flight_turns": 0, "disconnect_grace_secs": 10},
             "mock": {"ttft_ms": 50, "tokens": 24, "tps": 400},
             "provider": {"timeout_secs": 20}}
@@ -307,13 +310,14 @@ def server_config() -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     results = ResultsDir(args.name, Path(args.results_root) if args.results_root else None)
-    results.write_config({"command": "bench chaos", "args": vars(args), "server": server_config()})
     # SIGTERM (a CI timeout, ^C from a wrapper) still stops the tree: it unwinds through `finally`.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Path(tempfile.mkdtemp(prefix="bench-chaos-"))
+    config = server_config(work / "jsonl")
+    results.write_config({"command": "bench chaos", "args": vars(args), "server": config})
     ledger, kills = Ledger(), []
     try:
-        server = ServerProcess(work, server_config()).start()
+        server = ServerProcess(work, config).start()
         workers: list = []
         try:
             workers = start_workers(server, 1, 16)
@@ -329,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
             stop_workers(workers)
             server.stop()
         in_log = checkpoints_in_log(work / "data")
+        jsonl = chaos_jsonl.compare(chaos_jsonl.events_in_log(work / "data"),
+                                    *chaos_jsonl.events_in_file(work / "jsonl"), closable)
     finally:
         # the tree's and the worker's own account of the run, also of one that failed or was
         # stopped: what to read first when something was lost or hung
@@ -337,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     lost_checkpoints = lost_from_log(ledger.checkpoints, in_log)
     row = accounting(args, ledger, kills, checked, lost_checkpoints, restarts, phases, after)
+    row["jsonl"] = jsonl
     # the logs' own word on the run: a kill is a WARNING, a bug of ours under kills an ERROR
     logged = {log.name: logged_errors(log) for log in sorted(results.path.glob("*.log"))}
     row["logged_errors"] = {name: count for name, (count, _) in logged.items()}
@@ -347,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     write_report(results, row, kills, ledger, phases)
     print(results.path / "summary.md", file=sys.stderr)
     print((results.path / "summary.md").read_text())
-    return 0 if row["lost"] == 0 and row["hung"] == 0 else 1
+    whole_copy = jsonl["missing"] == jsonl["extra"] == jsonl["bad_lines"] == 0
+    return 0 if row["lost"] == 0 and row["hung"] == 0 and whole_copy else 1
 
 
 def accounting(args, ledger: Ledger, kills: list[dict], checked: dict, lost_checkpoints: list,

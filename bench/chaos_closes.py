@@ -12,13 +12,19 @@ from bench.sse_client import run_turn
 
 CLOSE_TRIES = 20
 
+SESSION_PREFIX = "chaos-x"   # the sessions these clients fill, then close (closed or not: a close may be cut short)
+
+
+def closable(session: str) -> bool:
+    return session.startswith(SESSION_PREFIX)
+
 
 async def close_client(http, base: str, index: int, closed: list[str], errors: collections.Counter,
                        stop: asyncio.Event, deadline: float, pause: float) -> None:
     n = 0
     while not stop.is_set():
         n += 1
-        session = f"chaos-x{index}-{n}"
+        session = f"{SESSION_PREFIX}{index}-{n}"
         await run_turn(http, base, session, f"a turn of session {n}, to be closed", deadline)
         try:
             async with http.put(f"{base}/v1/sessions/{session}/checkpoints/k", data=b"state of %d" % n,

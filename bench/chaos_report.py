@@ -20,6 +20,7 @@ def write_report(results: ResultsDir, row: dict, kills: list[dict], ledger: "Led
         "what was streamed, an acknowledged checkpoint missing from the log, an accepted flow run that did not "
         "complete with its result, a closed session that a read still finds. Hung counts streams with neither a terminal event nor a clean close within "
         "the deadline.", "",
+        _jsonl_line(row.get("jsonl")), "",
         "ERROR or CRITICAL records in the tree's logs (kept in this folder): "
         + ", ".join(f"{name} {count}" for name, count in row["logged_errors"].items()) + ".", "",
         *(["```\n" + "\n".join(row["logged_error_lines"]) + "\n```", ""] if row["logged_error_lines"] else []),
@@ -64,3 +65,16 @@ def write_report(results: ResultsDir, row: dict, kills: list[dict], ledger: "Led
     fig.tight_layout()
     fig.savefig(results.figure_path("chaos.png"), dpi=110)
     plt.close(fig)
+
+
+def _jsonl_line(jsonl: dict | None) -> str:
+    if jsonl is None:
+        return "The JSON-lines copy of the events was not checked."
+    line = (f"The JSON-lines copy of the events (`storage.jsonl_dir`): {jsonl['lines']} lines for the "
+            f"{jsonl['log_events']} event records the logs hold; **missing {jsonl['missing']}, extra "
+            f"{jsonl['extra']}**, unreadable lines {jsonl['bad_lines']}.")
+    for label, first in (("missing", jsonl["missing_first"]), ("extra", jsonl["extra_first"])):
+        if first:
+            line += f" First {label}: " + "; ".join("/".join(map(str, k)) for k in first[:3]) + "."
+    return line
+

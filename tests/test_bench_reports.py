@@ -117,6 +117,34 @@ def test_an_acked_checkpoint_a_newer_one_superseded_is_not_counted_lost():
     assert newest_kept(rows) == {"s1": 2, "s2": 0}
 
 
+def test_the_chaos_check_of_the_jsonl_copy_counts_missing_and_extra_lines(tmp_path):
+    """Against the logs' records: each once; a closable session only at most once (its records
+    may have left the log, or come after its close and never been loaded)."""
+    import collections
+
+    from bench.chaos_closes import closable
+    from bench.chaos_jsonl import compare, events_in_file
+
+    (tmp_path / "events.jsonl").write_bytes(
+        b'{"session":"a","turn":"t1","seq":1,"type":"turn.started"}\n'
+        b'{"session":"a","turn":"t1","seq":2,"type":"turn.completed"}\n'
+        b'{"session":"a","turn":"t1","seq":2,"type":"turn.completed"}\n'     # twice
+        b'{"session":"chaos-x0-1","turn":"t2","seq":1,"type":"turn.started"}\n'   # closed: left the log
+        b'{"session":"chaos-x0-2","turn":"t3","seq":1,"type":"turn.started"}\n'
+        b'{"session":"chaos-x0-2","turn":"t3","seq":1,"type":"turn.started"}\n'   # twice, closed or not
+        b'{"session":"a","tu')                                                   # torn
+    in_file, bad = events_in_file(tmp_path)
+    key = lambda s, t, n, ty: (s, t, n, ty)   # noqa: E731
+    in_log = collections.Counter({key("a", "t1", 1, "turn.started"): 1, key("a", "t1", 2, "turn.completed"): 1,
+                                  key("a", "t9", 1, "turn.started"): 1,               # no line
+                                  key("chaos-x0-3", "t4", 1, "turn.started"): 1})     # after its close
+    report = compare(in_log, in_file, bad, closable)
+    assert (report["lines"], report["log_events"], report["bad_lines"]) == (6, 4, 1)
+    assert report["missing_first"] == [["a", "t9", 1, "turn.started"]]
+    assert sorted(report["extra_first"]) == [["a", "t1", 2, "turn.completed"], ["chaos-x0-2", "t3", 1, "turn.started"]]
+    assert (report["missing"], report["extra"]) == (1, 2)
+
+
 def test_a_profile_variant_runs_with_its_own_keys_and_is_priced_beside_persist(tmp_path):
     from bench.turns import bench_config
     variant = "persist:storage.commit_window_us=0;kernel.actors=1"

@@ -30,6 +30,9 @@ def test_twenty_seconds_of_sigkills_lose_nothing_acknowledged(tmp_path):
     kills = [json.loads(line) for line in (folder / "kills.jsonl").read_text().splitlines()]
     assert proc.returncode == 0, output[-4000:]
     assert row["lost"] == 0 and row["hung"] == 0
+    # the JSON-lines copy of the events, on in this run: whole, though writer/store was killed
+    jsonl = row["jsonl"]
+    assert jsonl["lines"] > 0 and jsonl["missing"] == jsonl["extra"] == jsonl["bad_lines"] == 0, jsonl
     assert len(kills) >= len(ROLES) and {k["role"] for k in kills} == ROLES   # at least one whole round
     for role, n in row["kills_by_role"].items():
         assert row["restarts_by_role"][role] >= n
