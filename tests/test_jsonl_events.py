@@ -2,6 +2,7 @@
 in-process from real segment files: every event once, whatever fails or is killed between the
 file and DuckDB."""
 import os
+from contextlib import contextmanager
 
 import duckdb
 import orjson
@@ -31,43 +32,43 @@ def log(tmp_path):
     log.close()
 
 
-def open_store(tmp_path, jsonl_dir):
-    store = Store(tmp_path, 1, 64, jsonl_dir=str(jsonl_dir))
+@contextmanager
+def opened(tmp_path, log, new_events=0, start=0, jsonl="jsonl"):
+    """A store with its JSONL copy in `tmp_path/jsonl`, after `new_events` more were logged and
+    it loaded them all; closed on the way out."""
+    if new_events:
+        log.write(b"".join(frames(new_events, start=start)), sync=True)
+    store = Store(tmp_path, 1, 64, jsonl_dir=str(tmp_path / jsonl))
     store.open()
-    return store
+    try:
+        store.load_all()
+        yield store
+    finally:
+        store.close()
 
 
 def test_each_event_is_one_line_in_log_order_and_its_end_is_committed_with_the_rows(tmp_path, log):
-    log.write(b"".join(frames(6)), sync=True)
-    store = open_store(tmp_path, tmp_path / "jsonl")
-    try:
-        store.load_all()
-        path = tmp_path / "jsonl" / "events.jsonl"
+    path = tmp_path / "jsonl" / "events.jsonl"
+    with opened(tmp_path, log, 6) as store:
         assert seqs(path) == [0, 1, 2, 3, 4, 5]
         assert lines(path)[1]["session"] == "s1" and lines(path)[1]["data"]["pad"] == "p" * 100
         assert recorded(store) == [(str(path), path.stat().st_size)]
         log.write(b"".join(frames(2, start=6)), sync=True)
         store.load_all()
         assert seqs(path) == list(range(8))
-    finally:
-        store.close()
 
 
 def test_lines_written_but_never_committed_are_cut_on_open_and_written_once(tmp_path, log):
     """A kill between the file's fdatasync and DuckDB's commit, and one mid-line."""
-    log.write(b"".join(frames(4)), sync=True)
     path = tmp_path / "jsonl" / "events.jsonl"
-    store = open_store(tmp_path, tmp_path / "jsonl")
-    try:
-        store.load_all()
+    with opened(tmp_path, log, 4) as store:
         log.write(b"".join(frames(3, start=4)), sync=True)
         # What the next batch would write before its commit, then a torn line: the kill.
         store.jsonl.write([{"session": "s1", "seq": 4}, {"session": "s2", "seq": 5}])
         with open(path, "ab") as f:
             f.write(b'{"session":"s0","se')
-    finally:
-        store.close()
-    store = open_store(tmp_path, tmp_path / "jsonl")
+    store = Store(tmp_path, 1, 64, jsonl_dir=str(tmp_path / "jsonl"))
+    store.open()
     try:
         assert seqs(path) == [0, 1, 2, 3]
         store.load_all()
@@ -78,8 +79,6 @@ def test_lines_written_but_never_committed_are_cut_on_open_and_written_once(tmp_
 
 
 def test_a_failed_commit_leaves_no_line_and_its_retry_writes_each_once(tmp_path, log, monkeypatch):
-    log.write(b"".join(frames(3)), sync=True)
-    store = open_store(tmp_path, tmp_path / "jsonl")
     path = tmp_path / "jsonl" / "events.jsonl"
     real = Store._append
     failures = []
@@ -90,43 +89,34 @@ def test_a_failed_commit_leaves_no_line_and_its_retry_writes_each_once(tmp_path,
             raise duckdb.IOException("the disk said no")
         return real(self, db, tables, statement)
 
-    monkeypatch.setattr(Store, "_append", append)
-    try:
+    with opened(tmp_path, log) as store:
+        log.write(b"".join(frames(3)), sync=True)
+        monkeypatch.setattr(Store, "_append", append)
         with pytest.raises(duckdb.IOException):
             store.load_once()
         assert path.read_bytes() == b""
         store.load_all()
         assert seqs(path) == [0, 1, 2]
         assert store.conns["events"].execute("SELECT count(*) FROM events").fetchone() == (3,)
-    finally:
-        store.close()
 
 
 def test_a_rotated_file_starts_anew_and_a_file_elsewhere_is_never_cut(tmp_path, log):
-    log.write(b"".join(frames(2)), sync=True)
     path = tmp_path / "jsonl" / "events.jsonl"
-    store = open_store(tmp_path, tmp_path / "jsonl")
-    try:
-        store.load_all()
+    with opened(tmp_path, log, 2) as store:
         path.rename(tmp_path / "jsonl" / "events.jsonl.1")   # a log rotator
         log.write(b"".join(frames(2, start=2)), sync=True)
         store.load_all()
         assert seqs(path) == [2, 3] and seqs(tmp_path / "jsonl" / "events.jsonl.1") == [0, 1]
-    finally:
-        store.close()
     # Moved to a directory whose file is longer than what was recorded for the old one.
     other = tmp_path / "other" / "events.jsonl"
     other.parent.mkdir()
     other.write_bytes(b'{"kept": 1}\n' * 100)
-    store = open_store(tmp_path, tmp_path / "other")
-    try:
+    with opened(tmp_path, log, jsonl="other") as store:
         assert other.read_bytes() == b'{"kept": 1}\n' * 100
         assert recorded(store) == [(str(other), other.stat().st_size)]
         log.write(b"".join(frames(1, start=4)), sync=True)
         store.load_all()
         assert len(lines(other)) == 101 and lines(other)[-1]["seq"] == 4
-    finally:
-        store.close()
 
 
 def test_a_directory_that_cannot_take_the_file_fails_the_start(tmp_path, log):
