@@ -62,6 +62,7 @@ from storage.log_inbox import LogInbox
 from storage.recent_ids import RecentIds
 from storage.slow_batches import SlowBatches
 from storage.store_notices import StoreNotices
+from storage.write_failures import WriteFailures
 
 RECENT_SCAN_BYTES = 128 << 20
 SPARE_CHECK_SECS = 0.25
@@ -127,6 +128,7 @@ class LogWriter(ClusterSide):
                        role="writer", heartbeat_secs=config.broker.heartbeat_secs, log=log)
         self.notices = StoreNotices(self.bus, index)
         self.slow = SlowBatches(log, str(self.directory))
+        self.failures = WriteFailures(log)
 
     async def open(self) -> None:
         loop = asyncio.get_running_loop()
@@ -280,6 +282,8 @@ class LogWriter(ClusterSide):
     def _written(self, batch: tuple, end: int) -> None:
         data, _, waiting, count, started, segment_before = batch
         done = time.monotonic()
+        if self.failures.count:
+            self.failures.succeeded()
         if self.durability != "s3":
             # first: in the gateway the acks are its answers to the clients; the counting can wait
             self._acknowledge(waiting, end)
@@ -335,8 +339,7 @@ class LogWriter(ClusterSide):
         self.stats["errors"] += 1
         metrics.log_write_errors.inc()
         code = "disk_full" if exc.errno == 28 else "io_error"
-        self.log.error("log write of %d bytes failed (%s): %s; answering %d senders with an error",
-                       size, code, exc.strerror, len(waiting))
+        self.failures.failed(size, code, exc.strerror, len(waiting))
         for record_id in ids:
             self.seen.discard(record_id)  # not written: the senders' retries must get in
         for msg, _ in waiting:
