@@ -29,6 +29,7 @@ from typing import Any
 from actors.flow_state import Op, Run, apply, replay
 from actors.run_requests import RunRequests, TaskFailed
 from actors.worker_requests import WorkerRequests
+from agentos.log_repeats import Repeats
 from broker.client import Bus
 from broker.protocol import MAX_RUN_BYTES, Kind, Message
 from broker.sharding import SCHEDULER, shard_of
@@ -300,6 +301,10 @@ class Flows(WorkerRequests, RunRequests):
         return {"runs": counts, "tasks_waiting": len(self.tasks), "run_workers": len(self.run_workers)}
 
 
+_unwritten = Repeats()   # a full disk fails them by the hundred a second: one line per 10 s
+
+
 def _log_failure(fut: asyncio.Future) -> None:
-    if not fut.cancelled() and fut.exception() is not None:
-        logging.getLogger("agent-os.flows").error("an ASYNC journal record was not written: %s", fut.exception())
+    if not fut.cancelled() and fut.exception() is not None and (more := _unwritten.due()) is not None:
+        logging.getLogger("agent-os.flows").error("an ASYNC journal record was not written: %s%s",
+                                                  fut.exception(), more)

@@ -23,6 +23,7 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from agentos import metrics
+from agentos.log_repeats import Repeats
 from broker.address import direct_log_endpoint
 from broker.client import Bus, BusTimeout
 from broker.protocol import Kind, Message
@@ -105,6 +106,7 @@ class LogClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._linger: asyncio.TimerHandle | None = None
         self._links: dict[str, LogLink] = {}        # writer -> the connection to its inbox
+        self.refusals = Repeats()   # a full disk refuses every batch: one line per 10 s, not per batch
         bus.restart_hooks.append(self._peer_restarted)
 
     def new_id(self) -> bytes:
@@ -207,8 +209,10 @@ class LogClient:
             rest = [item for item in items if item[1] is None] if isinstance(error, LogWriteError) else []
             self._release(len(items) - len(rest))
             if rest:
-                self.log.warning("%s refused %d ASYNC records (%s); retrying in %.1fs", writer, len(rest), error,
-                                 backoff)
+                more = self.refusals.due()
+                if more is not None:
+                    self.log.warning("%s refused %d ASYNC records (%s); retrying in %.1fs%s", writer, len(rest),
+                                     error, backoff, more)
                 asyncio.get_running_loop().call_later(backoff, self._ship, writer, rest, min(backoff * 2, 10.0))
 
         body = {"records": [record for record, _ in items], "sync": any(fut is not None for _, fut in items)}

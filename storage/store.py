@@ -19,6 +19,7 @@ import duckdb
 import msgpack
 
 from agentos import metrics, native_memory
+from agentos.log_repeats import Repeats
 from storage import payload_segments, records, schema, segments, session_closing
 from storage.bloom import BloomFilter
 from storage.duck_memory import MemoryLimit
@@ -68,6 +69,8 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
         self.on_loaded: Callable[[dict[int, int], int], None] = lambda positions, rows: None
         self.on_fatal: Callable[[BaseException], None] = lambda exc: None
         self.stats = {"records": 0, "rows": 0, "batches": 0, "bad_records": 0, "load_errors": 0}
+        self.load_failures = 0                 # in a row, till a batch loads again
+        self.load_failure_lines = Repeats()    # the first with its traceback, then a line per 10 s
         self.backlog = False
         self.loading = threading.Lock()   # held while a batch loads; a recycle waits for it
         self.passing = threading.Lock()   # held while a pass's question runs; a recycle waits for it
@@ -209,6 +212,10 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
                 # Keep loading without a pause only while a backlog remains (reads came back full).
                 while self.load_once() >= 0 and self.backlog and not self.stopping.is_set():
                     pass
+                if self.load_failures:
+                    self.log.warning("loading into DuckDB succeeds again, after %d failed batches", self.load_failures)
+                    self.load_failures = 0
+                    self.load_failure_lines.reset()
             except duckdb.FatalException as exc:
                 # DuckDB invalidated the file (an autocheckpoint that failed after a durable
                 # COMMIT, say): nothing more loads until it is reopened, and only a fresh open
@@ -219,9 +226,17 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
                                " ".join(str(exc).split())[:300])
                 self.on_fatal(exc)
                 return
-            except Exception:  # DuckDB trouble: keep the position, try again shortly
+            except Exception as exc:  # DuckDB trouble (a full disk, say): keep the position, try again shortly
                 self.stats["load_errors"] += 1
-                self.log.exception("loading a batch into DuckDB failed; retrying")
+                self.load_failures += 1
+                more = self.load_failure_lines.due()
+                if more is None:
+                    pass
+                elif self.load_failures == 1:
+                    self.log.exception("loading a batch into DuckDB failed; retrying")
+                else:
+                    self.log.error("loading a batch into DuckDB still fails (%s)%s; retrying",
+                                   " ".join(str(exc).split())[:200], more)
                 self.wake.set()
                 self.stopping.wait(1.0)
 

@@ -1,7 +1,9 @@
 """The JSON-lines copy of the events (`storage.jsonl_dir`, storage/jsonl_events.py), loaded
 in-process from real segment files: every event once, whatever fails or is killed between the
-file and DuckDB."""
+file and DuckDB; and what the loader says of a run of failed batches."""
+import logging
 import os
+import time
 from contextlib import contextmanager
 
 import duckdb
@@ -129,3 +131,35 @@ def test_a_directory_that_cannot_take_the_file_fails_the_start(tmp_path, log):
     finally:
         store.close()
     assert os.path.getsize(blocker) == 0
+
+
+def test_a_failing_load_is_said_once_with_its_traceback_and_its_end_once(tmp_path, log, monkeypatch, caplog):
+    """writer/store's loader on its own thread, DuckDB refusing two batches in a row (a full disk)."""
+    import threading
+
+    real = Store._append
+    failures = []
+
+    def append(self, db, tables, statement=None):
+        if db == "events" and len(failures) < 2:
+            failures.append(db)
+            raise duckdb.IOException("No space left on device")
+        return real(self, db, tables, statement)
+
+    monkeypatch.setattr(Store, "_append", append)
+    with opened(tmp_path, log) as store, caplog.at_level(logging.INFO, logger=store.log.name):
+        log.write(b"".join(frames(3)), sync=True)
+        loader = threading.Thread(target=store.run_loader)
+        loader.start()
+        try:
+            deadline = time.monotonic() + 20
+            while store.stats["records"] < 3 and time.monotonic() < deadline:
+                store.wake.set()
+                time.sleep(0.05)
+        finally:
+            store.stopping.set()
+            loader.join(10)
+        assert seqs(tmp_path / "jsonl" / "events.jsonl") == [0, 1, 2]
+    said = [(r.levelname, r.getMessage(), r.exc_info is not None) for r in caplog.records if "DuckDB" in r.getMessage()]
+    assert said == [("ERROR", "loading a batch into DuckDB failed; retrying", True),
+                    ("WARNING", "loading into DuckDB succeeds again, after 2 failed batches", False)]

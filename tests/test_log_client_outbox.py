@@ -67,7 +67,13 @@ def test_a_full_outbox_makes_appends_wait_and_drops_nothing():
     asyncio.run(go())
 
 
-def test_refused_async_records_are_sent_again_and_sync_ones_fail_fast():
+def test_refused_async_records_are_sent_again_and_sync_ones_fail_fast(caplog):
+    async def held_again(held):
+        for _ in range(100):
+            if held.held:
+                return
+            await asyncio.sleep(0.05)
+
     async def go():
         held = HeldLog()
         log = client(held, max_outstanding=100)
@@ -81,13 +87,15 @@ def test_refused_async_records_are_sent_again_and_sync_ones_fail_fast():
         error = sync.exception()
         assert isinstance(error, LogWriteError) and error.code == "disk_full"
         assert log.outstanding == 1       # the ASYNC record waits in the outbox, to be sent again
-        for _ in range(100):
-            if held.held:
-                break
-            await asyncio.sleep(0.05)
+        await held_again(held)
         assert [r[1] for r in held.held[0].body["records"]] == [sent[0][1]]   # the same record, the same id
+        held.refuse_all()                 # still full: tried again, and not said again
+        await held_again(held)
+        assert [r[1] for r in held.held[0].body["records"]] == [sent[0][1]]
         held.ack_all()
         await settle()
         assert log.outstanding == 0 and held.written == [sent[0][1]]
 
-    asyncio.run(go())
+    with caplog.at_level(logging.WARNING, logger="test"):
+        asyncio.run(go())
+    assert [r.getMessage()[:35] for r in caplog.records] == ["writer/log/1 refused 1 ASYNC record"]

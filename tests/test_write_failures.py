@@ -29,13 +29,13 @@ def test_a_run_of_failures_is_said_once_then_every_ten_seconds_and_its_end_once(
         now[0] = 110.5
         failures.failed(100, "disk_full", "No space left on device", 1)
         assert lines.records[-1] == ("ERROR", "log write of 100 bytes failed (disk_full): No space left on device; "
-                                              "answering 1 senders with an error (199 more failed since the last such line)")
+                                              "answering 1 senders with an error (199 more since the last such line)")
         now[0] = 112.0
         failures.succeeded()
         assert lines.records[-1] == ("WARNING", "log writes succeed again, after 201 failed over 12.0 s")
         assert failures.count == 0 and len(lines.records) == 3
         failures.failed(10, "io_error", "Input/output error", 1)   # a new run is said at once
         assert lines.records[-1][0] == "ERROR" and "(io_error)" in lines.records[-1][1]
-        assert "more failed" not in lines.records[-1][1]
+        assert "more since" not in lines.records[-1][1]
     finally:
         log.removeHandler(lines)
