@@ -39,6 +39,7 @@ MAX_OUTSTANDING = 20_000
 MAX_MESSAGE_BYTES = 4 << 20
 ATTEMPT_SECS = 3.0
 ASYNC_LINGER_SECS = 0.005
+DRAIN_RETRY_SECS = 0.5   # while draining, refused ASYNC records go again at least this often
 
 
 class LogWriteError(RuntimeError):
@@ -107,6 +108,9 @@ class LogClient:
         self._linger: asyncio.TimerHandle | None = None
         self._links: dict[str, LogLink] = {}        # writer -> the connection to its inbox
         self.refusals = Repeats()   # a full disk refuses every batch: one line per 10 s, not per batch
+        self._retries: dict[int, tuple[asyncio.TimerHandle, Callable[[], None]]] = {}   # refused ASYNC records
+        self._retry_token = 0
+        self.draining = False
         bus.restart_hooks.append(self._peer_restarted)
 
     def new_id(self) -> bytes:
@@ -213,7 +217,7 @@ class LogClient:
                 if more is not None:
                     self.log.warning("%s refused %d ASYNC records (%s); retrying in %.1fs%s", writer, len(rest),
                                      error, backoff, more)
-                asyncio.get_running_loop().call_later(backoff, self._ship, writer, rest, min(backoff * 2, 10.0))
+                self._retry_later(writer, rest, backoff)
 
         body = {"records": [record for record, _ in items], "sync": any(fut is not None for _, fut in items)}
         if self.own_log is not None and writer == self.own_log.bus.name:
@@ -244,12 +248,29 @@ class LogClient:
             await link.close()
         self._links.clear()
 
+    def _retry_later(self, writer: str, items: list[tuple[list, _Waiter | None]], backoff: float) -> None:
+        """Refused ASYNC records go again after `backoff` (doubling to 10 s) — at once if a drain
+        begins meanwhile: a shutdown waits 5 s at most, and they must not miss it in their sleep."""
+        token = self._retry_token = self._retry_token + 1
+        if self.draining:
+            backoff = min(backoff, DRAIN_RETRY_SECS)
+
+        def again() -> None:
+            del self._retries[token]
+            self._ship(writer, items, min(backoff * 2, 10.0))
+
+        self._retries[token] = (asyncio.get_running_loop().call_later(backoff, again), again)
+
     def _release(self, count: int) -> None:
         self.outstanding -= count
         self.room.set()
 
     async def drain(self, timeout: float) -> bool:
         """Wait until every record in the outbox is acknowledged (for a clean shutdown)."""
+        self.draining = True
+        for handle, again in list(self._retries.values()):
+            handle.cancel()
+            again()
         deadline = time.monotonic() + timeout
         while (self.outstanding or self._batches) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)

@@ -68,6 +68,7 @@ def test_a_full_outbox_makes_appends_wait_and_drops_nothing():
 
 
 def test_refused_async_records_are_sent_again_and_sync_ones_fail_fast(caplog):
+    """…with the same ids, said once, and at once when the client drains for a shutdown."""
     async def held_again(held):
         for _ in range(100):
             if held.held:
@@ -90,10 +91,13 @@ def test_refused_async_records_are_sent_again_and_sync_ones_fail_fast(caplog):
         await held_again(held)
         assert [r[1] for r in held.held[0].body["records"]] == [sent[0][1]]   # the same record, the same id
         held.refuse_all()                 # still full: tried again, and not said again
-        await held_again(held)
+        await settle()
+        assert not held.held              # the next try sleeps a second (doubling to 10 s)…
+        drain = asyncio.create_task(log.drain(5.0))
+        await settle()                    # …but a shutdown's drain sends it at once
         assert [r[1] for r in held.held[0].body["records"]] == [sent[0][1]]
         held.ack_all()
-        await settle()
+        assert await drain is True
         assert log.outstanding == 0 and held.written == [sent[0][1]]
 
     with caplog.at_level(logging.WARNING, logger="test"):
