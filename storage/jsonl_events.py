@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 
@@ -45,6 +45,24 @@ class JsonlEvents:
             return size
         finally:
             os.close(fd)
+
+    def open_with(self, con: Any) -> None:
+        """`open` against what events.db (`con`) recorded; the file as it then stands counts as
+        committed (a new path's too: a crash before the next commit must cut back to here)."""
+        row = con.execute("SELECT path, bytes FROM jsonl_progress").fetchone()
+        size = self.open(row)
+        con.execute("INSERT INTO jsonl_progress VALUES (?, ?)" if row is None else
+                    "UPDATE jsonl_progress SET path = ?, bytes = ?", [str(self.path), size])
+
+    def write_then(self, events: list[dict], commit: Callable[[tuple[str, list]], None]) -> None:
+        """Writes the lines, then calls `commit` with the statement that records their end, for the
+        transaction that loads the same events; cuts them if it fails."""
+        start, end = self.write(events)
+        try:
+            commit(("UPDATE jsonl_progress SET path = ?, bytes = ?", [str(self.path), end]))
+        except BaseException:
+            self.cut(start)
+            raise
 
     def write(self, events: list[dict]) -> tuple[int, int]:
         """Appends one line per event and fdatasyncs them; returns where they start and end. On

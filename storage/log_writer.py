@@ -282,8 +282,7 @@ class LogWriter(ClusterSide):
     def _written(self, batch: tuple, end: int) -> None:
         data, _, waiting, count, started, segment_before = batch
         done = time.monotonic()
-        if self.failures.count:
-            self.failures.succeeded()
+        self.failures.succeeded()
         if self.durability != "s3":
             # first: in the gateway the acks are its answers to the clients; the counting can wait
             self._acknowledge(waiting, end)
@@ -337,9 +336,7 @@ class LogWriter(ClusterSide):
     def _failed(self, waiting: list[tuple[Message, int]], ids: list[bytes], size: int, exc: OSError) -> None:
         """Nothing of a failed batch is acknowledged; its senders learn at once."""
         self.stats["errors"] += 1
-        metrics.log_write_errors.inc()
-        code = "disk_full" if exc.errno == 28 else "io_error"
-        self.failures.failed(size, code, exc.strerror, len(waiting))
+        code = self.failures.failed(size, exc, len(waiting))
         for record_id in ids:
             self.seen.discard(record_id)  # not written: the senders' retries must get in
         for msg, _ in waiting:

@@ -19,11 +19,11 @@ import duckdb
 import msgpack
 
 from agentos import metrics, native_memory
-from agentos.log_repeats import Repeats
 from storage import payload_segments, records, schema, segments, session_closing
 from storage.bloom import BloomFilter
 from storage.duck_memory import MemoryLimit
 from storage.jsonl_events import JsonlEvents
+from storage.write_failures import LoadFailures
 from storage.newest_blobs import NewestBlobs
 from storage.payload_segments import PayloadSegments
 from storage.projection import project
@@ -69,8 +69,7 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
         self.on_loaded: Callable[[dict[int, int], int], None] = lambda positions, rows: None
         self.on_fatal: Callable[[BaseException], None] = lambda exc: None
         self.stats = {"records": 0, "rows": 0, "batches": 0, "bad_records": 0, "load_errors": 0}
-        self.load_failures = 0                 # in a row, till a batch loads again
-        self.load_failure_lines = Repeats()    # the first with its traceback, then a line per 10 s
+        self.load_failures = LoadFailures(self.log)
         self.backlog = False
         self.loading = threading.Lock()   # held while a batch loads; a recycle waits for it
         self.passing = threading.Lock()   # held while a pass's question runs; a recycle waits for it
@@ -103,7 +102,7 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
             # Records before this position are in the file (the one at `lsn` itself included).
             self.progress[db] = {w: lsn + 1 for w, lsn in last[db].items()}
         if self.jsonl is not None:
-            self._open_jsonl()
+            self.jsonl.open_with(self.conns["events"])
         # in pieces: a million sessions' names at once would hold a few hundred MB for a moment
         result = self.conns["messages"].execute("SELECT DISTINCT kind, session FROM checkpoints")
         while rows := result.fetchmany(OPEN_ROWS_PER_FETCH):
@@ -125,17 +124,6 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
             self.loaded[writer] = start
         self.pending_closes = self.open_closing()   # a crash cut their deletions short
         self.apply_pending_closes()
-
-    def _open_jsonl(self) -> None:
-        con = self.conns["events"]
-        row = con.execute("SELECT path, bytes FROM jsonl_progress").fetchone()
-        size = self.jsonl.open(row)
-        # The file as it stands now counts as committed (a new path's too: a crash before the
-        # next commit must cut back to here, not leave lines the loader writes again).
-        if row is None:
-            con.execute("INSERT INTO jsonl_progress VALUES (?, ?)", [str(self.jsonl.path), size])
-        else:
-            con.execute("UPDATE jsonl_progress SET path = ?, bytes = ?", [str(self.jsonl.path), size])
 
     def _legacy_payloads(self) -> Path:
         """The single payload file of older versions (`payload_file` named its generation)."""
@@ -212,10 +200,7 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
                 # Keep loading without a pause only while a backlog remains (reads came back full).
                 while self.load_once() >= 0 and self.backlog and not self.stopping.is_set():
                     pass
-                if self.load_failures:
-                    self.log.warning("loading into DuckDB succeeds again, after %d failed batches", self.load_failures)
-                    self.load_failures = 0
-                    self.load_failure_lines.reset()
+                self.load_failures.succeeded()
             except duckdb.FatalException as exc:
                 # DuckDB invalidated the file (an autocheckpoint that failed after a durable
                 # COMMIT, say): nothing more loads until it is reopened, and only a fresh open
@@ -228,15 +213,7 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
                 return
             except Exception as exc:  # DuckDB trouble (a full disk, say): keep the position, try again shortly
                 self.stats["load_errors"] += 1
-                self.load_failures += 1
-                more = self.load_failure_lines.due()
-                if more is None:
-                    pass
-                elif self.load_failures == 1:
-                    self.log.exception("loading a batch into DuckDB failed; retrying")
-                else:
-                    self.log.error("loading a batch into DuckDB still fails (%s)%s; retrying",
-                                   " ".join(str(exc).split())[:200], more)
+                self.load_failures.failed(exc)
                 self.wake.set()
                 self.stopping.wait(1.0)
 
@@ -367,18 +344,11 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
 
     def _commit_with_jsonl(self, db: str, tables: dict[str, list[tuple]], positions: dict[int, int], big: bool,
                            events: list[dict]) -> None:
-        """`_commit`, with the batch's event lines written to the JSONL copy first and its end
-        recorded in the same transaction (storage/jsonl_events.py)."""
+        """`_commit`, with the batch's event lines in the JSONL copy first (storage/jsonl_events.py)."""
         if db != "events" or not events or self.jsonl is None:
             self._commit(db, tables, positions, big)
-            return
-        start, end = self.jsonl.write(events)
-        try:
-            self._commit(db, tables, positions, big,
-                         ("UPDATE jsonl_progress SET path = ?, bytes = ?", [str(self.jsonl.path), end]))
-        except BaseException:
-            self.jsonl.cut(start)
-            raise
+        else:
+            self.jsonl.write_then(events, lambda statement: self._commit(db, tables, positions, big, statement))
 
     def _commit(self, db: str, tables: dict[str, list[tuple]], positions: dict[int, int], big: bool,
                 statement: tuple[str, list] | None = None) -> None:

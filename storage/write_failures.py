@@ -1,4 +1,5 @@
-"""A log's failed writes, said once and then at most every ten seconds, and their end.
+"""A log's failed writes and writer/store's failed loads, said once and then at most every ten
+seconds, and their end.
 
 A full disk fails every batch until space comes back: under load, hundreds a second, each
 answered with an error at once. One ERROR line per batch buried the log (237 lines for 237 PUTs
@@ -11,6 +12,7 @@ import logging
 import time
 from typing import Callable
 
+from agentos import metrics
 from agentos.log_repeats import REPEAT_SECS, Repeats
 
 
@@ -23,18 +25,52 @@ class WriteFailures:
         self.count = 0       # failed batches since the last write that succeeded
         self.first = 0.0
 
-    def failed(self, size: int, code: str, reason: str, senders: int) -> None:
+    def failed(self, size: int, exc: OSError, senders: int) -> str:
+        """Says (or counts) the failure; returns its code for the senders' error."""
+        code = "disk_full" if exc.errno == 28 else "io_error"
+        metrics.log_write_errors.inc()
         self.count += 1
         if self.count == 1:
             self.first = self.clock()
         more = self.repeats.due()
         if more is not None:
             self.log.error("log write of %d bytes failed (%s): %s; answering %d senders with an error%s",
-                           size, code, reason, senders, more)
+                           size, code, exc.strerror, senders, more)
+        return code
 
     def succeeded(self) -> None:
-        """A batch was written; called only while `count` is set (the caller checks: a hot path)."""
-        self.log.warning("log writes succeed again, after %d failed over %.1f s", self.count,
-                         self.clock() - self.first)
-        self.count = 0
-        self.repeats.reset()
+        """A batch was written (called for every one: the check is a compare)."""
+        if self.count:
+            self.log.warning("log writes succeed again, after %d failed over %.1f s", self.count,
+                             self.clock() - self.first)
+            self.count = 0
+            self.repeats.reset()
+
+
+class LoadFailures:
+    """writer/store's loader: a batch DuckDB refused (a full disk, say) is tried again every
+    second; the first failure is said with its traceback, the rest one line per 10 s."""
+
+    def __init__(self, log: logging.Logger, repeat_secs: float = REPEAT_SECS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.log = log
+        self.repeats = Repeats(repeat_secs, clock)
+        self.count = 0       # in a row, till a batch loads again
+
+    def failed(self, exc: BaseException) -> None:
+        self.count += 1
+        more = self.repeats.due()
+        if more is None:
+            return
+        if self.count == 1:
+            self.log.error("loading a batch into DuckDB failed; retrying", exc_info=exc)
+        else:
+            self.log.error("loading a batch into DuckDB still fails (%s)%s; retrying",
+                           " ".join(str(exc).split())[:200], more)
+
+    def succeeded(self) -> None:
+        if self.count:
+            self.log.warning("loading into DuckDB succeeds again, after %d failed batches", self.count)
+            self.count = 0
+            self.repeats.reset()
+
