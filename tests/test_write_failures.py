@@ -3,6 +3,8 @@ said at once, the rest counted into a line at most every ten seconds, and their 
 import errno
 import logging
 
+import pytest
+
 from storage.write_failures import LoadFailures, WriteFailures
 
 
@@ -17,53 +19,53 @@ class Lines(logging.Handler):
         self.tracebacks.append(record.exc_info is not None)
 
 
-def test_a_run_of_failures_is_said_once_then_every_ten_seconds_and_its_end_once():
+@pytest.fixture
+def said():
+    """A logger and what it said."""
     log = logging.getLogger("test.write_failures")
     lines = Lines()
     log.addHandler(lines)
+    yield log, lines
+    log.removeHandler(lines)
+
+
+def test_a_run_of_failures_is_said_once_then_every_ten_seconds_and_its_end_once(said):
+    log, lines = said
     now = [100.0]
     failures = WriteFailures(log, clock=lambda: now[0])
     full = OSError(errno.ENOSPC, "No space left on device")
-    try:
-        for _ in range(200):            # two hundred batches in a second: one line
-            failures.failed(4096, full, 3)
-            now[0] += 0.005
-        assert lines.records == [("ERROR", "log write of 4096 bytes failed (disk_full): No space left on device; "
-                                           "answering 3 senders with an error")]
-        now[0] = 110.5
-        failures.failed(100, full, 1)
-        assert lines.records[-1] == ("ERROR", "log write of 100 bytes failed (disk_full): No space left on device; "
-                                              "answering 1 senders with an error (199 more since the last such line)")
-        now[0] = 112.0
-        failures.succeeded()
-        assert lines.records[-1] == ("WARNING", "log writes succeed again, after 201 failed over 12.0 s")
-        assert failures.count == 0 and len(lines.records) == 3
-        assert failures.failed(10, OSError(errno.EIO, "Input/output error"), 1) == "io_error"   # said at once
-        assert lines.records[-1][0] == "ERROR" and "(io_error)" in lines.records[-1][1]
-        assert "more since" not in lines.records[-1][1]
-    finally:
-        log.removeHandler(lines)
+    for _ in range(200):            # two hundred batches in a second: one line
+        failures.failed(4096, full, 3)
+        now[0] += 0.005
+    assert lines.records == [("ERROR", "log write of 4096 bytes failed (disk_full): No space left on device; "
+                                       "answering 3 senders with an error")]
+    now[0] = 110.5
+    failures.failed(100, full, 1)
+    assert lines.records[-1] == ("ERROR", "log write of 100 bytes failed (disk_full): No space left on device; "
+                                          "answering 1 senders with an error (199 more since the last such line)")
+    now[0] = 112.0
+    failures.succeeded()
+    assert lines.records[-1] == ("WARNING", "log writes succeed again, after 201 failed over 12.0 s")
+    assert failures.count == 0 and len(lines.records) == 3
+    assert failures.failed(10, OSError(errno.EIO, "Input/output error"), 1) == "io_error"   # said at once
+    assert lines.records[-1][0] == "ERROR" and "(io_error)" in lines.records[-1][1]
+    assert "more since" not in lines.records[-1][1]
 
 
-def test_failed_loads_are_said_with_a_traceback_once_then_counted_and_their_end_once():
-    log = logging.getLogger("test.load_failures")
-    lines = Lines()
-    log.addHandler(lines)
+def test_failed_loads_are_said_with_a_traceback_once_then_counted_and_their_end_once(said):
+    log, lines = said
     now = [0.0]
     failures = LoadFailures(log, clock=lambda: now[0])
-    try:
-        for _ in range(3):
-            failures.failed(OSError(errno.ENOSPC, "No space left on device"))
-            now[0] += 1.0
-        now[0] = 11.5
+    for _ in range(3):
         failures.failed(OSError(errno.ENOSPC, "No space left on device"))
-        failures.succeeded()
-        failures.succeeded()            # nothing failed since: nothing to say
-        assert lines.records == [
-            ("ERROR", "loading a batch into DuckDB failed; retrying"),
-            ("ERROR", "loading a batch into DuckDB still fails ([Errno 28] No space left on device) "
-                      "(2 more since the last such line); retrying"),
-            ("WARNING", "loading into DuckDB succeeds again, after 4 failed batches")]
-        assert lines.tracebacks == [True, False, False]
-    finally:
-        log.removeHandler(lines)
+        now[0] += 1.0
+    now[0] = 11.5
+    failures.failed(OSError(errno.ENOSPC, "No space left on device"))
+    failures.succeeded()
+    failures.succeeded()            # nothing failed since: nothing to say
+    assert lines.records == [
+        ("ERROR", "loading a batch into DuckDB failed; retrying"),
+        ("ERROR", "loading a batch into DuckDB still fails ([Errno 28] No space left on device) "
+                  "(2 more since the last such line); retrying"),
+        ("WARNING", "loading into DuckDB succeeds again, after 4 failed batches")]
+    assert lines.tracebacks == [True, False, False]
