@@ -77,4 +77,3 @@ def _jsonl_line(jsonl: dict | None) -> str:
         if first:
             line += f" First {label}: " + "; ".join("/".join(map(str, k)) for k in first[:3]) + "."
     return line
-

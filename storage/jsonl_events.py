@@ -21,6 +21,7 @@ from typing import Any, Callable
 import orjson
 
 FILE_NAME = "events.jsonl"
+RECORD_END = "UPDATE jsonl_progress SET path = ?, bytes = ?"   # in events.db (storage/schema.py)
 
 
 class JsonlEvents:
@@ -51,15 +52,14 @@ class JsonlEvents:
         committed (a new path's too: a crash before the next commit must cut back to here)."""
         row = con.execute("SELECT path, bytes FROM jsonl_progress").fetchone()
         size = self.open(row)
-        con.execute("INSERT INTO jsonl_progress VALUES (?, ?)" if row is None else
-                    "UPDATE jsonl_progress SET path = ?, bytes = ?", [str(self.path), size])
+        con.execute("INSERT INTO jsonl_progress VALUES (?, ?)" if row is None else RECORD_END, [str(self.path), size])
 
     def write_then(self, events: list[dict], commit: Callable[[tuple[str, list]], None]) -> None:
         """Writes the lines, then calls `commit` with the statement that records their end, for the
         transaction that loads the same events; cuts them if it fails."""
         start, end = self.write(events)
         try:
-            commit(("UPDATE jsonl_progress SET path = ?, bytes = ?", [str(self.path), end]))
+            commit((RECORD_END, [str(self.path), end]))
         except BaseException:
             self.cut(start)
             raise

@@ -23,13 +23,13 @@ from storage import payload_segments, records, schema, segments, session_closing
 from storage.bloom import BloomFilter
 from storage.duck_memory import MemoryLimit
 from storage.jsonl_events import JsonlEvents
-from storage.write_failures import LoadFailures
 from storage.newest_blobs import NewestBlobs
 from storage.payload_segments import PayloadSegments
 from storage.projection import project
 from storage.session_closing import SessionClosing
 from storage.store_deletions import StoreDeletions
 from storage.store_queries import StoreQueries
+from storage.write_failures import LoadFailures
 
 READ_BYTES = 8 << 20          # per log and batch, at most; halved after a batch DuckDB could not take
 MIN_READ_BYTES = 256 << 10

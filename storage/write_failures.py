@@ -8,6 +8,7 @@ when writes succeeded again — that last one a WARNING, so it shows wherever th
 """
 from __future__ import annotations
 
+import errno
 import logging
 import time
 from typing import Callable
@@ -27,7 +28,7 @@ class WriteFailures:
 
     def failed(self, size: int, exc: OSError, senders: int) -> str:
         """Says (or counts) the failure; returns its code for the senders' error."""
-        code = "disk_full" if exc.errno == 28 else "io_error"
+        code = "disk_full" if exc.errno == errno.ENOSPC else "io_error"
         metrics.log_write_errors.inc()
         self.count += 1
         if self.count == 1:
@@ -73,4 +74,3 @@ class LoadFailures:
             self.log.warning("loading into DuckDB succeeds again, after %d failed batches", self.count)
             self.count = 0
             self.repeats.reset()
-
