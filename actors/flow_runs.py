@@ -29,7 +29,6 @@ from typing import Any
 from actors.flow_state import Op, Run, apply, replay
 from actors.run_requests import RunRequests, TaskFailed
 from actors.worker_requests import WorkerRequests
-from agentos.log_repeats import Repeats
 from broker.client import Bus
 from broker.protocol import MAX_RUN_BYTES, Kind, Message
 from broker.sharding import SCHEDULER, shard_of
@@ -90,14 +89,14 @@ class Flows(WorkerRequests, RunRequests):
                 f"the run's journal passed {MAX_RUN_BYTES:,} bytes of values, the most a run records "
                 "(its steps' results, attributes, messages): start a new run to go on")))
         # Routed like the run's actor: a turn's run (`session/turn`) goes to its session's writer.
-        coro = self.journal_log.append(RecordKind.FLOW, body, run.run_id.split("/", 1)[0], sync=True)
-        fut = asyncio.ensure_future(coro)
-        if not sync:
-            run.pending.add(fut)
-            fut.add_done_callback(run.pending.discard)
-            fut.add_done_callback(_log_failure)
-            return None
-        return fut
+        session = run.run_id.split("/", 1)[0]
+        if sync:
+            return asyncio.ensure_future(self.journal_log.append(RecordKind.FLOW, body, session, sync=True))
+        # Nobody could be told of its failure, so a full disk must not drop it: it is sent until written.
+        fut = asyncio.ensure_future(self.journal_log.append_kept(RecordKind.FLOW, body, session))
+        run.pending.add(fut)
+        fut.add_done_callback(run.pending.discard)
+        return None
 
     # -- finding runs --------------------------------------------------------------------------
 
@@ -300,11 +299,3 @@ class Flows(WorkerRequests, RunRequests):
             counts[run.status] = counts.get(run.status, 0) + 1
         return {"runs": counts, "tasks_waiting": len(self.tasks), "run_workers": len(self.run_workers)}
 
-
-_unwritten = Repeats()   # a full disk fails them by the hundred a second: one line per 10 s
-
-
-def _log_failure(fut: asyncio.Future) -> None:
-    if not fut.cancelled() and fut.exception() is not None and (more := _unwritten.due()) is not None:
-        logging.getLogger("agent-os.flows").error("an ASYNC journal record was not written: %s%s",
-                                                  fut.exception(), more)

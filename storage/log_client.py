@@ -85,7 +85,12 @@ class _Callback:
             self.log.exception("a log append's callback failed")
 
 
-_Waiter = asyncio.Future | _Callback   # what a SYNC record in the outbox is waited on by
+class _Kept(asyncio.Future):
+    """The future of a record sent as ASYNC whose appender still waits for its ack: a writer's
+    refusal sends it again, like any ASYNC record, instead of failing it."""
+
+
+_Waiter = asyncio.Future | _Callback   # what a SYNC (or kept) record in the outbox is waited on by
 
 
 class LogClient:
@@ -119,9 +124,7 @@ class LogClient:
 
     async def append(self, kind: records.RecordKind, body: dict, session: str, sync: bool = True) -> int | None:
         """Append one record; SYNC returns the log position once it is durable."""
-        while self.outstanding >= self.max_outstanding:
-            self.room.clear()
-            await self.room.wait()
+        await self._room()
         fut = asyncio.get_running_loop().create_future() if sync else None
         self._enqueue(self._writer(session), [int(kind), self.new_id(), records.encode_body(body)], fut)
         if fut is None:
@@ -130,6 +133,21 @@ class LogClient:
         position = await fut
         metrics.observe(metrics.log_append_wait, (time.monotonic() - started) * 1000.0)
         return position
+
+    async def append_kept(self, kind: records.RecordKind, body: dict, session: str) -> int:
+        """Append one record that must not be lost to a full disk, though nobody can be told of a
+        failure (a flow's journal record that its run goes on without waiting for): like an ASYNC
+        one it is sent again until a writer takes it, and like a SYNC one it returns its position
+        once durable, however late (a run's end waits for these)."""
+        await self._room()
+        fut = _Kept(loop=asyncio.get_running_loop())
+        self._enqueue(self._writer(session), [int(kind), self.new_id(), records.encode_body(body)], fut)
+        return await fut
+
+    async def _room(self) -> None:
+        while self.outstanding >= self.max_outstanding:
+            self.room.clear()
+            await self.room.wait()
 
     def append_then(self, kind: records.RecordKind, body: dict, session: str,
                     done: Callable[[int | None, BaseException | None], None]) -> None:
@@ -207,10 +225,14 @@ class LogClient:
                 return
             if error is None:
                 error = LogWriteError(reply.body["code"], reply.body["message"])
-            for _, fut in items:
-                if fut is not None and not fut.done():
+            refused = isinstance(error, LogWriteError)
+            rest = []
+            for item in items:
+                fut = item[1]
+                if refused and (fut is None or type(fut) is _Kept):
+                    rest.append(item)
+                elif fut is not None and not fut.done():
                     fut.set_exception(error)
-            rest = [item for item in items if item[1] is None] if isinstance(error, LogWriteError) else []
             self._release(len(items) - len(rest))
             if rest:
                 more = self.refusals.due()

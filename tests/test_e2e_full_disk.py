@@ -1,5 +1,7 @@
 """End-to-end: the log's disk fills up. SYNC writes fail fast with 507 and a log line, nothing
-acknowledged is lost, and the server recovers by itself when space comes back."""
+acknowledged is lost, records nobody waits for are written once space comes back, and the server
+recovers by itself."""
+import collections
 import os
 import subprocess
 import time
@@ -8,6 +10,7 @@ import urllib.request
 import pytest
 
 from harness import Server, get_json, turn, wait_until
+from storage import records, segments
 
 
 @pytest.fixture
@@ -66,3 +69,15 @@ def test_a_full_disk_fails_fast_with_507_and_recovers(small_disk, tmp_path):
         if filler.exists():
             os.unlink(filler)
         assert server.stop() == 0
+    # The turn runs' journal records that nobody waits for (run.started, run.ended) were refused
+    # with the failed turn's writes, and written once space came back: each once, in the log.
+    journal = collections.Counter()
+    for writer in small_disk.iterdir():
+        for _, path in segments.list_segments(writer) if writer.is_dir() else ():
+            for _, kind, _, body, _ in records.scan(path.read_bytes()):
+                record = records.decode_body(body) if kind == records.RecordKind.FLOW else {}
+                if record.get("run", "").startswith("disk-chat/"):
+                    journal[record["run"], record["type"]] += 1
+    runs = {run for run, _ in journal}
+    assert len(runs) == 2, journal
+    assert all(journal[run, kind] == 1 for run in runs for kind in ("run.started", "run.ended")), journal

@@ -103,3 +103,30 @@ def test_refused_async_records_are_sent_again_and_sync_ones_fail_fast(caplog):
     with caplog.at_level(logging.WARNING, logger="test"):
         asyncio.run(go())
     assert [r.getMessage()[:35] for r in caplog.records] == ["writer/log/1 refused 1 ASYNC record"]
+
+
+def test_a_kept_record_is_sent_again_until_written_and_its_appender_waits_for_that():
+    """A flow's journal record its run goes on without waiting for: a refusal fails nobody."""
+    async def go():
+        held = HeldLog()
+        log = client(held, max_outstanding=100)
+        kept = asyncio.create_task(log.append_kept(RecordKind.FLOW, event(0), "s"))
+        await settle()
+        assert len(held.held) == 1            # sent at once, not after the ASYNC linger
+        sent = held.held[0].body["records"][0][1]
+        held.refuse_all()                     # a full disk
+        await settle()
+        assert not kept.done() and log.outstanding == 1
+        drain = asyncio.create_task(log.drain(5.0))
+        await settle()
+        held.refuse_all()                     # still full
+        for _ in range(100):
+            if held.held:
+                break
+            await asyncio.sleep(0.05)
+        assert not kept.done() and [r[1] for r in held.held[0].body["records"]] == [sent]
+        held.ack_all()                        # space is back
+        assert await asyncio.wait_for(kept, 2) == 1 and await drain is True
+        assert held.written == [sent] and log.outstanding == 0
+
+    asyncio.run(go())
