@@ -10,16 +10,24 @@ runs flow code and never talks to workers except through a task.
 from __future__ import annotations
 
 import asyncio
+import collections
 
-from actors.flow_state import WAITABLE, Run
+from actors.flow_state import WAITABLE, Op, Run
 from broker.client import BusError
 from broker.protocol import Kind, Message
 from broker.sharding import SCHEDULER, actor_name
+from storage.log_client import LogWriteError
 
 
 # An update holds its run's lock until its handler has run; the gateway gives up on the request
 # after twice the flow client's 30 s timeout, so the lock is given up before that.
 UPDATE_WAIT_SECS = 50.0
+
+
+def _refused(exc: LogWriteError, what: str) -> dict:
+    """The error part of a reply to a request whose journal record a writer refused (a full disk):
+    the caller hears it at once (the gateway answers 507), and the run stays as its journal has it."""
+    return {"code": exc.code, "error": f"{what}: {exc}"}
 
 
 class TaskFailed(RuntimeError):
@@ -37,12 +45,21 @@ class RunRequests:
             if pending is not None:
                 await asyncio.shield(pending)
                 run = self.runs.get(run_id)
+                if run is None:
+                    self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": run_id, "status": "error", "code": "unavailable",
+                                                        "error": "the same start, asked at once, failed: try again"})
+                    return
             else:
                 fut = self.starting[run_id] = asyncio.get_running_loop().create_future()
                 try:
                     run = await self._load_run(run_id) if not b.get("new") else None
                     if run is None:
-                        run = await self._create(b)
+                        try:
+                            run = await self._create(b)
+                        except LogWriteError as exc:
+                            self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": run_id, "status": "error",
+                                                                **_refused(exc, "run not started")})
+                            return
                         self.bus.reply(msg, Kind.FLOW_RUN, {**run.summary(), "created": True})
                         return
                 finally:
@@ -67,7 +84,11 @@ class RunRequests:
         fields = {"flow": b["flow"], "input": b.get("input")}
         if b.get("parent"):
             fields.update(parent=b["parent"], parent_seq=b["parent_seq"], parent_actor=b.get("parent_actor", ""))
-        await self.record(run, "run.started", **fields)
+        try:
+            await self.record(run, "run.started", **fields)
+        except LogWriteError:
+            del self.runs[run.run_id]   # it never began
+            raise
         self.dispatch(run)
         return run
 
@@ -104,7 +125,14 @@ class RunRequests:
             for op in run.ops.values():
                 if op.op == "child" and op.child and not op.done:
                     self.bus.spawn(self._cancel_child(run, op.child))
-            await self.end(run, "cancelled", error="cancelled by request")
+            before = run.status, run.result, run.error, run.ended_at, run.waiting
+            try:
+                await self.end(run, "cancelled", error="cancelled by request")
+            except LogWriteError as exc:
+                run.status, run.result, run.error, run.ended_at, run.waiting = before
+                self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": run.run_id, "status": "error",
+                                                    **_refused(exc, "run not cancelled")})
+                return
             task_id = f"{run.run_id}#{run.exec}"
             worker = self.run_workers.pop(run.run_id, "")
             if worker:  # stop its execution now rather than at its next step
@@ -132,12 +160,39 @@ class RunRequests:
             return
         # The message and, if a wait is for it, its taking go in one batch (one fsync, not two):
         # both come from this actor to one writer, in order, so the taking is never durable alone.
-        kept = self.record(run, "message", channel=b["channel"], msg_seq=run.msg_counter + 1, message=b.get("message"))
+        channel, msg_seq = b["channel"], run.msg_counter + 1
+        kept = self.record(run, "message", channel=channel, msg_seq=msg_seq, message=b.get("message"))
         waiting = run.ops.get(run.waiting) if run.waiting is not None else None
-        if waiting is not None and waiting.channel == b["channel"] and await self._take_message(run, waiting):
-            self.dispatch(run)
-        await kept
+        if waiting is None or waiting.channel != channel or waiting.done:
+            waiting = None
+        head = run.channels[channel][0] if waiting is not None else None   # what the wait takes
+        took = False
+        try:
+            if waiting is not None and await self._take_message(run, waiting):
+                took = True
+                self.dispatch(run)
+            await kept
+        except LogWriteError as exc:
+            await self._unpublish(run, channel, msg_seq, kept, None if took else waiting, head)
+            self.bus.reply(msg, Kind.FLOW_ACK, {"ok": False, **_refused(exc, "message not published")})
+            return
         self.bus.reply(msg, Kind.FLOW_ACK, {"ok": True})
+
+    async def _unpublish(self, run: Run, channel: str, msg_seq: int, kept: asyncio.Future, waiting: Op | None,
+                         head: tuple | None) -> None:
+        """Undo what a refused publish did to the run: its message, and the taking of a message by
+        the wait it would have woken (the records of both go in one batch, so they fail together)."""
+        written = not isinstance((await asyncio.gather(kept, return_exceptions=True))[0], BaseException)
+        queue = run.channels.setdefault(channel, collections.deque())
+        if not written:
+            run.channels[channel] = queue = collections.deque(m for m in queue if m[0] != msg_seq)
+            if run.msg_counter == msg_seq:
+                run.msg_counter -= 1
+        if waiting is not None and waiting.done and not run.ended:
+            waiting.done, waiting.ok, waiting.result, waiting.error = False, True, None, ""
+            run.waiting = waiting.seq
+            if head is not None and (written or head[0] != msg_seq):
+                queue.appendleft(head)
 
     async def on_attr_get(self, msg: Message) -> None:
         run = await self.find(msg.body["run_id"], msg.body["tenant"])
@@ -184,5 +239,15 @@ class RunRequests:
             self.bus.reply(msg, Kind.ATTR_VALUES, {"found": True, "code": "unavailable", "error":
                            f"no worker ran update handler {b['handler']!r} within {UPDATE_WAIT_SECS:g}s"})
             return
-        await self.record(run, "attr.set", key=key, value=value, seq=-1)
+        had, old = key in run.attrs, run.attrs.get(key)
+        try:
+            await self.record(run, "attr.set", key=key, value=value, seq=-1)
+        except LogWriteError as exc:
+            if run.attrs.get(key) is value:   # not set again since
+                if had:
+                    run.attrs[key] = old
+                else:
+                    del run.attrs[key]
+            self.bus.reply(msg, Kind.ATTR_VALUES, {"found": True, **_refused(exc, "attribute not updated")})
+            return
         self.bus.reply(msg, Kind.ATTR_VALUES, {"found": True, "values": {key: value}})

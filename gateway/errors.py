@@ -16,6 +16,10 @@ _CODES = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "metho
           413: "body_too_large", 415: "unsupported_media_type", 429: "overloaded", 503: "unavailable"}
 
 
+# What a refused log write (storage/write_failures.py names its codes) answers over HTTP.
+LOG_WRITE_ERRORS = {"disk_full": (507, "insufficient_storage"), "io_error": (503, "storage_error")}
+
+
 class ApiError(Exception):
     def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)

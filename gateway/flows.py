@@ -10,7 +10,7 @@ from aiohttp import web
 
 from actors.flow_client import WAITABLE, FlowClient, FlowError
 from broker.protocol import MAX_VALUE_BYTES
-from gateway.errors import ApiError, json_response
+from gateway.errors import LOG_WRITE_ERRORS, ApiError, json_response
 from gateway.tenancy import external, internal
 
 if TYPE_CHECKING:
@@ -43,6 +43,9 @@ def _check_size(value, what: str) -> None:
 
 
 def _error(exc: FlowError) -> ApiError:
+    if exc.code in LOG_WRITE_ERRORS:   # the run's journal record was refused: nothing changed
+        status, code = LOG_WRITE_ERRORS[exc.code]
+        return ApiError(status, code, exc.message)
     return ApiError(STATUS_OF.get(exc.code, 502), exc.code, exc.message)
 
 

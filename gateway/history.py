@@ -18,7 +18,7 @@ from aiohttp import web
 from broker.client import BusError
 from broker.protocol import Kind
 from broker.sharding import STORE, actor_name
-from gateway.errors import ApiError, json_response
+from gateway.errors import LOG_WRITE_ERRORS, ApiError, json_response
 from gateway.latest_checkpoints import UNPLACED, Checkpoint, LatestCheckpoints
 from storage.bloom import BloomFilter
 from storage.log_client import LogWriteError
@@ -32,8 +32,7 @@ if TYPE_CHECKING:
 PUT_ROUTE = "/v1/sessions/{sid}/checkpoints/{key}"
 LATEST_ROUTE = "/v1/sessions/{sid}/checkpoints/latest"
 CHECKPOINT_KEY = re.compile(r"^[A-Za-z0-9._:\-]{1,200}$")
-WRITE_ERRORS = {"disk_full": (507, "insufficient_storage"), "io_error": (503, "storage_error"),
-                "not_found": (404, "not_found")}
+WRITE_ERRORS = {**LOG_WRITE_ERRORS, "not_found": (404, "not_found")}
 
 
 def _int_param(request: web.Request, name: str, default: int, low: int, high: int) -> int:

@@ -158,7 +158,7 @@ PATHS: dict[str, dict] = {
         "requestBody": {"required": True, "content": _json(_ref("RunStart"))},
         "responses": {"201": {"description": "started", "content": _json(_ref("Run"))},
                       "200": {"description": "already started", "content": _json(_ref("Run"))},
-                      **_errors(400, 401, 409, 413, 503)}}},
+                      **_errors(400, 401, 409, 413, 503, 507)}}},
     "/v1/runs/{run_id}": {"get": {
         "summary": "A run's status and result",
         "parameters": [RUN, _param("wait", {"type": "number", "minimum": 0, "maximum": 60}, "query", False,
@@ -171,7 +171,7 @@ PATHS: dict[str, dict] = {
     "/v1/runs/{run_id}:cancel": {"post": {
         "summary": "Cancel a run", "parameters": [RUN],
         "responses": {"200": {"description": "the run", "content": _json(_ref("Run"))},
-                      **_errors(400, 401, 404, 503)}}},
+                      **_errors(400, 401, 404, 503, 507)}}},
     "/v1/runs/{run_id}/attributes": {"get": {
         "summary": "Read attributes (no worker involved)",
         "parameters": [RUN, _param("keys", {"type": "string"}, "query", False, "comma-separated")],
@@ -182,12 +182,12 @@ PATHS: dict[str, dict] = {
         "parameters": [RUN, _param("key", NAME)],
         "requestBody": {"required": True, "content": _json(_ref("Update"))},
         "responses": {"200": {"description": "the new value", "content": _json(_ref("Updated"))},
-                      **_errors(400, 401, 404, 413, 422, 503)}}},
+                      **_errors(400, 401, 404, 413, 422, 503, 507)}}},
     "/v1/runs/{run_id}/channels/{channel}": {"post": {
         "summary": "Publish a message to a run's channel", "parameters": [RUN, _param("channel", NAME)],
         "requestBody": {"required": True, "content": _json(_ref("Publish"))},
         "responses": {"202": {"description": "published", "content": _json(_ref("Published"))},
-                      **_errors(400, 401, 404, 409, 413, 503)}}},
+                      **_errors(400, 401, 404, 409, 413, 503, 507)}}},
     "/healthz": {"get": {"summary": "The gateway process is up", "security": [], "responses": {
         "200": {"description": "up", "content": _json({"type": "object", "required": ["ok"]})}}}},
     "/readyz": {"get": {"summary": "Ready to serve (every role is up, not draining)", "security": [], "responses": {

@@ -2,6 +2,7 @@
 acknowledged is lost, records nobody waits for are written once space comes back, and the server
 recovers by itself."""
 import collections
+import json
 import os
 import subprocess
 import time
@@ -10,6 +11,7 @@ import urllib.request
 import pytest
 
 from harness import Server, get_json, turn, wait_until
+from test_e2e_flows import result, start
 from storage import records, segments
 
 
@@ -28,18 +30,23 @@ def put(base, sid, key, payload):
     return get_json(f"{base}/v1/sessions/{sid}/checkpoints/{key}", method="PUT", body=payload)
 
 
+def fill(filler):
+    """Fill the disk to the last byte (again: a failed write may give a page back)."""
+    with open(filler, "ab", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+        except OSError:
+            pass
+
+
 def test_a_full_disk_fails_fast_with_507_and_recovers(small_disk, tmp_path):
     server = Server(tmp_path).start()
     filler = small_disk / "filler"
     try:
         for i in range(5):
             assert put(server.url, f"disk-{i}", "k", f"kept {i}".encode())[0] == 200
-        with open(filler, "wb", buffering=0) as f:   # fill the disk to the last byte
-            try:
-                while True:
-                    f.write(b"\0" * 65536)
-            except OSError:
-                pass
+        fill(filler)
         started = time.monotonic()
         status, _, body = put(server.url, "disk-x", "k", b"x" * 4096)
         assert status == 507 and body["error"]["code"] == "insufficient_storage"
@@ -81,3 +88,73 @@ def test_a_full_disk_fails_fast_with_507_and_recovers(small_disk, tmp_path):
     runs = {run for run, _ in journal}
     assert len(runs) == 2, journal
     assert all(journal[run, kind] == 1 for run in runs for kind in ("run.started", "run.ended")), journal
+
+
+def test_flow_requests_on_a_full_disk_answer_507_at_once_and_change_nothing(small_disk, make_server, make_worker):
+    """Each once went unanswered (the client timed out) while the run kept in memory what its
+    journal never got: an attribute read back, then lost at the next restart."""
+    server = make_server()
+    make_worker(server)
+    base = server.url
+    run_id = start(base, "with_attrs", {})[2]["run_id"]
+    waiter = start(base, "waiter", {})[2]["run_id"]
+
+    def attributes():
+        return get_json(f"{base}/v1/runs/{run_id}/attributes")[2].get("attributes")
+
+    def timed(call, *args, **kwargs):
+        started = time.monotonic()
+        status, _, answer = call(*args, **kwargs)
+        assert time.monotonic() - started < 5, "answered at once, not after a timeout"
+        return status, answer
+
+    def update():
+        return timed(get_json, f"{base}/v1/runs/{run_id}/attributes/count:update", method="POST",
+                     body=b'{"handler": "incr", "arg": 1}')
+
+    wait_until(lambda: attributes() == {"status": "started"}, 20, "the run to start")
+    wait_until(lambda: get_json(f"{base}/v1/runs/{waiter}")[2]["status"] == "suspended", 20, "the waiter to wait")
+    filler = small_disk / "filler"
+    try:
+        fill(filler)
+        # The last page of the actors' log may still hold a few records, the smaller the more:
+        # each request goes until one is refused.
+        for n in range(50):
+            status, answer = timed(get_json, f"{base}/v1/flows/with_attrs/runs", method="POST",
+                                   body=json.dumps({"input": {}, "run_id": f"later-{n}"}).encode())
+            if status != 201:
+                break
+        assert status == 507 and answer["error"]["code"] == "insufficient_storage", answer
+        assert get_json(f"{base}/v1/runs/later-{n}")[0] == 404
+        updates = 0
+        for _ in range(50):
+            status, answer = update()
+            if status != 200:
+                break
+            updates += 1
+        assert status == 507 and answer["error"]["code"] == "insufficient_storage", answer
+        assert attributes() == {"status": "started", **({"count": updates} if updates else {})}
+        fill(filler)
+        status, answer = timed(get_json, f"{base}/v1/runs/{run_id}/channels/finish", method="POST",
+                               body=json.dumps({"message": "x" * 2000}).encode())
+        assert status == 507 and answer["error"]["code"] == "insufficient_storage", answer
+        fill(filler)
+        status, answer = timed(get_json, f"{base}/v1/runs/{waiter}/channels/inbox", method="POST",
+                               body=json.dumps({"message": "x" * 2000}).encode())
+        assert status == 507 and answer["error"]["code"] == "insufficient_storage", answer
+        fill(filler)
+        status, answer = timed(get_json, f"{base}/v1/runs/{run_id}:cancel", method="POST", body=b"{}")
+        assert status == 507 and answer["error"]["code"] == "insufficient_storage", answer
+        assert get_json(f"{base}/v1/runs/{run_id}?wait=1")[2]["status"] == "suspended"   # still waits on "finish"
+
+        filler.unlink()   # space comes back: the same requests succeed, on the run as its journal has it
+        wait_until(lambda: update()[0] == 200, 20, "updates to succeed again", interval=0.3)
+        assert get_json(f"{base}/v1/runs/{run_id}/channels/finish", method="POST", body=b'{"message": "now"}')[0] == 202
+        assert result(base, run_id)["result"] == {"status": "done", "count": updates + 1}
+        for message in ("first", "second"):   # not the refused one: it never was
+            assert get_json(f"{base}/v1/runs/{waiter}/channels/inbox", method="POST",
+                            body=json.dumps({"message": message}).encode())[0] == 202
+        assert result(base, waiter)["result"] == ["first", "second"]
+    finally:
+        if filler.exists():
+            os.unlink(filler)
