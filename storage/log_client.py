@@ -6,6 +6,9 @@ the next SYNC append (an access row rides the next request's checkpoint) instead
 message and an ack of their own. A SYNC append returns once its record is durable (the writer's ack);
 an ASYNC one returns at once and the record waits in this process's outbox until acked. The
 outbox is bounded: when it is full, appends wait for room — nothing durable is ever dropped.
+A writer's refusal (a full disk) fails a SYNC record at once, so its caller can say so; an ASYNC
+record, or a kept one (`append_kept`: sent at once and waited on, though nobody could be told of
+its failure), is sent again until a writer takes it.
 A message is re-sent with the same record ids until a writer acknowledges it (the writer
 writes a re-sent record once), so a writer restart delays appends but loses none.
 
