@@ -181,7 +181,13 @@ class Flows(WorkerRequests, RunRequests):
             self.set_timer(run, op)
         if op.op == "wait":
             run.waiting = op.seq
-            self._take_message(run, op)
+            self.bus.spawn(self._take_and_run(run, op))
+
+    async def _take_and_run(self, run: Run, op: Op) -> None:
+        """A message may wait already (published before the wait, and the actor died before taking
+        it): take it and run on now, not at the next publish."""
+        if await self._take_message(run, op):
+            self.dispatch(run)
 
     def set_timer(self, run: Run, op: Op) -> None:
         self.bus.send(SCHEDULER, Kind.TIMER_SET, {"timer_id": f"{run.run_id}:{op.seq}", "run_id": run.run_id,
