@@ -27,8 +27,10 @@ import time
 from typing import Any
 
 from actors.flow_state import Op, Run, apply, replay
+from actors.run_reloads import RunReloads, Stale
 from actors.run_requests import RunRequests, TaskFailed
 from actors.worker_requests import WorkerRequests
+from agentos.log_repeats import Repeats
 from broker.client import Bus
 from broker.protocol import MAX_RUN_BYTES, Kind, Message
 from broker.sharding import SCHEDULER, shard_of
@@ -40,6 +42,7 @@ MAX_LOST_EXECUTIONS = 5         # in a row, with no record between: then the run
 TIMER_GRACE_SECS = 2.0
 RESYNC_SECS = 10.0
 ENDED_RETENTION_SECS = 60.0
+SUPERSEDED = {"ok": False, "code": "superseded"}   # what a worker's execution hears when it is no longer the run's
 
 
 def run_id_for_key(flow: str, tenant: str, key: str) -> str:
@@ -47,7 +50,7 @@ def run_id_for_key(flow: str, tenant: str, key: str) -> str:
     return f"{flow}-{hashlib.sha1(f'{tenant}|{flow}|{key}'.encode()).hexdigest()[:20]}"
 
 
-class Flows(WorkerRequests, RunRequests):
+class Flows(WorkerRequests, RunRequests, RunReloads):
     def __init__(self, bus: Bus, log: LogClient, query, index: int, shards: int, logger: logging.Logger,
                  retention_secs: float = ENDED_RETENTION_SECS) -> None:
         self.bus = bus
@@ -66,11 +69,16 @@ class Flows(WorkerRequests, RunRequests):
         self.adopted: set[str] = set()         # runs reloaded after a restart, execution not yet seen
         self.on_open_turn = None               # the actor finishes interrupted turns (flow "turn")
         self.keep_ended_secs = min(ENDED_RETENTION_SECS, retention_secs)
+        self.reloading: dict[str, asyncio.Future] = {}   # run id -> done once it is back from its journal
+        self.reloads_said = Repeats()
+        self.reloaded: dict[str, tuple[float, float]] = {}   # run id -> (last reload, its wait)
 
     def handlers(self) -> dict:
         return {Kind.FLOW_START: self.on_start, Kind.FLOW_GET: self.on_get, Kind.FLOW_CANCEL: self.on_cancel,
-                Kind.FLOW_COMPLETE: self.on_complete, Kind.FLOW_CHILD_DONE: self.on_child_done,
-                Kind.STEP_START: self.on_step_start, Kind.STEP_RESULT: self.on_step_result,
+                Kind.FLOW_COMPLETE: self.refusable(self.on_complete, Kind.FLOW_ACK, SUPERSEDED),
+                Kind.FLOW_CHILD_DONE: self.refusable(self.on_child_done),   # no answer: the child asks again
+                Kind.STEP_START: self.refusable(self.on_step_start, Kind.STEP_GO, {"action": "abort"}),
+                Kind.STEP_RESULT: self.refusable(self.on_step_result, Kind.FLOW_ACK, SUPERSEDED),
                 Kind.STEP_HEARTBEAT: self.on_heartbeat, Kind.TIMER_FIRE: self.on_timer_fire,
                 Kind.CHANNEL_PUBLISH: self.on_publish, Kind.ATTR_GET: self.on_attr_get,
                 Kind.ATTR_UPDATE: self.on_attr_update, Kind.TASK_RESULT: self.on_task_result,
@@ -80,6 +88,12 @@ class Flows(WorkerRequests, RunRequests):
 
     def record(self, run: Run, kind: str, sync: bool = True, **fields: Any) -> asyncio.Future | None:
         """Apply a record to the run now and append it; SYNC returns the future of its ack."""
+        if run.stale:   # what its memory does now is superseded: it comes back from its journal
+            if not sync:
+                return None
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_exception(Stale())
+            return fut
         body = {"run": run.run_id, "tenant": run.tenant, "type": kind, "at": time.time(), "exec": run.exec, **fields}
         apply(run, body)
         run.lost = 0   # it moves on: the workers that died before were not its doing
@@ -91,12 +105,12 @@ class Flows(WorkerRequests, RunRequests):
         # Routed like the run's actor: a turn's run (`session/turn`) goes to its session's writer.
         session = run.run_id.split("/", 1)[0]
         if sync:
-            return asyncio.ensure_future(self.journal_log.append(RecordKind.FLOW, body, session, sync=True))
-        # Nobody could be told of its failure, so a full disk must not drop it: it is sent until written.
-        fut = asyncio.ensure_future(self.journal_log.append_kept(RecordKind.FLOW, body, session))
+            fut = asyncio.ensure_future(self.journal_log.append(RecordKind.FLOW, body, session, sync=True))
+        else:   # nobody could be told of its failure, so a full disk must not drop it: sent until written
+            fut = asyncio.ensure_future(self.journal_log.append_kept(RecordKind.FLOW, body, session))
         run.pending.add(fut)
         fut.add_done_callback(run.pending.discard)
-        return None
+        return fut if sync else None
 
     # -- finding runs --------------------------------------------------------------------------
 
@@ -128,6 +142,13 @@ class Flows(WorkerRequests, RunRequests):
         self.ready.set()
 
     async def _load_run(self, run_id: str) -> Run | None:
+        reloading = self.reloading.get(run_id)
+        if reloading is not None:   # it comes back from its journal: once, by actors/run_reloads.py
+            await asyncio.shield(reloading)
+            return self.runs.get(run_id)
+        return await self._load_journal(run_id)
+
+    async def _load_journal(self, run_id: str) -> Run | None:
         rows = (await self.query("flow_records", run_id, sync=True))["rows"]
         if not rows:
             return None

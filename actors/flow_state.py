@@ -67,7 +67,8 @@ class Op:
 class Run:
     __slots__ = ("run_id", "flow", "tenant", "input", "status", "result", "error", "exec", "last_alive", "ops",
                  "attrs", "channels", "waiting", "parent", "parent_seq", "parent_actor", "pending", "updates",
-                 "updating", "created_at", "ended_at", "msg_counter", "waiters", "journal_bytes", "over_limit", "lost")
+                 "updating", "created_at", "ended_at", "msg_counter", "waiters", "journal_bytes", "over_limit", "lost",
+                 "stale")
 
     def __init__(self, run_id: str, flow: str, tenant: str) -> None:
         self.run_id = run_id
@@ -86,7 +87,7 @@ class Run:
         self.parent = ""
         self.parent_seq = -1
         self.parent_actor = ""
-        self.pending: set = set()              # ASYNC commits not yet acknowledged
+        self.pending: set = set()              # appends not yet acknowledged (or refused)
         self.updates: collections.deque = collections.deque()   # attribute updates waiting for the lock
         self.updating = False
         self.created_at = time.time()
@@ -96,6 +97,7 @@ class Run:
         self.journal_bytes = 0                 # of the values its records hold (MAX_RUN_BYTES)
         self.over_limit = False
         self.lost = 0                          # executions in a row whose worker died with them
+        self.stale = False                     # left memory for its journal (actors/run_reloads.py)
 
     @property
     def ended(self) -> bool:

@@ -118,10 +118,11 @@ class WorkerRequests:
             return
         status = reply.body["status"]
         if reply.body.get("code") == "conflict" and not op.done:   # its run id names another flow's run
-            await self._child_ended(run, op.seq, False, None, reply.body.get("error", "run id in use"))
+            await self.or_reload(run, self._child_ended(run, op.seq, False, None,
+                                                        reply.body.get("error", "run id in use")))
         elif status in ("completed", "failed", "cancelled") and not op.done:
-            await self._child_ended(run, op.seq, status == "completed", reply.body.get("result"),
-                                    reply.body.get("error", f"child flow {status}"))
+            await self.or_reload(run, self._child_ended(run, op.seq, status == "completed", reply.body.get("result"),
+                                                        reply.body.get("error", f"child flow {status}")))
 
     async def _start_attr(self, msg: Message, run: Run, seq: int, op: Op | None) -> None:
         b = msg.body
@@ -212,7 +213,7 @@ class WorkerRequests:
     def on_timer_fire(self, msg: Message) -> None:
         run = self.runs.get(msg.body["run_id"])
         if run is not None:
-            asyncio.ensure_future(self._timer_fired(run, int(msg.body["timer_id"].rsplit(":", 1)[1])))
+            self.bus.spawn(self.or_reload(run, self._timer_fired(run, int(msg.body["timer_id"].rsplit(":", 1)[1]))))
 
     async def _timer_fired(self, run: Run, seq: int) -> None:
         op = run.ops.get(seq)

@@ -158,3 +158,46 @@ def test_flow_requests_on_a_full_disk_answer_507_at_once_and_change_nothing(smal
     finally:
         if filler.exists():
             os.unlink(filler)
+
+
+def test_a_step_result_refused_by_a_full_disk_runs_the_flow_on_from_its_journal(small_disk, tmp_path, make_server,
+                                                                                 make_worker):
+    """The worker once waited out its 300 s request timeout for an answer that never came, and the
+    actor kept the refused result in memory, for the steps after it to be computed from."""
+    server = make_server()
+    make_worker(server)
+    base = server.url
+    marks = tmp_path / "marks"
+    run_id = start(base, "five_steps", {"file": str(marks), "delay": 2.0})[2]["run_id"]
+    starts = tmp_path / "marks.starts"
+    wait_until(lambda: starts.exists() and "start 1" in starts.read_text(), 20, "step 1 to start")
+    filler = small_disk / "filler"
+    try:
+        fill(filler)
+        for n in range(50):   # the last page of the actors' log may hold a few more records
+            status = get_json(f"{base}/v1/flows/waiter/runs", method="POST",
+                              body=json.dumps({"input": {}, "run_id": f"slack-{n}"}).encode())[0]
+            if status != 201:
+                break
+        assert status == 507
+        fill(filler)
+        wait_until(lambda: marks.exists() and "step 1" in marks.read_text().split("\n"), 20, "step 1's effect")
+        time.sleep(1)
+        filler.unlink()   # space comes back
+        assert result(base, run_id, timeout=40)["result"] == 100
+        # Step 1 ran again: its first result was refused, and its next execution did not take it
+        # from the actor's memory.
+        assert starts.read_text().count("start 1 ") == 2
+    finally:
+        if filler.exists():
+            os.unlink(filler)
+    # Each step's result is in the journal once, the refused one as its next execution reported it.
+    server.stop()
+    done = collections.Counter()
+    for writer in small_disk.iterdir():
+        for _, path in segments.list_segments(writer) if writer.is_dir() else ():
+            for _, kind, _, body, _ in records.scan(path.read_bytes()):
+                record = records.decode_body(body) if kind == records.RecordKind.FLOW else {}
+                if record.get("run") == run_id and record["type"] == "step.done":
+                    done[record["seq"], record["result"]] += 1
+    assert done == {(n, n * 10): 1 for n in range(5)}, done
