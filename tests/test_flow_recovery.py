@@ -3,8 +3,8 @@ import asyncio
 import logging
 
 from actors.flow_runs import Flows
-from actors.flow_state import Run
-from broker.protocol import Kind
+from actors.flow_state import Run, apply
+from broker.protocol import Kind, Message
 
 
 def _records(run_id: str, flow: str) -> list[dict]:
@@ -73,3 +73,54 @@ def test_a_recovered_run_waiting_with_a_message_queued_takes_it_and_runs_again()
     assert [(r["type"], r.get("msg_seq")) for r in log.appended] == [("message.taken", 1), ("op.done", None)]
     assert run.ops[0].done and run.ops[0].result == "early" and run.waiting is None
     assert [kind for _, kind, _ in bus.sent][-1] == Kind.TASK_SUBMIT   # executed again, past its wait
+
+
+def test_a_refused_step_result_sends_the_run_back_to_its_journal(monkeypatch):
+    """What the worker reported is not kept in memory: the run comes back from its journal (once,
+    though asked for meanwhile), runs again from there, and its old object records nothing more."""
+    from actors import run_reloads
+    from actors.run_reloads import Stale
+    from storage.log_client import LogWriteError
+    from test_flow_cancel import FakeBus
+
+    journal = [{"type": "run.started", "flow": "steps", "exec": 5, "input": {}},
+               {"type": "step.started", "seq": 0, "name": "a", "attempt": 1}]
+
+    class FullLog:
+        async def append(self, kind, body, session, sync=True):
+            raise LogWriteError("disk_full", "log write failed: No space left on device")
+
+    async def main():
+        bus = FakeBus()
+        bus.incarnation = 2
+        flows = Flows(bus=bus, log=FullLog(), query=None, index=0, shards=1, logger=logging.getLogger("t"))
+        loads = []
+
+        async def query(name: str, session: str, **params) -> dict:
+            loads.append(session)
+            return {"rows": [{"run": "r-1", "tenant": "t", "at": 0.0, **record} for record in journal]}
+
+        flows.query = query
+        flows.ready.set()
+        run = Run("r-1", "steps", "t")
+        for record in journal:
+            apply(run, {"run": "r-1", "tenant": "t", "at": 0.0, **record})
+        flows.runs["r-1"] = run
+        result = Message("worker/0", Kind.STEP_RESULT, 7, 0.0, 0, "r-1", "",
+                         {"run_id": "r-1", "exec": run.exec, "seq": 0, "attempt": 1, "ok": True, "result": 42})
+        monkeypatch.setattr(run_reloads, "RELOAD_RETRY_SECS", (0.01, 0.01))
+        await flows.handlers()[Kind.STEP_RESULT](result)
+        assert bus.sent == [("worker/0", Kind.FLOW_ACK, {"ok": False, "code": "superseded"})]   # at once
+        assert run.stale and "r-1" not in flows.runs
+        found = await flows.find("r-1", "t")          # waits for the reload rather than loading twice
+        assert found is flows.runs["r-1"] and found is not run and loads == ["r-1"]
+        assert not found.ops[0].done                  # the refused result is not there
+        assert [kind for _, kind, _ in bus.sent][-1] == Kind.TASK_SUBMIT and found.exec > run.exec
+        try:
+            await flows.record(run, "step.done", seq=0, name="a", ok=True, result=1)
+        except Stale:
+            pass
+        else:
+            raise AssertionError("the old object recorded")
+
+    asyncio.run(main())
