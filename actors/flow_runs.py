@@ -99,9 +99,9 @@ class Flows(WorkerRequests, RunRequests, RunReloads):
         run.lost = 0   # it moves on: the workers that died before were not its doing
         if run.journal_bytes > MAX_RUN_BYTES and not run.over_limit and not run.ended and run.flow != "turn":
             run.over_limit = True   # this record is kept; the run's end follows it
-            self.bus.spawn(self.end(run, "failed", error=(
+            self.bus.spawn(self.or_reload(run, self.end(run, "failed", error=(
                 f"the run's journal passed {MAX_RUN_BYTES:,} bytes of values, the most a run records "
-                "(its steps' results, attributes, messages): start a new run to go on")))
+                "(its steps' results, attributes, messages): start a new run to go on"))))
         # Routed like the run's actor: a turn's run (`session/turn`) goes to its session's writer.
         session = run.run_id.split("/", 1)[0]
         if sync:
@@ -310,9 +310,9 @@ class Flows(WorkerRequests, RunRequests, RunReloads):
             if self.blocked_on(run) is None:
                 self.dispatch(run)   # now, not after the watchdog's grace
             return
-        self.bus.spawn(self.end(run, "failed", error=(
+        self.bus.spawn(self.or_reload(run, self.end(run, "failed", error=(
             f"its last {run.lost} executions died with their workers ({msg.body['worker']} the last) before "
-            "taking a step: its code may crash the worker process")))
+            "taking a step: its code may crash the worker process"))))
 
     def _forget(self, run_id: str) -> None:
         """An ended run leaves memory (its journal stays in the log and DuckDB), with what refers to it."""
