@@ -101,4 +101,3 @@ class RunReloads:
             op = self.blocked_on(run)
             if op is None or op.op == "child":   # a child's end it may have missed: the execution asks it
                 self.dispatch(run)
-

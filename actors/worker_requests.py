@@ -163,7 +163,7 @@ class WorkerRequests:
         if run is None:
             self.bus.reply(msg, Kind.FLOW_ACK, {"ok": False, "code": "superseded"})
             return
-        if run.pending:  # the run's own end waits for its ASYNC commits
+        if run.pending:  # the run's own end waits for its records in flight (its ASYNC steps')
             await asyncio.gather(*list(run.pending), return_exceptions=True)
         b = msg.body
         if b["ok"]:
