@@ -9,7 +9,8 @@ Used by the provider client (every model call of every actor) and by the load ge
 aiohttp's client: both sit on the hot path of a turn, and the load generator shares two cores
 with the server under test, so the cost per request must be small. A Protocol that feeds bytes
 straight into the decoders, with no StreamReader, no per-line coroutine wake-ups and no header
-multidicts, costs ~0.43 ms of CPU per 10-event SSE turn at 1000 connections where aiohttp's client costs ~1.0 ms (and lags the loop).
+multidicts, costs ~0.43 ms of CPU per 10-event SSE turn at 1000 connections where aiohttp's
+client costs ~1.0 ms (and lags the loop).
 """
 from __future__ import annotations
 
