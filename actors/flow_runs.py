@@ -157,10 +157,20 @@ class Flows(WorkerRequests, RunRequests, RunReloads):
         self.runs[run_id] = run
         return run
 
-    async def find(self, run_id: str, tenant: str) -> Run | None:
+    async def find(self, run_id: str, tenant: str, read: bool = False) -> Run | None:
+        """The run, loaded if need be. A read of a run that is coming back from its journal (a
+        refused record, actors/run_reloads.py; that can last as long as the disk is full) is
+        answered from the journal at once, by a copy that records nothing."""
         await self.ready.wait()
         run = self.runs.get(run_id)
-        if run is None:
+        if run is None and read and run_id in self.reloading:
+            rows = (await self.query("flow_records", run_id, sync=True))["rows"]
+            run = replay(run_id, rows) if rows else None
+            if run is not None:
+                run.stale = True
+                if not run.ended and self.blocked_on(run) is not None:
+                    run.status = "suspended"
+        elif run is None:
             run = await self._load_run(run_id)
         if run is None or run.tenant != tenant:
             return None

@@ -93,14 +93,14 @@ class RunRequests:
         return run
 
     async def on_get(self, msg: Message) -> None:
-        run = await self.find(msg.body["run_id"], msg.body["tenant"])
+        run = await self.find(msg.body["run_id"], msg.body["tenant"], read=True)
         if run is None:
             self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": msg.body["run_id"], "status": "unknown", "code": "not_found",
                                                 "error": "no such run"})
             return
         wait = float(msg.body.get("wait") or 0.0)
         until = msg.body.get("until") if msg.body.get("until") in WAITABLE else None
-        if wait and not run.ended and run.status != until:
+        if wait and not run.ended and run.status != until and not run.stale:   # (a copy never changes)
             waiter = asyncio.get_running_loop().create_future()
             run.waiters.append((until, waiter))
             try:
@@ -195,7 +195,7 @@ class RunRequests:
                 queue.appendleft(head)
 
     async def on_attr_get(self, msg: Message) -> None:
-        run = await self.find(msg.body["run_id"], msg.body["tenant"])
+        run = await self.find(msg.body["run_id"], msg.body["tenant"], read=True)
         if run is None:
             self.bus.reply(msg, Kind.ATTR_VALUES, {"found": False, "code": "not_found", "error": "no such run"})
             return

@@ -124,3 +124,42 @@ def test_a_refused_step_result_sends_the_run_back_to_its_journal(monkeypatch):
             raise AssertionError("the old object recorded")
 
     asyncio.run(main())
+
+
+def test_a_run_coming_back_from_its_journal_is_read_from_the_journal_at_once(monkeypatch):
+    """Its reload waits while the disk stays full; a read of it does not wait with it."""
+    from actors import run_reloads
+    from test_flow_cancel import FakeBus
+
+    journal = [{"type": "run.started", "flow": "steps", "exec": 5, "input": {}},
+               {"type": "attr.set", "key": "status", "value": "durable", "seq": -1},
+               {"type": "wait", "seq": 0, "name": "wait", "channel": "inbox", "due": 0.0}]
+
+    async def main():
+        bus = FakeBus()
+        bus.incarnation = 2
+        flows = Flows(bus=bus, log=None, query=None, index=0, shards=1, logger=logging.getLogger("t"))
+
+        async def query(name: str, session: str, **params) -> dict:
+            return {"rows": [{"run": "r-1", "tenant": "t", "at": 0.0, **record} for record in journal]}
+
+        flows.query = query
+        flows.ready.set()
+        run = Run("r-1", "steps", "t")
+        for record in journal:
+            apply(run, {"run": "r-1", "tenant": "t", "at": 0.0, **record})
+        apply(run, {"run": "r-1", "tenant": "t", "at": 0.0, "type": "attr.set", "key": "status", "value": "refused",
+                    "seq": -1})
+        flows.runs["r-1"] = run
+        monkeypatch.setattr(run_reloads, "RELOAD_RETRY_SECS", (30.0, 30.0))   # the disk stays full
+        flows.reload("r-1")
+        for kind, body, handler in ((Kind.FLOW_GET, {"run_id": "r-1", "tenant": "t", "wait": 5}, flows.on_get),
+                                    (Kind.ATTR_GET, {"run_id": "r-1", "tenant": "t"}, flows.on_attr_get)):
+            await asyncio.wait_for(handler(Message("gateway/0", kind, 1, 0.0, 0, "r-1", "", body)), 1.0)
+        (_, _, status), (_, _, attrs) = bus.sent
+        assert status["status"] == "suspended" and attrs["values"] == {"status": "durable"}
+        assert "r-1" in flows.reloading and "r-1" not in flows.runs
+        for task in bus.tasks:
+            task.cancel()
+
+    asyncio.run(main())
