@@ -75,13 +75,35 @@ def test_a_recovered_run_waiting_with_a_message_queued_takes_it_and_runs_again()
     assert [kind for _, kind, _ in bus.sent][-1] == Kind.TASK_SUBMIT   # executed again, past its wait
 
 
+def live_run(journal: list[dict], log=None):
+    """An actor's flows (a fake bus, the store answering `journal` for run r-1) holding r-1 as
+    that journal has it; `loads` lists the store's reads of it."""
+    from test_flow_cancel import FakeBus
+
+    bus = FakeBus()
+    bus.incarnation = 2
+    flows = Flows(bus=bus, log=log, query=None, index=0, shards=1, logger=logging.getLogger("t"))
+    loads: list[str] = []
+
+    async def query(name: str, session: str, **params) -> dict:
+        loads.append(session)
+        return {"rows": [{"run": "r-1", "tenant": "t", "at": 0.0, **record} for record in journal]}
+
+    flows.query = query
+    flows.ready.set()
+    run = Run("r-1", "steps", "t")
+    for record in journal:
+        apply(run, {"run": "r-1", "tenant": "t", "at": 0.0, **record})
+    flows.runs["r-1"] = run
+    return flows, bus, run, loads
+
+
 def test_a_refused_step_result_sends_the_run_back_to_its_journal(monkeypatch):
     """What the worker reported is not kept in memory: the run comes back from its journal (once,
     though asked for meanwhile), runs again from there, and its old object records nothing more."""
     from actors import run_reloads
     from actors.run_reloads import Stale
     from storage.log_client import LogWriteError
-    from test_flow_cancel import FakeBus
 
     journal = [{"type": "run.started", "flow": "steps", "exec": 5, "input": {}},
                {"type": "step.started", "seq": 0, "name": "a", "attempt": 1}]
@@ -91,21 +113,7 @@ def test_a_refused_step_result_sends_the_run_back_to_its_journal(monkeypatch):
             raise LogWriteError("disk_full", "log write failed: No space left on device")
 
     async def main():
-        bus = FakeBus()
-        bus.incarnation = 2
-        flows = Flows(bus=bus, log=FullLog(), query=None, index=0, shards=1, logger=logging.getLogger("t"))
-        loads = []
-
-        async def query(name: str, session: str, **params) -> dict:
-            loads.append(session)
-            return {"rows": [{"run": "r-1", "tenant": "t", "at": 0.0, **record} for record in journal]}
-
-        flows.query = query
-        flows.ready.set()
-        run = Run("r-1", "steps", "t")
-        for record in journal:
-            apply(run, {"run": "r-1", "tenant": "t", "at": 0.0, **record})
-        flows.runs["r-1"] = run
+        flows, bus, run, loads = live_run(journal, FullLog())
         result = Message("worker/0", Kind.STEP_RESULT, 7, 0.0, 0, "r-1", "",
                          {"run_id": "r-1", "exec": run.exec, "seq": 0, "attempt": 1, "ok": True, "result": 42})
         monkeypatch.setattr(run_reloads, "RELOAD_RETRY_SECS", (0.01, 0.01))
@@ -129,28 +137,15 @@ def test_a_refused_step_result_sends_the_run_back_to_its_journal(monkeypatch):
 def test_a_run_coming_back_from_its_journal_is_read_from_the_journal_at_once(monkeypatch):
     """Its reload waits while the disk stays full; a read of it does not wait with it."""
     from actors import run_reloads
-    from test_flow_cancel import FakeBus
 
     journal = [{"type": "run.started", "flow": "steps", "exec": 5, "input": {}},
                {"type": "attr.set", "key": "status", "value": "durable", "seq": -1},
                {"type": "wait", "seq": 0, "name": "wait", "channel": "inbox", "due": 0.0}]
 
     async def main():
-        bus = FakeBus()
-        bus.incarnation = 2
-        flows = Flows(bus=bus, log=None, query=None, index=0, shards=1, logger=logging.getLogger("t"))
-
-        async def query(name: str, session: str, **params) -> dict:
-            return {"rows": [{"run": "r-1", "tenant": "t", "at": 0.0, **record} for record in journal]}
-
-        flows.query = query
-        flows.ready.set()
-        run = Run("r-1", "steps", "t")
-        for record in journal:
-            apply(run, {"run": "r-1", "tenant": "t", "at": 0.0, **record})
+        flows, bus, run, _ = live_run(journal)
         apply(run, {"run": "r-1", "tenant": "t", "at": 0.0, "type": "attr.set", "key": "status", "value": "refused",
                     "seq": -1})
-        flows.runs["r-1"] = run
         monkeypatch.setattr(run_reloads, "RELOAD_RETRY_SECS", (30.0, 30.0))   # the disk stays full
         flows.reload("r-1")
         for kind, body, handler in ((Kind.FLOW_GET, {"run_id": "r-1", "tenant": "t", "wait": 5}, flows.on_get),
