@@ -40,6 +40,15 @@ def fill(filler):
             pass
 
 
+def flow_records(wal):
+    """Every flow journal record in the logs under `wal`, as the writers wrote them."""
+    for writer in wal.iterdir():
+        for _, path in segments.list_segments(writer) if writer.is_dir() else ():
+            for _, kind, _, body, _ in records.scan(path.read_bytes()):
+                if kind == records.RecordKind.FLOW:
+                    yield records.decode_body(body)
+
+
 def use_up_the_last_page(base):
     """Fill the actors' log's last page too (tmpfs allocates whole pages): start runs of a flow no
     worker serves, the smallest lone records there are, until three in a row are refused. Every
@@ -92,13 +101,8 @@ def test_a_full_disk_fails_fast_with_507_and_recovers(small_disk, tmp_path):
         assert server.stop() == 0
     # The turn runs' journal records that nobody waits for (run.started, run.ended) were refused
     # with the failed turn's writes, and written once space came back: each once, in the log.
-    journal = collections.Counter()
-    for writer in small_disk.iterdir():
-        for _, path in segments.list_segments(writer) if writer.is_dir() else ():
-            for _, kind, _, body, _ in records.scan(path.read_bytes()):
-                record = records.decode_body(body) if kind == records.RecordKind.FLOW else {}
-                if record.get("run", "").startswith("disk-chat/"):
-                    journal[record["run"], record["type"]] += 1
+    journal = collections.Counter((r["run"], r["type"]) for r in flow_records(small_disk)
+                                  if r["run"].startswith("disk-chat/"))
     runs = {run for run, _ in journal}
     assert len(runs) == 2, journal
     assert all(journal[run, kind] == 1 for run in runs for kind in ("run.started", "run.ended")), journal
@@ -189,11 +193,6 @@ def test_a_step_result_refused_by_a_full_disk_runs_the_flow_on_from_its_journal(
             os.unlink(filler)
     # Each step's result is in the journal once, the refused one as its next execution reported it.
     server.stop()
-    done = collections.Counter()
-    for writer in small_disk.iterdir():
-        for _, path in segments.list_segments(writer) if writer.is_dir() else ():
-            for _, kind, _, body, _ in records.scan(path.read_bytes()):
-                record = records.decode_body(body) if kind == records.RecordKind.FLOW else {}
-                if record.get("run") == run_id and record["type"] == "step.done":
-                    done[record["seq"], record["result"]] += 1
+    done = collections.Counter((r["seq"], r["result"]) for r in flow_records(small_disk)
+                               if r["run"] == run_id and r["type"] == "step.done")
     assert done == {(n, n * 10): 1 for n in range(5)}, done
