@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from actors.flow_state import Op, Run, apply, replay
-from actors.run_reloads import RunReloads, Stale
+from actors.run_reloads import Reload, RunReloads, Stale
 from actors.run_requests import RunRequests, TaskFailed
 from actors.worker_requests import WorkerRequests
 from agentos.log_repeats import Repeats
@@ -69,7 +69,7 @@ class Flows(WorkerRequests, RunRequests, RunReloads):
         self.adopted: set[str] = set()         # runs reloaded after a restart, execution not yet seen
         self.on_open_turn = None               # the actor finishes interrupted turns (flow "turn")
         self.keep_ended_secs = min(ENDED_RETENTION_SECS, retention_secs)
-        self.reloading: dict[str, asyncio.Future] = {}   # run id -> done once it is back from its journal
+        self.reloading: dict[str, Reload] = {}   # run id -> its way back from its journal
         self.reloads_said = Repeats()
         self.reloaded: dict[str, tuple[float, float]] = {}   # run id -> (last reload, its wait)
 
@@ -141,11 +141,11 @@ class Flows(WorkerRequests, RunRequests, RunReloads):
             self.log.info("recovered %d open flow runs", len(mine))
         self.ready.set()
 
-    async def _load_run(self, run_id: str) -> Run | None:
-        reloading = self.reloading.get(run_id)
-        if reloading is not None:   # it comes back from its journal: once, by actors/run_reloads.py
-            await asyncio.shield(reloading)
-            return self.runs.get(run_id)
+    async def _load_run(self, run_id: str, write: bool = False) -> Run | None:
+        """The run from its journal. One on its way back already (actors/run_reloads.py) is
+        waited for, not loaded twice; for a `write`, not for long (LogWriteError past that)."""
+        if run_id in self.reloading:
+            return await self.back_from_journal(run_id, write)
         return await self._load_journal(run_id)
 
     async def _load_journal(self, run_id: str) -> Run | None:
@@ -171,7 +171,7 @@ class Flows(WorkerRequests, RunRequests, RunReloads):
                 if not run.ended and self.blocked_on(run) is not None:
                     run.status = "suspended"
         elif run is None:
-            run = await self._load_run(run_id)
+            run = await self._load_run(run_id, write=not read)
         if run is None or run.tenant != tenant:
             return None
         return run

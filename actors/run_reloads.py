@@ -9,6 +9,11 @@ superseded (it would otherwise wait out its request timeout) — and comes back 
 once what it had appended has settled and the store can be read, to execute again from there.
 A turn's run is not reloaded: it ends with its turn (actors/agent_loop.py).
 
+A read of a run on its way back is answered from its journal at once (`Flows.find`). A write
+(publish, update, cancel, a repeated start) cuts the reload's backoff short, since its own record
+will tell whether the disk has room, and waits for it a while: while the disk stays full, the
+caller hears the refusal that sent the run back (507) rather than its own request's timeout.
+
 A mixin of `actors.flow_runs.Flows`.
 """
 from __future__ import annotations
@@ -22,6 +27,7 @@ from broker.protocol import Kind, Message
 from storage.log_client import LogWriteError
 
 RELOAD_RETRY_SECS = (0.5, 10.0)   # the first wait before loading again, and the longest
+WRITE_WAIT_SECS = 5.0   # how long a write waits for its run to come back before it is refused
 
 
 class Stale(LogWriteError):
@@ -30,6 +36,17 @@ class Stale(LogWriteError):
     def __init__(self) -> None:
         super().__init__("unavailable", "the run is being loaded again from its journal after a refused write; "
                                         "try again")
+
+
+class Reload:
+    """A run on its way back from its journal: `done` once it is, `cause` the refusal that sent it."""
+
+    __slots__ = ("done", "cause", "hurry")
+
+    def __init__(self, cause: LogWriteError) -> None:
+        self.done = asyncio.get_running_loop().create_future()
+        self.cause = cause
+        self.hurry = asyncio.Event()   # a write came: load now rather than after the backoff
 
 
 class RunReloads:
@@ -41,7 +58,7 @@ class RunReloads:
                 await handler(msg)
             except LogWriteError as exc:
                 if not isinstance(exc, Stale):
-                    self.reload(msg.body["run_id"])
+                    self.reload(msg.body["run_id"], exc)
                 if kind is not None:
                     self.bus.reply(msg, kind, answer)
         return handle
@@ -50,20 +67,35 @@ class RunReloads:
         """`work` for the run (a timer's or a child's end), reloading the run if a record is refused."""
         try:
             await work
-        except LogWriteError:
+        except LogWriteError as exc:
             if not run.stale:
-                self.reload(run.run_id)
+                self.reload(run.run_id, exc)
 
-    def reload(self, run_id: str) -> None:
+    def reload(self, run_id: str, cause: LogWriteError) -> None:
         run = self.runs.get(run_id)
         if run is None or run.flow == "turn":
             return   # reloading already (or ended and gone); a turn's run ends with its turn
         run.stale = True
         self._forget(run_id)
-        self.reloading[run_id] = asyncio.get_running_loop().create_future()
+        self.reloading[run_id] = Reload(cause)
         if (more := self.reloads_said.due()) is not None:
             self.log.warning("run %s had a journal record refused; loading it again from its journal%s", run_id, more)
         self.bus.spawn(self._reload(run))
+
+    async def back_from_journal(self, run_id: str, write: bool) -> Run | None:
+        """The run once it is back from its journal. A write hurries the reload and waits for it
+        at most WRITE_WAIT_SECS; past that it is refused as the record that sent the run back was."""
+        reload = self.reloading[run_id]
+        if not write:
+            await asyncio.shield(reload.done)
+            return self.runs.get(run_id)
+        reload.hurry.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(reload.done), WRITE_WAIT_SECS)
+        except asyncio.TimeoutError:
+            raise LogWriteError(reload.cause.code, "the run is being loaded again from its journal after a refused "
+                                                   f"write ({reload.cause}); try again") from None
+        return self.runs.get(run_id)
 
     def _backoff(self, run_id: str) -> float:
         """How long to wait before this reload: doubling while the run's reloads follow each other
@@ -77,11 +109,14 @@ class RunReloads:
         return wait
 
     async def _reload(self, stale: Run) -> None:
-        done = self.reloading[stale.run_id]
+        reload = self.reloading[stale.run_id]
         wait, longest = RELOAD_RETRY_SECS
         try:
             await asyncio.gather(*list(stale.pending), return_exceptions=True)   # all it appended lands first
-            await asyncio.sleep(self._backoff(stale.run_id))   # the disk is likely still full
+            try:   # the disk is likely still full
+                await asyncio.wait_for(reload.hurry.wait(), self._backoff(stale.run_id))
+            except asyncio.TimeoutError:
+                pass
             while True:
                 try:
                     run = await self._load_journal(stale.run_id)
@@ -92,7 +127,7 @@ class RunReloads:
                     wait = min(wait * 2, longest)
         finally:
             del self.reloading[stale.run_id]
-            done.set_result(None)
+            reload.done.set_result(None)
         if run is None:
             return
         run.waiters += stale.waiters   # callers waiting for its end or its suspension

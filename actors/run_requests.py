@@ -52,15 +52,15 @@ class RunRequests:
             else:
                 fut = self.starting[run_id] = asyncio.get_running_loop().create_future()
                 try:
-                    run = await self._load_run(run_id) if not b.get("new") else None
-                    if run is None:
-                        try:
+                    try:
+                        run = await self._load_run(run_id, write=True) if not b.get("new") else None
+                        if run is None:
                             run = await self._create(b)
-                        except LogWriteError as exc:
-                            self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": run_id, "status": "error",
-                                                                **_refused(exc, "run not started")})
+                            self.bus.reply(msg, Kind.FLOW_RUN, {**run.summary(), "created": True})
                             return
-                        self.bus.reply(msg, Kind.FLOW_RUN, {**run.summary(), "created": True})
+                    except LogWriteError as exc:
+                        self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": run_id, "status": "error",
+                                                            **_refused(exc, "run not started")})
                         return
                 finally:
                     del self.starting[run_id]
@@ -112,7 +112,12 @@ class RunRequests:
         self.bus.reply(msg, Kind.FLOW_RUN, run.summary())
 
     async def on_cancel(self, msg: Message) -> None:
-        run = await self.find(msg.body["run_id"], msg.body["tenant"])
+        try:
+            run = await self.find(msg.body["run_id"], msg.body["tenant"])
+        except LogWriteError as exc:   # on its way back from its journal, and the disk is still full
+            self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": msg.body["run_id"], "status": "error",
+                                                **_refused(exc, "run not cancelled")})
+            return
         if run is None:
             self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": msg.body["run_id"], "status": "unknown", "code": "not_found",
                                                 "error": "no such run"})
@@ -151,7 +156,11 @@ class RunRequests:
 
     async def on_publish(self, msg: Message) -> None:
         b = msg.body
-        run = await self.find(b["run_id"], b["tenant"])
+        try:
+            run = await self.find(b["run_id"], b["tenant"])
+        except LogWriteError as exc:
+            self.bus.reply(msg, Kind.FLOW_ACK, {"ok": False, **_refused(exc, "message not published")})
+            return
         if run is None:
             self.bus.reply(msg, Kind.FLOW_ACK, {"ok": False, "code": "not_found", "error": "no such run"})
             return
@@ -204,7 +213,11 @@ class RunRequests:
         self.bus.reply(msg, Kind.ATTR_VALUES, {"found": True, "values": values})
 
     async def on_attr_update(self, msg: Message) -> None:
-        run = await self.find(msg.body["run_id"], msg.body["tenant"])
+        try:
+            run = await self.find(msg.body["run_id"], msg.body["tenant"])
+        except LogWriteError as exc:
+            self.bus.reply(msg, Kind.ATTR_VALUES, {"found": True, **_refused(exc, "attribute not updated")})
+            return
         if run is None:
             self.bus.reply(msg, Kind.ATTR_VALUES, {"found": False, "code": "not_found", "error": "no such run"})
             return

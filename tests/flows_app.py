@@ -32,6 +32,12 @@ async def five_steps(ctx, args):
     return total
 
 
+async def async_then_sync(ctx, args):
+    """A slow ASYNC step, its result committed after the flow goes on, then a SYNC one."""
+    first = await ctx.step(slow_effect, args["file"], 0, args["delay"], name="slow", durability="async")
+    return first + await ctx.step(slow_effect, args["file"], 1, 0.0, name="quick")
+
+
 async def stamp(path: str, label: str) -> float:
     effect(path, label)
     return time.time()
@@ -230,7 +236,7 @@ def read_raw(q):
     return {"name": q, "bytes": b"\x00\x01"}   # msgpack carries bytes; JSON, what the model reads, does not
 
 
-app = App(flows=[five_steps, sync_then_check, sleeper, waiter, async_steps, with_attrs, parent, child, failing,
+app = App(flows=[five_steps, async_then_sync, sync_then_check, sleeper, waiter, async_steps, with_attrs, parent, child, failing,
                  flaky, branchy, unencodable, returns_bytes, big_steps, sleeps_an_hour, parent_of_sleeper, one_blocking_step, kills_its_worker,
                  stuck_step_then_retry],
           tools=[get_weather, search, read_raw], updates={"incr": incr, "unencodable": unencodable_update})

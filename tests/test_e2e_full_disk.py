@@ -196,3 +196,31 @@ def test_a_step_result_refused_by_a_full_disk_runs_the_flow_on_from_its_journal(
     done = collections.Counter((r["seq"], r["result"]) for r in flow_records(small_disk)
                                if r["run"] == run_id and r["type"] == "step.done")
     assert done == {(n, n * 10): 1 for n in range(5)}, done
+
+
+def test_a_write_to_a_run_on_its_way_back_from_a_full_disk_hears_507(small_disk, tmp_path, make_server, make_worker):
+    """The run's reload waits for what it had appended, here an ASYNC step's result that the full
+    disk keeps refusing. A publish to it once waited with the reload, past its own timeout."""
+    server = make_server()
+    make_worker(server)
+    base = server.url
+    marks = tmp_path / "marks"
+    run_id = start(base, "async_then_sync", {"file": str(marks), "delay": 3.0})[2]["run_id"]
+    wait_until(lambda: (tmp_path / "marks.starts").exists(), 20, "the slow step to start")
+    filler = small_disk / "filler"
+    try:
+        fill(filler)
+        use_up_the_last_page(base)
+        wait_until(lambda: marks.exists() and "step 0" in marks.read_text(), 20, "the slow step's effect")
+        time.sleep(1)   # its result is refused, and so is the next step's start: the run goes back
+        began = time.monotonic()
+        status, _, answer = get_json(f"{base}/v1/runs/{run_id}/channels/inbox", method="POST", body=b'{"message": 1}')
+        assert status == 507 and answer["error"]["code"] == "insufficient_storage", answer
+        assert time.monotonic() - began < 10, "answered after the reload's wait, not the request's timeout"
+        assert get_json(f"{base}/v1/runs/{run_id}")[2]["status"] == "running"   # read from its journal
+        filler.unlink()   # space comes back
+        assert result(base, run_id, timeout=40)["result"] == 10
+    finally:
+        if filler.exists():
+            os.unlink(filler)
+    assert marks.read_text().split() == ["step", "0", "step", "1"]   # the slow step ran once

@@ -1,10 +1,14 @@
 """Recovering open runs after an actor start, with a fake store: what is adopted and what is not."""
 import asyncio
 import logging
+import time
+
+import pytest
 
 from actors.flow_runs import Flows
 from actors.flow_state import Run, apply
 from broker.protocol import Kind, Message
+from storage.log_client import LogWriteError
 
 
 def _records(run_id: str, flow: str) -> list[dict]:
@@ -103,7 +107,6 @@ def test_a_refused_step_result_sends_the_run_back_to_its_journal(monkeypatch):
     though asked for meanwhile), runs again from there, and its old object records nothing more."""
     from actors import run_reloads
     from actors.run_reloads import Stale
-    from storage.log_client import LogWriteError
 
     journal = [{"type": "run.started", "flow": "steps", "exec": 5, "input": {}},
                {"type": "step.started", "seq": 0, "name": "a", "attempt": 1}]
@@ -147,7 +150,7 @@ def test_a_run_coming_back_from_its_journal_is_read_from_the_journal_at_once(mon
         apply(run, {"run": "r-1", "tenant": "t", "at": 0.0, "type": "attr.set", "key": "status", "value": "refused",
                     "seq": -1})
         monkeypatch.setattr(run_reloads, "RELOAD_RETRY_SECS", (30.0, 30.0))   # the disk stays full
-        flows.reload("r-1")
+        flows.reload("r-1", LogWriteError("disk_full", "log write failed: No space left on device"))
         for kind, body, handler in ((Kind.FLOW_GET, {"run_id": "r-1", "tenant": "t", "wait": 5}, flows.on_get),
                                     (Kind.ATTR_GET, {"run_id": "r-1", "tenant": "t"}, flows.on_attr_get)):
             await asyncio.wait_for(handler(Message("gateway/0", kind, 1, 0.0, 0, "r-1", "", body)), 1.0)
@@ -156,5 +159,73 @@ def test_a_run_coming_back_from_its_journal_is_read_from_the_journal_at_once(mon
         assert "r-1" in flows.reloading and "r-1" not in flows.runs
         for task in bus.tasks:
             task.cancel()
+
+    asyncio.run(main())
+
+
+WRITES = {   # a request that writes to a run, and what its refusal looks like in the reply
+    "publish": (Kind.CHANNEL_PUBLISH, {"channel": "inbox", "message": "hi"}, "on_publish", {"ok": False}),
+    "update": (Kind.ATTR_UPDATE, {"key": "n", "handler": "add"}, "on_attr_update", {"found": True}),
+    "cancel": (Kind.FLOW_CANCEL, {}, "on_cancel", {"status": "error"}),
+    "start": (Kind.FLOW_START, {"flow": "steps", "input": {}}, "on_start", {"status": "error"}),
+}
+
+
+class AcceptingLog:
+    def __init__(self) -> None:
+        self.appended: list[dict] = []
+
+    async def append(self, kind, body, session, sync=True):
+        self.appended.append(body)
+
+
+@pytest.mark.parametrize("write", sorted(WRITES))
+def test_a_write_to_a_run_coming_back_while_the_disk_stays_full_hears_the_refusal(monkeypatch, write):
+    """It once waited for the reload, which waits on what the old run appended: while the disk
+    stayed full, until the caller's own timeout."""
+    from actors import run_reloads
+
+    journal = [{"type": "run.started", "flow": "steps", "exec": 5, "input": {}},
+               {"type": "wait", "seq": 0, "name": "wait", "channel": "inbox", "due": 0.0}]
+    kind, fields, handler, refused = WRITES[write]
+
+    async def main():
+        flows, bus, run, loads = live_run(journal, AcceptingLog())
+        run.pending.add(asyncio.get_running_loop().create_future())   # a record the full disk keeps refusing
+        monkeypatch.setattr(run_reloads, "WRITE_WAIT_SECS", 0.2)
+        flows.reload("r-1", LogWriteError("disk_full", "log write failed: No space left on device"))
+        began = time.monotonic()
+        msg = Message("gateway/0", kind, 1, 0.0, 0, "r-1", "", {"run_id": "r-1", "tenant": "t", **fields})
+        await asyncio.wait_for(getattr(flows, handler)(msg), 2.0)
+        (_, _, reply), = bus.sent
+        assert time.monotonic() - began < 1.0
+        assert reply["code"] == "disk_full" and "No space left" in reply["error"], reply
+        assert {k: reply[k] for k in refused} == refused
+        assert "r-1" in flows.reloading and loads == [] and flows.journal_log.appended == []
+        for task in bus.tasks:
+            task.cancel()
+
+    asyncio.run(main())
+
+
+def test_a_write_to_a_run_coming_back_loads_it_now_rather_than_after_the_backoff(monkeypatch):
+    """Space has come back: the write's own record says so, so it need not wait out the backoff."""
+    from actors import run_reloads
+
+    journal = [{"type": "run.started", "flow": "steps", "exec": 5, "input": {}},
+               {"type": "wait", "seq": 0, "name": "wait", "channel": "other", "due": 0.0}]
+
+    async def main():
+        flows, bus, run, loads = live_run(journal, AcceptingLog())
+        monkeypatch.setattr(run_reloads, "RELOAD_RETRY_SECS", (30.0, 30.0))
+        flows.reload("r-1", LogWriteError("disk_full", "log write failed: No space left on device"))
+        msg = Message("gateway/0", Kind.CHANNEL_PUBLISH, 1, 0.0, 0, "r-1", "",
+                      {"run_id": "r-1", "tenant": "t", "channel": "inbox", "message": "hi"})
+        await asyncio.wait_for(flows.on_publish(msg), 2.0)
+        assert bus.sent[-1] == ("gateway/0", Kind.FLOW_ACK, {"ok": True})
+        assert loads == ["r-1"] and "r-1" not in flows.reloading
+        back = flows.runs["r-1"]
+        assert back is not run and list(back.channels["inbox"])[0][1] == "hi"
+        assert [r["type"] for r in flows.journal_log.appended] == ["message"]
 
     asyncio.run(main())
