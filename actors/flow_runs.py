@@ -133,6 +133,8 @@ class Flows(WorkerRequests, RunRequests, RunReloads):
                         continue
                     self.adopted.add(run_id)
                     self.resume(run)
+                    if run.parent:
+                        self.bus.spawn(self.follow_parent(run))
                 break
             except Exception as exc:  # the store may still be starting: keep trying
                 self.log.warning("cannot load open flow runs yet (%s); retrying", exc)

@@ -123,29 +123,59 @@ class RunRequests:
                                                 "error": "no such run"})
             return
         if not run.ended:
-            # The child runs it waits on (they would run on, unheard of) are told first, in the same
-            # loop iteration as the run's end is appended, not once that is durable: an actor that
-            # died in between left them running. An end that did not become durable leaves the run
-            # open, and a retried cancel tells them again.
-            for op in run.ops.values():
-                if op.op == "child" and op.child and not op.done:
-                    self.bus.spawn(self._cancel_child(run, op.child))
-            before = run.status, run.result, run.error, run.ended_at, run.waiting
             try:
-                await self.end(run, "cancelled", error="cancelled by request")
+                await self.cancel(run, "cancelled by request")
             except LogWriteError as exc:
-                run.status, run.result, run.error, run.ended_at, run.waiting = before
                 self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": run.run_id, "status": "error",
                                                     **_refused(exc, "run not cancelled")})
                 return
-            task_id = f"{run.run_id}#{run.exec}"
-            worker = self.run_workers.pop(run.run_id, "")
-            if worker:  # stop its execution now rather than at its next step
-                self.bus.send(worker, Kind.TASK_CANCEL, {"task_id": task_id})
-            # and one this actor has not heard from yet: the scheduler drops the execution if it is
-            # queued, or tells the worker it offered it to (else its step in flight ran to its end)
-            self.bus.send(SCHEDULER, Kind.TASK_CANCEL, {"task_id": task_id})
         self.bus.reply(msg, Kind.FLOW_RUN, run.summary())
+
+    async def cancel(self, run: Run, why: str) -> None:
+        """End the run as cancelled and stop what runs for it: its execution and its children.
+        LogWriteError if its end was refused; the run is then as it was."""
+        # The child runs it waits on (they would run on, unheard of) are told first, in the same
+        # loop iteration as the run's end is appended, not once that is durable: an actor that
+        # died in between left them running. An end that did not become durable leaves the run
+        # open, and a retried cancel tells them again. A child whose actor was down hears of it
+        # when it comes back (`follow_parent`).
+        for op in run.ops.values():
+            if op.op == "child" and op.child and not op.done:
+                self.bus.spawn(self._cancel_child(run, op.child))
+        before = run.status, run.result, run.error, run.ended_at, run.waiting
+        try:
+            await self.end(run, "cancelled", error=why)
+        except LogWriteError:
+            run.status, run.result, run.error, run.ended_at, run.waiting = before
+            raise
+        task_id = f"{run.run_id}#{run.exec}"
+        worker = self.run_workers.pop(run.run_id, "")
+        if worker:  # stop its execution now rather than at its next step
+            self.bus.send(worker, Kind.TASK_CANCEL, {"task_id": task_id})
+        # and one this actor has not heard from yet: the scheduler drops the execution if it is
+        # queued, or tells the worker it offered it to (else its step in flight ran to its end)
+        self.bus.send(SCHEDULER, Kind.TASK_CANCEL, {"task_id": task_id})
+
+    async def follow_parent(self, run: Run) -> None:
+        """A child run recovered after its actor's restart is cancelled if its parent was: the
+        parent's word of it may have come while this actor was down."""
+        for attempt in range(4):
+            try:
+                reply = await self.bus.request(run.parent_actor or actor_name(run.parent, self.shards), Kind.FLOW_GET,
+                                               {"run_id": run.parent, "tenant": run.tenant}, timeout=30.0,
+                                               session=run.parent)
+                break
+            except BusError as exc:
+                error = exc
+                await asyncio.sleep(2 ** attempt)
+        else:
+            self.log.warning("could not ask parent %s whether child %s is to run on: %s", run.parent, run.run_id, error)
+            return
+        if reply.body.get("status") == "cancelled" and not run.ended and not run.stale:
+            try:
+                await self.cancel(run, f"cancelled with its parent {run.parent}")
+            except LogWriteError as exc:
+                self.log.warning("child %s of cancelled run %s not cancelled: %s", run.run_id, run.parent, exc)
 
     async def _cancel_child(self, run: Run, child: str) -> None:
         try:

@@ -185,6 +185,32 @@ def test_failures_children_cancel_and_non_determinism(make_server, make_worker, 
     assert get_json(f"{base}/v1/flows/bad%20name/runs", method="POST", body=b"{}")[0] == 400
 
 
+def test_a_child_whose_actor_was_down_at_its_parents_cancel_is_cancelled_when_the_actor_is_back(make_server,
+                                                                                                   make_worker):
+    """The parent's actor re-sends its word of the cancel to the child's until it answers, but
+    that actor died too: the word was lost with it, and the child once slept on for its hour."""
+    server = make_server()
+    make_worker(server)
+    base = server.url
+    parent = "orphans-parent"
+    kid = next(f"orphan-{n}" for n in range(100) if actor_name(f"orphan-{n}", 2) != actor_name(parent, 2))
+    body = json.dumps({"input": {"child": kid}, "run_id": parent}).encode()
+    assert get_json(f"{base}/v1/flows/parent_of_sleeper/runs", method="POST", body=body)[0] == 201
+    wait_until(lambda: get_json(f"{base}/v1/runs/{kid}")[2].get("status") == "suspended", 20, "the child to sleep")
+    kids_actor = server.pid(actor_name(kid, 2))
+    os.kill(kids_actor, signal.SIGSTOP)
+    try:
+        assert get_json(f"{base}/v1/runs/{parent}:cancel", method="POST")[2]["status"] == "cancelled"
+        time.sleep(0.5)   # the parent's word reaches the stopped actor's socket
+        server.kill9(actor_name(parent, 2))
+    except BaseException:
+        os.kill(kids_actor, signal.SIGCONT)
+        raise
+    server.kill9(actor_name(kid, 2))   # it dies stopped, with the word unread
+    wait_until(lambda: get_json(f"{base}/v1/runs/{kid}")[2].get("status") == "cancelled", 20, "the child's cancel")
+    assert parent in get_json(f"{base}/v1/runs/{kid}")[2]["error"]
+
+
 def test_a_run_cancelled_right_after_its_start_stops_its_step_in_flight(make_server, make_worker, tmp_path):
     """Cancels 0-30 ms after the starts: before the actor has heard which worker runs them, the
     scheduler passes the cancel on, so no step's side effect lands after the cancel was answered

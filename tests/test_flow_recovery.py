@@ -229,3 +229,30 @@ def test_a_write_to_a_run_coming_back_loads_it_now_rather_than_after_the_backoff
         assert [r["type"] for r in flows.journal_log.appended] == ["message"]
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("parent_status", ["running", "suspended", "completed", "unknown", "cancelled"])
+def test_a_recovered_child_is_cancelled_only_if_its_parent_was(parent_status):
+    journal = [{"type": "run.started", "flow": "steps", "exec": 5, "input": {}, "parent": "p-1", "parent_seq": 0,
+                "parent_actor": "actor/1"},
+               {"type": "sleep", "seq": 0, "name": "sleep", "due": time.time() + 3600}]
+
+    async def main():
+        flows, bus, run, _ = live_run(journal, AcceptingLog())
+        asked = []
+
+        async def request(dest, kind, body, **_):
+            asked.append((dest, kind, body))
+            return Message(dest, Kind.FLOW_RUN, 1, 0.0, 0, "p-1", "", {"run_id": "p-1", "status": parent_status})
+
+        bus.request = request
+        await flows.follow_parent(run)
+        assert asked == [("actor/1", Kind.FLOW_GET, {"run_id": "p-1", "tenant": "t"})]
+        return run, flows.journal_log.appended
+
+    run, appended = asyncio.run(main())
+    if parent_status == "cancelled":
+        assert run.status == "cancelled" and "p-1" in run.error
+        assert [(r["type"], r["status"]) for r in appended] == [("run.ended", "cancelled")]
+    else:
+        assert not run.ended and appended == []
