@@ -9,6 +9,7 @@ from pathlib import Path
 from agentos import config as config_mod
 from agentos import service
 from agentos.rundir import RunDir
+from storage.records import RecordKind
 
 
 def _load(args: argparse.Namespace) -> config_mod.Config:
@@ -92,6 +93,19 @@ BENCHMARKS = {
 }
 
 
+def cmd_log(args: argparse.Namespace) -> int:
+    from storage import log_inspect
+
+    wal_root = Path(args.data_dir or _load(args).storage.dir) / "wal"
+    if args.action == "check":
+        return log_inspect.print_check(wal_root)
+    try:
+        return log_inspect.print_dump(wal_root, args.log, args.start, args.kind, args.session, args.limit)
+    except BrokenPipeError:   # `| head`
+        sys.stderr.close()
+        return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     import importlib
     import signal
@@ -143,6 +157,19 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--slots", type=int, default=64, help="tasks run at once (default 64)")
     worker.add_argument("--name", default=None, help="bus name (default worker/HOST-PID)")
     worker.set_defaults(func=cmd_worker)
+    inspect = sub.add_parser("log", help="check or dump the write-ahead logs of a data directory (read-only)")
+    _with_config(inspect)
+    inspect.add_argument("action", choices=("check", "dump"),
+                         help="check: every record whole (exit 1 if not); dump: a JSON line per record")
+    inspect.add_argument("--data-dir", help="the data directory (default: storage.dir of the config)")
+    inspect.add_argument("--log", help="dump: only this log (a directory name under wal/)")
+    inspect.add_argument("--from", dest="start", type=int, default=0, help="dump: from this log position")
+    inspect.add_argument("--kind", action="append", default=[], choices=[k.name for k in RecordKind],
+                         help="dump: only records of this kind (repeatable)")
+    inspect.add_argument("--session", help="dump: only this session's records, or this run's journal "
+                                           "(ids as the server names them: tenant~id for a tenant's)")
+    inspect.add_argument("--limit", type=int, default=0, help="dump: at most this many records")
+    inspect.set_defaults(func=cmd_log)
     bench = sub.add_parser("bench", help="benchmarks: " + ", ".join(BENCHMARKS) + " (--help after the name)")
     bench.add_argument("which", choices=sorted(BENCHMARKS))
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own arguments")

@@ -1,0 +1,105 @@
+"""`agent-os log check` and `agent-os log dump`: the write-ahead logs of a data directory, read offline."""
+import io
+import json
+
+import orjson
+
+from harness import get_json, turn
+from storage import log_inspect, records, segments
+from storage.records import RecordKind
+
+
+def frame(kind: RecordKind, n: int, body: dict) -> bytes:
+    return records.frame(kind, f"id-{n}".encode(), records.encode_body(body))
+
+
+def two_segment_log(wal_root):
+    """Log 0 with a sealed segment and a newest one: events of sessions a and b, then a BLOB."""
+    log = segments.SegmentLog(wal_root / "0", segment_bytes=4096)
+    try:
+        for n in range(12):
+            log.write(frame(RecordKind.EVENT, n, {"session": "ab"[n % 2], "tenant": "default", "turn": "t", "seq": n,
+                                                  "type": "turn.delta", "data": {"text": "x" * 300}, "at": 1.0}),
+                      sync=True)
+        log.write(frame(RecordKind.BLOB, 99, {"session": "a", "tenant": "default", "key": "k", "seq": 1,
+                                              "payload": b"\x00" * 700, "at": 2.0}), sync=True)
+    finally:
+        log.close()
+    found = segments.list_segments(wal_root / "0")
+    assert len(found) >= 2, "the log did not rotate"
+    return found
+
+
+def run(call, *args):
+    out = io.StringIO()
+    code = call(*args, out=out)
+    return code, out.getvalue()
+
+
+def test_check_counts_whole_records_and_tells_a_torn_tail_from_damage(tmp_path):
+    wal = tmp_path / "wal"
+    found = two_segment_log(wal)
+    code, text = run(log_inspect.print_check, wal)
+    assert code == 0, text
+    assert "log 0: " in text and "13 records" in text and "BLOB 1" in text and "EVENT 12" in text
+    assert text.rstrip().endswith("ok: every record whole")
+
+    # Half a record after the newest segment's data: a batch cut short by a crash, which the
+    # writer clears at its next start. Reported, not damage.
+    newest_start, newest = found[-1]
+    end = max(r[4] for r in records.scan(newest.read_bytes()))
+    torn = frame(RecordKind.EVENT, 50, {"session": "a", "at": 3.0})
+    with open(newest, "r+b") as f:
+        f.seek(end)
+        f.write(torn[: len(torn) // 2])
+    code, text = run(log_inspect.print_check, wal)
+    assert code == 0 and f"torn tail: {len(torn) // 2} bytes at position {newest_start + end}" in text, text
+
+    # One flipped byte inside a sealed segment's third record: damage, where it is.
+    sealed_start, sealed = found[0]
+    third = list(records.scan(sealed.read_bytes()))[2]
+    data = bytearray(sealed.read_bytes())
+    data[third[0] + 20] ^= 0xFF
+    sealed.write_bytes(bytes(data))
+    code, text = run(log_inspect.print_check, wal)
+    assert code == 1, text
+    assert f"segment {sealed_start}: damage: " in text and f"at position {sealed_start + third[0]}" in text
+    assert "checksum mismatch" in text and "damaged:" in text
+
+
+def test_dump_writes_a_json_line_per_record_narrowed_by_session_kind_and_position(tmp_path):
+    wal = tmp_path / "wal"
+    two_segment_log(wal)
+    code, text = run(log_inspect.print_dump, wal, None, 0, [], "a", 0)
+    lines = [json.loads(line) for line in text.splitlines()]
+    assert code == 0 and [r["kind"] for r in lines] == ["EVENT"] * 6 + ["BLOB"]
+    assert [r["body"]["seq"] for r in lines[:6]] == [0, 2, 4, 6, 8, 10]
+    assert lines[-1]["body"]["payload"] == {"bytes": 700} and lines[-1]["id"] == "id-99"
+    assert [r["position"] for r in lines] == sorted(r["position"] for r in lines)
+    _, text = run(log_inspect.print_dump, wal, "0", lines[3]["position"], [], None, 2)
+    later = [json.loads(line) for line in text.splitlines()]
+    assert len(later) == 2 and later[0]["position"] == lines[3]["position"] < later[1]["position"]
+    _, text = run(log_inspect.print_dump, wal, None, 0, ["BLOB"], None, 0)
+    assert [json.loads(line)["kind"] for line in text.splitlines()] == ["BLOB"]
+    _, text = run(log_inspect.print_dump, wal, "1", 0, [], None, 0)
+    assert text == ""    # no such log
+
+
+def test_the_cli_checks_and_dumps_a_real_servers_logs(make_server):
+    server = make_server()
+    assert get_json(f"{server.url}/v1/sessions/inspected/checkpoints/k1", method="PUT", body=b"z" * 5000)[0] == 200
+    assert turn(server.url, "inspected", "hello").terminal == "turn.completed"
+    checked = server.cli("log", "check")   # beside the running server
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert server.stop() == 0
+    checked = server.cli("log", "check")
+    assert checked.returncode == 0 and "ok: every record whole" in checked.stdout, checked.stdout + checked.stderr
+    dumped = server.cli("log", "dump", "--session", "inspected", "--kind", "BLOB")
+    blobs = [orjson.loads(line) for line in dumped.stdout.splitlines()]
+    assert [(b["body"]["key"], b["body"]["payload"]) for b in blobs] == [("k1", {"bytes": 5000})], dumped.stderr
+    dumped = server.cli("log", "dump", "--session", "inspected", "--kind", "EVENT", "--kind", "FLOW")
+    found = [orjson.loads(line) for line in dumped.stdout.splitlines()]
+    events = [r["body"]["type"] for r in found if r["kind"] == "EVENT"]
+    assert events[0] == "turn.started" and events[-1] == "turn.completed", events
+    journal = [r["body"]["type"] for r in found if r["kind"] == "FLOW"]   # the turn's run
+    assert journal[0] == "run.started" and journal[-1] == "run.ended", journal
