@@ -178,13 +178,14 @@ SPECS: dict[Kind, Spec] = {
     Kind.LOG_APPEND: _spec({"records": list}, sync=bool),  # sync: someone waits for this ack
     Kind.LOG_ACK: _spec({"position": int, "count": int}),
     Kind.LOG_FLUSHED: _spec({"writer": int, "position": int}, count=int),
-    # query: messages, events, checkpoint_chain, blob_latest, blob_filter, flow_records, open_runs,
-    # expired_runs, count, log_ends (see storage/store_queries.py `QUERIES`);
+    # query: messages, events, sessions (`session`: the cursor, the id to list after), checkpoint_chain,
+    # blob_latest, blob_filter, flow_records, open_runs, expired_runs, count, log_ends (see
+    # storage/store_queries.py `QUERIES`);
     # `sync`: answer once the store has loaded everything in the logs now; `sync_to` ([[log, position],
     # ...]): once it has loaded that far (a reader that knows what it has not seen yet).
     Kind.STORE_QUERY: _spec({"query": str, "session": str}, tenant=str, turn=str, after=int, limit=int,
                             sync=bool, sync_to=list),
-    Kind.STORE_ROWS: _spec({"rows": list}, next_after=int, error=str),
+    Kind.STORE_ROWS: _spec({"rows": list}, next_after=(int, str), error=str),   # a position, or a session id
     # Delete the rows of these runs (their retention is over and the log no longer has them).
     Kind.STORE_PURGE: _spec({"runs": list}),
     # Where log `writer` holds, in [start, end), an external checkpoint older than its session's

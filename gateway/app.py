@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 import uuid
 
@@ -26,20 +25,12 @@ from gateway import openapi
 from gateway.flows import FlowRoutes
 from gateway.history import LATEST_ROUTE, PUT_ROUTE, HistoryRoutes
 from gateway.streams import TurnStream
-from gateway.tenancy import DEFAULT_TENANT, internal
+from gateway.tenancy import DEFAULT_TENANT, SESSION_ID, check_session_id, internal
 from storage.log_client import LogClient
 from storage.log_writer import LogWriter
 
-SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
 KEEPALIVE_SECS = 15.0
 MAX_FAILED_PROBES = 6
-
-
-def check_session_id(sid: str) -> str:
-    if not SESSION_ID.match(sid):
-        raise ApiError(400, "invalid_session_id",
-                       "session id must be 1-128 characters of letters, digits and . _ : - (starting alphanumeric)")
-    return sid
 
 
 class SseResponse(web.StreamResponse):
@@ -80,6 +71,7 @@ class Gateway:
     def routes(self) -> list[web.RouteDef]:
         return [
             web.post("/v1/sessions", self.new_session),
+            web.get("/v1/sessions", self.history.list_sessions),
             web.delete("/v1/sessions/{sid}", self.history.close_session),
             web.post("/v1/sessions/{sid}/turns", self.post_turn),
             web.delete("/v1/sessions/{sid}/turns/current", self.cancel_turn),

@@ -28,10 +28,9 @@ import orjson
 
 from gateway import access
 from gateway.answer_polling import AnswerPolling
-from gateway.app import check_session_id
 from gateway.errors import ApiError, error_body
 from gateway.history import LATEST_ROUTE, PUT_ROUTE, check_key
-from gateway.tenancy import internal
+from gateway.tenancy import check_session_id, internal
 
 if TYPE_CHECKING:
     from gateway.app import Gateway

@@ -20,6 +20,7 @@ from broker.protocol import Kind
 from broker.sharding import STORE, actor_name
 from gateway.errors import LOG_WRITE_ERRORS, ApiError, json_response
 from gateway.latest_checkpoints import UNPLACED, Checkpoint, LatestCheckpoints
+from gateway.tenancy import check_session_id, external, internal
 from storage.bloom import BloomFilter
 from storage.log_client import LogWriteError
 from storage.records import RecordKind
@@ -105,6 +106,18 @@ class HistoryRoutes:
         if reply.body.get("error"):
             raise ApiError(503, "storage_unavailable", reply.body["error"])
         return reply.body
+
+    async def list_sessions(self, request: web.Request) -> web.Response:
+        """The tenant's sessions that hold a transcript or a checkpoint, a page at a time by id."""
+        tenant = self.gw.tenant_of(request)
+        after = request.query.get("after", "")
+        cursor = internal(tenant, check_session_id(after)) if after else ""
+        body = await self._query({"query": "sessions", "session": cursor, "tenant": tenant, "sync": True,
+                                  "limit": _int_param(request, "limit", 100, 1, 1000)})
+        nxt = body.get("next_after")
+        return json_response({"sessions": [{**row, "session_id": external(tenant, row["session_id"])}
+                                           for row in body["rows"]],
+                              "next_after": external(tenant, nxt) if nxt else None})
 
     async def get_messages(self, request: web.Request) -> web.Response:
         tenant, sid, external_sid = self.gw.session_of(request)

@@ -75,6 +75,12 @@ SCHEMAS: dict[str, Any] = {
                   "properties": {"input": {"type": "string", "minLength": 1, "maxLength": 200000}}},
     "Cancelled": {"type": "object", "required": ["cancelled", "turn_id"],
                   "properties": {"cancelled": {"const": True}, "turn_id": {"type": "string"}}},
+    "Sessions": {"type": "object", "required": ["sessions", "next_after"],
+                 "properties": {"next_after": {"type": ["string", "null"]},
+                                "sessions": {"type": "array", "items": {
+                                    "type": "object", "required": ["session_id", "messages", "first_at", "last_at"],
+                                    "properties": {"session_id": {"type": "string"}, "messages": {"type": "integer"},
+                                                   "first_at": {"type": "number"}, "last_at": {"type": "number"}}}}}},
     "Messages": {"type": "object", "required": ["session_id", "messages"],
                  "properties": {"session_id": {"type": "string"}, "next_after": {"type": ["integer", "null"]},
                                 "messages": {"type": "array", "items": {"type": "object", "required": ["index", "role"],
@@ -106,7 +112,13 @@ SCHEMAS: dict[str, Any] = {
 
 PATHS: dict[str, dict] = {
     "/v1/sessions": {"post": {"summary": "A new session id", "responses": {
-        "201": {"description": "created", "content": _json(_ref("Session"))}, **_errors(401)}}},
+        "201": {"description": "created", "content": _json(_ref("Session"))}, **_errors(401)}},
+                     "get": {"summary": "The sessions that hold a transcript or a checkpoint, by id",
+                             "parameters": [_param("after", ID, "query", False,
+                                                   "cursor: the sessions after this id"), LIMIT],
+                             "responses": {"200": {"description": "a page of sessions",
+                                                   "content": _json(_ref("Sessions"))},
+                                           **_errors(400, 401, 503)}}},
     "/v1/sessions/{sid}/turns": {"post": {
         "summary": "Run a turn: the reply streams back as Server-Sent Events", "parameters": [SID],
         "requestBody": {"required": True, "content": _json(_ref("TurnInput"))},

@@ -10,9 +10,19 @@ from __future__ import annotations
 
 import re
 
+from gateway.errors import ApiError
+
 DEFAULT_TENANT = "default"
 SEPARATOR = "~"
 TENANT_NAME = re.compile(r"^[A-Za-z0-9._\-]{1,64}$")
+SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
+
+
+def check_session_id(sid: str) -> str:
+    if not SESSION_ID.match(sid):
+        raise ApiError(400, "invalid_session_id",
+                       "session id must be 1-128 characters of letters, digits and . _ : - (starting alphanumeric)")
+    return sid
 
 
 def internal(tenant: str, external_id: str) -> str:

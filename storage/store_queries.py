@@ -88,6 +88,20 @@ class StoreQueries:
                for lsn, turn_id, seq, kind, data, at in rows[:limit]]
         return out, (out[-1]["cursor"] if len(rows) > limit else None)
 
+    def q_sessions(self, session, tenant, turn, after, limit):
+        """The tenant's sessions that hold a transcript or an external checkpoint, by id, after
+        `session` ('' = from the first): how many messages each has, its first and last record's time."""
+        clause, args = self._tenant_clause(tenant)
+        rows = self.cursors["messages"].execute(
+            "SELECT session, sum(n), min(first), max(last) FROM ("
+            "SELECT session, count(*) AS n, min(ts) AS first, max(ts) AS last FROM messages WHERE session > ?"
+            + clause + " GROUP BY session UNION ALL "
+            "SELECT session, 0, min(ts), max(ts) FROM checkpoints WHERE session > ?" + clause + " GROUP BY session"
+            ") GROUP BY session ORDER BY session LIMIT ?", [session, *args, session, *args, limit + 1]).fetchall()
+        out = [{"session_id": sid, "messages": int(n), "first_at": first, "last_at": last}
+               for sid, n, first, last in rows[:limit]]
+        return out, (out[-1]["session_id"] if len(rows) > limit else None)
+
     def q_checkpoint_chain(self, session, tenant, turn, after, limit):
         """The last full snapshot of an agent session and the deltas after it, in order."""
         if f"agent:{session}" not in self.checkpointed:
@@ -202,7 +216,7 @@ SUPERSEDED = (
     "AND session IN (SELECT session FROM seg) GROUP BY session) "
     "SELECT seg.lsn FROM seg JOIN newest ON seg.session = newest.session WHERE seg.seq < newest.seq")
 
-QUERIES = {"messages": StoreQueries.q_messages, "events": StoreQueries.q_events,
+QUERIES = {"messages": StoreQueries.q_messages, "events": StoreQueries.q_events, "sessions": StoreQueries.q_sessions,
            "checkpoint_chain": StoreQueries.q_checkpoint_chain, "blob_latest": StoreQueries.q_blob_latest,
            "blob_filter": StoreQueries.q_blob_filter,
            "count": StoreQueries.q_count, "flow_records": StoreQueries.q_flow_records,

@@ -61,6 +61,41 @@ def test_keys_tenants_and_isolation(make_server, make_worker):
     assert get_json(f"{base}/v1/runs/order-1", headers=ACME)[2]["flow"] == "waiter"
 
 
+def test_a_tenant_lists_its_own_sessions_a_page_at_a_time(make_server):
+    server = make_server({"auth": {"api_keys": {"key-acme": "acme", "key-globex": "globex"}}})
+    base = server.url
+
+    def listed(headers, query=""):
+        status, _, body = get_json(f"{base}/v1/sessions{query}", headers=headers)
+        assert status == 200, body
+        return body
+
+    for sid in ("b-chat", "a-chat"):
+        assert turn(base, sid, f"hello {sid}", headers=ACME).terminal == "turn.completed"
+    assert get_json(f"{base}/v1/sessions/c-ckpt/checkpoints/k", method="PUT", body=b"state", headers=ACME)[0] == 200
+    assert turn(base, "a-chat", "globex's own", headers=GLOBEX).terminal == "turn.completed"
+    assert turn(base, "z-globex", "only globex", headers=GLOBEX).terminal == "turn.completed"
+
+    page = listed(ACME)
+    assert [s["session_id"] for s in page["sessions"]] == ["a-chat", "b-chat", "c-ckpt"] and page["next_after"] is None
+    transcript = get_json(f"{base}/v1/sessions/a-chat/messages", headers=ACME)[2]["messages"]
+    first = page["sessions"][0]
+    assert first["messages"] == len(transcript) >= 2 and first["first_at"] <= first["last_at"]
+    assert page["sessions"][2]["messages"] == 0    # a checkpoint, no transcript
+    assert [s["session_id"] for s in listed(GLOBEX)["sessions"]] == ["a-chat", "z-globex"]
+
+    one = listed(ACME, "?limit=2")
+    assert [s["session_id"] for s in one["sessions"]] == ["a-chat", "b-chat"] and one["next_after"] == "b-chat"
+    two = listed(ACME, "?limit=2&after=b-chat")
+    assert [s["session_id"] for s in two["sessions"]] == ["c-ckpt"] and two["next_after"] is None
+
+    assert get_json(f"{base}/v1/sessions/b-chat", method="DELETE", headers=ACME)[0] == 204
+    assert [s["session_id"] for s in listed(ACME)["sessions"]] == ["a-chat", "c-ckpt"]   # closed: gone at once
+    assert get_json(f"{base}/v1/sessions?after=no%20spaces", headers=ACME)[0] == 400
+    assert get_json(f"{base}/v1/sessions?limit=0", headers=ACME)[0] == 400
+    assert get_json(f"{base}/v1/sessions")[0] == 401
+
+
 def test_a_tenants_share_of_the_gate_does_not_starve_others(make_server):
     server = make_server({"auth": {"api_keys": {"key-acme": "acme", "key-globex": "globex"}},
                           "kernel": {"max_in_flight_turns": 10, "max_in_flight_turns_per_tenant": 1}})
