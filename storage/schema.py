@@ -28,6 +28,10 @@ messages.db
       moves a segment's live payloads to another and NULLs those columns of its other rows.
       Once the log's compaction has dropped a superseded 'blob' record, its row goes too
       (`StoreDeletions.forget_superseded`, storage/store_deletions.py).
+  session_summary(session, tenant, messages, first_at, last_at)
+      a row per session with rows here: its message count and the time of its first and last
+      messages or checkpoints row, merged in each batch's transaction (storage/session_summary.py;
+      it bounds the session's reads to the row groups of its life)
   payload_file(generation)
       older versions only: which single file held the payloads (messages.payloads, or
       messages.payloads.<n>); it becomes payload segment 0 when the store opens

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
+from storage import session_summary
 from storage.records import RecordKind
 
 if TYPE_CHECKING:
@@ -144,6 +145,7 @@ class SessionClosing:
             if db == "messages" and places:
                 con.executemany("INSERT INTO closed_records VALUES (?, ?, ?)",
                                 [[session, w, lsn] for lsn, w in sorted(set(places))])
+                session_summary.recompute(con, session)   # from what the id holds after the close, if anything
             con.execute("COMMIT")
         except Exception:
             con.execute("ROLLBACK")

@@ -19,7 +19,7 @@ import duckdb
 import msgpack
 
 from agentos import metrics, native_memory
-from storage import payload_segments, records, schema, segments, session_closing
+from storage import payload_segments, records, schema, segments, session_closing, session_summary
 from storage.bloom import BloomFilter
 from storage.duck_memory import MemoryLimit
 from storage.jsonl_events import JsonlEvents
@@ -91,6 +91,9 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
             con = self._connect(db)
             for ddl in ddls:
                 con.execute(ddl)
+            if db == "messages" and session_summary.create(con):   # a file from before it
+                with self.memory[db].raised(con):   # an aggregate of every session at once
+                    self.log.info("session summary built from the rows: %d sessions", session_summary.fill(con))
             self.conns[db] = con
             self.cursors[db] = con.cursor()
             self.pass_cursors[db] = con.cursor()
@@ -272,13 +275,15 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
             return 0
         if "checkpoints" in rows:
             rows["checkpoints"] = self._payloads_out(rows["checkpoints"])
+        summary = session_summary.merge_statement(rows.get("messages", ()), rows.get("checkpoints", ()))
         started = time.monotonic()
         try:
             self.payloads.loader.sync()   # before the rows that point into it commit
             for db in self.conns:
                 tables = {t: r for t, r in rows.items() if schema.TABLE_DB.get(t, schema.BOOK_TABLE_DB.get(t)) == db}
                 if tables or positions[db]:
-                    self._commit_with_jsonl(db, tables, positions[db], db in big, events_for_jsonl)
+                    self._commit_with_jsonl(db, tables, positions[db], db in big, events_for_jsonl,
+                                            summary if db == "messages" else None)
                     if db == "messages":   # at once: a retry after another file's failure skips these rows
                         self._note_newest(rows.get("checkpoints", ()), first_blobs)
         except Exception:
@@ -343,10 +348,10 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
         return max(MIN_DB_MEMORY_MB, self.memory_limit_mb // len(schema.DATABASES))
 
     def _commit_with_jsonl(self, db: str, tables: dict[str, list[tuple]], positions: dict[int, int], big: bool,
-                           events: list[dict]) -> None:
+                           events: list[dict], statement: tuple[str, list] | None = None) -> None:
         """`_commit`, with the batch's event lines in the JSONL copy first (storage/jsonl_events.py)."""
         if db != "events" or not events or self.jsonl is None:
-            self._commit(db, tables, positions, big)
+            self._commit(db, tables, positions, big, statement)
         else:
             self.jsonl.write_then(events, lambda statement: self._commit(db, tables, positions, big, statement))
 
@@ -361,6 +366,8 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
         self.progress[db].update(positions)
 
     def _append(self, db: str, tables: dict[str, list[tuple]], statement: tuple[str, list] | None = None) -> None:
+        """The tables' rows and `statement` (the JSONL copy's progress, the session summary's merge)
+        in one transaction."""
         con = self.conns[db]
         con.execute("BEGIN TRANSACTION")
         try:

@@ -1,0 +1,209 @@
+"""What a session's reads cost as messages.db grows: with the session summary, and as before it.
+
+Owns: a write-ahead log of agent sessions built in a scratch directory (real records, as session
+actors write them), loaded by writer/store's own loader (`storage.store.Store`) twice — with the
+session summary (storage/session_summary.py), and with its merge left out — and then, on the
+first of those files, each read the HTTP API makes, timed through `Store.query` beside the same
+read as it was before the summary, on the same file and cursor: the listing's old aggregate
+(kept here), the other reads with no bounds on `ts`:
+- `sessions`: a page of 100 of `GET /v1/sessions` (from a random session id on);
+- `messages`: a page of `GET /v1/sessions/{sid}/messages` of a random session;
+- `checkpoint_chain`: what a session actor reads to load a session (after TTL eviction or a restart).
+The log is written in waves: `--concurrent` sessions live at a time, each taking `--turns` turns of
+two messages in round robin, then the next wave starts, as a server's sessions come and go.
+Never does: start a server (it times the store's loader and queries, in this process).
+
+    python -m bench.session_reads [--sessions 2000,20000] [--turns 50] [--concurrent 1000] [--name NAME]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import math
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+from unittest import mock
+
+from bench.results import ResultsDir, markdown_table, pyplot
+from storage import records, segments, session_summary
+from storage.records import RecordKind
+from storage.store import Store
+
+READS = 60                 # of each kind, per scale and path
+MEMORY_LIMIT_MB = 64       # writer/store's default (storage.duckdb_memory_limit_mb)
+PAGE = 100
+
+# Listing sessions as it was before the summary (29d9f58), for the baseline: an aggregate of every
+# row of the tenant. The transcript and chain reads before it are today's without `_lifetime` (`unbounded`).
+LIST_BEFORE = ("SELECT session, sum(n), min(first), max(last) FROM ("
+               "SELECT session, count(*) AS n, min(ts) AS first, max(ts) AS last FROM messages WHERE session > ? "
+               "AND tenant = ? GROUP BY session UNION ALL "
+               "SELECT session, 0, min(ts), max(ts) FROM checkpoints WHERE session > ? AND tenant = ? GROUP BY session"
+               ") GROUP BY session ORDER BY session LIMIT ?")
+
+
+@contextlib.contextmanager
+def unbounded(self, session: str, tenant: str | None) -> Iterator[tuple[float, float]]:
+    """`Store._lifetime` as reads were before the summary: no transaction, no lookup, no bounds."""
+    yield -math.inf, math.inf
+
+
+def session_id(n: int) -> str:
+    """Ids in no order of their start, like uuid4s or names a client picks: ids that rise with time
+    would let DuckDB skip row groups by the session column's own min/max."""
+    return "sess-" + hashlib.blake2b(n.to_bytes(8, "little"), digest_size=8).hexdigest()
+
+
+def build(wal: Path, sessions: int, turns: int, concurrent: int) -> int:
+    """The log; returns how many records it holds."""
+    log = segments.SegmentLog(wal, segment_bytes=64 << 20, preallocate=False, spares=0)
+    clock, count = 1_000_000.0, 0
+    for wave in range(0, sessions, concurrent):
+        members = range(wave, min(sessions, wave + concurrent))
+        for turn in range(turns):
+            frames = []
+            for n in members:
+                clock += 0.001
+                first = 2 * turn
+                messages = [{"role": "user", "content": f"question {turn} of {n}"},
+                            {"role": "assistant", "content": f"an answer of about this length to question {turn}"}]
+                frames.append(records.frame(RecordKind.CHECKPOINT, b"", records.encode_body({
+                    "session": session_id(n), "tenant": "t", "turn": f"turn-{turn}", "seq": turn + 1,
+                    "full": turn == 0, "first": first, "messages": messages, "at": clock})))
+            log.write(frames, sync=False)
+            count += len(frames)
+    log.close()
+    return count
+
+
+def load(data: Path, summary: bool) -> tuple[Store, float]:
+    store = Store(data, writers=1, memory_limit_mb=MEMORY_LIMIT_MB)
+    started = time.perf_counter()
+    store.open()
+    if summary:
+        store.load_all()
+    else:
+        with mock.patch.object(session_summary, "merge_statement", lambda messages, checkpoints: None):
+            store.load_all()
+    return store, time.perf_counter() - started
+
+
+def reads(store: Store, sessions: int, rng: random.Random) -> list[dict]:
+    cursor = store.cursors["messages"]
+    picks = [session_id(rng.randrange(sessions)) for _ in range(READS)]
+    rows = []
+    for kind in ("sessions", "messages", "checkpoint_chain"):
+        times: dict[str, list[float]] = {"summary": [], "before": []}
+        answered = {"summary": 0, "before": 0}
+        for i, sid in enumerate(picks):
+            # the two paths in turns, each first every other time: the machine's drift hits both alike
+            for path in (("summary", "before") if i % 2 else ("before", "summary")):
+                if kind == "sessions" and path == "before":
+                    call = lambda: cursor.execute(LIST_BEFORE, [sid, "t", sid, "t", PAGE + 1]).fetchall()   # noqa: E731
+                else:
+                    call = lambda: store.query(kind, sid, "t", limit=PAGE)[0]   # noqa: E731
+                with (mock.patch.object(Store, "_lifetime", unbounded) if path == "before" else contextlib.nullcontext()):
+                    started = time.perf_counter()
+                    answered[path] += bool(call())
+                    times[path].append((time.perf_counter() - started) * 1000)
+        for path in ("summary", "before"):
+            rows.append({"read": kind, "path": path, "p50_ms": round(statistics.median(times[path]), 2),
+                         "p99_ms": round(sorted(times[path])[int(len(times[path]) * 0.99) - 1], 2),
+                         "reads": len(times[path]), "answered": answered[path]})
+    return rows
+
+
+def summary_text(rows: list[dict], loads: list[dict], config: dict) -> str:
+    reads_table = markdown_table(
+        ["sessions", "message rows", "read", "path", "p50 ms", "p99 ms", "reads", "non-empty"],
+        [(r["sessions"], r["message_rows"], r["read"], r["path"], r["p50_ms"], r["p99_ms"], r["reads"], r["answered"])
+         for r in rows])
+    loads_table = markdown_table(
+        ["sessions", "records", "with the summary s", "without s", "ratio"],
+        [(r["sessions"], r["records"], r["with_secs"], r["without_secs"], r["ratio"]) for r in loads])
+    return (f"# A session's reads as messages.db grows\n\n"
+            f"Agent sessions of {config['turns']} turns of two messages, {config['concurrent']} alive at a time, "
+            f"in one log, loaded by writer/store's loader at its default memory limit "
+            f"({MEMORY_LIMIT_MB} MB, one DuckDB thread). `summary`: the reads through `Store.query` "
+            f"(storage/session_summary.py); `before`: as they were before it, on the same file and cursor (the "
+            f"listing's aggregate of every row of the tenant; the others with no bounds on `ts`). "
+            f"{READS} reads of each, of random sessions (a `sessions` read is a page of {PAGE} from a random "
+            f"id on).\n\n{reads_table}\n\nThe loader, with the summary's merge in each batch and without "
+            f"(the whole log from an empty file, open included):\n\n{loads_table}\n")
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4))
+    for ax, kind in zip(axes, ("sessions", "messages", "checkpoint_chain")):
+        for way in ("before", "summary"):
+            mine = [r for r in rows if r["read"] == kind and r["path"] == way]
+            ax.plot([r["message_rows"] for r in mine], [r["p50_ms"] for r in mine], marker="o", label=way)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("message rows in messages.db")
+        ax.set_ylabel("p50 (ms)")
+        ax.set_title(kind)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.session_reads", description=__doc__.split("\n")[0])
+    p.add_argument("--sessions", default="2000,20000", help="session counts, comma-separated")
+    p.add_argument("--turns", type=int, default=50)
+    p.add_argument("--concurrent", type=int, default=1000, help="sessions alive at a time")
+    p.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
+    p.add_argument("--name", default="session-reads", help="results folder name")
+    args = p.parse_args(argv)
+    counts = [int(c) for c in args.sessions.split(",")]
+    config = {"sessions": counts, "turns": args.turns, "concurrent": args.concurrent, "reads": READS,
+              "memory_limit_mb": MEMORY_LIMIT_MB,
+              "command": " ".join(["python -m bench.session_reads", *(argv if argv is not None else sys.argv[1:])])}
+    results = ResultsDir(args.name)
+    results.write_config(config)
+    scratch = Path(tempfile.mkdtemp(prefix="bench-session-reads-", dir=args.dir))
+    rows, loads = [], []
+    try:
+        for count in counts:
+            wal = scratch / "log"
+            written = build(wal / "0", count, args.turns, args.concurrent)
+            timings = {}
+            for summary in (False, True):
+                data = scratch / ("with" if summary else "without")
+                shutil.copytree(wal, data / "wal")
+                store, timings[summary] = load(data, summary)
+                if summary:
+                    (message_rows,) = store.cursors["messages"].execute("SELECT count(*) FROM messages").fetchone()
+                    for row in reads(store, count, random.Random(count)):
+                        row.update(sessions=count, message_rows=message_rows)
+                        print(row, flush=True)
+                        rows.append(row)
+                store.close()
+                shutil.rmtree(data)
+            shutil.rmtree(wal)
+            loads.append({"sessions": count, "records": written, "with_secs": round(timings[True], 1),
+                          "without_secs": round(timings[False], 1),
+                          "ratio": round(timings[True] / timings[False], 2)})
+            print(loads[-1], flush=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    results.write_rows(rows)
+    results.write_rows(loads, "loads.jsonl")
+    results.write_summary(summary_text(rows, loads, config))
+    plot(rows, results.figure_path("reads_p50.png"))
+    print(f"results: {results.path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

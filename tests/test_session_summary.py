@@ -1,0 +1,124 @@
+"""The session summary (storage/session_summary.py): what `GET /v1/sessions` lists, and the bounds
+on a session's transcript and checkpoint reads. It stays exact across batches, restarts, closes
+and a file made before it; the reads it bounds still return every row."""
+import duckdb
+
+from storage import records, segments, session_summary
+from storage.records import RecordKind
+from storage.store import Store
+from test_session_close import agent, blob, close, hello, write
+
+
+def logs(tmp_path):
+    return [segments.SegmentLog(tmp_path / "wal" / str(i), segment_bytes=1 << 20) for i in range(2)]
+
+
+def opened(tmp_path):
+    store = Store(tmp_path, writers=2, memory_limit_mb=64)
+    store.open()
+    store.load_all()
+    return store
+
+
+def listed(store, tenant=None):
+    rows, _ = store.query("sessions", "", tenant, limit=1000)
+    return {r["session_id"]: (r["messages"], r["first_at"], r["last_at"]) for r in rows}
+
+
+def by_scan(store):
+    """What the summary must say, aggregated from every row."""
+    rows = store.conns["messages"].execute(
+        "SELECT session, sum(n), min(f), max(l) FROM (SELECT session, count(*) n, min(ts) f, max(ts) l FROM messages "
+        "WHERE session <> '' GROUP BY session UNION ALL SELECT session, 0, min(ts), max(ts) FROM checkpoints "
+        "WHERE session <> '' GROUP BY session) GROUP BY session").fetchall()
+    return {s: (int(n), f, last) for s, n, f, last in rows}
+
+
+def grow(log, session, turns, start_at, first_seq=1):
+    """`turns` full snapshots of a growing agent transcript, one second apart."""
+    for t in range(turns):
+        seq = first_seq + t
+        write(log, [(RecordKind.CHECKPOINT, records.encode_body({
+            "session": session, "tenant": "t", "turn": f"turn{seq}", "seq": seq, "full": True, "first": 0,
+            "new_from": 2 * (seq - 1), "messages": hello(2 * seq), "at": start_at + t}))])
+
+
+def test_the_summary_counts_every_batch_once_across_restarts_and_lists_a_tenants_sessions(tmp_path):
+    actors, gateway = logs(tmp_path)
+    grow(actors, "a", 3, 100.0)
+    write(gateway, [(RecordKind.BLOB, blob("ext", 1, at=50.0))])
+    store = opened(tmp_path)
+    assert listed(store) == {"a": (6, 100.0, 102.0), "ext": (0, 50.0, 50.0)} == by_scan(store)
+    grow(actors, "a", 2, 200.0, first_seq=4)     # a later batch adds to the same row
+    write(gateway, [(RecordKind.BLOB, blob("ext", 2, at=60.0))])
+    write(actors, [(RecordKind.CHECKPOINT, records.encode_body({
+        "session": "other", "tenant": "u", "turn": "x", "seq": 1, "full": True, "first": 0,
+        "messages": hello(1), "at": 70.0}))])
+    store.load_all()
+    expected = {"a": (10, 100.0, 201.0), "ext": (0, 50.0, 60.0), "other": (1, 70.0, 70.0)}
+    assert listed(store) == expected == by_scan(store)
+    assert set(listed(store, "t")) == {"a", "ext"} and set(listed(store, "u")) == {"other"}
+    store.close()
+    again = opened(tmp_path)   # nothing merged twice
+    assert listed(again) == expected
+    assert [m["index"] for m in again.query("messages", "a", "t")[0]] == list(range(10))
+    assert again.query("messages", "a", "u")[0] == []   # another tenant's session reads as empty
+    again.close()
+    for log in (actors, gateway):
+        log.close()
+
+
+def test_a_close_leaves_only_what_the_id_holds_after_it(tmp_path):
+    actors, gateway = logs(tmp_path)
+    grow(actors, "gone", 2, 10.0)
+    grow(actors, "reused", 2, 10.0)
+    write(gateway, [(RecordKind.CLOSE, close("gone", [[0, actors.end], [1, gateway.end]])),
+                    (RecordKind.CLOSE, close("reused", [[0, actors.end], [1, gateway.end]]))])
+    write(actors, [(RecordKind.CHECKPOINT, agent("reused", 1, hello(1), at=30.0))])   # the id used again
+    store = opened(tmp_path)
+    assert listed(store) == {"reused": (1, 30.0, 30.0)} == by_scan(store)
+    assert [m["content"] for m in store.query("messages", "reused")[0]] == ["hello 0"]
+    store.close()
+    for log in (actors, gateway):
+        log.close()
+
+
+def test_a_file_made_before_the_summary_gets_one_when_it_opens(tmp_path):
+    actors, gateway = logs(tmp_path)
+    grow(actors, "a", 3, 100.0)
+    write(gateway, [(RecordKind.BLOB, blob("ext", 1, at=50.0))])
+    store = opened(tmp_path)
+    expected = listed(store)
+    store.close()
+    with duckdb.connect(str(tmp_path / "db" / "messages.db")) as con:
+        con.execute(f"DROP TABLE {session_summary.TABLE}")
+    again = opened(tmp_path)
+    assert listed(again) == expected == by_scan(again)
+    assert len(again.query("checkpoint_chain", "a")[0]) == 1 and again.query("blob_latest", "ext")[0]
+    again.close()
+    for log in (actors, gateway):
+        log.close()
+
+
+def test_reads_bounded_by_a_sessions_life_return_all_its_rows_among_many_row_groups(tmp_path):
+    """300,000 rows of other sessions before, between and after the session's: its transcript, its
+    chain and its latest external checkpoint read back whole, and a session never written reads empty."""
+    actors, gateway = logs(tmp_path)
+    store = opened(tmp_path)
+    con = store.conns["messages"]
+    con.execute("INSERT INTO messages SELECT 'filler-' || (i % 1000), 't', i // 1000, 'u', 'user', 'x', NULL, "
+                "i / 1000.0, 0, -1 FROM range(300000) r(i)")   # at 0-300 s, row groups of their own
+    grow(actors, "a", 2, 150.0)                  # its life lies inside the filler's
+    write(gateway, [(RecordKind.BLOB, blob("a", 1, at=151.5))])
+    store.load_all()
+    con.execute("INSERT INTO messages SELECT 'filler-' || (i % 1000), 't', 1000 + i, 'u', 'user', 'x', NULL, "
+                "400 + i / 1000.0, 0, -1 FROM range(200000) r(i)")
+    store.close()
+    store = opened(tmp_path)   # nothing in memory knows where its newest external checkpoint lies
+    assert [m["content"] for m in store.query("messages", "a", "t")[0]] == [f"hello {i}" for i in range(4)]
+    assert [(c["seq"], len(c["messages"])) for c in store.query("checkpoint_chain", "a", "t")[0]] == [(2, 4)]
+    assert store.query("blob_latest", "a", "t")[0][0]["key"] == "k1"
+    assert store.query("messages", "never", "t")[0] == [] and store.query("messages", "a", "u")[0] == []
+    store.close()
+    for log in (actors, gateway):
+        log.close()
