@@ -148,6 +148,7 @@ def plot(rows: list[dict], path: Path) -> None:
             ax.plot([r["message_rows"] for r in mine], [r["p50_ms"] for r in mine], marker="o", label=way)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.tick_params(which="minor", labelbottom=False, labelleft=False)   # they overlap
         ax.set_xlabel("message rows in messages.db")
         ax.set_ylabel("p50 (ms)")
         ax.set_title(kind)
