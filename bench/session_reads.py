@@ -90,7 +90,7 @@ def load(data: Path, summary: bool) -> tuple[Store, float]:
     if summary:
         store.load_all()
     else:
-        with mock.patch.object(session_summary, "merge_statement", lambda messages, checkpoints: None):
+        with mock.patch.object(session_summary, "merge_statement", lambda db, rows: None):
             store.load_all()
     return store, time.perf_counter() - started
 

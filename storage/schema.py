@@ -9,6 +9,8 @@ projects at least one row into its file). Times are UNIX seconds (DOUBLE).
 events.db
   events(session, tenant, turn, seq, type, data JSON text, ts, writer, lsn)
       turn lifecycle (turn.started, step.completed, turn.completed / failed / cancelled)
+  session_summary(session, tenant, counted, first_at, last_at)
+      as in messages.db, of the events (`counted`: how many)
   jsonl_progress(path, bytes)
       with `storage.jsonl_dir` set: where events.jsonl ended after the last batch this file
       took, updated in that batch's transaction (storage/jsonl_events.py); one row at most
@@ -28,10 +30,10 @@ messages.db
       moves a segment's live payloads to another and NULLs those columns of its other rows.
       Once the log's compaction has dropped a superseded 'blob' record, its row goes too
       (`StoreDeletions.forget_superseded`, storage/store_deletions.py).
-  session_summary(session, tenant, messages, first_at, last_at)
-      a row per session with rows here: its message count and the time of its first and last
-      messages or checkpoints row, merged in each batch's transaction (storage/session_summary.py;
-      it bounds the session's reads to the row groups of its life)
+  session_summary(session, tenant, counted, first_at, last_at)
+      a row per session with rows here: its message count (`counted`) and the time of its first
+      and last messages or checkpoints row, merged in each batch's transaction
+      (storage/session_summary.py; it bounds the session's reads to the row groups of its life)
   payload_file(generation)
       older versions only: which single file held the payloads (messages.payloads, or
       messages.payloads.<n>); it becomes payload segment 0 when the store opens

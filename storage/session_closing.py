@@ -145,7 +145,8 @@ class SessionClosing:
             if db == "messages" and places:
                 con.executemany("INSERT INTO closed_records VALUES (?, ?, ?)",
                                 [[session, w, lsn] for lsn, w in sorted(set(places))])
-                session_summary.recompute(con, session)   # from what the id holds after the close, if anything
+            if count:
+                session_summary.recompute(con, db, session)   # from what the id holds after the close, if anything
             con.execute("COMMIT")
         except Exception:
             con.execute("ROLLBACK")

@@ -91,9 +91,10 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
             con = self._connect(db)
             for ddl in ddls:
                 con.execute(ddl)
-            if db == "messages" and session_summary.create(con):   # a file from before it
+            if db in session_summary.SOURCES and session_summary.create(con):   # a file from before it
                 with self.memory[db].raised(con):   # an aggregate of every session at once
-                    self.log.info("session summary built from the rows: %d sessions", session_summary.fill(con))
+                    self.log.info("%s.db: session summary built from the rows: %d sessions", db,
+                                  session_summary.fill(con, db))
             self.conns[db] = con
             self.cursors[db] = con.cursor()
             self.pass_cursors[db] = con.cursor()
@@ -275,7 +276,7 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
             return 0
         if "checkpoints" in rows:
             rows["checkpoints"] = self._payloads_out(rows["checkpoints"])
-        summary = session_summary.merge_statement(rows.get("messages", ()), rows.get("checkpoints", ()))
+        summaries = {db: session_summary.merge_statement(db, rows) for db in session_summary.SOURCES}
         started = time.monotonic()
         try:
             self.payloads.loader.sync()   # before the rows that point into it commit
@@ -283,7 +284,7 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
                 tables = {t: r for t, r in rows.items() if schema.TABLE_DB.get(t, schema.BOOK_TABLE_DB.get(t)) == db}
                 if tables or positions[db]:
                     self._commit_with_jsonl(db, tables, positions[db], db in big, events_for_jsonl,
-                                            summary if db == "messages" else None)
+                                            [summaries[db]] if summaries.get(db) else [])
                     if db == "messages":   # at once: a retry after another file's failure skips these rows
                         self._note_newest(rows.get("checkpoints", ()), first_blobs)
         except Exception:
@@ -348,26 +349,27 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
         return max(MIN_DB_MEMORY_MB, self.memory_limit_mb // len(schema.DATABASES))
 
     def _commit_with_jsonl(self, db: str, tables: dict[str, list[tuple]], positions: dict[int, int], big: bool,
-                           events: list[dict], statement: tuple[str, list] | None = None) -> None:
+                           events: list[dict], statements: list[tuple[str, list]]) -> None:
         """`_commit`, with the batch's event lines in the JSONL copy first (storage/jsonl_events.py)."""
         if db != "events" or not events or self.jsonl is None:
-            self._commit(db, tables, positions, big, statement)
+            self._commit(db, tables, positions, big, statements)
         else:
-            self.jsonl.write_then(events, lambda statement: self._commit(db, tables, positions, big, statement))
+            self.jsonl.write_then(events, lambda statement: self._commit(db, tables, positions, big,
+                                                                         [*statements, statement]))
 
     def _commit(self, db: str, tables: dict[str, list[tuple]], positions: dict[int, int], big: bool,
-                statement: tuple[str, list] | None = None) -> None:
+                statements: list[tuple[str, list]] = ()) -> None:
         if big:   # raised up front: the COMMIT's autocheckpoint pins the value's block too, and its
             # failure is fatal to the file, not an error to retry (storage/duck_memory.py)
             with self.memory[db].raised(self.conns[db]):
-                self._append(db, tables, statement)
+                self._append(db, tables, statements)
         else:
-            self.memory[db].run(self.conns[db], lambda: self._append(db, tables, statement))
+            self.memory[db].run(self.conns[db], lambda: self._append(db, tables, statements))
         self.progress[db].update(positions)
 
-    def _append(self, db: str, tables: dict[str, list[tuple]], statement: tuple[str, list] | None = None) -> None:
-        """The tables' rows and `statement` (the JSONL copy's progress, the session summary's merge)
-        in one transaction."""
+    def _append(self, db: str, tables: dict[str, list[tuple]], statements: list[tuple[str, list]] = ()) -> None:
+        """The tables' rows and `statements` (the session summary's merge, the JSONL copy's
+        progress) in one transaction."""
         con = self.conns[db]
         con.execute("BEGIN TRANSACTION")
         try:
@@ -375,7 +377,7 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
                 appender = con.appender(table)
                 appender.append_rows(table_rows)
                 appender.flush()
-            if statement is not None:
+            for statement in statements:
                 con.execute(*statement)
             con.execute("COMMIT")
         except Exception:

@@ -63,12 +63,13 @@ class StoreQueries:
         return (" AND tenant = ?", [tenant]) if tenant else ("", [])
 
     @contextlib.contextmanager
-    def _lifetime(self, session: str, tenant: str | None) -> Iterator[tuple[float, float] | None]:
-        """The session's (first, last) row time, None if it has no rows; inside a read transaction
-        on messages.db, so the block's reads see the rows the summary counted. Bounds on `ts` let
-        DuckDB skip the row groups from outside the session's life (storage/session_summary.py).
-        Two statements, not one with the bounds as subqueries: those cost 2 ms more at 1M rows."""
-        cursor = self.cursors["messages"]
+    def _lifetime(self, session: str, tenant: str | None, db: str = "messages") -> Iterator[tuple[float, float] | None]:
+        """The session's (first, last) row time in file `db`, None if it has no rows there; inside a
+        read transaction on that file, so the block's reads see the rows the summary counted. Bounds
+        on `ts` let DuckDB skip the row groups from outside the session's life
+        (storage/session_summary.py). Two statements, not one with the bounds as subqueries: those
+        cost 2 ms more at 1M rows."""
+        cursor = self.cursors[db]
         cursor.execute("BEGIN TRANSACTION")
         try:
             yield session_summary.span(cursor, session, tenant)
@@ -96,9 +97,12 @@ class StoreQueries:
         if turn:
             clause += " AND turn = ?"
             args.append(turn)
-        rows = self.cursors["events"].execute(
-            "SELECT lsn, turn, seq, type, data, ts FROM events WHERE session = ? AND lsn > ?" + clause +
-            " ORDER BY lsn LIMIT ?", [session, after, *args, limit + 1]).fetchall()
+        with self._lifetime(session, tenant, "events") as span:
+            if span is None:
+                return [], None
+            rows = self.cursors["events"].execute(
+                "SELECT lsn, turn, seq, type, data, ts FROM events WHERE session = ? AND ts >= ? AND ts <= ? AND lsn > ?"
+                + clause + " ORDER BY lsn LIMIT ?", [session, *span, after, *args, limit + 1]).fetchall()
         out = [{"cursor": lsn, "turn_id": turn_id, "seq": seq, "type": kind,
                 "data": orjson.loads(data) if data else None, "at": at}
                for lsn, turn_id, seq, kind, data, at in rows[:limit]]

@@ -1,12 +1,12 @@
 """The session summary (storage/session_summary.py): what `GET /v1/sessions` lists, and the bounds
-on a session's transcript and checkpoint reads. It stays exact across batches, restarts, closes
+on a session's transcript, checkpoint and event reads. It stays exact across batches, restarts, closes
 and a file made before it; the reads it bounds still return every row."""
 import duckdb
 
 from storage import records, segments, session_summary
 from storage.records import RecordKind
 from storage.store import Store
-from test_session_close import agent, blob, close, hello, write
+from test_session_close import agent, blob, close, event, hello, write
 
 
 def logs(tmp_path):
@@ -72,12 +72,17 @@ def test_a_close_leaves_only_what_the_id_holds_after_it(tmp_path):
     actors, gateway = logs(tmp_path)
     grow(actors, "gone", 2, 10.0)
     grow(actors, "reused", 2, 10.0)
+    write(actors, [(RecordKind.EVENT, event("reused", 0, at=10.5))])
     write(gateway, [(RecordKind.CLOSE, close("gone", [[0, actors.end], [1, gateway.end]])),
                     (RecordKind.CLOSE, close("reused", [[0, actors.end], [1, gateway.end]]))])
-    write(actors, [(RecordKind.CHECKPOINT, agent("reused", 1, hello(1), at=30.0))])   # the id used again
+    write(actors, [(RecordKind.CHECKPOINT, agent("reused", 1, hello(1), at=30.0)),   # the id used again
+                   (RecordKind.EVENT, event("reused", 1, at=31.0))])
     store = opened(tmp_path)
     assert listed(store) == {"reused": (1, 30.0, 30.0)} == by_scan(store)
     assert [m["content"] for m in store.query("messages", "reused")[0]] == ["hello 0"]
+    assert [e["seq"] for e in store.query("events", "reused")[0]] == [1]
+    assert store.conns["events"].execute(f"SELECT session, counted, first_at, last_at FROM {session_summary.TABLE}"
+                                         ).fetchall() == [("reused", 1, 31.0, 31.0)]
     store.close()
     for log in (actors, gateway):
         log.close()
@@ -86,15 +91,18 @@ def test_a_close_leaves_only_what_the_id_holds_after_it(tmp_path):
 def test_a_file_made_before_the_summary_gets_one_when_it_opens(tmp_path):
     actors, gateway = logs(tmp_path)
     grow(actors, "a", 3, 100.0)
+    write(actors, [(RecordKind.EVENT, event("a", i, at=100.0 + i)) for i in range(3)])
     write(gateway, [(RecordKind.BLOB, blob("ext", 1, at=50.0))])
     store = opened(tmp_path)
     expected = listed(store)
     store.close()
-    with duckdb.connect(str(tmp_path / "db" / "messages.db")) as con:
-        con.execute(f"DROP TABLE {session_summary.TABLE}")
+    for db in ("messages", "events"):
+        with duckdb.connect(str(tmp_path / "db" / f"{db}.db")) as con:
+            con.execute(f"DROP TABLE {session_summary.TABLE}")
     again = opened(tmp_path)
     assert listed(again) == expected == by_scan(again)
     assert len(again.query("checkpoint_chain", "a")[0]) == 1 and again.query("blob_latest", "ext")[0]
+    assert [e["seq"] for e in again.query("events", "a")[0]] == [0, 1, 2]
     again.close()
     for log in (actors, gateway):
         log.close()
@@ -102,22 +110,30 @@ def test_a_file_made_before_the_summary_gets_one_when_it_opens(tmp_path):
 
 def test_reads_bounded_by_a_sessions_life_return_all_its_rows_among_many_row_groups(tmp_path):
     """300,000 rows of other sessions before, between and after the session's: its transcript, its
-    chain and its latest external checkpoint read back whole, and a session never written reads empty."""
+    chain, its latest external checkpoint and its events read back whole, and a session never
+    written reads empty."""
     actors, gateway = logs(tmp_path)
     store = opened(tmp_path)
     con = store.conns["messages"]
     con.execute("INSERT INTO messages SELECT 'filler-' || (i % 1000), 't', i // 1000, 'u', 'user', 'x', NULL, "
                 "i / 1000.0, 0, -1 FROM range(300000) r(i)")   # at 0-300 s, row groups of their own
+    events = store.conns["events"]
+    events.execute("INSERT INTO events SELECT 'filler-' || (i % 1000), 't', 'u', i, 'x', NULL, i / 1000.0, 0, -1 "
+                   "FROM range(300000) r(i)")
     grow(actors, "a", 2, 150.0)                  # its life lies inside the filler's
+    write(actors, [(RecordKind.EVENT, event("a", i, at=150.0 + i / 2)) for i in range(3)])
     write(gateway, [(RecordKind.BLOB, blob("a", 1, at=151.5))])
     store.load_all()
     con.execute("INSERT INTO messages SELECT 'filler-' || (i % 1000), 't', 1000 + i, 'u', 'user', 'x', NULL, "
                 "400 + i / 1000.0, 0, -1 FROM range(200000) r(i)")
+    events.execute("INSERT INTO events SELECT 'filler-' || (i % 1000), 't', 'u', i, 'x', NULL, 400 + i / 1000.0, "
+                   "0, -1 FROM range(200000) r(i)")
     store.close()
     store = opened(tmp_path)   # nothing in memory knows where its newest external checkpoint lies
     assert [m["content"] for m in store.query("messages", "a", "t")[0]] == [f"hello {i}" for i in range(4)]
     assert [(c["seq"], len(c["messages"])) for c in store.query("checkpoint_chain", "a", "t")[0]] == [(2, 4)]
     assert store.query("blob_latest", "a", "t")[0][0]["key"] == "k1"
+    assert [e["seq"] for e in store.query("events", "a", "t")[0]] == [0, 1, 2]
     assert store.query("messages", "never", "t")[0] == [] and store.query("messages", "a", "u")[0] == []
     store.close()
     for log in (actors, gateway):
