@@ -2,15 +2,17 @@
 
 Owns: a write-ahead log of agent sessions built in a scratch directory (real records, as session
 actors write them), loaded by writer/store's own loader (`storage.store.Store`) twice — with the
-session summary (storage/session_summary.py), and with its merge left out — and then, on the
+session summary (storage/session_summary.py), and with no sums taken at all — and then, on the
 first of those files, each read the HTTP API makes, timed through `Store.query` beside the same
 read as it was before the summary, on the same file and cursor: the listing's old aggregate
 (kept here), the other reads with no bounds on `ts`:
 - `sessions`: a page of 100 of `GET /v1/sessions` (from a random session id on);
 - `messages`: a page of `GET /v1/sessions/{sid}/messages` of a random session;
-- `checkpoint_chain`: what a session actor reads to load a session (after TTL eviction or a restart).
+- `checkpoint_chain`: what a session actor reads to load a session (after TTL eviction or a restart);
+- `events`: a page of `GET /v1/sessions/{sid}/events` (events.db, which has its own summary).
 The log is written in waves: `--concurrent` sessions live at a time, each taking `--turns` turns of
-two messages in round robin, then the next wave starts, as a server's sessions come and go.
+two messages and an event in round robin, then the next wave starts, as a server's sessions come
+and go.
 Never does: start a server (it times the store's loader and queries, in this process).
 
     python -m bench.session_reads [--sessions 2000,20000] [--turns 50] [--concurrent 1000] [--name NAME]
@@ -39,6 +41,7 @@ from storage.store import Store
 READS = 60                 # of each kind, per scale and path
 MEMORY_LIMIT_MB = 64       # writer/store's default (storage.duckdb_memory_limit_mb)
 PAGE = 100
+KINDS = ("sessions", "messages", "checkpoint_chain", "events")
 
 # Listing sessions as it was before the summary (29d9f58), for the baseline: an aggregate of every
 # row of the tenant. The transcript and chain reads before it are today's without `_lifetime` (`unbounded`).
@@ -50,7 +53,7 @@ LIST_BEFORE = ("SELECT session, sum(n), min(first), max(last) FROM ("
 
 
 @contextlib.contextmanager
-def unbounded(self, session: str, tenant: str | None) -> Iterator[tuple[float, float]]:
+def unbounded(self, session: str, tenant: str | None, db: str = "messages") -> Iterator[tuple[float, float]]:
     """`Store._lifetime` as reads were before the summary: no transaction, no lookup, no bounds."""
     yield -math.inf, math.inf
 
@@ -77,6 +80,9 @@ def build(wal: Path, sessions: int, turns: int, concurrent: int) -> int:
                 frames.append(records.frame(RecordKind.CHECKPOINT, b"", records.encode_body({
                     "session": session_id(n), "tenant": "t", "turn": f"turn-{turn}", "seq": turn + 1,
                     "full": turn == 0, "first": first, "messages": messages, "at": clock})))
+                frames.append(records.frame(RecordKind.EVENT, b"", records.encode_body({
+                    "session": session_id(n), "tenant": "t", "turn": f"turn-{turn}", "seq": 1,
+                    "type": "turn.completed", "data": {"completion_tokens": 8}, "at": clock})))
             log.write(frames, sync=False)
             count += len(frames)
     log.close()
@@ -89,8 +95,9 @@ def load(data: Path, summary: bool) -> tuple[Store, float]:
     store.open()
     if summary:
         store.load_all()
+        store.merge_summaries(force=True)   # what a second more of loading would do
     else:
-        with mock.patch.object(session_summary, "merge_statement", lambda db, rows: None):
+        with mock.patch.object(session_summary.Pending, "stage", lambda self, rows: None):
             store.load_all()
     return store, time.perf_counter() - started
 
@@ -99,7 +106,7 @@ def reads(store: Store, sessions: int, rng: random.Random) -> list[dict]:
     cursor = store.cursors["messages"]
     picks = [session_id(rng.randrange(sessions)) for _ in range(READS)]
     rows = []
-    for kind in ("sessions", "messages", "checkpoint_chain"):
+    for kind in KINDS:
         times: dict[str, list[float]] = {"summary": [], "before": []}
         answered = {"summary": 0, "before": 0}
         for i, sid in enumerate(picks):
@@ -129,20 +136,21 @@ def summary_text(rows: list[dict], loads: list[dict], config: dict) -> str:
         ["sessions", "records", "with the summary s", "without s", "ratio"],
         [(r["sessions"], r["records"], r["with_secs"], r["without_secs"], r["ratio"]) for r in loads])
     return (f"# A session's reads as messages.db grows\n\n"
-            f"Agent sessions of {config['turns']} turns of two messages, {config['concurrent']} alive at a time, "
+            f"Agent sessions of {config['turns']} turns of two messages and an event, {config['concurrent']} alive at a time, "
             f"in one log, loaded by writer/store's loader at its default memory limit "
             f"({MEMORY_LIMIT_MB} MB, one DuckDB thread). `summary`: the reads through `Store.query` "
             f"(storage/session_summary.py); `before`: as they were before it, on the same file and cursor (the "
             f"listing's aggregate of every row of the tenant; the others with no bounds on `ts`). "
             f"{READS} reads of each, of random sessions (a `sessions` read is a page of {PAGE} from a random "
-            f"id on).\n\n{reads_table}\n\nThe loader, with the summary's merge in each batch and without "
+            f"id on).\n\n{reads_table}\n\nThe loader, with the summary (each batch's sums kept, merged once a second "
+            f"and once at the end) and without "
             f"(the whole log from an empty file, open included):\n\n{loads_table}\n")
 
 
 def plot(rows: list[dict], path: Path) -> None:
     plt = pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(12, 4))
-    for ax, kind in zip(axes, ("sessions", "messages", "checkpoint_chain")):
+    fig, axes = plt.subplots(1, len(KINDS), figsize=(4 * len(KINDS), 4))
+    for ax, kind in zip(axes, KINDS):
         for way in ("before", "summary"):
             mine = [r for r in rows if r["read"] == kind and r["path"] == way]
             ax.plot([r["message_rows"] for r in mine], [r["p50_ms"] for r in mine], marker="o", label=way)

@@ -46,7 +46,7 @@ def parse_upto(raw: str | list) -> dict[int, int]:
 
 class SessionClosing:
     """Mixed into Store (storage/store.py): needs `conns`, `pass_cursors`, `loaded`, `loading`, `log`,
-    `closing`, `pending_closes` and `newest`."""
+    `closing`, `pending_closes`, `newest` and `merge_summaries`."""
 
     conns: dict[str, "duckdb.DuckDBPyConnection"]
     loaded: dict[int, int]
@@ -108,6 +108,7 @@ class SessionClosing:
         messages.db deletions, so the log's compaction can find them whatever else fails."""
         if not ends:
             return 0
+        self.merge_summaries(force=True)   # before a row is recomputed from the rows: no sum of them pending
         cond = " OR ".join("(writer = ? AND lsn < ?)" for _ in ends)
         args = [v for pair in ends.items() for v in pair]
         events = self.conns["events"].execute(

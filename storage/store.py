@@ -81,6 +81,8 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
         self.newest = NewestBlobs()   # where each session's newest external checkpoint lies
         self.closing: dict[str, dict[int, int]] = {}   # see storage/session_closing.py
         self.pending_closes: list[tuple[str, dict[int, int], int, int]] = []
+        self.summary_pending = {db: session_summary.Pending(db) for db in session_summary.SOURCES}
+        self.summary_merged = time.monotonic()
 
     # -- opening --------------------------------------------------------------------------
 
@@ -91,10 +93,6 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
             con = self._connect(db)
             for ddl in ddls:
                 con.execute(ddl)
-            if db in session_summary.SOURCES and session_summary.create(con):   # a file from before it
-                with self.memory[db].raised(con):   # an aggregate of every session at once
-                    self.log.info("%s.db: session summary built from the rows: %d sessions", db,
-                                  session_summary.fill(con, db))
             self.conns[db] = con
             self.cursors[db] = con.cursor()
             self.pass_cursors[db] = con.cursor()
@@ -105,6 +103,12 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
                         last[db][writer] = max(last[db].get(writer, -1), lsn)
             # Records before this position are in the file (the one at `lsn` itself included).
             self.progress[db] = {w: lsn + 1 for w, lsn in last[db].items()}
+            if db in session_summary.SOURCES:
+                with self.memory[db].raised(con):   # in a file from before it: an aggregate of every session
+                    built, merged = session_summary.open_summary(con, db, self.progress[db])
+                if built or merged:
+                    self.log.info("%s.db: session summary %s: %d sessions", db,
+                                  "built from the rows" if built else "caught up with the rows", merged)
         if self.jsonl is not None:
             self.jsonl.open_with(self.conns["events"])
         # in pieces: a million sessions' names at once would hold a few hundred MB for a moment
@@ -180,6 +184,12 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
         return ends
 
     def close(self) -> None:
+        if self.conns:
+            try:   # spares the next open summing them again
+                with self.loading:
+                    self.merge_summaries(force=True)
+            except Exception as exc:
+                self.log.warning("session summaries not merged at close (the next open sums them): %s", exc)
         for cur in [*self.cursors.values(), *self.pass_cursors.values()]:
             cur.close()
         for con in self.conns.values():
@@ -227,7 +237,29 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
 
     def load_once(self) -> int:
         with self.loading:
-            return self._load_once()
+            count = self._load_once()
+            self.merge_summaries()
+            return count
+
+    def merge_summaries(self, force: bool = False) -> None:
+        """Merge the sessions' pending sums into each file's summary, at most once a
+        MERGE_EVERY_SECS unless `force` (storage/session_summary.py). Holding the loader's lock.
+        A failure keeps them pending for the next time."""
+        if not force and time.monotonic() - self.summary_merged < session_summary.MERGE_EVERY_SECS:
+            return
+        self.summary_merged = time.monotonic()
+        for db, pending in self.summary_pending.items():
+            if not pending.kept:
+                continue
+            con = self.conns[db]
+            try:
+                self.memory[db].run(con, lambda: pending.merge(con, dict(self.progress[db])))
+            except duckdb.FatalException:
+                raise
+            except Exception as exc:   # DuckDB trouble (memory, a full disk): the sums stay pending
+                self.log.warning("merging the session summary of %s.db failed; will retry: %s", db, exc)
+                if force:
+                    raise
 
     def _load_once(self) -> int:
         rows: dict[str, list[tuple]] = {}
@@ -276,18 +308,22 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
             return 0
         if "checkpoints" in rows:
             rows["checkpoints"] = self._payloads_out(rows["checkpoints"])
-        summaries = {db: session_summary.merge_statement(db, rows) for db in session_summary.SOURCES}
+        for db, pending in self.summary_pending.items():
+            pending.stage(rows)   # before the commit: a reader may see the rows as soon as it is done
         started = time.monotonic()
         try:
             self.payloads.loader.sync()   # before the rows that point into it commit
             for db in self.conns:
                 tables = {t: r for t, r in rows.items() if schema.TABLE_DB.get(t, schema.BOOK_TABLE_DB.get(t)) == db}
                 if tables or positions[db]:
-                    self._commit_with_jsonl(db, tables, positions[db], db in big, events_for_jsonl,
-                                            [summaries[db]] if summaries.get(db) else [])
+                    self._commit_with_jsonl(db, tables, positions[db], db in big, events_for_jsonl)
+                    if db in self.summary_pending:
+                        self.summary_pending[db].committed()
                     if db == "messages":   # at once: a retry after another file's failure skips these rows
                         self._note_newest(rows.get("checkpoints", ()), first_blobs)
         except Exception:
+            for pending in self.summary_pending.values():
+                pending.discard()   # its file did not take the batch (those that did kept theirs)
             for writer, start in starts.items():
                 self.readers[writer].position = start  # re-read; files already committed skip by progress
             if not self._committed(positions["messages"]):
@@ -349,13 +385,12 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
         return max(MIN_DB_MEMORY_MB, self.memory_limit_mb // len(schema.DATABASES))
 
     def _commit_with_jsonl(self, db: str, tables: dict[str, list[tuple]], positions: dict[int, int], big: bool,
-                           events: list[dict], statements: list[tuple[str, list]]) -> None:
+                           events: list[dict]) -> None:
         """`_commit`, with the batch's event lines in the JSONL copy first (storage/jsonl_events.py)."""
         if db != "events" or not events or self.jsonl is None:
-            self._commit(db, tables, positions, big, statements)
+            self._commit(db, tables, positions, big)
         else:
-            self.jsonl.write_then(events, lambda statement: self._commit(db, tables, positions, big,
-                                                                         [*statements, statement]))
+            self.jsonl.write_then(events, lambda statement: self._commit(db, tables, positions, big, [statement]))
 
     def _commit(self, db: str, tables: dict[str, list[tuple]], positions: dict[int, int], big: bool,
                 statements: list[tuple[str, list]] = ()) -> None:
@@ -368,8 +403,7 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
         self.progress[db].update(positions)
 
     def _append(self, db: str, tables: dict[str, list[tuple]], statements: list[tuple[str, list]] = ()) -> None:
-        """The tables' rows and `statements` (the session summary's merge, the JSONL copy's
-        progress) in one transaction."""
+        """The tables' rows and `statements` (the JSONL copy's progress) in one transaction."""
         con = self.conns[db]
         con.execute("BEGIN TRANSACTION")
         try:

@@ -22,7 +22,7 @@ T = TypeVar("T")
 
 class StoreQueries:
     """Needs: `cursors`, `pass_cursors` and `memory` (one per DuckDB file), `passing`, `payloads`,
-    `checkpointed`, `newest` and `loaded` of a Store."""
+    `checkpointed`, `newest`, `loaded` and `summary_pending` of a Store."""
 
     def query(self, name: str, session: str, tenant: str | None = None, turn: str | None = None,
               after: int = -1, limit: int = 100) -> tuple[list[dict[str, Any]], int | None]:
@@ -69,10 +69,15 @@ class StoreQueries:
         on `ts` let DuckDB skip the row groups from outside the session's life
         (storage/session_summary.py). Two statements, not one with the bounds as subqueries: those
         cost 2 ms more at 1M rows."""
+        pending = self.summary_pending[db].span(session, tenant)   # before the table (session_summary.Pending)
         cursor = self.cursors[db]
         cursor.execute("BEGIN TRANSACTION")
         try:
-            yield session_summary.span(cursor, session, tenant)
+            merged = session_summary.span(cursor, session, tenant)
+            if merged is None or pending is None:
+                yield merged or pending
+            else:
+                yield min(merged[0], pending[0]), max(merged[1], pending[1])
         finally:
             cursor.execute("ROLLBACK")   # read only
 
@@ -111,7 +116,8 @@ class StoreQueries:
     def q_sessions(self, session, tenant, turn, after, limit):
         """The tenant's sessions that hold a transcript or an external checkpoint, by id, after
         `session` ('' = from the first): how many messages each has, its first and last record's time."""
-        rows = session_summary.page(self.cursors["messages"], session, tenant, limit + 1)
+        rows = session_summary.page(self.cursors["messages"], self.summary_pending["messages"], session, tenant,
+                                    limit + 1)
         out = [{"session_id": sid, "messages": int(n), "first_at": first, "last_at": last}
                for sid, n, first, last in rows[:limit]]
         return out, (out[-1]["session_id"] if len(rows) > limit else None)

@@ -81,6 +81,7 @@ def test_a_close_leaves_only_what_the_id_holds_after_it(tmp_path):
     assert listed(store) == {"reused": (1, 30.0, 30.0)} == by_scan(store)
     assert [m["content"] for m in store.query("messages", "reused")[0]] == ["hello 0"]
     assert [e["seq"] for e in store.query("events", "reused")[0]] == [1]
+    store.merge_summaries(force=True)
     assert store.conns["events"].execute(f"SELECT session, counted, first_at, last_at FROM {session_summary.TABLE}"
                                          ).fetchall() == [("reused", 1, 31.0, 31.0)]
     store.close()
@@ -136,5 +137,44 @@ def test_reads_bounded_by_a_sessions_life_return_all_its_rows_among_many_row_gro
     assert [e["seq"] for e in store.query("events", "a", "t")[0]] == [0, 1, 2]
     assert store.query("messages", "never", "t")[0] == [] and store.query("messages", "a", "u")[0] == []
     store.close()
+    for log in (actors, gateway):
+        log.close()
+
+
+def crash(store):
+    """Gone without its close: DuckDB keeps what was committed, the sums in memory are lost."""
+    for cursor in [*store.cursors.values(), *store.pass_cursors.values()]:
+        cursor.close()
+    for con in store.conns.values():
+        con.close()
+    store.payloads.close()
+
+
+def merged_rows(store, db="messages"):
+    return {s: (n, f, last) for s, n, f, last in store.conns[db].execute(
+        f"SELECT session, counted, first_at, last_at FROM {session_summary.TABLE}").fetchall()}
+
+
+def test_sums_not_yet_merged_are_read_and_a_crash_before_their_merge_loses_none(tmp_path, monkeypatch):
+    monkeypatch.setattr(session_summary, "MERGE_EVERY_SECS", 3600.0)   # no merge but those forced
+    actors, gateway = logs(tmp_path)
+    grow(actors, "a", 2, 100.0)
+    store = opened(tmp_path)
+    assert merged_rows(store) == {}                              # pending, yet read
+    assert listed(store) == {"a": (4, 100.0, 101.0)} == by_scan(store)
+    assert len(store.query("messages", "a", "t")[0]) == 4
+    store.merge_summaries(force=True)
+    assert merged_rows(store) == {"a": (4, 100.0, 101.0)}
+    grow(actors, "a", 1, 200.0, first_seq=3)                    # after the merge: pending again
+    write(actors, [(RecordKind.EVENT, event("b", 0, at=300.0))])
+    write(gateway, [(RecordKind.BLOB, blob("c", 1, at=50.0))])
+    store.load_all()
+    expected = {"a": (6, 100.0, 200.0), "c": (0, 50.0, 50.0)}
+    assert listed(store) == expected and [e["seq"] for e in store.query("events", "b")[0]] == [0]
+    crash(store)
+    again = opened(tmp_path)   # sums the rows past the last merge again, and only those
+    assert merged_rows(again) == expected == by_scan(again) == listed(again)
+    assert merged_rows(again, "events") == {"b": (1, 300.0, 300.0)}
+    again.close()
     for log in (actors, gateway):
         log.close()
