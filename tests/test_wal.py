@@ -82,6 +82,29 @@ def test_one_read_goes_on_across_small_segments_until_its_budget_is_used(tmp_pat
     log.close()
 
 
+def sized(size: int) -> bytes:
+    """A record `size` bytes long in all."""
+    return records.frame(RecordKind.EVENT, b"", b"x" * (size - 10))
+
+
+@pytest.mark.parametrize("preallocate", [False, True])
+def test_a_read_whose_first_look_ends_on_a_records_end_reads_on(tmp_path, preallocate):
+    """A reader's first look at a segment is FIRST_READ bytes. When a record ended exactly there,
+    that was taken for the end of the data: a sealed segment's remaining records were skipped
+    (never loaded into DuckDB), and `log_end` fell short of the newest segment's end."""
+    lead = [sized(1024) for _ in range(segments.FIRST_READ // 1024)]   # ends exactly at FIRST_READ
+    tail = [sized(700) for _ in range(40)]
+    sealed_bytes = sum(map(len, lead + tail))
+    log = segments.SegmentLog(tmp_path, segment_bytes=sealed_bytes + 100, preallocate=preallocate)
+    log.write(lead + tail, sync=True)
+    log.write(lead + tail, sync=True)                  # a second segment: the first is sealed
+    assert len(segments.list_segments(tmp_path)) == 2
+    got = segments.SegmentReader(tmp_path, 0).read(8 << 20)
+    assert len(got) == 2 * (len(lead) + len(tail)) and got[-1][4] == log.end
+    assert segments.log_end(tmp_path) == log.end == segments.log_end(tmp_path, sealed_bytes)
+    log.close()
+
+
 def test_records_a_reader_returned_stay_whole_when_it_reads_again_into_the_same_buffer(tmp_path):
     log = segments.SegmentLog(tmp_path, segment_bytes=1 << 20)
     data = frames(20, size=3000)
