@@ -191,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
                 data = scratch / ("with" if summary else "without")
                 shutil.copytree(wal, data / "wal")
                 store, timings[summary] = load(data, summary)
+                if store.stats["records"] != written:   # a reader that skips records (it did once)
+                    raise RuntimeError(f"the loader read {store.stats['records']:,} of the {written:,} records written")
                 if summary:
                     (message_rows,) = store.cursors["messages"].execute("SELECT count(*) FROM messages").fetchone()
                     for row in reads(store, count, random.Random(count)):
