@@ -3,21 +3,9 @@ on a session's transcript, checkpoint and event reads. It stays exact across bat
 and a file made before it; the reads it bounds still return every row."""
 import duckdb
 
-from storage import records, segments, session_summary
+from storage import records, session_summary
 from storage.records import RecordKind
-from storage.store import Store
-from test_session_close import agent, blob, close, event, hello, write
-
-
-def logs(tmp_path):
-    return [segments.SegmentLog(tmp_path / "wal" / str(i), segment_bytes=1 << 20) for i in range(2)]
-
-
-def opened(tmp_path):
-    store = Store(tmp_path, writers=2, memory_limit_mb=64)
-    store.open()
-    store.load_all()
-    return store
+from test_session_close import agent, blob, close, event, hello, logs, opened, write
 
 
 def listed(store, tenant=None):
