@@ -106,7 +106,7 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
             if db in session_summary.SOURCES:
                 with self.memory[db].raised(con):   # in a file from before it: an aggregate of every session
                     built, merged = session_summary.open_summary(con, db, self.progress[db])
-                if built or merged:
+                if merged:
                     self.log.info("%s.db: session summary %s: %d sessions", db,
                                   "built from the rows" if built else "caught up with the rows", merged)
         if self.jsonl is not None:
