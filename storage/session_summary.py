@@ -24,10 +24,9 @@ row of the session, and still its first activity.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+import time
 
-if TYPE_CHECKING:
-    import duckdb
+import duckdb
 
 TABLE = "session_summary"
 PROGRESS = "session_summary_progress"
@@ -113,7 +112,7 @@ class Pending:
         """Committed sessions past `after` (of the tenant) with their sums not yet merged."""
         return {s: list(e) for s, e in list(self.kept.items()) if s > after and (not tenant or e[0] == tenant)}
 
-    def merge(self, con: "duckdb.DuckDBPyConnection", positions: dict[int, int]) -> int:
+    def merge(self, con: duckdb.DuckDBPyConnection, positions: dict[int, int]) -> int:
         """Merge the kept sums into the table, noting `positions` (the file's progress: every row
         before them is committed, and now merged) in the same transaction; returns sessions merged."""
         with self.lock:
@@ -134,13 +133,46 @@ class Pending:
             return len(values)
 
 
-def _note_progress(con: "duckdb.DuckDBPyConnection", positions: dict[int, int]) -> None:
+class SessionSummaries:
+    """Mixed into Store (storage/store.py): needs `conns`, `memory`, `progress`, `log`, `loading`,
+    `summary_pending` ({file: Pending}) and `summary_merged` (when they were last merged)."""
+
+    def merge_summaries(self, force: bool = False) -> None:
+        """Merge the sessions' pending sums into each file's summary, at most once a
+        MERGE_EVERY_SECS unless `force`. Holding the loader's lock. A failure keeps them pending
+        for the next time (and is raised if forced)."""
+        if not force and time.monotonic() - self.summary_merged < MERGE_EVERY_SECS:
+            return
+        self.summary_merged = time.monotonic()
+        for db, pending in self.summary_pending.items():
+            if not pending.kept:
+                continue
+            con = self.conns[db]
+            try:
+                self.memory[db].run(con, lambda: pending.merge(con, dict(self.progress[db])))
+            except duckdb.FatalException:
+                raise
+            except Exception as exc:   # DuckDB trouble (memory, a full disk): the sums stay pending
+                self.log.warning("merging the session summary of %s.db failed; will retry: %s", db, exc)
+                if force:
+                    raise
+
+    def merge_before_close(self) -> None:
+        """What is pending, merged: spares the next open summing those rows again."""
+        try:
+            with self.loading:
+                self.merge_summaries(force=True)
+        except Exception as exc:
+            self.log.warning("session summaries not merged at close (the next open sums them): %s", exc)
+
+
+def _note_progress(con: duckdb.DuckDBPyConnection, positions: dict[int, int]) -> None:
     con.execute(f"DELETE FROM {PROGRESS}")
     if positions:
         con.executemany(f"INSERT INTO {PROGRESS} VALUES (?, ?)", [[w, p] for w, p in sorted(positions.items())])
 
 
-def open_summary(con: "duckdb.DuckDBPyConnection", db: str, positions: dict[int, int]) -> tuple[bool, int]:
+def open_summary(con: duckdb.DuckDBPyConnection, db: str, positions: dict[int, int]) -> tuple[bool, int]:
     """At open, before loading: make the tables, then sum the rows the table does not hold yet —
     all of them in a file made before it, else those past its progress (a crash came before their
     merge). Returns (whether the file was made before it, sessions merged)."""
@@ -168,21 +200,21 @@ def open_summary(con: "duckdb.DuckDBPyConnection", db: str, positions: dict[int,
     return TABLE not in existed, merged
 
 
-def recompute(con: "duckdb.DuckDBPyConnection", db: str, session: str) -> None:
+def recompute(con: duckdb.DuckDBPyConnection, db: str, session: str) -> None:
     """The session's row again from the rows it has now (inside the caller's transaction; its
     pending sums merged first)."""
     con.execute(f"DELETE FROM {TABLE} WHERE session = ?", [session])
     con.execute(f"INSERT INTO {TABLE} " + _from_rows(db, "session = $1"), [session])
 
 
-def span(cursor: "duckdb.DuckDBPyConnection", session: str, tenant: str | None) -> tuple[float, float] | None:
+def span(cursor: duckdb.DuckDBPyConnection, session: str, tenant: str | None) -> tuple[float, float] | None:
     """(first_at, last_at) of the session's merged rows, None if none (of this tenant)."""
     clause, args = (" AND tenant = ?", [tenant]) if tenant else ("", [])
     return cursor.execute(f"SELECT first_at, last_at FROM {TABLE} WHERE session = ?" + clause,
                           [session, *args]).fetchone()
 
 
-def page(cursor: "duckdb.DuckDBPyConnection", pending: Pending, after: str, tenant: str | None,
+def page(cursor: duckdb.DuckDBPyConnection, pending: Pending, after: str, tenant: str | None,
          limit: int) -> list[tuple]:
     """(session, counted, first_at, last_at) of up to `limit` sessions after `after`, by id."""
     clause, args = (" AND tenant = ?", [tenant]) if tenant else ("", [])

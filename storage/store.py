@@ -27,6 +27,7 @@ from storage.newest_blobs import NewestBlobs
 from storage.payload_segments import PayloadSegments
 from storage.projection import project
 from storage.session_closing import SessionClosing
+from storage.session_summary import SessionSummaries
 from storage.store_deletions import StoreDeletions
 from storage.store_queries import StoreQueries
 from storage.write_failures import LoadFailures
@@ -43,7 +44,7 @@ CHECKPOINT_THRESHOLD = "4MB"
 OPEN_ROWS_PER_FETCH = 10_000
 
 
-class Store(StoreQueries, SessionClosing, StoreDeletions):
+class Store(StoreQueries, SessionClosing, StoreDeletions, SessionSummaries):
     def __init__(self, data_dir: Path, writers: int, memory_limit_mb: int, jsonl_dir: str = "",
                  log: logging.Logger | None = None,
                  payload_segment_bytes: int = payload_segments.SEGMENT_BYTES) -> None:
@@ -185,11 +186,7 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
 
     def close(self) -> None:
         if self.conns:
-            try:   # spares the next open summing them again
-                with self.loading:
-                    self.merge_summaries(force=True)
-            except Exception as exc:
-                self.log.warning("session summaries not merged at close (the next open sums them): %s", exc)
+            self.merge_before_close()
         for cur in [*self.cursors.values(), *self.pass_cursors.values()]:
             cur.close()
         for con in self.conns.values():
@@ -240,26 +237,6 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
             count = self._load_once()
             self.merge_summaries()
             return count
-
-    def merge_summaries(self, force: bool = False) -> None:
-        """Merge the sessions' pending sums into each file's summary, at most once a
-        MERGE_EVERY_SECS unless `force` (storage/session_summary.py). Holding the loader's lock.
-        A failure keeps them pending for the next time."""
-        if not force and time.monotonic() - self.summary_merged < session_summary.MERGE_EVERY_SECS:
-            return
-        self.summary_merged = time.monotonic()
-        for db, pending in self.summary_pending.items():
-            if not pending.kept:
-                continue
-            con = self.conns[db]
-            try:
-                self.memory[db].run(con, lambda: pending.merge(con, dict(self.progress[db])))
-            except duckdb.FatalException:
-                raise
-            except Exception as exc:   # DuckDB trouble (memory, a full disk): the sums stay pending
-                self.log.warning("merging the session summary of %s.db failed; will retry: %s", db, exc)
-                if force:
-                    raise
 
     def _load_once(self) -> int:
         rows: dict[str, list[tuple]] = {}
@@ -390,20 +367,19 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
         if db != "events" or not events or self.jsonl is None:
             self._commit(db, tables, positions, big)
         else:
-            self.jsonl.write_then(events, lambda statement: self._commit(db, tables, positions, big, [statement]))
+            self.jsonl.write_then(events, lambda statement: self._commit(db, tables, positions, big, statement))
 
     def _commit(self, db: str, tables: dict[str, list[tuple]], positions: dict[int, int], big: bool,
-                statements: list[tuple[str, list]] = ()) -> None:
+                statement: tuple[str, list] | None = None) -> None:
         if big:   # raised up front: the COMMIT's autocheckpoint pins the value's block too, and its
             # failure is fatal to the file, not an error to retry (storage/duck_memory.py)
             with self.memory[db].raised(self.conns[db]):
-                self._append(db, tables, statements)
+                self._append(db, tables, statement)
         else:
-            self.memory[db].run(self.conns[db], lambda: self._append(db, tables, statements))
+            self.memory[db].run(self.conns[db], lambda: self._append(db, tables, statement))
         self.progress[db].update(positions)
 
-    def _append(self, db: str, tables: dict[str, list[tuple]], statements: list[tuple[str, list]] = ()) -> None:
-        """The tables' rows and `statements` (the JSONL copy's progress) in one transaction."""
+    def _append(self, db: str, tables: dict[str, list[tuple]], statement: tuple[str, list] | None = None) -> None:
         con = self.conns[db]
         con.execute("BEGIN TRANSACTION")
         try:
@@ -411,7 +387,7 @@ class Store(StoreQueries, SessionClosing, StoreDeletions):
                 appender = con.appender(table)
                 appender.append_rows(table_rows)
                 appender.flush()
-            for statement in statements:
+            if statement is not None:
                 con.execute(*statement)
             con.execute("COMMIT")
         except Exception:

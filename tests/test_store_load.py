@@ -196,11 +196,11 @@ def test_a_batch_duckdb_refuses_is_retried_smaller_and_its_payloads_are_rewritte
     store.open()
     real_commit, failures = store._commit, []
 
-    def refuse_once(db, tables, positions, big, statements=()):
+    def refuse_once(db, tables, positions, big):
         if db == "messages" and not failures:
             failures.append(db)
             raise MemoryError("out of memory (simulated)")
-        real_commit(db, tables, positions, big, statements)
+        real_commit(db, tables, positions, big)
 
     monkeypatch.setattr(store, "_commit", refuse_once)
     with pytest.raises(MemoryError):
