@@ -7,7 +7,7 @@ page, and reading one session's transcript, checkpoint chain or events scanned t
 at 5M rows). Rows are appended in log order, so `ts` rises through a table, and DuckDB skips
 every row group whose `ts` range lies outside the session's [first_at, last_at]: a session's
 reads cost the rows written during its life, not every row ever written
-(bench/results/2026-12-04-session-reads-dec04-thirtyfourth/).
+(bench/results/2026-12-04-session-reads-dec04-thirtyfourth-3/).
 
 Merged about once a second, not in every load batch: a MERGE costs about 2 ms whatever its size,
 and a batch loaded for a reader who waits for it (a flow start with an Idempotency-Key asks the
