@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 from actors.flow_state import Op, Run, apply, replay
+from actors.run_links import RunLinks
 from actors.run_reloads import Reload, RunReloads, Stale
 from actors.run_requests import RunRequests, TaskFailed
 from actors.worker_requests import WorkerRequests
@@ -50,7 +51,7 @@ def run_id_for_key(flow: str, tenant: str, key: str) -> str:
     return f"{flow}-{hashlib.sha1(f'{tenant}|{flow}|{key}'.encode()).hexdigest()[:20]}"
 
 
-class Flows(WorkerRequests, RunRequests, RunReloads):
+class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks):
     def __init__(self, bus: Bus, log: LogClient, query, index: int, shards: int, logger: logging.Logger,
                  retention_secs: float = ENDED_RETENTION_SECS) -> None:
         self.bus = bus
@@ -215,6 +216,8 @@ class Flows(WorkerRequests, RunRequests, RunReloads):
         if op.op == "wait":
             run.waiting = op.seq
             self.bus.spawn(self._take_and_run(run, op))
+        if op.op == "child" and op.child:   # its end may have come while this actor was down, or it never began
+            self.bus.spawn(self.follow_child(run, op))
 
     async def _take_and_run(self, run: Run, op: Op) -> None:
         """A message may wait already (published before the wait, and the actor died before taking
@@ -298,6 +301,7 @@ class Flows(WorkerRequests, RunRequests, RunReloads):
                     if now - run.last_alive > self.keep_ended_secs and not run.updating:
                         self._forget(run.run_id)
                     continue
+                self.check_links(run, now)
                 op = self.blocked_on(run)
                 if op is None:
                     if now - run.last_alive > EXEC_GRACE_SECS:

@@ -68,7 +68,7 @@ class Run:
     __slots__ = ("run_id", "flow", "tenant", "input", "status", "result", "error", "exec", "last_alive", "ops",
                  "attrs", "channels", "waiting", "parent", "parent_seq", "parent_actor", "pending", "updates",
                  "updating", "created_at", "ended_at", "msg_counter", "waiters", "journal_bytes", "over_limit", "lost",
-                 "stale")
+                 "stale", "link_checked")
 
     def __init__(self, run_id: str, flow: str, tenant: str) -> None:
         self.run_id = run_id
@@ -98,6 +98,7 @@ class Run:
         self.over_limit = False
         self.lost = 0                          # executions in a row whose worker died with them
         self.stale = False                     # left memory for its journal (actors/run_reloads.py)
+        self.link_checked = self.last_alive    # when it last asked after its parent or child (actors/run_links.py)
 
     @property
     def ended(self) -> bool:

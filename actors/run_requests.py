@@ -13,9 +13,8 @@ import asyncio
 import collections
 
 from actors.flow_state import WAITABLE, Op, Run
-from broker.client import BusError
 from broker.protocol import Kind, Message
-from broker.sharding import SCHEDULER, actor_name
+from broker.sharding import SCHEDULER
 from storage.log_client import LogWriteError
 
 
@@ -138,10 +137,10 @@ class RunRequests:
         # loop iteration as the run's end is appended, not once that is durable: an actor that
         # died in between left them running. An end that did not become durable leaves the run
         # open, and a retried cancel tells them again. A child whose actor was down hears of it
-        # when it comes back (`follow_parent`).
+        # when it comes back, one that missed it when it next asks (actors/run_links.py).
         for op in run.ops.values():
             if op.op == "child" and op.child and not op.done:
-                self.bus.spawn(self._cancel_child(run, op.child))
+                self.bus.spawn(self.cancel_child(run, op.child))
         before = run.status, run.result, run.error, run.ended_at, run.waiting
         try:
             await self.end(run, "cancelled", error=why)
@@ -155,34 +154,6 @@ class RunRequests:
         # and one this actor has not heard from yet: the scheduler drops the execution if it is
         # queued, or tells the worker it offered it to (else its step in flight ran to its end)
         self.bus.send(SCHEDULER, Kind.TASK_CANCEL, {"task_id": task_id})
-
-    async def follow_parent(self, run: Run) -> None:
-        """A child run recovered after its actor's restart is cancelled if its parent was: the
-        parent's word of it may have come while this actor was down."""
-        for attempt in range(4):
-            try:
-                reply = await self.bus.request(run.parent_actor or actor_name(run.parent, self.shards), Kind.FLOW_GET,
-                                               {"run_id": run.parent, "tenant": run.tenant}, timeout=30.0,
-                                               session=run.parent)
-                break
-            except BusError as exc:
-                error = exc
-                await asyncio.sleep(2 ** attempt)
-        else:
-            self.log.warning("could not ask parent %s whether child %s is to run on: %s", run.parent, run.run_id, error)
-            return
-        if reply.body.get("status") == "cancelled" and not run.ended and not run.stale:
-            try:
-                await self.cancel(run, f"cancelled with its parent {run.parent}")
-            except LogWriteError as exc:
-                self.log.warning("child %s of cancelled run %s not cancelled: %s", run.run_id, run.parent, exc)
-
-    async def _cancel_child(self, run: Run, child: str) -> None:
-        try:
-            await self.bus.request(actor_name(child, self.shards), Kind.FLOW_CANCEL,
-                                   {"run_id": child, "tenant": run.tenant}, timeout=30.0, session=child)
-        except BusError as exc:
-            self.log.warning("could not cancel child %s of cancelled run %s: %s", child, run.run_id, exc)
 
     async def on_publish(self, msg: Message) -> None:
         b = msg.body

@@ -1,0 +1,121 @@
+"""A parent and its child asking after each other (actors/run_links.py), with a fake bus and store:
+a word between them that was lost (its sender died right after the record it follows) no longer
+leaves a parent parked forever or a cancelled parent's child running on."""
+import asyncio
+import logging
+
+import pytest
+
+from actors import run_links
+from actors.flow_runs import Flows
+from broker.protocol import Kind, Message
+from test_flow_cancel import FakeBus
+from test_flow_recovery import AcceptingLog, live_run
+
+PARKED_ON_A_CHILD = [{"type": "run.started", "flow": "parent", "exec": 5, "input": {}},
+                     {"type": "child.started", "seq": 0, "name": "child", "child": "r-1.0"}]
+
+CHILD_ANSWERS = {"completed": {"status": "completed", "result": 7},
+                 "failed": {"status": "failed", "error": "boom"},
+                 "cancelled": {"status": "cancelled", "error": "cancelled by request"},
+                 "running": {"status": "running"},
+                 "never began": {"status": "unknown", "code": "not_found", "error": "no such run"}}
+
+
+def answering(bus: FakeBus, answers: dict[str, dict]):
+    async def request(dest, kind, body, **_):
+        bus.requests.append((dest, kind, body))
+        return Message(dest, Kind.FLOW_RUN, 1, 0.0, 0, body["run_id"], "", {"run_id": body["run_id"],
+                                                                            **answers[body["run_id"]]})
+    return request
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("child", sorted(CHILD_ANSWERS))
+def test_a_parent_recovered_while_parked_on_a_child_asks_how_the_child_stands(child):
+    """Its actor died after the child ended (and before it heard so), or before it started the
+    child: after the restart the parent records the child's end, or runs again to start it."""
+    async def main():
+        bus, log = FakeBus(), AcceptingLog()
+        bus.incarnation = 2
+        bus.request = answering(bus, {"r-1.0": CHILD_ANSWERS[child]})
+        flows = Flows(bus=bus, log=log, query=None, index=0, shards=1, logger=logging.getLogger("t"))
+
+        async def query(name: str, session: str, **params) -> dict:
+            if name == "open_runs":
+                return {"rows": [{"run_id": "r-1"}]}
+            return {"rows": [{"run": "r-1", "tenant": "t", "at": 0.0, **record} for record in PARKED_ON_A_CHILD]}
+
+        flows.query = query
+        await flows.load()
+        await settle()
+        return flows, bus, log
+
+    flows, bus, log = asyncio.run(main())
+    assert [(kind, body["run_id"]) for _, kind, body in bus.requests] == [(Kind.FLOW_GET, "r-1.0")]
+    op = flows.runs["r-1"].ops[0]
+    submitted = [kind for _, kind, _ in bus.sent].count(Kind.TASK_SUBMIT)
+    if child in ("completed", "failed", "cancelled"):
+        assert op.done and op.ok == (child == "completed")
+        if child == "completed":
+            assert op.result == 7
+        else:
+            assert op.error == CHILD_ANSWERS[child]["error"]
+        assert [(r["type"], r["seq"]) for r in log.appended] == [("op.done", 0)]
+        assert submitted == 1   # and it runs on from there
+    elif child == "never began":
+        assert not op.done and log.appended == []
+        assert submitted == 1   # its replay asks for the child again, with its input, which starts it
+    else:
+        assert not op.done and log.appended == [] and submitted == 0
+
+
+def test_a_live_parent_asks_after_its_child_only_once_a_link_check_is_due():
+    """The child's actor died between appending its end and telling the parent, whose actor lived on."""
+    async def main():
+        flows, bus, run, _ = live_run(PARKED_ON_A_CHILD, AcceptingLog())
+        bus.request = answering(bus, {"r-1.0": CHILD_ANSWERS["completed"]})
+        flows.check_links(run, run.link_checked + run_links.LINK_CHECK_SECS / 2)
+        await settle()
+        assert bus.requests == [] and not run.ops[0].done
+        flows.check_links(run, run.link_checked + run_links.LINK_CHECK_SECS + 1)
+        await settle()
+        return bus, run
+
+    bus, run = asyncio.run(main())
+    assert [(kind, body["run_id"]) for _, kind, body in bus.requests] == [(Kind.FLOW_GET, "r-1.0")]
+    assert run.ops[0].done and run.ops[0].result == 7
+
+
+@pytest.mark.parametrize("parent", ["running", "cancelled"])
+def test_the_watchdog_cancels_a_live_child_whose_parents_cancel_was_lost(monkeypatch, parent):
+    """The parent's actor died between appending its end and telling the child, whose actor lived on."""
+    monkeypatch.setattr(run_links, "LINK_CHECK_SECS", 0.0)
+    child = [{"type": "run.started", "flow": "child", "exec": 5, "input": {}, "parent": "p-1", "parent_seq": 0,
+              "parent_actor": "actor/1"},
+             {"type": "sleep", "seq": 0, "name": "sleep", "due": 4102444800.0}]
+
+    async def main():
+        flows, bus, run, _ = live_run(child, AcceptingLog())
+        bus.request = answering(bus, {"p-1": {"status": parent}})
+        watchdog = asyncio.ensure_future(flows.watchdog())
+        try:
+            for _ in range(30):   # its first round is a second after it starts
+                await asyncio.sleep(0.1)
+                if bus.requests and (run.ended or parent == "running"):
+                    break
+        finally:
+            watchdog.cancel()
+        return bus, run, flows.journal_log.appended
+
+    bus, run, appended = asyncio.run(main())
+    assert ("actor/1", Kind.FLOW_GET, {"run_id": "p-1", "tenant": "t"}) in bus.requests
+    if parent == "cancelled":
+        assert run.status == "cancelled" and "p-1" in run.error
+        assert [(r["type"], r["status"]) for r in appended] == [("run.ended", "cancelled")]
+    else:
+        assert not run.ended and appended == []
