@@ -9,7 +9,12 @@ read as it was before the summary, on the same file and cursor: the listing's ol
 - `sessions`: a page of 100 of `GET /v1/sessions` (from a random session id on);
 - `messages`: a page of `GET /v1/sessions/{sid}/messages` of a random session;
 - `checkpoint_chain`: what a session actor reads to load a session (after TTL eviction or a restart);
-- `events`: a page of `GET /v1/sessions/{sid}/events` (events.db, which has its own summary).
+- `events`: a page of `GET /v1/sessions/{sid}/events` (events.db, which has its own summary);
+- `close`: what writer/store does when it loads the CLOSE record of `DELETE /v1/sessions/{sid}`
+  (`apply_pending_closes`: the session's rows deleted from both files), `before` being the same
+  statements with no bounds on `ts` (the memory retry and the progress check of today in both);
+  "non-empty" counts the closes that succeeded, since one DuckDB refuses is retried after the
+  loader's next batch.
 The log is written in waves: `--concurrent` sessions live at a time, each taking `--turns` turns of
 two messages and an event in round robin, then the next wave starts, as a server's sessions come
 and go.
@@ -34,14 +39,14 @@ from typing import Iterator
 from unittest import mock
 
 from bench.results import ResultsDir, markdown_table, pyplot
-from storage import records, segments, session_summary
+from storage import records, segments, session_closing, session_summary
 from storage.records import RecordKind
 from storage.store import Store
 
 READS = 60                 # of each kind, per scale and path
 MEMORY_LIMIT_MB = 64       # writer/store's default (storage.duckdb_memory_limit_mb)
 PAGE = 100
-KINDS = ("sessions", "messages", "checkpoint_chain", "events")
+KINDS = ("sessions", "messages", "checkpoint_chain", "events", "close")
 
 # Listing sessions as it was before the summary (29d9f58), for the baseline: an aggregate of every
 # row of the tenant. The transcript and chain reads before it are today's without `_lifetime` (`unbounded`).
@@ -56,6 +61,24 @@ LIST_BEFORE = ("SELECT session, sum(n), min(first), max(last) FROM ("
 def unbounded(self, session: str, tenant: str | None, db: str = "messages") -> Iterator[tuple[float, float]]:
     """`Store._lifetime` as reads were before the summary: no transaction, no lookup, no bounds."""
     yield -math.inf, math.inf
+
+
+@contextlib.contextmanager
+def unbounded_close() -> Iterator[None]:
+    """Closes as their statements were before the summary: with no bounds on `ts`."""
+    with mock.patch.object(session_closing, "_span", lambda con, session: (-math.inf, math.inf)):
+        yield
+
+
+def close(store: Store, session: str, n: int) -> bool:
+    """The CLOSE record's work, as the loader does it after a batch; whether it succeeded."""
+    ends = dict(store.progress["messages"])   # every record loaded so far is before the close
+    with store.loading:
+        store.pending_closes = [(session, ends, 0, 10**12 + n)]
+        store.apply_pending_closes()
+        failed = bool(store.pending_closes)
+        store.pending_closes = []
+    return not failed
 
 
 def session_id(n: int) -> str:
@@ -105,6 +128,8 @@ def load(data: Path, summary: bool) -> tuple[Store, float]:
 def reads(store: Store, sessions: int, rng: random.Random) -> list[dict]:
     cursor = store.cursors["messages"]
     picks = [session_id(rng.randrange(sessions)) for _ in range(READS)]
+    others = [session_id(n) for n in rng.sample(range(sessions), 2 * READS)]   # closed, so none read twice
+    closing = {"summary": others[:READS], "before": others[READS:]}
     rows = []
     for kind in KINDS:
         times: dict[str, list[float]] = {"summary": [], "before": []}
@@ -114,9 +139,16 @@ def reads(store: Store, sessions: int, rng: random.Random) -> list[dict]:
             for path in (("summary", "before") if i % 2 else ("before", "summary")):
                 if kind == "sessions" and path == "before":
                     call = lambda: cursor.execute(LIST_BEFORE, [sid, "t", sid, "t", PAGE + 1]).fetchall()   # noqa: E731
+                elif kind == "close":   # each path closes sessions of its own
+                    sid = closing[path].pop()
+                    call = lambda: close(store, sid, len(closing[path]))   # noqa: E731
                 else:
                     call = lambda: store.query(kind, sid, "t", limit=PAGE)[0]   # noqa: E731
-                with (mock.patch.object(Store, "_lifetime", unbounded) if path == "before" else contextlib.nullcontext()):
+                if path == "summary":
+                    patched = contextlib.nullcontext()
+                else:
+                    patched = unbounded_close() if kind == "close" else mock.patch.object(Store, "_lifetime", unbounded)
+                with patched:
                     started = time.perf_counter()
                     answered[path] += bool(call())
                     times[path].append((time.perf_counter() - started) * 1000)

@@ -38,8 +38,13 @@ class MemoryLimit:
         self.lock = threading.Lock()
         self.raised_by = 0       # statements running with the limit raised
         self.retries = 0
+        self.stuck_high = False  # the limit could not go back down yet (see `_lower`)
 
     def run(self, handle: duckdb.DuckDBPyConnection, fn: Callable[[], T]) -> T:
+        if self.stuck_high:
+            with self.lock:
+                if not self.raised_by:
+                    self._lower(handle)
         try:
             return fn()
         except duckdb.Error as exc:
@@ -61,7 +66,21 @@ class MemoryLimit:
             with self.lock:
                 self.raised_by -= 1
                 if not self.raised_by:
-                    handle.execute(f"SET memory_limit = '{self.base_mb}MB'")
+                    self._lower(handle)
+
+    def _lower(self, handle: duckdb.DuckDBPyConnection) -> None:
+        """The limit back down. DuckDB refuses while it holds more than the limit in blocks it
+        cannot evict (a deletion's row versions stay in memory until the next checkpoint): the
+        limit then stays up, and the next `run` tries again. Refused, it used to fail the
+        statement that had just succeeded — a close's deletions, committed, reported failed."""
+        try:
+            handle.execute(f"SET memory_limit = '{self.base_mb}MB'")
+        except duckdb.Error as exc:
+            if not refused_for_memory(exc):   # an OutOfMemoryException ("Failed to change memory limit")
+                raise
+            self.stuck_high = True
+            return
+        self.stuck_high = False
 
 
 def refused_for_memory(exc: BaseException) -> bool:

@@ -17,15 +17,13 @@ starting empty. A crash between the CLOSE row's commit and the deletions is mend
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
 
+import duckdb
 import orjson
 
 from storage import session_summary
 from storage.records import RecordKind
-
-if TYPE_CHECKING:
-    import duckdb
 
 SESSION_KINDS = frozenset({RecordKind.EVENT, RecordKind.CHECKPOINT, RecordKind.BLOB})
 # Stand-ins that keep a log's progress in a file once the rows holding its largest lsn are gone
@@ -46,9 +44,9 @@ def parse_upto(raw: str | list) -> dict[int, int]:
 
 class SessionClosing:
     """Mixed into Store (storage/store.py): needs `conns`, `pass_cursors`, `loaded`, `loading`, `log`,
-    `closing`, `pending_closes`, `newest` and `merge_summaries`."""
+    `closing`, `pending_closes`, `newest`, `memory` and `merge_summaries`."""
 
-    conns: dict[str, "duckdb.DuckDBPyConnection"]
+    conns: dict[str, duckdb.DuckDBPyConnection]
     loaded: dict[int, int]
     closing: dict[str, dict[int, int]]
     pending_closes: list[tuple[str, dict[int, int], int, int]]
@@ -75,11 +73,25 @@ class SessionClosing:
         for session, ends, writer, lsn in pending:
             try:
                 count = self.apply_close(session, ends, writer, lsn)
+            except duckdb.FatalException:
+                raise   # the file is invalidated: the loader's caller restarts writer/store to reopen it
             except Exception:   # DuckDB trouble (memory, disk): try again after the next batch
                 self.log.exception("deleting the rows of closed session %s failed; will retry", session)
                 self.pending_closes.append((session, ends, writer, lsn))
                 continue
             self.log.info("session %s closed: %d of its records left DuckDB", session, count)
+        for db in DB_TABLES:
+            if self.memory[db].stuck_high:
+                # The deletions' row versions hold more memory than the file's limit until a
+                # checkpoint writes them out (appends bring one about, a burst of closes alone
+                # does not): one now, so that the limit can go back down.
+                try:
+                    with self.memory[db].raised(self.conns[db]):
+                        self.conns[db].execute("CHECKPOINT")
+                except duckdb.FatalException:
+                    raise
+                except duckdb.Error as exc:   # the next close tries again
+                    self.log.warning("checkpoint of %s.db after closes failed: %s", db, exc)
 
     def expect_close(self, session: str, ends: dict[int, int]) -> None:
         """Keep `session`'s ends while some log has not been loaded up to them."""
@@ -105,49 +117,69 @@ class SessionClosing:
     def apply_close(self, session: str, ends: dict[int, int], writer: int, lsn: int) -> int:
         """Delete the session's rows before `ends` (the close row is at (writer, lsn)); returns how
         many. Where their records sit in the logs is noted first, in the same transaction as the
-        messages.db deletions, so the log's compaction can find them whatever else fails."""
+        messages.db deletions, so the log's compaction can find them whatever else fails.
+
+        Every statement is bounded by the session's times (its summary row, every sum merged
+        first): rows are appended in log order, so DuckDB reads only the row groups of the
+        session's life, not the whole file, and a close costs about what a read of the session
+        does. (Unbounded, each of its dozen scans read every row group, and under the store's
+        memory limit the first one was refused for memory at 2M rows: the close failed and was
+        retried after every batch.)"""
         if not ends:
             return 0
         self.merge_summaries(force=True)   # before a row is recomputed from the rows: no sum of them pending
         cond = " OR ".join("(writer = ? AND lsn < ?)" for _ in ends)
         args = [v for pair in ends.items() for v in pair]
-        events = self.conns["events"].execute(
-            f"SELECT DISTINCT lsn, writer FROM events WHERE session = ? AND ({cond})", [session, *args]).fetchall()
+        econ, mcon = self.conns["events"], self.conns["messages"]
+        events = self.memory["events"].run(econ, lambda: econ.execute(
+            f"SELECT DISTINCT lsn, writer FROM events WHERE session = ? AND ts BETWEEN ? AND ? AND ({cond})",
+            [session, *_span(econ, session), *args]).fetchall())
         count = self._delete_rows("messages", session, cond, args, events)
         self.newest.forget(session)   # after the deletion: a query meanwhile saw the rows (newest_blobs.py)
         count += self._delete_rows("events", session, cond, args, [])
-        self.conns["messages"].execute("UPDATE closed_sessions SET applied = true WHERE writer = ? AND lsn = ?",
-                                       [writer, lsn])
+        self.memory["messages"].run(mcon, lambda: mcon.execute(
+            "UPDATE closed_sessions SET applied = true WHERE writer = ? AND lsn = ?", [writer, lsn]))
         return count
 
     def _delete_rows(self, db: str, session: str, cond: str, args: list, also: list[tuple[int, int]]) -> int:
         """One file's rows of the session under `cond`, each table keeping its logs' progress; in
-        messages.db the records' places (and `also`'s, [(lsn, writer)]) go to closed_records."""
+        messages.db the records' places (and `also`'s, [(lsn, writer)]) go to closed_records.
+        Refused for memory (a session of a big value), once more with the limit raised."""
         con = self.conns[db]
+        return self.memory[db].run(con, lambda: self._delete_rows_once(con, db, session, cond, args, also))
+
+    def _delete_rows_once(self, con: duckdb.DuckDBPyConnection, db: str, session: str, cond: str, args: list,
+                          also: list[tuple[int, int]]) -> int:
+        bounds = _span(con, session)
         con.execute("BEGIN TRANSACTION")
         try:
             count = 0
             places = list(also)
             for table in DB_TABLES[db]:
-                where = f"session = ? AND ({cond})"
-                doomed = con.execute(f"SELECT DISTINCT lsn, writer FROM {table} WHERE {where}", [session, *args]).fetchall()
+                where = f"session = ? AND ts BETWEEN ? AND ? AND ({cond})"
+                doomed = sorted(set(con.execute(f"DELETE FROM {table} WHERE {where} RETURNING lsn, writer",
+                                                [session, *bounds, *args]).fetchall()))
                 if not doomed:
                     continue
-                marks = con.execute(f"SELECT writer, max(lsn) FROM {table} GROUP BY writer").fetchall()
-                con.execute(f"DELETE FROM {table} WHERE {where}", [session, *args])
-                gone = {(w, lsn) for lsn, w in doomed}
-                for mark in marks:
-                    if tuple(mark) in gone:
-                        con.execute(f"INSERT INTO {table} VALUES {PROGRESS_ROWS[table]}", list(mark))
-                con.execute(f"DELETE FROM {table} WHERE session = '' AND lsn < "
-                            f"(SELECT max(lsn) FROM {table} t WHERE t.writer = {table}.writer)")
+                newest: dict[int, int] = {}
+                for lsn, w in doomed:
+                    newest[w] = max(newest.get(w, -1), lsn)
+                for w, top in newest.items():
+                    # Nothing of log w after the deleted rows: they held its newest position in
+                    # this table, which an open reads as the table's progress. A stand-in keeps it
+                    # (and the stand-in before it, of an older position, goes).
+                    if con.execute(f"SELECT 1 FROM {table} WHERE writer = ? AND lsn > ? LIMIT 1", [w, top]).fetchone():
+                        continue
+                    con.execute(f"DELETE FROM {table} WHERE session = '' AND writer = ? AND lsn < ?", [w, top])
+                    con.execute(f"INSERT INTO {table} VALUES {PROGRESS_ROWS[table]}", [w, top])
                 places += doomed
                 count += len(doomed)
             if db == "messages" and places:
-                con.executemany("INSERT INTO closed_records VALUES (?, ?, ?)",
-                                [[session, w, lsn] for lsn, w in sorted(set(places))])
-            if count:
-                session_summary.recompute(con, db, session)   # from what the id holds after the close, if anything
+                ordered = sorted(set(places))   # one statement: executemany took 18 ms for 60 rows
+                con.execute("INSERT INTO closed_records SELECT ?, unnest(?::SMALLINT[]), unnest(?::BIGINT[])",
+                            [session, [w for _, w in ordered], [lsn for lsn, _ in ordered]])
+            if count:   # from what the id holds after the close, if anything
+                session_summary.recompute(con, db, session, bounds)
             con.execute("COMMIT")
         except Exception:
             con.execute("ROLLBACK")
@@ -182,3 +214,9 @@ class SessionClosing:
             (count,) = con.execute("DELETE FROM closed_records WHERE log = ? AND position >= ? AND position < ?",
                                    [log, start, end]).fetchone()
         return count
+
+
+def _span(con: duckdb.DuckDBPyConnection, session: str) -> tuple[float, float]:
+    """The times between which the file holds every row of the session (its summary row); a
+    session it holds no row of gets bounds no row lies between."""
+    return session_summary.span(con, session, None) or (math.inf, -math.inf)

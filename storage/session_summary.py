@@ -200,11 +200,11 @@ def open_summary(con: duckdb.DuckDBPyConnection, db: str, positions: dict[int, i
     return TABLE not in existed, merged
 
 
-def recompute(con: duckdb.DuckDBPyConnection, db: str, session: str) -> None:
-    """The session's row again from the rows it has now (inside the caller's transaction; its
-    pending sums merged first)."""
+def recompute(con: duckdb.DuckDBPyConnection, db: str, session: str, bounds: tuple[float, float]) -> None:
+    """The session's row again from the rows it has now, all of them between `bounds` (its row's
+    times before; inside the caller's transaction, its pending sums merged first)."""
     con.execute(f"DELETE FROM {TABLE} WHERE session = ?", [session])
-    con.execute(f"INSERT INTO {TABLE} " + _from_rows(db, "session = $1"), [session])
+    con.execute(f"INSERT INTO {TABLE} " + _from_rows(db, "session = $1 AND ts BETWEEN $2 AND $3"), [session, *bounds])
 
 
 def span(cursor: duckdb.DuckDBPyConnection, session: str, tenant: str | None) -> tuple[float, float] | None:

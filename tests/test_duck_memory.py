@@ -72,3 +72,20 @@ def test_what_counts_as_refused_for_memory():
     assert not refused_for_memory(duckdb.TransactionException("cannot rollback - no transaction is active"))
     assert not refused_for_memory(duckdb.FatalException("Failed to commit: could not allocate block"))   # reopened, not retried
     assert not refused_for_memory(duckdb.IOException("could not allocate block"))
+
+
+def test_a_limit_that_cannot_go_back_down_yet_fails_nothing_and_goes_down_later(con):
+    """A deletion's row versions stay in memory until the next checkpoint, and DuckDB refuses a
+    lower limit while they are more than it: the statement that succeeded raised once failed then."""
+    memory = MemoryLimit(BASE_MB)
+    with memory.raised(con):
+        con.execute("CREATE TABLE n AS SELECT range AS a FROM range(4000000)")
+        con.execute("CHECKPOINT")
+    assert limit_mb(con) < BASE_MB
+
+    with memory.raised(con):
+        con.execute("DELETE FROM n WHERE a % 7 = 0")   # a row in every vector of every row group
+    assert memory.stuck_high and limit_mb(con) > RETRY_EXTRA_MB / 2   # up, and no error
+    con.execute("CHECKPOINT")   # the row versions leave memory
+    assert memory.run(con, lambda: con.execute("SELECT count(*) FROM n").fetchone()[0]) == 4000000 - 571429
+    assert not memory.stuck_high and limit_mb(con) < BASE_MB + 1

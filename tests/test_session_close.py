@@ -274,3 +274,36 @@ def test_compaction_picks_the_same_records_with_many_closed_sessions_in_a_segmen
     drop = records_of(many)
     assert drop(RecordKind.EVENT, event("gone-3", 0, at=4.0))
     assert not drop(RecordKind.EVENT, event("gone-3", 0, at=6.0)) and not drop(RecordKind.EVENT, event("kept", 0))
+
+
+def test_closing_the_sessions_that_hold_each_logs_newest_rows_keeps_the_files_progress(tmp_path):
+    """The deleted rows held each table's largest lsn of their log, which an open reads as how
+    far the file has loaded: a stand-in row keeps it (one per log and table, the older going), so
+    a restart loads nothing again and brings nothing back."""
+    actors, gateway = logs(tmp_path)
+    write(actors, [(RecordKind.EVENT, event("kept", 0)), (RecordKind.CHECKPOINT, agent("kept", 1, hello(2)))])
+    write(gateway, [(RecordKind.BLOB, blob("kept", 1))])
+    store = opened(tmp_path)
+    before = reads(store, "kept")
+    for sid in ("last", "later"):   # each in turn the newest rows of every table of both logs
+        write(actors, [(RecordKind.EVENT, event(sid, 0)), (RecordKind.CHECKPOINT, agent(sid, 1, hello(3)))])
+        write(gateway, [(RecordKind.BLOB, blob(sid, 1))])
+        store.load_all()
+        assert all(reads(store, sid).values())
+        write(gateway, [(RecordKind.CLOSE, close(sid, [[0, actors.end], [1, gateway.end]]))])
+        store.load_all()
+        assert not any(reads(store, sid).values())
+    stand_ins = {table: store.conns[db].execute(f"SELECT writer, count(*) FROM {table} WHERE session = '' "
+                                                "GROUP BY writer ORDER BY writer").fetchall()
+                 for table, db in (("messages", "messages"), ("checkpoints", "messages"), ("events", "events"))}
+    assert stand_ins == {"messages": [(0, 1)], "checkpoints": [(0, 1), (1, 1)], "events": [(0, 1)]}
+    counts = store.query("count", "")[0][0]
+    store.close()
+    for log in (actors, gateway):
+        log.close()
+
+    again = opened(tmp_path)
+    assert again.query("count", "")[0][0] == counts
+    assert reads(again, "kept") == before
+    assert not any(reads(again, "last").values()) and not any(reads(again, "later").values())
+    again.close()
