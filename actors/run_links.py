@@ -92,4 +92,3 @@ class RunLinks:
                                    {"run_id": child, "tenant": run.tenant}, timeout=ASK_TIMEOUT_SECS, session=child)
         except BusError as exc:
             self.log.warning("could not cancel child %s of cancelled run %s: %s", child, run.run_id, exc)
-
