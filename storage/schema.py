@@ -32,8 +32,9 @@ messages.db
       (`StoreDeletions.forget_superseded`, storage/store_deletions.py).
   session_summary(session, tenant, counted, first_at, last_at)
       a row per session with rows here: its message count (`counted`) and the time of its first
-      and last messages or checkpoints row, merged in each batch's transaction
-      (storage/session_summary.py; it bounds the session's reads to the row groups of its life)
+      and last messages or checkpoints row, merged about once a second
+      (storage/session_summary.py; it bounds the session's reads, and a close's deletions, to
+      the row groups of its life)
   payload_file(generation)
       older versions only: which single file held the payloads (messages.payloads, or
       messages.payloads.<n>); it becomes payload segment 0 when the store opens
@@ -49,6 +50,10 @@ access.db
 flows.db
   flow_records(run, tenant, type, seq, body, ts, writer, lsn)
       the journals of flow runs (body = the whole msgpack record; see actors/flow_state.py)
+Every file
+  loader_version(version)
+      the writer/store that created the file empty (storage/loader_version.py); none in a file
+      an older one loaded, whose log reader could skip records
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ import duckdb
 import msgpack
 
 from agentos import metrics, native_memory
-from storage import payload_segments, records, schema, segments, session_closing, session_summary
+from storage import loader_version, payload_segments, records, schema, segments, session_closing, session_summary
 from storage.bloom import BloomFilter
 from storage.duck_memory import MemoryLimit
 from storage.jsonl_events import JsonlEvents
@@ -104,6 +104,7 @@ class Store(StoreQueries, SessionClosing, StoreDeletions, SessionSummaries):
                         last[db][writer] = max(last[db].get(writer, -1), lsn)
             # Records before this position are in the file (the one at `lsn` itself included).
             self.progress[db] = {w: lsn + 1 for w, lsn in last[db].items()}
+            loader_version.check(con, db, bool(last[db]), self.log)
             if db in session_summary.SOURCES:
                 with self.memory[db].raised(con):   # in a file from before it: an aggregate of every session
                     built, merged = session_summary.open_summary(con, db, self.progress[db])
