@@ -40,7 +40,7 @@ class RunLinks:
             self.bus.spawn(self.follow_parent(run, attempts=1))
         op = self.blocked_on(run)
         if op is not None and op.op == "child" and op.child:
-            self.bus.spawn(self.follow_child(run, op))
+            self.bus.spawn(self.follow_child(run, op, periodic=True))
 
     async def follow_parent(self, run: Run, attempts: int = 4) -> None:
         """The run is cancelled if its parent was: the parent's word of it may have been lost."""
@@ -55,8 +55,9 @@ class RunLinks:
                 error = exc
                 if attempt + 1 < attempts:
                     await asyncio.sleep(2 ** attempt)
-        else:
-            self.log.warning("could not ask parent %s whether child %s is to run on: %s", run.parent, run.run_id, error)
+        else:   # a periodic question (one attempt) is asked again: no line for each of many children
+            (self.log.warning if attempts > 1 else self.log.debug)(
+                "could not ask parent %s whether child %s is to run on: %s", run.parent, run.run_id, error)
             return
         if reply.body.get("status") == "cancelled" and not run.ended and not run.stale:
             try:
@@ -64,7 +65,7 @@ class RunLinks:
             except LogWriteError as exc:
                 self.log.warning("child %s of cancelled run %s not cancelled: %s", run.run_id, run.parent, exc)
 
-    async def follow_child(self, run: Run, op: Op) -> None:
+    async def follow_child(self, run: Run, op: Op, periodic: bool = False) -> None:
         """The child the run is parked on, asked after: its end is recorded if it has ended, and
         the run executes again if the child never began (its replay asks for the child again,
         with the input only the flow's code has, and that starts it)."""
@@ -72,8 +73,9 @@ class RunLinks:
             reply = await self.bus.request(actor_name(op.child, self.shards), Kind.FLOW_GET,
                                            {"run_id": op.child, "tenant": run.tenant},
                                            timeout=ASK_TIMEOUT_SECS, session=op.child)
-        except BusError as exc:
-            self.log.warning("could not ask child %s of %s how it stands: %s", op.child, run.run_id, exc)
+        except BusError as exc:   # asked again at the next check
+            (self.log.debug if periodic else self.log.warning)("could not ask child %s of %s how it stands: %s",
+                                                                op.child, run.run_id, exc)
             return
         if run.ended or run.stale or op.done or self.runs.get(run.run_id) is not run:
             return   # the child's word came meanwhile, or the run moved on
