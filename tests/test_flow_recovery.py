@@ -58,18 +58,7 @@ def test_a_recovered_run_waiting_with_a_message_queued_takes_it_and_runs_again()
 
     async def main() -> tuple[Flows, FakeBus, Log]:
         bus, log = FakeBus(), Log()
-        bus.incarnation = 2
-        flows = Flows(bus=bus, log=log, query=None, index=0, shards=1, logger=logging.getLogger("t"))
-
-        async def query(name: str, session: str, **params) -> dict:
-            if name == "open_runs":
-                return {"rows": [{"run_id": "w-1"}]}
-            return {"rows": [{"run": "w-1", "tenant": "t", "at": 0.0, **record} for record in journal]}
-
-        flows.query = query
-        await flows.load()
-        for _ in range(20):
-            await asyncio.sleep(0)
+        flows = await restarted(bus, log, "w-1", journal)
         return flows, bus, log
 
     flows, bus, log = asyncio.run(main())
@@ -77,6 +66,24 @@ def test_a_recovered_run_waiting_with_a_message_queued_takes_it_and_runs_again()
     assert [(r["type"], r.get("msg_seq")) for r in log.appended] == [("message.taken", 1), ("op.done", None)]
     assert run.ops[0].done and run.ops[0].result == "early" and run.waiting is None
     assert [kind for _, kind, _ in bus.sent][-1] == Kind.TASK_SUBMIT   # executed again, past its wait
+
+
+async def restarted(bus, log, run_id: str, journal: list[dict]) -> Flows:
+    """An actor's flows after a restart (a new incarnation of `bus`), the store answering one open
+    run with this journal; loaded, and what loading spawned given its turns."""
+    bus.incarnation = 2
+    flows = Flows(bus=bus, log=log, query=None, index=0, shards=1, logger=logging.getLogger("t"))
+
+    async def query(name: str, session: str, **params) -> dict:
+        if name == "open_runs":
+            return {"rows": [{"run_id": run_id}]}
+        return {"rows": [{"run": run_id, "tenant": "t", "at": 0.0, **record} for record in journal]}
+
+    flows.query = query
+    await flows.load()
+    for _ in range(20):
+        await asyncio.sleep(0)
+    return flows
 
 
 def live_run(journal: list[dict], log=None):

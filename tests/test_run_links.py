@@ -2,15 +2,13 @@
 a word between them that was lost (its sender died right after the record it follows) no longer
 leaves a parent parked forever or a cancelled parent's child running on."""
 import asyncio
-import logging
 
 import pytest
 
 from actors import run_links
-from actors.flow_runs import Flows
 from broker.protocol import Kind, Message
 from test_flow_cancel import FakeBus
-from test_flow_recovery import AcceptingLog, live_run
+from test_flow_recovery import AcceptingLog, live_run, restarted
 
 PARKED_ON_A_CHILD = [{"type": "run.started", "flow": "parent", "exec": 5, "input": {}},
                      {"type": "child.started", "seq": 0, "name": "child", "child": "r-1.0"}]
@@ -41,18 +39,8 @@ def test_a_parent_recovered_while_parked_on_a_child_asks_how_the_child_stands(ch
     child: after the restart the parent records the child's end, or runs again to start it."""
     async def main():
         bus, log = FakeBus(), AcceptingLog()
-        bus.incarnation = 2
         bus.request = answering(bus, {"r-1.0": CHILD_ANSWERS[child]})
-        flows = Flows(bus=bus, log=log, query=None, index=0, shards=1, logger=logging.getLogger("t"))
-
-        async def query(name: str, session: str, **params) -> dict:
-            if name == "open_runs":
-                return {"rows": [{"run_id": "r-1"}]}
-            return {"rows": [{"run": "r-1", "tenant": "t", "at": 0.0, **record} for record in PARKED_ON_A_CHILD]}
-
-        flows.query = query
-        await flows.load()
-        await settle()
+        flows = await restarted(bus, log, "r-1", PARKED_ON_A_CHILD)
         return flows, bus, log
 
     flows, bus, log = asyncio.run(main())
