@@ -10,6 +10,10 @@ read as it was before the summary, on the same file and cursor: the listing's ol
 - `messages`: a page of `GET /v1/sessions/{sid}/messages` of a random session;
 - `checkpoint_chain`: what a session actor reads to load a session (after TTL eviction or a restart);
 - `events`: a page of `GET /v1/sessions/{sid}/events` (events.db, which has its own summary);
+- `long_chain`: the checkpoint chain of one of `LONG` sessions that take a step in every wave,
+  from the log's start to its end (a session that lives for days), a full snapshot every
+  `SNAPSHOT_EVERY` steps as `storage.snapshot_every` has it; `before` being the same read bounded
+  by the session's whole life, as it was before `chain_from` (storage/session_summary.py);
 - `close`: what writer/store does when it loads the CLOSE record of `DELETE /v1/sessions/{sid}`
   (`apply_pending_closes`: the session's rows deleted from both files), `before` being the same
   statements with no bounds on `ts` (the memory retry and the progress check of today in both);
@@ -46,7 +50,9 @@ from storage.store import Store
 READS = 60                 # of each kind, per scale and path
 MEMORY_LIMIT_MB = 64       # writer/store's default (storage.duckdb_memory_limit_mb)
 PAGE = 100
-KINDS = ("sessions", "messages", "checkpoint_chain", "events", "close")
+KINDS = ("sessions", "messages", "checkpoint_chain", "events", "long_chain", "close")
+LONG = 20                  # sessions that live through the whole log
+SNAPSHOT_EVERY = 16        # storage.snapshot_every's default
 
 # Listing sessions as it was before the summary (29d9f58), for the baseline: an aggregate of every
 # row of the tenant. The transcript and chain reads before it are today's without `_lifetime` (`unbounded`).
@@ -58,7 +64,8 @@ LIST_BEFORE = ("SELECT session, sum(n), min(first), max(last) FROM ("
 
 
 @contextlib.contextmanager
-def unbounded(self, session: str, tenant: str | None, db: str = "messages") -> Iterator[tuple[float, float]]:
+def unbounded(self, session: str, tenant: str | None, db: str = "messages",
+              chain: bool = False) -> Iterator[tuple[float, float]]:
     """`Store._lifetime` as reads were before the summary: no transaction, no lookup, no bounds."""
     yield -math.inf, math.inf
 
@@ -81,6 +88,29 @@ def close(store: Store, session: str, n: int) -> bool:
     return not failed
 
 
+@contextlib.contextmanager
+def lifetime_chain() -> Iterator[None]:
+    """Chain reads as they were before `chain_from`: bounded by the session's whole life."""
+    with mock.patch.object(session_summary, "chain_span", session_summary.span):
+        yield
+
+
+def long_id(n: int) -> str:
+    return "long-" + hashlib.blake2b(n.to_bytes(8, "little"), digest_size=8).hexdigest()
+
+
+def long_steps(wave: int, clock: float) -> list[bytes]:
+    """Each long-lived session's step of this wave: a full snapshot every SNAPSHOT_EVERY, else a delta."""
+    frames = []
+    for n in range(LONG):
+        full = wave % SNAPSHOT_EVERY == 0
+        messages = [{"role": "user", "content": f"long question {t}"} for t in range(2 * wave + 2)]
+        frames.append(records.frame(RecordKind.CHECKPOINT, b"", records.encode_body({
+            "session": long_id(n), "tenant": "t", "turn": f"wave-{wave}", "seq": wave + 1, "full": full,
+            "first": 0 if full else 2 * wave, "messages": messages if full else messages[-2:], "at": clock})))
+    return frames
+
+
 def session_id(n: int) -> str:
     """Ids in no order of their start, like uuid4s or names a client picks: ids that rise with time
     would let DuckDB skip row groups by the session column's own min/max."""
@@ -93,6 +123,9 @@ def build(wal: Path, sessions: int, turns: int, concurrent: int) -> int:
     clock, count = 1_000_000.0, 0
     for wave in range(0, sessions, concurrent):
         members = range(wave, min(sessions, wave + concurrent))
+        long = long_steps(wave // concurrent, clock)
+        log.write(long, sync=False)
+        count += len(long)
         for turn in range(turns):
             frames = []
             for n in members:
@@ -125,7 +158,19 @@ def load(data: Path, summary: bool) -> tuple[Store, float]:
     return store, time.perf_counter() - started
 
 
+def check_long_chains(store: Store) -> None:
+    """Each long-lived session's chain, read from its newest snapshot's time, is the one read over
+    its whole life (a bound that left a delta out would fail the run, not just time it)."""
+    for n in range(LONG):
+        bounded = store.query("checkpoint_chain", long_id(n), "t")[0]
+        with lifetime_chain():
+            whole = store.query("checkpoint_chain", long_id(n), "t")[0]
+        if bounded != whole or not bounded or not bounded[0]["full"]:
+            raise RuntimeError(f"the chain of {long_id(n)} read from its newest snapshot differs from its whole life's")
+
+
 def reads(store: Store, sessions: int, rng: random.Random) -> list[dict]:
+    check_long_chains(store)
     cursor = store.cursors["messages"]
     picks = [session_id(rng.randrange(sessions)) for _ in range(READS)]
     others = [session_id(n) for n in rng.sample(range(sessions), 2 * READS)]   # closed, so none read twice
@@ -139,6 +184,9 @@ def reads(store: Store, sessions: int, rng: random.Random) -> list[dict]:
             for path in (("summary", "before") if i % 2 else ("before", "summary")):
                 if kind == "sessions" and path == "before":
                     call = lambda: cursor.execute(LIST_BEFORE, [sid, "t", sid, "t", PAGE + 1]).fetchall()   # noqa: E731
+                elif kind == "long_chain":
+                    sid = long_id(i % LONG)
+                    call = lambda: store.query("checkpoint_chain", sid, "t")[0]   # noqa: E731
                 elif kind == "close":   # each path closes sessions of its own
                     sid = closing[path].pop()
                     call = lambda: close(store, sid, len(closing[path]))   # noqa: E731
@@ -147,7 +195,8 @@ def reads(store: Store, sessions: int, rng: random.Random) -> list[dict]:
                 if path == "summary":
                     patched = contextlib.nullcontext()
                 else:
-                    patched = unbounded_close() if kind == "close" else mock.patch.object(Store, "_lifetime", unbounded)
+                    patched = {"close": unbounded_close, "long_chain": lifetime_chain}.get(
+                        kind, lambda: mock.patch.object(Store, "_lifetime", unbounded))()
                 with patched:
                     started = time.perf_counter()
                     answered[path] += bool(call())

@@ -9,8 +9,8 @@ projects at least one row into its file). Times are UNIX seconds (DOUBLE).
 events.db
   events(session, tenant, turn, seq, type, data JSON text, ts, writer, lsn)
       turn lifecycle (turn.started, step.completed, turn.completed / failed / cancelled)
-  session_summary(session, tenant, counted, first_at, last_at)
-      as in messages.db, of the events (`counted`: how many)
+  session_summary(session, tenant, counted, first_at, last_at, chain_from)
+      as in messages.db, of the events (`counted`: how many; `chain_from` NULL)
   jsonl_progress(path, bytes)
       with `storage.jsonl_dir` set: where events.jsonl ended after the last batch this file
       took, updated in that batch's transaction (storage/jsonl_events.py); one row at most
@@ -30,9 +30,10 @@ messages.db
       moves a segment's live payloads to another and NULLs those columns of its other rows.
       Once the log's compaction has dropped a superseded 'blob' record, its row goes too
       (`StoreDeletions.forget_superseded`, storage/store_deletions.py).
-  session_summary(session, tenant, counted, first_at, last_at)
-      a row per session with rows here: its message count (`counted`) and the time of its first
-      and last messages or checkpoints row, merged about once a second
+  session_summary(session, tenant, counted, first_at, last_at, chain_from)
+      a row per session with rows here: its message count (`counted`), the time of its first
+      and last messages or checkpoints row, and where its checkpoint chain starts (the smallest
+      time from its newest full agent checkpoint on; NULL: not known), merged about once a second
       (storage/session_summary.py; it bounds the session's reads, and a close's deletions, to
       the row groups of its life)
   payload_file(generation)

@@ -17,6 +17,16 @@ add them to what the table says, so a read sees every row committed. `session_su
 says how far into each log the table holds; it is written in the merge's transaction, and at open
 the rows past it are summed again (a crash loses only the sums in memory, never the rows).
 
+`chain_from` (messages.db) bounds the read of a session's checkpoint chain — its newest full
+snapshot and the deltas after it, what an actor reads to load a session after its TTL or a
+restart — to the time since that snapshot, not the session's whole life: a session that lives for
+days reads the row groups of its last few steps (`storage.snapshot_every`), not of its days. It is
+the smallest `ts` among the session's agent checkpoints from its newest full one on (a minimum,
+not the full one's own time, so a clock that stepped back cannot leave a delta out), kept as the
+rows come in log order (a session's checkpoints are appended in `seq` order by its actor): a full
+checkpoint starts it again, a delta can only lower it. NULL (a row from before the column): the
+chain read falls back to the session's first row.
+
 A close merges what is pending, then recomputes the session's row from the rows it leaves.
 Deleting a superseded checkpoint leaves `first_at` as it was: a bound that is still below every
 row of the session, and still its first activity.
@@ -31,8 +41,10 @@ import duckdb
 TABLE = "session_summary"
 PROGRESS = "session_summary_progress"
 DDL = (f"CREATE TABLE IF NOT EXISTS {TABLE} (session VARCHAR, tenant VARCHAR, counted BIGINT, "
-       "first_at DOUBLE, last_at DOUBLE)",
+       "first_at DOUBLE, last_at DOUBLE, chain_from DOUBLE)",
+       f"ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS chain_from DOUBLE",   # a file from before it: NULLs
        f"CREATE TABLE IF NOT EXISTS {PROGRESS} (writer SMALLINT, position BIGINT)")
+COLUMNS = "session, tenant, counted, first_at, last_at, chain_from"
 # Per file: each table that feeds its summary, where its rows (as projected, storage/projection.py)
 # hold `ts`, and whether they are counted (a checkpoint only stretches its session's life).
 SOURCES: dict[str, tuple[tuple[str, int, bool], ...]] = {
@@ -41,21 +53,48 @@ SOURCES: dict[str, tuple[tuple[str, int, bool], ...]] = {
 }
 MERGE_EVERY_SECS = 1.0
 
+# b (sums of later rows) after s: a full checkpoint among b's rows starts the chain again; else
+# b's agent checkpoints are deltas that can only lower it, and an unknown (NULL) stays unknown.
 _MERGE = (f"MERGE INTO {TABLE} s USING ({{source}}) b ON s.session = b.session "
           "WHEN MATCHED THEN UPDATE SET counted = s.counted + b.counted, first_at = least(s.first_at, b.first_at), "
-          "last_at = greatest(s.last_at, b.last_at) "
-          "WHEN NOT MATCHED THEN INSERT VALUES (b.session, b.tenant, b.counted, b.first_at, b.last_at)")
+          "last_at = greatest(s.last_at, b.last_at), chain_from = CASE WHEN b.has_full THEN b.chain_from "
+          "WHEN b.chain_from IS NULL OR s.chain_from IS NULL THEN s.chain_from "
+          "ELSE least(s.chain_from, b.chain_from) END "
+          "WHEN NOT MATCHED THEN INSERT VALUES (b.session, b.tenant, b.counted, b.first_at, b.last_at, b.chain_from)")
 _LISTS = ("SELECT unnest($1::VARCHAR[]) AS session, unnest($2::VARCHAR[]) AS tenant, unnest($3::BIGINT[]) AS counted, "
-          "unnest($4::DOUBLE[]) AS first_at, unnest($5::DOUBLE[]) AS last_at")
+          "unnest($4::DOUBLE[]) AS first_at, unnest($5::DOUBLE[]) AS last_at, unnest($6::DOUBLE[]) AS chain_from, "
+          "unnest($7::BOOLEAN[]) AS has_full")
+# Where a checkpoints row (as projected) holds its kind and whether it is a full snapshot.
+KIND_AT, FULL_AT, CHAIN_TS_AT = 2, 5, 8
 
 
 def _from_rows(db: str, where: str) -> str:
-    """A row per session from the file's rows ('' names the rows that only keep a log's progress)."""
+    """A row per session from the file's rows under `where` ('' names the rows that only keep a
+    log's progress), with the MERGE's `has_full` (whether those rows hold a full agent checkpoint)."""
     parts = [f"SELECT session, tenant, {'count(*)' if counted else '0'} AS n, min(ts) AS first_at, "
              f"max(ts) AS last_at FROM {table} WHERE {where} GROUP BY session, tenant"
              for table, _, counted in SOURCES[db]]
-    return ("SELECT session, any_value(tenant) AS tenant, sum(n) AS counted, min(first_at) AS first_at, "
+    sums = ("SELECT session, any_value(tenant) AS tenant, sum(n) AS counted, min(first_at) AS first_at, "
             "max(last_at) AS last_at FROM (" + " UNION ALL ".join(parts) + ") GROUP BY session")
+    if db != "messages":
+        return f"SELECT *, NULL::DOUBLE AS chain_from, false AS has_full FROM ({sums})"
+    # the chain: from each session's newest full agent checkpoint among these rows (all of its
+    # agent checkpoints if none is full)
+    chains = ("SELECT session, min(ts) AS chain_from, bool_or(is_full) AS has_full FROM ("
+              "SELECT session, ts, seq, is_full, max(CASE WHEN is_full THEN seq END) OVER (PARTITION BY session) "
+              f"AS full_seq FROM checkpoints WHERE kind = 'agent' AND ({where})) "
+              "WHERE full_seq IS NULL OR seq >= full_seq GROUP BY session")
+    return (f"SELECT s.session, s.tenant, s.counted, s.first_at, s.last_at, ch.chain_from, "
+            f"coalesce(ch.has_full, false) AS has_full FROM ({sums}) s LEFT JOIN ({chains}) ch ON s.session = ch.session")
+
+
+def _chain_after(chains: dict[str, list], session: str, chain_from: float, has_full: bool) -> None:
+    """The session's chain with later agent checkpoints added (`has_full`: a full one among them)."""
+    entry = chains.get(session)
+    if entry is None or has_full:
+        chains[session] = [chain_from, has_full]
+    elif chain_from < entry[0]:
+        entry[0] = chain_from
 
 
 def _add(sums: dict[str, list], session: str, tenant: str, counted: int, first: float, last: float) -> None:
@@ -80,6 +119,9 @@ class Pending:
         self.db = db
         self.staged: dict[str, list] = {}
         self.kept: dict[str, list] = {}
+        # session -> [chain_from, has_full] of its agent checkpoints among the sums (module docstring)
+        self.staged_chains: dict[str, list] = {}
+        self.kept_chains: dict[str, list] = {}
         self.lock = threading.Lock()   # a merge (loader or close) against another
 
     def stage(self, rows: dict[str, list[tuple]]) -> None:
@@ -89,15 +131,31 @@ class Pending:
             for row in rows.get(table, ()):
                 if row[0]:
                     _add(staged, row[0], row[1], int(counted), row[ts_at], row[ts_at])
-        self.staged = staged
+        chains: dict[str, list] = {}
+        if self.db == "messages":
+            for row in rows.get("checkpoints", ()):   # in log order
+                if row[0] and row[KIND_AT] == "agent":
+                    _chain_after(chains, row[0], row[CHAIN_TS_AT], bool(row[FULL_AT]))
+        self.staged, self.staged_chains = staged, chains
 
     def committed(self) -> None:
         for session, (tenant, counted, first, last) in self.staged.items():
             _add(self.kept, session, tenant, counted, first, last)
-        self.staged = {}
+        for session, (chain_from, has_full) in self.staged_chains.items():
+            _chain_after(self.kept_chains, session, chain_from, has_full)
+        self.staged, self.staged_chains = {}, {}
 
     def discard(self) -> None:
-        self.staged = {}
+        self.staged, self.staged_chains = {}, {}
+
+    def chain(self, session: str) -> list | None:
+        """[chain_from, has_full] of the session's agent checkpoints among the sums not merged."""
+        kept, staged = self.kept_chains.get(session), self.staged_chains.get(session)
+        if kept is None or staged is None:
+            return list(staged or kept) if (staged or kept) else None
+        combined = {session: list(kept)}   # a copy: readers never change the sums
+        _chain_after(combined, session, *staged)
+        return combined[session]
 
     def span(self, session: str, tenant: str | None) -> tuple[float, float] | None:
         """The session's times among the sums not merged (staged ones too: a bound may be wide)."""
@@ -120,16 +178,18 @@ class Pending:
             if not kept:
                 return 0
             values = list(kept.values())
+            chains = [self.kept_chains.get(session, (None, False)) for session in kept]
             con.execute("BEGIN TRANSACTION")
             try:
                 con.execute(_MERGE.format(source=_LISTS), [list(kept), [v[0] for v in values], [v[1] for v in values],
-                                                          [v[2] for v in values], [v[3] for v in values]])
+                                                          [v[2] for v in values], [v[3] for v in values],
+                                                          [c[0] for c in chains], [c[1] for c in chains]])
                 _note_progress(con, positions)
                 con.execute("COMMIT")
             except Exception:
                 con.execute("ROLLBACK")
                 raise
-            self.kept = {}
+            self.kept, self.kept_chains = {}, {}
             return len(values)
 
 
@@ -204,13 +264,22 @@ def recompute(con: duckdb.DuckDBPyConnection, db: str, session: str, bounds: tup
     """The session's row again from the rows it has now, all of them between `bounds` (its row's
     times before; inside the caller's transaction, its pending sums merged first)."""
     con.execute(f"DELETE FROM {TABLE} WHERE session = ?", [session])
-    con.execute(f"INSERT INTO {TABLE} " + _from_rows(db, "session = $1 AND ts BETWEEN $2 AND $3"), [session, *bounds])
+    con.execute(f"INSERT INTO {TABLE} SELECT {COLUMNS} FROM (" + _from_rows(db, "session = $1 AND ts BETWEEN $2 AND $3")
+                + ")", [session, *bounds])
 
 
 def span(cursor: duckdb.DuckDBPyConnection, session: str, tenant: str | None) -> tuple[float, float] | None:
     """(first_at, last_at) of the session's merged rows, None if none (of this tenant)."""
     clause, args = (" AND tenant = ?", [tenant]) if tenant else ("", [])
     return cursor.execute(f"SELECT first_at, last_at FROM {TABLE} WHERE session = ?" + clause,
+                          [session, *args]).fetchone()
+
+
+def chain_span(cursor: duckdb.DuckDBPyConnection, session: str, tenant: str | None) -> tuple[float, float] | None:
+    """(chain_from, last_at) of the session's merged rows — from its first row if the chain's
+    start is unknown — None if none (of this tenant)."""
+    clause, args = (" AND tenant = ?", [tenant]) if tenant else ("", [])
+    return cursor.execute(f"SELECT coalesce(chain_from, first_at), last_at FROM {TABLE} WHERE session = ?" + clause,
                           [session, *args]).fetchone()
 
 

@@ -63,21 +63,31 @@ class StoreQueries:
         return (" AND tenant = ?", [tenant]) if tenant else ("", [])
 
     @contextlib.contextmanager
-    def _lifetime(self, session: str, tenant: str | None, db: str = "messages") -> Iterator[tuple[float, float] | None]:
+    def _lifetime(self, session: str, tenant: str | None, db: str = "messages",
+                  chain: bool = False) -> Iterator[tuple[float, float] | None]:
         """The session's (first, last) row time in file `db`, None if it has no rows there; inside a
         read transaction on that file, so the block's reads see the rows the summary counted. Bounds
         on `ts` let DuckDB skip the row groups from outside the session's life
         (storage/session_summary.py). Two statements, not one with the bounds as subqueries: those
-        cost 2 ms more at 1M rows."""
-        pending = self.summary_pending[db].span(session, tenant)   # before the table (session_summary.Pending)
+        cost 2 ms more at 1M rows. `chain`: from where its checkpoint chain starts instead (its
+        newest full snapshot's), not its first row."""
+        summary = self.summary_pending[db]
+        pending = summary.span(session, tenant)   # before the table (session_summary.Pending)
+        pending_chain = summary.chain(session) if chain and pending is not None else None
         cursor = self.cursors[db]
         cursor.execute("BEGIN TRANSACTION")
         try:
-            merged = session_summary.span(cursor, session, tenant)
+            merged = (session_summary.chain_span if chain else session_summary.span)(cursor, session, tenant)
             if merged is None or pending is None:
-                yield merged or pending
+                bounds = merged or pending
             else:
-                yield min(merged[0], pending[0]), max(merged[1], pending[1])
+                bounds = min(merged[0], pending[0]), max(merged[1], pending[1])
+            if pending_chain is not None and bounds is not None:
+                chain_from, has_full = pending_chain
+                # a full snapshot not merged yet starts the chain; deltas not merged can only lower it
+                low = chain_from if has_full or merged is None else min(merged[0], chain_from)
+                bounds = low, bounds[1]
+            yield bounds
         finally:
             cursor.execute("ROLLBACK")   # read only
 
@@ -128,7 +138,7 @@ class StoreQueries:
             return [], None
         clause, args = self._tenant_clause(tenant)
         # One scan for the session's rows (without payloads); only the chain's payloads are read.
-        with self._lifetime(session, tenant) as span:
+        with self._lifetime(session, tenant, chain=True) as span:
             if span is None:
                 return [], None
             rows = self.cursors["messages"].execute(

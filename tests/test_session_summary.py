@@ -166,3 +166,75 @@ def test_sums_not_yet_merged_are_read_and_a_crash_before_their_merge_loses_none(
     again.close()
     for log in (actors, gateway):
         log.close()
+
+
+def step(log, session, seq, full, at):
+    """An agent checkpoint: a full snapshot of the transcript so far, or a delta of its two new messages."""
+    messages = hello(2 * seq) if full else hello(2 * seq)[-2:]
+    write(log, [(RecordKind.CHECKPOINT, records.encode_body({
+        "session": session, "tenant": "t", "turn": f"turn{seq}", "seq": seq, "full": full,
+        "first": 0 if full else 2 * (seq - 1), "messages": messages, "at": at}))])
+
+
+def chain_of(store, session="a"):
+    """(seq, full) of the chain read, and the lower bound on `ts` it was read with."""
+    with store._lifetime(session, "t", chain=True) as bounds:
+        pass
+    return [(c["seq"], c["full"]) for c in store.query("checkpoint_chain", session, "t")[0]], bounds[0]
+
+
+def test_a_chain_read_starts_at_the_newest_full_snapshot_merged_or_not_through_a_crash_and_a_close(
+        tmp_path, monkeypatch):
+    """Loading a session reads only from its newest full snapshot's time, not from its first row:
+    the bound is the smallest time of that snapshot and the deltas after it (a clock that stepped
+    back cannot hide a delta), whether those rows are merged into the summary or still pending."""
+    monkeypatch.setattr(session_summary, "MERGE_EVERY_SECS", 3600.0)   # no merge but those forced
+    actors, gateway = logs(tmp_path)
+    for seq, full, at in ((1, True, 100.0), (2, False, 101.0), (3, False, 102.0)):
+        step(actors, "a", seq, full, at)
+    store = opened(tmp_path)
+    assert chain_of(store) == ([(1, True), (2, False), (3, False)], 100.0)   # pending
+    store.merge_summaries(force=True)
+    assert chain_of(store) == ([(1, True), (2, False), (3, False)], 100.0)   # merged
+    step(actors, "a", 4, True, 200.0)
+    step(actors, "a", 5, False, 199.5)           # the clock stepped back between the two
+    store.load_all()
+    assert chain_of(store) == ([(4, True), (5, False)], 199.5)              # a pending full starts it
+    store.merge_summaries(force=True)
+    assert chain_of(store) == ([(4, True), (5, False)], 199.5)
+    step(actors, "a", 6, False, 300.0)
+    store.load_all()
+    assert chain_of(store) == ([(4, True), (5, False), (6, False)], 199.5)  # a pending delta cannot raise it
+    crash(store)
+    again = opened(tmp_path)                      # the rows past the last merge summed again
+    assert chain_of(again) == ([(4, True), (5, False), (6, False)], 199.5)
+    again.conns["messages"].execute(f"UPDATE {session_summary.TABLE} SET chain_from = NULL")   # as a file from before it
+    assert chain_of(again) == ([(4, True), (5, False), (6, False)], 100.0)  # from its first row then
+    again.close()
+    again = opened(tmp_path)
+    before_close = actors.end
+    step(actors, "a", 7, False, 400.0)            # written after the close's ends: the id's new life
+    write(gateway, [(RecordKind.CLOSE, close("a", [[0, before_close], [1, gateway.end]], at=350.0))])
+    again.load_all()
+    assert chain_of(again) == ([(7, False)], 400.0)   # recomputed from the rows the close left
+    again.close()
+    for log in (actors, gateway):
+        log.close()
+
+
+def test_pending_chains_start_again_at_a_full_snapshot_and_deltas_only_lower_them():
+    def row(kind, full, at):   # a checkpoints row as the loader projects it
+        return ("a", "t", kind, "", 0, full, 0, None, at, 0, 0, None, None)
+
+    pending = session_summary.Pending("messages")
+    pending.stage({"checkpoints": [row("agent", False, 5.0), row("agent", True, 30.0), row("agent", False, 29.0),
+                                   row("blob", True, 1.0)]})   # an external checkpoint is not in the chain
+    assert pending.chain("a") == [29.0, True]
+    pending.committed()
+    pending.stage({"checkpoints": [row("agent", False, 28.0)]})
+    assert pending.chain("a") == [28.0, True]      # a later delta, staged: lower
+    pending.committed()
+    pending.stage({"checkpoints": [row("agent", True, 40.0)]})
+    assert pending.chain("a") == [40.0, True]      # a later full, staged: starts again
+    pending.committed()
+    assert pending.kept_chains == {"a": [40.0, True]} and pending.chain("b") is None
