@@ -91,7 +91,9 @@ def close(store: Store, session: str, n: int) -> bool:
 @contextlib.contextmanager
 def lifetime_chain() -> Iterator[None]:
     """Chain reads as they were before `chain_from`: bounded by the session's whole life."""
-    with mock.patch.object(session_summary, "chain_span", session_summary.span):
+    whole_life = session_summary.span
+    with mock.patch.object(session_summary, "span", lambda cursor, session, tenant, chain=False:
+                           whole_life(cursor, session, tenant)):
         yield
 
 

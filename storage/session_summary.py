@@ -268,18 +268,13 @@ def recompute(con: duckdb.DuckDBPyConnection, db: str, session: str, bounds: tup
                 + ")", [session, *bounds])
 
 
-def span(cursor: duckdb.DuckDBPyConnection, session: str, tenant: str | None) -> tuple[float, float] | None:
-    """(first_at, last_at) of the session's merged rows, None if none (of this tenant)."""
+def span(cursor: duckdb.DuckDBPyConnection, session: str, tenant: str | None,
+         chain: bool = False) -> tuple[float, float] | None:
+    """(first_at, last_at) of the session's merged rows, None if none (of this tenant). `chain`:
+    from where its checkpoint chain starts instead (its first row if that is not known)."""
     clause, args = (" AND tenant = ?", [tenant]) if tenant else ("", [])
-    return cursor.execute(f"SELECT first_at, last_at FROM {TABLE} WHERE session = ?" + clause,
-                          [session, *args]).fetchone()
-
-
-def chain_span(cursor: duckdb.DuckDBPyConnection, session: str, tenant: str | None) -> tuple[float, float] | None:
-    """(chain_from, last_at) of the session's merged rows — from its first row if the chain's
-    start is unknown — None if none (of this tenant)."""
-    clause, args = (" AND tenant = ?", [tenant]) if tenant else ("", [])
-    return cursor.execute(f"SELECT coalesce(chain_from, first_at), last_at FROM {TABLE} WHERE session = ?" + clause,
+    low = "coalesce(chain_from, first_at)" if chain else "first_at"
+    return cursor.execute(f"SELECT {low}, last_at FROM {TABLE} WHERE session = ?" + clause,
                           [session, *args]).fetchone()
 
 

@@ -77,7 +77,7 @@ class StoreQueries:
         cursor = self.cursors[db]
         cursor.execute("BEGIN TRANSACTION")
         try:
-            merged = (session_summary.chain_span if chain else session_summary.span)(cursor, session, tenant)
+            merged = session_summary.span(cursor, session, tenant, chain)
             if merged is None or pending is None:
                 bounds = merged or pending
             else:
