@@ -1,17 +1,18 @@
 """A parent run and its children: what keeps the link whole when a word between them is lost.
 
-Each end tells the other once: a parent's cancel goes to its open children (`cancel_child`), a
-child's end goes to its parent (`WorkerRequests._notify_parent`), and a child is started by its
-parent once the `child.started` record is durable. Any of these words is lost if the process that
-was to send it dies right after the record it follows, or if the receiving actor stays down past
-the request's timeout. Lost, they left a parent parked on a child forever (the child's end unheard,
-or the child never started: a parked run is not dispatched again) and a cancelled parent's child
-running on.
+Each end tells the other once: a parent's cancel or failure goes to its open children
+(`stop_children`), a child's end goes to its parent (`WorkerRequests._notify_parent`), and a child
+is started by its parent once the `child.started` record is durable. Any of these words is lost if
+the process that was to send it dies right after the record it follows, or if the receiving actor
+stays down past the request's timeout. Lost, they left a parent parked on a child forever (the
+child's end unheard, or the child never started: a parked run is not dispatched again) and an
+ended parent's child running on.
 
 So each end also asks after the other: when its actor loads it after a restart, and every
-`LINK_CHECK_SECS` while it lives. A child asks whether its parent was cancelled (`follow_parent`);
-a parent parked on a child asks for the child's status (`follow_child`). Asking is idempotent, so
-a word that was not lost costs one answered question.
+`LINK_CHECK_SECS` while it lives. A child asks whether its parent has ended (`follow_parent`: it
+is then cancelled, since nobody is left to take its result); a parent parked on a child asks for
+the child's status (`follow_child`). Asking is idempotent, so a word that was not lost costs one
+answered question.
 
 A mixin of `actors.flow_runs.Flows` (it uses `record`'s state, `cancel`, `dispatch`, `or_reload`
 and `_child_ended`).
@@ -59,11 +60,14 @@ class RunLinks:
             (self.log.warning if attempts > 1 else self.log.debug)(
                 "could not ask parent %s whether child %s is to run on: %s", run.parent, run.run_id, error)
             return
-        if reply.body.get("status") == "cancelled" and not run.ended and not run.stale:
+        status = reply.body.get("status")
+        if status in TERMINAL and not run.ended and not run.stale:   # nobody is left to take its result
+            why = f"cancelled with its parent {run.parent}" if status == "cancelled" else \
+                f"its parent {run.parent} {status}"
             try:
-                await self.cancel(run, f"cancelled with its parent {run.parent}")
+                await self.cancel(run, why)
             except LogWriteError as exc:
-                self.log.warning("child %s of cancelled run %s not cancelled: %s", run.run_id, run.parent, exc)
+                self.log.warning("child %s of ended run %s not cancelled: %s", run.run_id, run.parent, exc)
 
     async def follow_child(self, run: Run, op: Op, periodic: bool = False) -> None:
         """The child the run is parked on, asked after: its end is recorded if it has ended, and
@@ -88,9 +92,16 @@ class RunLinks:
             self.log.info("child %s of %s never began: running the parent again to start it", op.child, run.run_id)
             self.dispatch(run)
 
-    async def cancel_child(self, run: Run, child: str) -> None:
+    def stop_children(self, run: Run, why: str) -> None:
+        """Cancel the children the run waits on: it is ending, and their results would go nowhere."""
+        for op in run.ops.values():
+            if op.op == "child" and op.child and not op.done:
+                self.bus.spawn(self.cancel_child(run, op.child, why))
+
+    async def cancel_child(self, run: Run, child: str, why: str) -> None:
         try:
             await self.bus.request(actor_name(child, self.shards), Kind.FLOW_CANCEL,
-                                   {"run_id": child, "tenant": run.tenant}, timeout=ASK_TIMEOUT_SECS, session=child)
+                                   {"run_id": child, "tenant": run.tenant, "why": why},
+                                   timeout=ASK_TIMEOUT_SECS, session=child)
         except BusError as exc:
-            self.log.warning("could not cancel child %s of cancelled run %s: %s", child, run.run_id, exc)
+            self.log.warning("could not cancel child %s of ended run %s: %s", child, run.run_id, exc)

@@ -123,7 +123,7 @@ class RunRequests:
             return
         if not run.ended:
             try:
-                await self.cancel(run, "cancelled by request")
+                await self.cancel(run, msg.body.get("why") or "cancelled by request")
             except LogWriteError as exc:
                 self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": run.run_id, "status": "error",
                                                     **_refused(exc, "run not cancelled")})
@@ -138,9 +138,7 @@ class RunRequests:
         # died in between left them running. An end that did not become durable leaves the run
         # open, and a retried cancel tells them again. A child whose actor was down hears of it
         # when it comes back, one that missed it when it next asks (actors/run_links.py).
-        for op in run.ops.values():
-            if op.op == "child" and op.child and not op.done:
-                self.bus.spawn(self.cancel_child(run, op.child))
+        self.stop_children(run, f"cancelled with its parent {run.run_id}")
         before = run.status, run.result, run.error, run.ended_at, run.waiting
         try:
             await self.end(run, "cancelled", error=why)

@@ -180,6 +180,8 @@ class WorkerRequests:
             fields["error"] = error
         await self.record(run, "run.ended", **fields)
         _wake(run, None)
+        if status == "failed":   # (a cancel told them before its end; a completed run has none open)
+            self.stop_children(run, f"its parent {run.run_id} failed")
         if run.parent:
             asyncio.ensure_future(self._notify_parent(run))
 

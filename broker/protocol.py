@@ -184,7 +184,7 @@ SPECS: dict[Kind, Spec] = {
     # `sync`: answer once the store has loaded everything in the logs now; `sync_to` ([[log, position],
     # ...]): once it has loaded that far (a reader that knows what it has not seen yet).
     Kind.STORE_QUERY: _spec({"query": str, "session": str}, tenant=str, turn=str, after=int, limit=int,
-                            sync=bool, sync_to=list),
+                            before=int, desc=bool, sync=bool, sync_to=list),
     Kind.STORE_ROWS: _spec({"rows": list}, next_after=(int, str), error=str),   # a position, or a session id
     # Delete the rows of these runs (their retention is over and the log no longer has them).
     Kind.STORE_PURGE: _spec({"runs": list}),
@@ -205,7 +205,7 @@ SPECS: dict[Kind, Spec] = {
     Kind.FLOW_START: _spec({"flow": str, "run_id": str, "tenant": str}, input=object, parent=str, parent_seq=int,
                            parent_actor=str, new=bool),
     Kind.FLOW_GET: _spec({"run_id": str, "tenant": str}, wait=_NUM),  # wait: seconds to wait for the end
-    Kind.FLOW_CANCEL: _spec({"run_id": str, "tenant": str}),
+    Kind.FLOW_CANCEL: _spec({"run_id": str, "tenant": str}, why=str),  # why: the reason its end records
     Kind.FLOW_RUN: _spec({"run_id": str, "status": str}, flow=str, created=bool, result=object, error=str,
                          code=str),
     Kind.FLOW_COMPLETE: _spec({"run_id": str, "exec": int, "ok": bool}, result=object, error=str),

@@ -120,26 +120,31 @@ class HistoryRoutes:
                               "next_after": external(tenant, nxt) if nxt else None})
 
     async def get_messages(self, request: web.Request) -> web.Response:
-        tenant, sid, external_sid = self.gw.session_of(request)
-        after = _int_param(request, "after", -1, -1, 2**62)
-        body = await self._query({"query": "messages", "session": sid, "tenant": tenant, "sync": True,
-                                  "after": after, "limit": _int_param(request, "limit", 100, 1, 1000)})
-        if not body["rows"] and after == -1:
-            raise ApiError(404, "not_found", "no such session (it has no messages)")
-        return json_response({"session_id": external_sid, "messages": body["rows"],
-                              "next_after": body.get("next_after")})
+        return await self._page(request, "messages", "no such session (it has no messages)")
 
     async def get_events(self, request: web.Request) -> web.Response:
+        return await self._page(request, "events", "no such session (or turn): it has no events")
+
+    async def _page(self, request: web.Request, what: str, missing: str) -> web.Response:
+        """A page of a session's transcript or events: after a cursor (oldest first), or with
+        `order=desc` newest first, before a cursor (a chat opens on its last messages). The
+        response's cursor for the next page is `next_after` or `next_before` by the order."""
         tenant, sid, external_sid = self.gw.session_of(request)
+        order = request.query.get("order", "asc")
+        if order not in ("asc", "desc"):
+            raise ApiError(400, "invalid_parameter", "order must be asc or desc")
         after = _int_param(request, "after", -1, -1, 2**62)
-        query = {"query": "events", "session": sid, "tenant": tenant, "sync": True,
-                 "after": after, "limit": _int_param(request, "limit", 100, 1, 1000)}
-        if request.query.get("turn"):
+        query = {"query": what, "session": sid, "tenant": tenant, "sync": True, "after": after,
+                 "limit": _int_param(request, "limit", 100, 1, 1000), "desc": order == "desc"}
+        if "before" in request.query:
+            query["before"] = _int_param(request, "before", 0, 0, 2**62)
+        if what == "events" and request.query.get("turn"):
             query["turn"] = request.query["turn"]
         body = await self._query(query)
-        if not body["rows"] and after == -1:
-            raise ApiError(404, "not_found", "no such session (or turn): it has no events")
-        return json_response({"session_id": external_sid, "events": body["rows"], "next_after": body.get("next_after")})
+        if not body["rows"] and after == -1 and "before" not in query:
+            raise ApiError(404, "not_found", missing)
+        return json_response({"session_id": external_sid, what: body["rows"],
+                              ("next_before" if order == "desc" else "next_after"): body.get("next_after")})
 
     async def put_checkpoint(self, request: web.Request) -> web.Response:
         tenant, sid, external_sid = self.gw.session_of(request)

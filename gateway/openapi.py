@@ -35,6 +35,11 @@ RUN = _param("run_id", NAME, description="run id (namespaced per tenant)")
 AFTER = _param("after", {"type": "integer", "minimum": -1, "maximum": 2 ** 62}, "query", False,
                "cursor: return what comes after it")
 LIMIT = _param("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, "query", False)
+PAGE_BOTH_WAYS = [_param("before", {"type": "integer", "minimum": 0, "maximum": 2 ** 62}, "query", False,
+                         "cursor: return what comes before it"),
+                  _param("order", {"enum": ["asc", "desc"]}, "query", False,
+                         "asc (default): oldest first, the next page after `next_after`; desc: newest first, "
+                         "the next page before `next_before`")]
 
 SSE_EVENTS = {
     "turn.started": {"type": "object", "required": ["turn_id", "session_id"],
@@ -83,11 +88,13 @@ SCHEMAS: dict[str, Any] = {
                                                    "first_at": {"type": "number"}, "last_at": {"type": "number"}}}}}},
     "Messages": {"type": "object", "required": ["session_id", "messages"],
                  "properties": {"session_id": {"type": "string"}, "next_after": {"type": ["integer", "null"]},
+                                "next_before": {"type": ["integer", "null"]},
                                 "messages": {"type": "array", "items": {"type": "object", "required": ["index", "role"],
                                                                         "properties": {"index": {"type": "integer"},
                                                                                        "role": {"type": "string"}}}}}},
     "Events": {"type": "object", "required": ["session_id", "events"],
                "properties": {"session_id": {"type": "string"}, "next_after": {"type": ["integer", "null"]},
+                              "next_before": {"type": ["integer", "null"]},
                               "events": {"type": "array", "items": {"type": "object", "required": ["type", "turn_id"],
                                                                     "properties": {"type": {"type": "string"}}}}}},
     "CheckpointSaved": {"type": "object", "required": ["session_id", "key", "seq", "durability"],
@@ -143,12 +150,12 @@ PATHS: dict[str, dict] = {
                       "204": {"description": "the turn has ended and the client has every event, its last too"},
                       **_errors(400, 401, 404, 503)}}},
     "/v1/sessions/{sid}/messages": {"get": {
-        "summary": "The session's transcript", "parameters": [SID, AFTER, LIMIT],
+        "summary": "The session's transcript", "parameters": [SID, AFTER, LIMIT, *PAGE_BOTH_WAYS],
         "responses": {"200": {"description": "a page of messages", "content": _json(_ref("Messages"))},
                       **_errors(400, 401, 404, 503)}}},
     "/v1/sessions/{sid}/events": {"get": {
         "summary": "The session's events (turns and steps)",
-        "parameters": [SID, AFTER, LIMIT, _param("turn", ID, "query", False)],
+        "parameters": [SID, AFTER, LIMIT, *PAGE_BOTH_WAYS, _param("turn", ID, "query", False)],
         "responses": {"200": {"description": "a page of events", "content": _json(_ref("Events"))},
                       **_errors(400, 401, 404, 503)}}},
     "/v1/sessions/{sid}/checkpoints/{key}": {"put": {

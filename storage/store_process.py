@@ -227,7 +227,8 @@ class StoreService:
             rows, next_after = await self.loop.run_in_executor(
                 self.queries, lambda: self.store.query(b["query"], b["session"], b.get("tenant"), b.get("turn"),
                                                        int(b.get("after", -1) if b.get("after") is not None else -1),
-                                                       int(b.get("limit") or 100)))
+                                                       int(b.get("limit") or 100), b.get("before"),
+                                                       bool(b.get("desc"))))
         except (asyncio.TimeoutError, BusError):
             self.bus.reply(msg, Kind.STORE_ROWS, {"rows": [], "error": "the store is too far behind the log"})
             return

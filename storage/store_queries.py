@@ -25,12 +25,19 @@ class StoreQueries:
     `checkpointed`, `newest`, `loaded` and `summary_pending` of a Store."""
 
     def query(self, name: str, session: str, tenant: str | None = None, turn: str | None = None,
-              after: int = -1, limit: int = 100) -> tuple[list[dict[str, Any]], int | None]:
-        """(rows, cursor for the next page or None)."""
+              after: int = -1, limit: int = 100, before: int | None = None,
+              desc: bool = False) -> tuple[list[dict[str, Any]], int | None]:
+        """(rows, cursor for the next page or None). A transcript or events page may also be bounded
+        above (`before`, exclusive) and come newest first (`desc`; its cursor is then the oldest
+        row's, for the page before it)."""
         limit = max(1, min(limit, MAX_LIMIT))
         handler = QUERIES.get(name)
         if handler is None:
             raise ValueError(f"unknown query {name!r}")
+        if name in PAGED_BOTH_WAYS:
+            return self.roomy(handler, self, session, tenant, turn, after, limit, before, desc)
+        if before is not None or desc:
+            raise ValueError(f"query {name!r} pages forward only (no before, no desc)")
         return self.roomy(handler, self, session, tenant, turn, after, limit)
 
     def roomy(self, call: Callable[..., T], *args: Any) -> T:
@@ -91,14 +98,15 @@ class StoreQueries:
         finally:
             cursor.execute("ROLLBACK")   # read only
 
-    def q_messages(self, session, tenant, turn, after, limit):
+    def q_messages(self, session, tenant, turn, after, limit, before=None, desc=False):
         clause, args = self._tenant_clause(tenant)
+        page, page_args = _page("idx", before, desc, limit)
         with self._lifetime(session, tenant) as span:
             if span is None:
                 return [], None
             rows = self.cursors["messages"].execute(
                 "SELECT idx, turn, role, content, extra, ts FROM messages WHERE session = ? AND ts >= ? AND ts <= ? "
-                "AND idx > ?" + clause + " ORDER BY idx LIMIT ?", [session, *span, after, *args, limit + 1]).fetchall()
+                "AND idx > ?" + clause + page, [session, *span, after, *args, *page_args]).fetchall()
         out = []
         for idx, turn_id, role, content, extra, at in rows[:limit]:
             row = {"index": idx, "turn_id": turn_id, "role": role, "content": content, "at": at}
@@ -107,17 +115,18 @@ class StoreQueries:
             out.append(row)
         return out, (out[-1]["index"] if len(rows) > limit else None)
 
-    def q_events(self, session, tenant, turn, after, limit):
+    def q_events(self, session, tenant, turn, after, limit, before=None, desc=False):
         clause, args = self._tenant_clause(tenant)
         if turn:
             clause += " AND turn = ?"
             args.append(turn)
+        page, page_args = _page("lsn", before, desc, limit)
         with self._lifetime(session, tenant, "events") as span:
             if span is None:
                 return [], None
             rows = self.cursors["events"].execute(
                 "SELECT lsn, turn, seq, type, data, ts FROM events WHERE session = ? AND ts >= ? AND ts <= ? AND lsn > ?"
-                + clause + " ORDER BY lsn LIMIT ?", [session, *span, after, *args, limit + 1]).fetchall()
+                + clause + page, [session, *span, after, *args, *page_args]).fetchall()
         out = [{"cursor": lsn, "turn_id": turn_id, "seq": seq, "type": kind,
                 "data": orjson.loads(data) if data else None, "at": at}
                for lsn, turn_id, seq, kind, data, at in rows[:limit]]
@@ -248,6 +257,14 @@ class StoreQueries:
         return [out], None
 
 
+def _page(position: str, before: int | None, desc: bool, limit: int) -> tuple[str, list]:
+    """The end of a page's statement: its upper bound, its order, and one row more than the page
+    (which tells whether another page follows)."""
+    bound = f" AND {position} < ?" if before is not None else ""
+    return (f"{bound} ORDER BY {position}{' DESC' if desc else ''} LIMIT ?",
+            ([before] if before is not None else []) + [limit + 1])
+
+
 SUPERSEDED = (
     "WITH seg AS (SELECT session, seq, lsn FROM checkpoints WHERE kind = 'blob' AND writer = ? AND lsn >= ? AND lsn < ?), "
     "newest AS (SELECT session, max(seq) AS seq FROM checkpoints WHERE kind = 'blob' "
@@ -259,3 +276,4 @@ QUERIES = {"messages": StoreQueries.q_messages, "events": StoreQueries.q_events,
            "blob_filter": StoreQueries.q_blob_filter,
            "count": StoreQueries.q_count, "flow_records": StoreQueries.q_flow_records,
            "open_runs": StoreQueries.q_open_runs, "expired_runs": StoreQueries.q_expired_runs}
+PAGED_BOTH_WAYS = {"messages", "events"}

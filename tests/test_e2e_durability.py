@@ -32,11 +32,25 @@ def test_transcript_and_events_endpoints_return_what_the_turns_produced(shared_s
     assert [m["index"] for m in body["messages"]] == [0, 1, 2, 3]
     status, _, page = get_json(f"{shared_server.url}/v1/sessions/dur-history/messages?after=1&limit=1")
     assert [m["index"] for m in page["messages"]] == [2] and page["next_after"] == 2
+    # newest first, as a chat opens on its last messages, then the page before
+    status, _, newest = get_json(f"{shared_server.url}/v1/sessions/dur-history/messages?order=desc&limit=3")
+    assert [m["index"] for m in newest["messages"]] == [3, 2, 1] and newest["next_before"] == 1
+    assert "next_after" not in newest
+    status, _, older = get_json(f"{shared_server.url}/v1/sessions/dur-history/messages?order=desc&limit=3&before=1")
+    assert [m["index"] for m in older["messages"]] == [0] and older["next_before"] is None
+    status, _, between = get_json(f"{shared_server.url}/v1/sessions/dur-history/messages?after=0&before=3")
+    assert [m["index"] for m in between["messages"]] == [1, 2] and between["next_after"] is None
+    assert get_json(f"{shared_server.url}/v1/sessions/dur-history/messages?order=sideways")[0] == 400
+    assert get_json(f"{shared_server.url}/v1/sessions/dur-history/messages?before=-2")[0] == 400
     status, _, events = get_json(f"{shared_server.url}/v1/sessions/dur-history/events")
     kinds = [(e["turn_id"], e["type"]) for e in events["events"]]
     for t in turns:
         tid = t.data("turn.started")["turn_id"]
         assert [k for i, k in kinds if i == tid] == ["turn.started", "step.completed", "turn.completed"]
+    status, _, backward = get_json(f"{shared_server.url}/v1/sessions/dur-history/events?order=desc")
+    assert backward["events"] == events["events"][::-1] and backward["next_before"] is None
+    status, _, last = get_json(f"{shared_server.url}/v1/sessions/dur-history/events?order=desc&limit=1")
+    assert last["events"] == events["events"][-1:] and last["next_before"] == last["events"][0]["cursor"]
     done = next(e for e in events["events"] if e["type"] == "turn.completed")
     assert done["data"]["usage"]["completion_tokens"] == 5
     tid = turns[1].data("turn.started")["turn_id"]

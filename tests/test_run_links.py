@@ -107,3 +107,24 @@ def test_the_watchdog_cancels_a_live_child_whose_parents_cancel_was_lost(monkeyp
         assert [(r["type"], r["status"]) for r in appended] == [("run.ended", "cancelled")]
     else:
         assert not run.ended and appended == []
+
+
+def test_a_parent_that_fails_while_parked_on_a_child_cancels_the_child(monkeypatch):
+    """Its journal passed the size limit (a message published to it): the child's result would go
+    nowhere, so the child is cancelled, and its end names the parent's failure."""
+    from actors import flow_runs
+
+    monkeypatch.setattr(flow_runs, "MAX_RUN_BYTES", 1000)
+
+    async def main():
+        flows, bus, run, _ = live_run(PARKED_ON_A_CHILD, AcceptingLog())
+        await flows.on_publish(Message("gateway/0", Kind.CHANNEL_PUBLISH, 1, 0.0, 0, "r-1", "",
+                                       {"run_id": "r-1", "tenant": "t", "channel": "inbox", "message": "x" * 2000}))
+        await settle()
+        return bus, run
+
+    bus, run = asyncio.run(main())
+    assert run.status == "failed" and "passed" in run.error
+    cancels = [(dest, body) for dest, kind, body in bus.requests if kind == Kind.FLOW_CANCEL]
+    assert [body["run_id"] for _, body in cancels] == ["r-1.0"]
+    assert cancels[0][1]["why"] == "its parent r-1 failed"
