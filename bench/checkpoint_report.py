@@ -121,6 +121,9 @@ def table_rows(rows: list[dict], repeats: int = 1, default_window: str = "10s") 
     return out
 
 
+PEERS = ("pgredis", "langgraph")   # what our server is set against, each in a table of its own
+
+
 def ratios(rows: list[dict], ours: str = "agentos", peer: str = "pgredis") -> list[dict]:
     """Per (scale, mode): ours/peer throughput (> 1: we are faster) and commit p99 (< 1: we are
     better); each side's median over its repeats (the mean of the middle two for an even count:
@@ -221,14 +224,15 @@ def summary_markdown(rows: list[dict], config: dict) -> str:
                    "\"vs first\" is the arm's median over the first arm's; \"rounds ahead\" counts "
                    "the rounds in which the arm did more checkpoints/s than the first arm did in "
                    "the same round."), "", compared]
-    ratio_rows = ratios(rows)
-    if ratio_rows:
-        parts += ["", "## agentos vs pgredis", "",
-                  ("throughput ratio = agentos / pgredis checkpoints/s (> 1: agentos faster); "
-                   "commit p99 ratio = agentos / pgredis (< 1: agentos lower)."), "",
-                  markdown_table(["scale", "mode", "throughput ratio", "commit p99 ratio"],
-                                 [[r["scale"], r["mode"], r["throughput_ratio"],
-                                   r["commit_p99_ratio"]] for r in ratio_rows])]
+    for peer in PEERS:
+        ratio_rows = ratios(rows, peer=peer)
+        if ratio_rows:
+            parts += ["", f"## agentos vs {peer}", "",
+                      (f"throughput ratio = agentos / {peer} checkpoints/s (> 1: agentos faster); "
+                       f"commit p99 ratio = agentos / {peer} (< 1: agentos lower)."), "",
+                      markdown_table(["scale", "mode", "throughput ratio", "commit p99 ratio"],
+                                     [[r["scale"], r["mode"], r["throughput_ratio"],
+                                       r["commit_p99_ratio"]] for r in ratio_rows])]
     probed = [r for r in rows if r.get("disk_floor_p50_ms")]
     if probed:
         size = (config.get("floor_each_run") or {}).get("block_bytes", "?")

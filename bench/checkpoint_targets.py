@@ -300,7 +300,7 @@ class PgRedisTarget:
                           "1 connection each per worker", **self.stack_info}
 
 
-TARGETS = ("agentos", "pgredis")
+TARGETS = ("agentos", "pgredis", "langgraph")   # langgraph: bench/peer_langgraph.py
 # Not run unless named: where a commit's time goes. `agentos-none` is our server with
 # `storage.durability: none` (every process, no fsync); `noop-http` answers the same routes and
 # does nothing else (bench/noop_http.py): the client and one HTTP exchange; `fsync-http` is that

@@ -3,13 +3,13 @@
 Owns: the run over targets × scales × modes, the command line and the results folder (config,
 rows, summary, plot). The workload and its runner live in `bench.checkpoint_workload`, the
 targets in `bench.checkpoint_targets`, the window maths, table and plot in
-`bench.checkpoint_report`, the reference stack in `bench.peer_pgredis`, the disk floor in
-`bench.disk_floor`. Without `--agentos-url` it starts our server itself (a fresh process tree
+`bench.checkpoint_report`, the reference stack in `bench.peer_pgredis`, LangGraph's Postgres
+checkpointer in `bench.peer_langgraph`, the disk floor in `bench.disk_floor`. Without `--agentos-url` it starts our server itself (a fresh process tree
 on the same disk, `--durability local` or `s3` against moto's S3 on loopback), so one command
 measures both stacks.
 
-Each target runs inside its own context (the pgredis one starts the private stack before its
-runs and stops it after, also on errors and on SIGTERM) on a fresh uvloop loop; the disk floor
+Each target runs inside its own context (the pgredis and langgraph ones start a private stack
+before their runs and stop it after, also on errors and on SIGTERM) on a fresh uvloop loop; the disk floor
 is measured once, first, in the directory where the peer's data goes.
 
     python -m bench.checkpoints --scales 1k,10k --modes write,mixed --workers 10 \
@@ -39,6 +39,7 @@ from bench.checkpoint_compare import arm_name, override, parse_compare
 from bench.checkpoint_report import COLUMNS, plot_windows, summary_markdown, table_rows
 from bench.checkpoint_targets import LAYER_TARGETS, TARGETS, AgentOSTarget, PgRedisTarget
 from bench.checkpoint_workload import BenchConfig, run_target
+from bench.peer_langgraph import langgraph_started
 from bench.results import ResultsDir, markdown_table
 from bench.server_proc import deep_merge
 
@@ -285,6 +286,8 @@ def _main(argv: list[str] | None) -> int:
             target = AgentOSTarget(args.agentos_url, cfg.op_timeout_secs, args.agentos_api_key,
                                    server_pids=args.agentos_pid)
             factories.append(lambda t=target: contextlib.nullcontext(t))
+        elif name == "langgraph":
+            factories.append(lambda: langgraph_started(args.peer_tmp, cfg.op_timeout_secs))
         else:
             factories.append(lambda: pgredis_target(cfg, args.peer_tmp, args.redis_appendfsync))
     if not factories:

@@ -1,4 +1,5 @@
-"""The reference stack of the checkpoint benchmark: a private PostgreSQL and a private Redis.
+"""The reference stack of the checkpoint benchmark: a private PostgreSQL and a private Redis
+(PostgreSQL alone for LangGraph's checkpointer, bench/peer_langgraph.py).
 
 Owns: installing the Debian packages when they are missing, one throw-away PostgreSQL cluster
 (initdb into a temp dir, `synchronous_commit=on`, fsync on, every other setting at its default)
@@ -126,11 +127,12 @@ class ReferenceStack:
     """Context manager: a private PostgreSQL + Redis; `pg_dsn`, `redis_url` once entered."""
 
     def __init__(self, tmp_root: str | os.PathLike | None = None,
-                 redis_appendfsync: str = "everysec", keep_data: bool = False) -> None:
+                 redis_appendfsync: str = "everysec", keep_data: bool = False, redis: bool = True) -> None:
         if redis_appendfsync not in APPEND_FSYNC_POLICIES:
             raise ValueError(f"redis_appendfsync must be one of {APPEND_FSYNC_POLICIES}")
         self.tmp_root = Path(tmp_root or tempfile.gettempdir())
         self.redis_appendfsync = redis_appendfsync
+        self.with_redis = redis   # False: PostgreSQL alone (LangGraph's checkpointer keeps no pointer elsewhere)
         self.keep_data = keep_data
         self.root: Path | None = None
         self.pg_dsn = ""
@@ -171,25 +173,36 @@ class ReferenceStack:
             "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.root}",
             "-c", "synchronous_commit=on", "-c", "fsync=on",
         ], run_as)
-        self._procs["redis"] = self._spawn("redis", [
-            tools["redis_server"], "--port", str(redis_port), "--bind", "127.0.0.1",
-            "--dir", str(redis_dir), "--appendonly", "yes",
-            "--appendfsync", self.redis_appendfsync, "--daemonize", "no",
-        ], {})
+        if self.with_redis:
+            self._procs["redis"] = self._spawn("redis", [
+                tools["redis_server"], "--port", str(redis_port), "--bind", "127.0.0.1",
+                "--dir", str(redis_dir), "--appendonly", "yes",
+                "--appendfsync", self.redis_appendfsync, "--daemonize", "no",
+            ], {})
+            self.redis_url = f"redis://127.0.0.1:{redis_port}/0"
         self.pg_dsn = f"postgresql://bench@127.0.0.1:{pg_port}/postgres"
-        self.redis_url = f"redis://127.0.0.1:{redis_port}/0"
         self._wait_ready(pg_port, redis_port)
         pg_settings = self._create_schema()
         self.info = {
             "data_dir": str(self.root),
             "device": device_of(self.root),
             "postgres_version": _version([str(bindir / "postgres"), "--version"]),
-            "redis_version": _version([tools["redis_server"], "--version"]),
             "pg_settings": {**pg_settings, "other": "defaults"},
-            "redis_settings": {"appendonly": "yes", "appendfsync": self.redis_appendfsync,
-                               "other": "defaults"},
             "packages_installed_now": tools["installed_now"],
         }
+        if self.with_redis:
+            self.info.update(redis_version=_version([tools["redis_server"], "--version"]),
+                             redis_settings={"appendonly": "yes", "appendfsync": self.redis_appendfsync,
+                                             "other": "defaults"})
+
+    def database(self, name: str) -> str:
+        """A new, empty database of the running PostgreSQL; its DSN."""
+        if not name.isidentifier():
+            raise ValueError(f"not a plain database name: {name!r}")
+        proc = self._psql(f"CREATE DATABASE {name}")
+        if proc.returncode != 0:
+            raise StackError(f"CREATE DATABASE {name} failed: {proc.stderr.strip()}")
+        return self.pg_dsn.rsplit("/", 1)[0] + f"/{name}"
 
     def stop(self) -> None:
         """Stop both servers (signal, grace, SIGKILL to the group) and delete the data dir."""
@@ -276,7 +289,7 @@ class ReferenceStack:
     def _wait_ready(self, pg_port: int, redis_port: int) -> None:
         """Both servers answer a real request, or one died, or the deadline passed."""
         deadline = time.monotonic() + READY_TIMEOUT_SECS
-        pending = {"postgres", "redis"}
+        pending = set(self._procs)
         while pending:
             for name in sorted(pending):
                 proc = self._procs[name]

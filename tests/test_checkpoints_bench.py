@@ -362,3 +362,11 @@ def test_agentos_set_pairs_become_a_nested_config_and_bad_ones_are_refused():
         == {"storage": {"compaction_interval_secs": 5, "durability": "none"}, "gateway": {"fast_checkpoints": False}}
     with pytest.raises(ValueError, match="KEY=VALUE"):
         _overrides(["storage.dir"])
+
+
+def test_each_peer_gets_its_own_ratio_table():
+    rows = [fake_row("agentos", "10k", "write", 3000.0, 5.0), fake_row("pgredis", "10k", "write", 1500.0, 10.0),
+            fake_row("langgraph", "10k", "write", 1000.0, 25.0)]
+    text = summary_markdown(rows, {"bench": {"workers": 10, "repeat": 1}})
+    assert "## agentos vs pgredis" in text and "| 10k | write | 2.00 | 0.50 |" in text
+    assert "## agentos vs langgraph" in text and "| 10k | write | 3.00 | 0.20 |" in text
