@@ -41,6 +41,7 @@ REFERENCE = {  # Dex on a c7gd.large (2 vCPU, load generator on another machine)
 TARGETS = {"sync_steps": 2700, "async_steps": 3000, "flows": 1200, "attr_read": 15000, "attr_update": 2200,
            "channel_wake": 700}
 UNITS = {"sync_steps": "steps/s", "async_steps": "steps/s"}
+PEERS = ("restate", "dbos")
 
 
 class Scenario:
@@ -208,10 +209,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="storage.s3.max_inflight_puts of the s3 runs (0: the server's default)")
     p.add_argument("--idle-secs", type=float, default=20.0,
                    help="with s3: first measure the object-storage requests of the idle node this long (0: skip)")
-    p.add_argument("--peer", default="", help="also run the scenarios against: restate")
+    p.add_argument("--peer", default="", type=_peers,
+                   help="also run the scenarios against: restate, dbos (DBOS Transact on a private PostgreSQL), "
+                        "or both (restate,dbos)")
     p.add_argument("--name", default="steps")
     p.add_argument("--results-root", default=None)
     return p.parse_args(argv)
+
+
+def _peers(text: str) -> str:
+    if any(peer not in PEERS for peer in _csv(text)):
+        raise argparse.ArgumentTypeError(f"a comma-separated list of {', '.join(PEERS)}")
+    return text
 
 
 def _durabilities(text: str) -> str:
@@ -324,6 +333,29 @@ def run_agentos(args: argparse.Namespace, scenarios: list[str], clients: dict[st
             tree.close()
 
 
+def _csv(text: str) -> list[str]:
+    return [part for part in text.split(",") if part]
+
+
+def run_peer(peer: str, args: argparse.Namespace, scenarios: list[str], clients: dict[str, list[int]],
+             results: ResultsDir, rows: list[dict]) -> None:
+    """Every point the peer offers, `args.runs` times each; a row per point (the median run)."""
+    if peer == "restate":
+        from bench.peer_restate import SCENARIOS as offered, RestateServer as Peer, run_scenario
+    else:
+        from bench.peer_dbos import SCENARIOS as offered, DbosPeer as Peer, run_scenario
+    with Peer() as server:
+        for scenario in (s for s in scenarios if s in offered):
+            for n in clients[scenario]:
+                runs = [run_scenario(server, scenario, n, args.warmup, args.duration) for _ in range(args.runs)]
+                for r in runs:
+                    r["system"] = peer
+                row = median_row(runs)
+                rows.append(row)
+                results.append_row(row)
+                print(f"  {peer:<8} {scenario:<17} c={n:<4} {row['ops_per_sec']:>9.1f}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     from bench.steps_report import write_report
 
@@ -341,18 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     (results.path / "rows.jsonl").unlink(missing_ok=True)
     rows: list[dict] = []
     run_agentos(args, scenarios, clients, results, rows)
-    if args.peer == "restate":
-        from bench.peer_restate import RestateServer, run_scenario
-        with RestateServer() as restate:
-            for scenario in scenarios:
-                for n in clients[scenario]:
-                    runs = [run_scenario(restate, scenario, n, args.warmup, args.duration) for _ in range(args.runs)]
-                    for r in runs:
-                        r["system"] = "restate"
-                    row = median_row([{**r, "ops_per_sec": r["ops_per_sec"]} for r in runs])
-                    rows.append(row)
-                    results.append_row(row)
-                    print(f"  restate  {scenario:<17} c={n:<4} {row['ops_per_sec']:>9.1f}", file=sys.stderr)
+    for peer in _csv(args.peer):
+        run_peer(peer, args, scenarios, clients, results, rows)
     write_report(results, rows, args, REFERENCE, TARGETS)
     print(f"results: {results.path}", file=sys.stderr)
     return 0

@@ -6,8 +6,12 @@ from typing import Any
 from bench.results import ResultsDir, markdown_table, pyplot
 
 
+PEER_LABELS = {"restate": "Restate", "dbos": "DBOS"}
+
+
 def write_report(results: ResultsDir, rows: list[dict], args: Any, reference: dict, targets: dict) -> None:
-    peer = {(r["scenario"], r["clients"]): r for r in rows if r["system"] == "restate"}
+    peers = {name: {(r["scenario"], r["clients"]): r for r in rows if r["system"] == name} for name in PEER_LABELS}
+    peers = {name: points for name, points in peers.items() if points}
     modes = args.durability.split(",")
     by_mode = {m: [r for r in rows if r["system"] == "agent-os" and r.get("durability", modes[0]) == m] for m in modes}
     text = (f"# Step benchmark\n\nDurability `{args.durability}`; {args.workers} worker processes; "
@@ -22,12 +26,17 @@ def write_report(results: ResultsDir, rows: list[dict], args: Any, reference: di
                  "point went through them in turn, in reverse order every other time.\n")
     idle = next((r for r in rows if r["system"] == "idle"), None)
     for mode, ours in by_mode.items():
-        text += f"\n## Durability `{mode}`\n\n" + _table(ours, peer, reference, targets) + "\n"
+        text += f"\n## Durability `{mode}`\n\n" + _table(ours, peers, reference, targets) + "\n"
         if mode == "s3" and idle:
             text += (f"\nThe idle node ({idle['idle_secs']:g} s with no load, before the runs): "
                      f"{idle['puts_per_sec']} PUTs/s (target ≤ 0.3); every request per second, by operation "
                      "and purpose: " + (", ".join(f"{k} {v}" for k, v in idle["requests_per_sec"].items()) or "none")
                      + ".\n")
+    if "dbos" in peers:
+        text += ("\nDBOS ran as what it is, a library: each run one process that started DBOS on a private "
+                 "PostgreSQL (`synchronous_commit=on`) and ran the same closed loop of clients in its own event loop "
+                 "(bench/dbos_app.py says what each scenario does there; it offers no ASYNC steps, no locked update "
+                 "and no 10 × 16 KiB read). Its process's and PostgreSQL's CPU are in rows.jsonl.\n")
     if "local" in by_mode and "s3" in by_mode:
         text += "\n## s3 against local, same run\n\n" + _s3_vs_local(by_mode["local"], by_mode["s3"]) + "\n"
     results.write_summary(text)
@@ -37,12 +46,12 @@ def write_report(results: ResultsDir, rows: list[dict], args: Any, reference: di
     names = [r["scenario"] + (f"\nc={r['clients']}" if several else "") for r in ours]
     fig, ax = plt.subplots(figsize=(11, 5))
     xs = range(len(names))
-    width = 0.27
+    width = 0.8 / (2 + len(peers))
     ax.bar([x - width for x in xs], [r["ops_per_sec"] for r in ours], width, label="Agent OS (this machine)")
     ax.bar(list(xs), [reference.get(r["scenario"], 0) for r in ours], width, label="Dex c7gd.large (reference)")
-    if peer:
-        ax.bar([x + width for x in xs], [peer.get((r["scenario"], r["clients"]), {}).get("ops_per_sec", 0)
-                                         for r in ours], width, label="Restate (same machine)")
+    for i, (name, points) in enumerate(peers.items(), start=1):
+        ax.bar([x + i * width for x in xs], [points.get((r["scenario"], r["clients"]), {}).get("ops_per_sec", 0)
+                                             for r in ours], width, label=f"{PEER_LABELS[name]} (same machine)")
     ax.set_xticks(list(xs))
     ax.set_xticklabels(names, rotation=20)
     ax.set_yscale("log")
@@ -61,18 +70,21 @@ def _step_latency(row: dict) -> str | None:
     return f"{row['step_p50_ms']:.3f} / {row['step_p99_ms']:.3f}"
 
 
-def _table(ours: list[dict], peer: dict, reference: dict, targets: dict) -> str:
+def _table(ours: list[dict], peers: dict[str, dict], reference: dict, targets: dict) -> str:
     ours = sorted(ours, key=lambda r: bool(r.get("half_peak_of")))
+
+    def peer_cells(r: dict) -> list:
+        return [None if r.get("half_peak_of") else points.get((r["scenario"], r["clients"]), {}).get("ops_per_sec")
+                for points in peers.values()]
+
     table = markdown_table(
         ["scenario", "clients", "Agent OS", "unit", "p50 ms", "p99 ms", "step p50 / p99 ms", "server CPU %",
          "worker CPU %", "S3 CPU %", "fsyncs/s", "PUTs/s", "per PUT", "target", "Dex c7gd.large",
-         "Restate (same run)"],
+         *(f"{PEER_LABELS[name]} (same run)" for name in peers)],
         [[r["scenario"] + (" (half peak)" if r.get("half_peak_of") else ""), r["clients"], r["ops_per_sec"], r["unit"],
           r["p50_ms"], r["p99_ms"], _step_latency(r), r["server_cpu_percent"],
           r["worker_cpu_percent"], r.get("s3_cpu_percent"), r["fsyncs_per_sec"], r.get("puts_per_sec"), r.get("per_put"),
-          None if r.get("half_peak_of") else targets.get(r["scenario"]), reference.get(r["scenario"]),
-          peer[r["scenario"], r["clients"]]["ops_per_sec"]
-          if (r["scenario"], r["clients"]) in peer and not r.get("half_peak_of") else None]
+          None if r.get("half_peak_of") else targets.get(r["scenario"]), reference.get(r["scenario"]), *peer_cells(r)]
          for r in ours])
     for r in ours:
         if r.get("half_peak_of"):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import types
 
+import pytest
+
 from bench.results import ResultsDir
 from bench.steps_measure import closed_loop
 from bench.steps_report import write_report
@@ -47,6 +49,31 @@ def test_summary_sets_s3_against_local_at_each_client_count_and_peak_against_pea
     assert "The idle node (20 s with no load, before the runs): 0.25 PUTs/s (target ≤ 0.3)" in text
     assert 'op="put",purpose="lease" 0.25.' in text
     assert (results.path / "steps.png").stat().st_size > 0
+
+
+def test_each_peer_of_the_step_benchmark_gets_a_column_and_only_where_it_ran(tmp_path):
+    results = ResultsDir("peers", tmp_path)
+    ours = [_row("local", 128, 4600.0), {**_row("local", 64, 7700.0), "scenario": "async_steps"}]
+    rows = [*ours, {"system": "restate", "scenario": "sync_steps", "clients": 128, "ops_per_sec": 900.0},
+            {"system": "restate", "scenario": "async_steps", "clients": 64, "ops_per_sec": 1100.0},
+            {"system": "dbos", "scenario": "sync_steps", "clients": 128, "ops_per_sec": 210.0}]
+    args = types.SimpleNamespace(durability="local", workers=2, warmup=3.0, duration=10.0, runs=1)
+    write_report(results, rows, args, {"sync_steps": 1772}, {"sync_steps": 2700})
+    text = (results.path / "summary.md").read_text()
+    assert "| Restate (same run) | DBOS (same run) |" in text
+    assert "| 2700 | 1772 | 900.0 | 210.0 |" in text          # sync_steps: both peers
+    assert "| – | – | 1,100.0 | – |" in text                # async_steps: Restate ran it, DBOS offers none
+    assert "DBOS ran as what it is, a library" in text
+    assert (results.path / "steps.png").stat().st_size > 0
+
+
+
+def test_the_step_benchmark_refuses_an_unknown_peer():
+    from bench.steps import parse_args
+
+    assert parse_args(["--peer", "restate,dbos"]).peer == "restate,dbos"
+    with pytest.raises(SystemExit):
+        parse_args(["--peer", "temporal"])
 
 
 def _turn_row(profile: str, rnd: int, c: int, turns_per_sec: float, failed: int = 0) -> dict:

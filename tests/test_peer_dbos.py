@@ -1,0 +1,25 @@
+"""DBOS Transact as a peer of the step benchmark (bench/peer_dbos.py, bench/dbos_app.py), on a real
+private PostgreSQL: each scenario it offers runs its closed loop and reports work done, and a
+channel wake is timed from the send to the woken step."""
+import glob
+
+import pytest
+
+from bench.peer_dbos import SCENARIOS, DbosPeer, run_scenario
+
+pytestmark = pytest.mark.skipif(not glob.glob("/usr/lib/postgresql/*/bin/postgres"),
+                                reason="PostgreSQL is not installed here (the benchmark installs it when run)")
+
+
+def test_every_offered_scenario_does_work_without_errors():
+    with DbosPeer() as dbos:
+        rows = {scenario: run_scenario(dbos, scenario, 4, 0.5, 1.5) for scenario in SCENARIOS}
+        assert dbos.versions()["dbos"]
+    for scenario, row in rows.items():
+        assert row["system"] == "dbos" and row["scenario"] == scenario and row["clients"] == 4
+        assert row["errors"] == 0 and row["ops_per_sec"] > 0, row
+        assert row["p50_ms"] is not None and row["app_cpu_percent"] > 0
+    assert rows["sync_steps"]["unit"] == "steps/s" and rows["sync_steps"]["step_p50_ms"] > 0
+    wake = rows["channel_wake"]
+    assert 0 < wake["p50_ms"] < 10_000   # the send to the woken step, not the whole cycle of setup
+
