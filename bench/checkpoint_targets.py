@@ -91,6 +91,18 @@ def _error_text(body: bytes) -> str:
         return body[:200].decode("utf-8", "replace")
 
 
+async def within_timeout(worker, op):
+    """`worker._connect()`, then `op()`, both within the op timeout. A worker that timed out has its
+    connections closed: they are in an unknown state, never to be reused."""
+    try:
+        async with asyncio.timeout(worker.t.op_timeout_secs):
+            await worker._connect()
+            return await op()
+    except TimeoutError as exc:
+        await worker.close()
+        raise CheckpointError("timeout", f"no answer in {worker.t.op_timeout_secs:g}s") from exc
+
+
 # ------------------------------------------------------------------------------------- agentos
 class AgentOSWorker:
     """One keep-alive HTTP/1.1 connection; request heads are built per call (payloads differ)."""
@@ -225,12 +237,7 @@ class PgRedisWorker:
         import redis
 
         try:
-            async with asyncio.timeout(self.t.op_timeout_secs):
-                await self._connect()
-                return await op()
-        except TimeoutError as exc:
-            await self.close()  # the connections are in an unknown state: never reuse them
-            raise CheckpointError("timeout", f"no answer in {self.t.op_timeout_secs:g}s") from exc
+            return await within_timeout(self, op)
         except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             if self.pg is not None and self.pg.is_closed():
                 await self.close()

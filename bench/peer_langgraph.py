@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 from typing import ClassVar, Iterator
 
-from bench.checkpoint_targets import CheckpointError, Latest
+from bench.checkpoint_targets import CheckpointError, Latest, within_timeout
 
 CHANNEL = "state"   # the one channel of the benchmark's graph: the agent's serialized state
 
@@ -48,12 +48,7 @@ class LangGraphWorker:
         import psycopg
 
         try:
-            async with asyncio.timeout(self.t.op_timeout_secs):
-                await self._connect()
-                return await op()
-        except TimeoutError as exc:
-            await self.close()  # the connection is in an unknown state: never reuse it
-            raise CheckpointError("timeout", f"no answer in {self.t.op_timeout_secs:g}s") from exc
+            return await within_timeout(self, op)
         except (psycopg.Error, OSError) as exc:
             if self.conn is not None and self.conn.closed:
                 await self.close()
