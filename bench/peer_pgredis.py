@@ -20,6 +20,7 @@ SIGKILL to the whole process group.
 """
 from __future__ import annotations
 
+import fcntl
 import glob
 import os
 import pwd
@@ -68,25 +69,33 @@ def _pg_bindir() -> Path | None:
 
 
 def ensure_installed() -> dict:
-    """apt-get install postgresql redis-server if either server is missing (update on failure)."""
+    """apt-get install postgresql redis-server if either server is missing (update on failure).
+    One install at a time on the machine (a lock file): two at once fail on dpkg's own lock."""
     installed = []
     if _pg_bindir() is None or shutil.which("redis-server") is None:
         if os.geteuid() != 0:
             raise StackError("postgresql or redis-server is missing and we are not root")
-        cmd = ["apt-get", "install", "-y", "postgresql", "redis-server"]
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        if subprocess.run(cmd, env=env, timeout=APT_TIMEOUT_SECS, capture_output=True,
-                          check=False).returncode != 0:
-            subprocess.run(["apt-get", "update"], env=env, timeout=APT_TIMEOUT_SECS,
-                           capture_output=True, check=True)
-            subprocess.run(cmd, env=env, timeout=APT_TIMEOUT_SECS, capture_output=True,
-                           check=True)
-        installed = ["postgresql", "redis-server"]
+        with open(os.path.join(tempfile.gettempdir(), "agent-os-apt.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if _pg_bindir() is None or shutil.which("redis-server") is None:   # not installed meanwhile
+                _apt_install(["postgresql", "redis-server"])
+                installed = ["postgresql", "redis-server"]
     bindir = _pg_bindir()
     redis = shutil.which("redis-server")
     if bindir is None or redis is None:
         raise StackError("postgresql / redis-server still missing after apt-get install")
     return {"pg_bindir": str(bindir), "redis_server": redis, "installed_now": installed}
+
+
+def _apt_install(packages: list[str]) -> None:
+    cmd = ["apt-get", "install", "-y", *packages]
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    try:
+        if subprocess.run(cmd, env=env, timeout=APT_TIMEOUT_SECS, capture_output=True, check=False).returncode:
+            subprocess.run(["apt-get", "update"], env=env, timeout=APT_TIMEOUT_SECS, capture_output=True, check=True)
+            subprocess.run(cmd, env=env, timeout=APT_TIMEOUT_SECS, capture_output=True, check=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise StackError(f"apt-get install {' '.join(packages)} failed: {exc}") from exc
 
 
 def _version(cmd: list[str]) -> str:

@@ -81,3 +81,15 @@ def make_s3_server(tmp_path, s3):
         server.stop()
     leftovers = [p for s in servers for p in s.leftovers()]
     assert not leftovers, f"processes left behind: {leftovers}"
+
+
+@pytest.fixture(scope="session")
+def postgres_installed():
+    """PostgreSQL's server on this machine, installed from the system's packages as the benchmarks
+    do when it is missing (a fresh machine); the test is skipped, saying why, where it cannot be."""
+    from bench.peer_pgredis import StackError, ensure_installed
+
+    try:
+        return ensure_installed()
+    except StackError as exc:
+        pytest.skip(f"PostgreSQL is not installed and cannot be: {exc}")
