@@ -209,12 +209,18 @@ class Bus:
             chunk: list[bytes] = []
             size = 0
             for envelope in envelopes:
-                if chunk and size + len(envelope) > codec.MAX_BATCH_BYTES:
+                # a big one goes alone (a batch would copy it at each end), after what came before it
+                alone = len(envelope) >= codec.LARGE_ENVELOPE_BYTES
+                if chunk and (alone or size + len(envelope) > codec.MAX_BATCH_BYTES):
                     self._push(codec.encode_batch(dest, chunk) if len(chunk) > 1 else chunk[0])
                     chunk, size = [], 0
+                if alone:
+                    self._push(envelope)
+                    continue
                 chunk.append(envelope)
                 size += len(envelope) + 4
-            self._push(codec.encode_batch(dest, chunk) if len(chunk) > 1 else chunk[0])
+            if chunk:
+                self._push(codec.encode_batch(dest, chunk) if len(chunk) > 1 else chunk[0])
         self._drain()  # a send may have consumed the socket's read edge
 
     def _push(self, frame: bytes) -> None:

@@ -32,6 +32,11 @@ _U16 = struct.Struct("<H")
 _KIND_PREFIX: dict[Kind, bytes] = {k: bytes([len(v)]) + v for k, v in KIND_BYTES.items()}
 _NAME_PREFIX: dict[str, bytes] = {}
 MAX_HEADER_BYTES = 0xFFFF
+# From this size on an envelope is handled without needless copies of it: sent to ZeroMQ by
+# reference (broker/frames.py), never put in a batch, its body decoded in place. For small ones
+# a copy costs less than that bookkeeping; a reply of ten 16 KiB attributes was copied seven times
+# between actor and client, most of the broker's and half the actor's CPU in that read.
+LARGE_ENVELOPE_BYTES = 64 * 1024
 
 
 def name_prefix(name: str | bytes) -> bytes:
@@ -68,8 +73,10 @@ def split_name(envelope: bytes) -> tuple[bytes, int]:
     return envelope[6:end], end
 
 
-def split_rest(envelope: bytes, offset: int) -> tuple[bytes, bytes, bytes]:
-    """(kind, header, body) bytes from the kind's offset, without decoding any of them."""
+def split_rest(envelope: bytes, offset: int, view: bool = False) -> tuple[bytes, bytes, bytes | memoryview]:
+    """(kind, header, body) bytes from the kind's offset, without decoding any of them; `view`:
+    the body as a view into the envelope rather than a copy of it (for a big one about to be
+    decoded and dropped)."""
     kind_end = offset + 1 + envelope[offset]
     if len(envelope) < kind_end + 2:
         raise ProtocolError("envelope truncated in its kind")
@@ -77,7 +84,8 @@ def split_rest(envelope: bytes, offset: int) -> tuple[bytes, bytes, bytes]:
     header_end = kind_end + 2 + _U16.unpack_from(envelope, kind_end)[0]
     if len(envelope) < header_end:
         raise ProtocolError("envelope truncated in its header")
-    return kind, envelope[kind_end + 2:header_end], envelope[header_end:]
+    body = memoryview(envelope)[header_end:] if view else envelope[header_end:]
+    return kind, envelope[kind_end + 2:header_end], body
 
 
 def check_proto(prefix: bytes) -> None:
@@ -137,7 +145,7 @@ def decode(envelope: bytes, src: str | None = None) -> Message:
     """A message as delivered by the broker, whose name field is the sender (or `src`, for an
     envelope taken out of a batch, whose own name field still says where it was going)."""
     name, offset = split_name(envelope)
-    kind_raw, header, body = split_rest(envelope, offset)
+    kind_raw, header, body = split_rest(envelope, offset, view=len(envelope) >= LARGE_ENVELOPE_BYTES)
     kind = decode_kind(kind_raw)
     if kind is Kind.BATCH:
         raise ProtocolError("a batch inside a batch")

@@ -9,15 +9,20 @@ from __future__ import annotations
 import zmq
 from zmq.backend import Socket as _Backend
 
+from broker.codec import LARGE_ENVELOPE_BYTES
+
 _send = _Backend.send
 _recv = _Backend.recv
 NOBLOCK = int(zmq.NOBLOCK)
 NOBLOCK_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
+# From this size on a frame goes to ZeroMQ without a copy: it keeps a reference to the (immutable)
+# bytes until sent (broker/codec.py says why the size).
+ZERO_COPY_BYTES = LARGE_ENVELOPE_BYTES
 
 
 def send(sock: zmq.Socket, envelope: bytes) -> None:
     """One envelope on a DEALER; raises zmq.Again at the high-water mark."""
-    _send(sock, envelope, NOBLOCK, True, False)
+    _send(sock, envelope, NOBLOCK, len(envelope) < ZERO_COPY_BYTES, False)
 
 
 def recv(sock: zmq.Socket) -> bytes:
@@ -28,7 +33,7 @@ def recv(sock: zmq.Socket) -> bytes:
 def router_send(sock: zmq.Socket, identity: bytes, envelope: bytes) -> None:
     """Raises zmq.Again at the high-water mark, ZMQError(EHOSTUNREACH) for an unknown peer."""
     _send(sock, identity, NOBLOCK_MORE, True, False)
-    _send(sock, envelope, NOBLOCK, True, False)
+    _send(sock, envelope, NOBLOCK, len(envelope) < ZERO_COPY_BYTES, False)
 
 
 def router_recv(sock: zmq.Socket) -> tuple[bytes, bytes | None]:

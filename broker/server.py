@@ -39,6 +39,15 @@ _DRAIN_BATCH = 2000
 _pack = msgpack.Packer(use_bin_type=True).pack
 
 
+
+def _renamed(prefix: bytes, envelope: bytes, offset: int) -> bytes:
+    """The envelope with the sender's name in place of the destination's. A big one in one copy
+    (a slice and a concatenation would copy it twice: a quarter of the broker's CPU in reads of
+    ten 16 KiB attributes)."""
+    if len(envelope) < codec.LARGE_ENVELOPE_BYTES:
+        return prefix + envelope[offset:]
+    return b"".join((prefix, memoryview(envelope)[offset:]))
+
 class Broker:
     def __init__(self, endpoint: "str | BusAddress", trace_endpoint: str = "", *, peer_timeout_secs: float = 3.0,
                  context: zmq.Context | None = None) -> None:
@@ -182,7 +191,7 @@ class Broker:
             reason = "unknown" if dest not in self.identity_of else "dead"
         else:
             try:
-                frames.router_send(self.router, target, self.prefix_of[identity] + envelope[offset:])
+                frames.router_send(self.router, target, _renamed(self.prefix_of[identity], envelope, offset))
             except zmq.Again:
                 reason = "queue full"
             except zmq.ZMQError as exc:

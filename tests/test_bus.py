@@ -177,3 +177,37 @@ def test_a_request_to_a_peer_that_died_is_resent_when_it_comes_back(broker):
         return reply
 
     assert run(go()).body["stats"] == {"by": "second"}
+
+
+def test_big_messages_go_whole_in_order_and_outside_batches(broker):
+    """Envelopes of 64 KiB and more are sent alone (a batch would copy them at both ends), each
+    after the small ones queued before it: one peer's messages to another keep their order."""
+    b_, endpoint = broker
+    big = "x" * (200 * 1024)
+
+    async def go():
+        got = []
+        done = asyncio.Event()
+
+        def on_stats(msg):
+            got.append(msg.body)
+            if len(got) == 5:
+                done.set()
+
+        a = Bus("gateway/0", endpoint)
+        b = Bus("actor/0", endpoint, {Kind.STATS: on_stats})
+        await a.start()
+        await b.start()
+        before = b_.routed
+        for i, payload in enumerate(["s0", big, "s2", big + "3", "s4"]):   # one loop iteration
+            a.send("actor/0", Kind.STATS, {"i": i, "p": payload})   # fields a kind does not declare travel too
+        await asyncio.wait_for(done.wait(), 10)
+        routed = b_.routed - before
+        await a.close()
+        await b.close()
+        return got, routed
+
+    got, routed = run(go())
+    assert [(s["i"], len(s["p"])) for s in got] == [(0, 2), (1, len(big)), (2, 2), (3, len(big) + 1), (4, 2)]
+    assert got[1]["p"] == big and got[3]["p"] == big + "3"
+    assert routed == 5   # s0 | big | s2 | big3 | s4: no batch held a big one
