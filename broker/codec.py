@@ -32,10 +32,10 @@ _U16 = struct.Struct("<H")
 _KIND_PREFIX: dict[Kind, bytes] = {k: bytes([len(v)]) + v for k, v in KIND_BYTES.items()}
 _NAME_PREFIX: dict[str, bytes] = {}
 MAX_HEADER_BYTES = 0xFFFF
-# From this size on an envelope is handled without needless copies of it: sent to ZeroMQ by
-# reference (broker/frames.py), never put in a batch, its body decoded in place. For small ones
-# a copy costs less than that bookkeeping; a reply of ten 16 KiB attributes was copied seven times
-# between actor and client, most of the broker's and half the actor's CPU in that read.
+# From this size on an envelope is spared the copies nothing needs: it is never put in a batch
+# (a batch copies it at each end), the broker renames it in one copy, its body is decoded in place.
+# A reply of ten 16 KiB attributes was copied seven times between actor and client, most of the
+# broker's and half the actor's CPU in that read; for small envelopes the plain way is cheaper.
 LARGE_ENVELOPE_BYTES = 64 * 1024
 
 
