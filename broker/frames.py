@@ -4,8 +4,8 @@ pyzmq's convenience layer (send_multipart, recv_multipart, getsockopt) converts 
 options through Python enums on every call, which costs ~20 µs per message here; these calls go
 to the Cython backend with plain int flags and cost about 1 µs. Frames are copied into ZeroMQ,
 even big ones: its zero-copy sends (a reference held until a garbage-collector thread hears the
-frame went) did no better for replies of 160 KiB, side by side (3,088 and 3,652 reads/s copied,
-3,146 and 2,926 by reference), and cost a thread per process.
+frame went) did a little worse for replies of 160 KiB, side by side, and cost a thread per
+process (bench/results/2026-12-04-big-envelopes-zero-copy-ab/).
 """
 from __future__ import annotations
 
