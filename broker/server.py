@@ -39,7 +39,6 @@ _DRAIN_BATCH = 2000
 _pack = msgpack.Packer(use_bin_type=True).pack
 
 
-
 def _renamed(prefix: bytes, envelope: bytes, offset: int) -> bytes:
     """The envelope with the sender's name in place of the destination's. A big one in one copy
     (a slice and a concatenation would copy it twice: a quarter of the broker's CPU in reads of
@@ -47,6 +46,7 @@ def _renamed(prefix: bytes, envelope: bytes, offset: int) -> bytes:
     if len(envelope) < codec.LARGE_ENVELOPE_BYTES:
         return prefix + envelope[offset:]
     return b"".join((prefix, memoryview(envelope)[offset:]))
+
 
 class Broker:
     def __init__(self, endpoint: "str | BusAddress", trace_endpoint: str = "", *, peer_timeout_secs: float = 3.0,
