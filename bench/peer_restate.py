@@ -194,10 +194,12 @@ class RestateServer:
         try:
             config_path = self.root / "restate.toml"
             config_path.write_text(toml_text(self.settings))
+            scratch = self.root / "tmp"   # its invoker leaves a temp dir per partition behind in TMPDIR
+            scratch.mkdir()
             with open(self.root / "restate.log", "ab") as log:
                 self._server = subprocess.Popen(
                     server_command(binary, config_path, self.root / "data"), cwd=self.root,
-                    env=child_env(), stdout=log, stderr=subprocess.STDOUT,
+                    env={**child_env(), "TMPDIR": str(scratch)}, stdout=log, stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL, start_new_session=True)
             self._start_service()
             self.ingress_url = self._wait_admin(deadline)["ingress_endpoint"].rstrip("/")
