@@ -4,13 +4,13 @@ Owns: the run over targets × scales × modes, the command line and the results 
 rows, summary, plot). The workload and its runner live in `bench.checkpoint_workload`, the
 targets in `bench.checkpoint_targets`, the window maths, table and plot in
 `bench.checkpoint_report`, the reference stack in `bench.peer_pgredis`, LangGraph's Postgres
-checkpointer in `bench.peer_langgraph`, the disk floor in `bench.disk_floor`. Without `--agentos-url` it starts our server itself (a fresh process tree
-on the same disk, `--durability local` or `s3` against moto's S3 on loopback), so one command
-measures both stacks.
+checkpointer in `bench.peer_langgraph`, the disk floor in `bench.disk_floor`. Without
+`--agentos-url` it starts our server itself (a fresh process tree on the same disk, `--durability
+local` or `s3` against moto's S3 on loopback), so one command measures every stack.
 
 Each target runs inside its own context (the pgredis and langgraph ones start a private stack
-before their runs and stop it after, also on errors and on SIGTERM) on a fresh uvloop loop; the disk floor
-is measured once, first, in the directory where the peer's data goes.
+before their runs and stop it after, also on errors and on SIGTERM) on a fresh uvloop loop; the
+disk floor is measured once, first, in the directory where the peer's data goes.
 
     python -m bench.checkpoints --scales 1k,10k --modes write,mixed --workers 10 \
         --targets agentos,pgredis --agentos-url http://127.0.0.1:8080

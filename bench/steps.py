@@ -224,7 +224,7 @@ def _peers(text: str) -> str:
 
 
 def _durabilities(text: str) -> str:
-    modes = [m for m in text.split(",") if m]
+    modes = _csv(text)
     if not modes or any(m not in ("local", "none", "s3") for m in modes):
         raise argparse.ArgumentTypeError("a comma-separated list of local, none, s3")
     return ",".join(modes)
