@@ -39,7 +39,8 @@ class Actor:
         self.turns: dict[str, Turn] = {}
         self.finished: collections.deque[Turn] = collections.deque()
         self.closing = ClosingSessions()
-        self.bus = Bus(self.name, bus_endpoint, {}, heartbeat_secs=config.broker.heartbeat_secs, log=log)
+        self.bus = Bus(self.name, bus_endpoint, {}, heartbeat_secs=config.broker.heartbeat_secs, log=log,
+                       spill_bytes=config.broker.spill_ring_bytes)
         self.provider = Provider(config.provider)
         self.permits = PermitClient(self.bus)
         self.persistence = Persistence(self.bus, config)

@@ -143,7 +143,7 @@ def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> in
     async def run(stop: asyncio.Event) -> int:
         scheduler = Scheduler(config, log)
         bus = Bus(SCHEDULER, bus_address(config, run_dir), scheduler.handlers(),
-                  heartbeat_secs=config.broker.heartbeat_secs, log=log)
+                  heartbeat_secs=config.broker.heartbeat_secs, log=log, spill_bytes=config.broker.spill_ring_bytes)
         scheduler.bus = bus
         await bus.start()
         ticker = asyncio.create_task(scheduler.ticker())

@@ -284,7 +284,8 @@ def main(config: Config, modules: list[str], slots: int, name: str | None, log: 
     runtimes: list[WorkerRuntime] = []
 
     async def run(stop: asyncio.Event) -> int:
-        bus = Bus(worker_name, bus_address(config, run_dir), role="worker", heartbeat_secs=config.broker.heartbeat_secs, log=log)
+        bus = Bus(worker_name, bus_address(config, run_dir), role="worker", heartbeat_secs=config.broker.heartbeat_secs, log=log,
+                       spill_bytes=config.broker.spill_ring_bytes)
         runtime = WorkerRuntime(app, bus, slots, log)
         runtimes.append(runtime)
         await bus.start()

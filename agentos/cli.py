@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from agentos import config as config_mod
-from agentos import service
+from agentos import native_memory, service
 from agentos.rundir import RunDir
 from storage.records import RecordKind
 
@@ -113,6 +113,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     # SIGTERM unwinds like Ctrl-C: the benchmark's `finally` blocks stop the server trees and peers
     # it started (in sessions of their own, so nothing else would), instead of leaving them running.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    # With glibc's defaults a load generator with 32 replies of 160 KiB alive at once handed the
+    # heap's top back whenever they were all freed and faulted it in again: 2,500 brk calls and
+    # 114k page faults a second, its whole core (bench/results/2026-12-04-spill-*).
+    native_memory.keep_freed_heap(256 << 20)
     return importlib.import_module(BENCHMARKS[args.which]).main(args.rest)
 
 

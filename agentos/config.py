@@ -152,6 +152,7 @@ class BrokerConfig:
     keys_dir: str = ""                  # with tcp: "" = <storage.dir>/keys
     heartbeat_secs: float = 1.0
     peer_timeout_secs: float = 3.0
+    spill_ring_bytes: int = 8 << 20     # with ipc: each process's ring in /dev/shm for big bodies (0: off)
 
 
 @dataclass
@@ -380,6 +381,8 @@ def validate(config: Config) -> None:
     parse_listen(config.broker.listen, "broker.listen")
     parse_listen(config.broker.trace_listen, "broker.trace_listen")
     _positive(config.broker.heartbeat_secs, "broker.heartbeat_secs")
+    if config.broker.spill_ring_bytes and not 1 << 20 <= config.broker.spill_ring_bytes <= 1 << 30:
+        raise ConfigError("broker.spill_ring_bytes: 0 (off) or 1 MiB to 1 GiB")
     if config.broker.peer_timeout_secs <= config.broker.heartbeat_secs:
         raise ConfigError("broker.peer_timeout_secs: must be longer than broker.heartbeat_secs")
     for key, tenant in config.auth.api_keys.items():

@@ -24,6 +24,7 @@ from agentos.config import Config
 from agentos.forkserver import ForkedProcess, ForkServer
 from agentos.restart_policy import RestartPolicy, is_crash_loop, next_failure_count, restart_delay
 from agentos.rundir import RunDir
+from broker import spill
 from broker.address import bus_address
 from broker.client import Bus
 from broker.protocol import Kind
@@ -159,7 +160,8 @@ class Supervisor:
             if child.role == "broker":
                 await self.wait_for(child, lambda: bus_address(self.config, self.run_dir).ready(), "its socket")
                 self.bus = Bus("supervisor", bus_address(self.config, self.run_dir),
-                               heartbeat_secs=self.config.broker.heartbeat_secs)
+                               heartbeat_secs=self.config.broker.heartbeat_secs,
+                               spill_bytes=self.config.broker.spill_ring_bytes)
                 await self.bus.start()
             elif child.role == "mock-llm":
                 await self.wait_for(child, lambda: self.run_dir.read_port("mock-llm") is not None, "its port")
@@ -273,6 +275,7 @@ class Supervisor:
         log.warning("%s (pid %d) %s after %.1fs", child.name, child.proc.pid, how, now - child.started_at)
         metrics.mark_dead(child.proc.pid)
         metrics.processes_up.dec()
+        self.remove_dead_rings()
         child.proc = None
         self._unwatch_exit(child)
         child.failures = next_failure_count(self.policy, child.failures, now - child.started_at)
@@ -328,7 +331,15 @@ class Supervisor:
         if self.cpu_claim is not None:   # every child is gone: another server may take the CPU
             os.close(self.cpu_claim)
             self.cpu_claim = None
+        if self.config.broker.transport == "ipc":
+            spill.remove_leftovers(self.run_dir.bus_endpoint)
         self.write_table()
+
+    def remove_dead_rings(self) -> None:
+        """The big-body rings (broker/spill.py) of children that died without removing theirs."""
+        directory = spill.spill_dir(self.run_dir.bus_endpoint) if self.config.broker.transport == "ipc" else None
+        if directory:
+            spill.remove_dead_rings(directory)
 
     async def stop_child(self, child: Child, grace: float) -> None:
         proc = child.proc

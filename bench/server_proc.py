@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from agentos import module_command
+from broker import spill
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -177,6 +178,7 @@ class ServerProcess:
         if self._log is not None:
             self._log.close()
             self._log = None
+        spill.remove_leftovers(f"ipc://{self.rundir}/broker.sock")   # a tree killed at once removes none of its rings
         shutil.rmtree(self.run_root, ignore_errors=True)
         if self.remove_work_dir:
             shutil.rmtree(self.work_dir, ignore_errors=True)

@@ -17,6 +17,9 @@ What it gives a process:
   receiver one receive for many messages. At low load a batch is a single envelope.
 - Handlers from an explicit table {Kind: callable}; a coroutine handler runs as a task, a plain
   one inline. Malformed messages are counted and logged once, never raised.
+- On an ipc bus, a big body (from `codec.LARGE_ENVELOPE_BYTES`) goes through this process's ring
+  in shared memory and only a small envelope through the broker (broker/spill.py); `spill_bytes`
+  sizes the ring, 0 turns it off.
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ from typing import Any, Awaitable, Callable, Mapping
 
 import zmq
 
-from broker import codec, frames
+from broker import codec, frames, spill
 from broker.address import BusAddress
 from broker.protocol import BROKER, REQUESTS, Kind, Message, ProtocolError
 from broker.requests import Attempts, AttemptTimeout, BusError, BusTimeout, Undeliverable
@@ -52,7 +55,7 @@ _RERUN = object()     # reply sent but too large to keep: a duplicate simply run
 class Bus:
     def __init__(self, name: str, endpoint: "str | BusAddress", handlers: Mapping[Kind, Handler] | None = None, *,
                  role: str | None = None, heartbeat_secs: float = 1.0,
-                 log: logging.Logger | None = None) -> None:
+                 log: logging.Logger | None = None, spill_bytes: int = spill.RING_BYTES) -> None:
         self.name = name
         self.role = role or name.split("/")[0]
         self.endpoint = endpoint
@@ -83,6 +86,14 @@ class Bus:
         self.retries = 0
         self.handler_errors = 0
         self.restart_hooks: list[Callable[[str], None]] = []   # told of each peer the broker saw restart
+        endpoint_url = endpoint.endpoint if isinstance(endpoint, BusAddress) else endpoint
+        self._spill_dir = spill.spill_dir(endpoint_url)
+        self._spill_reader = spill.SpillReader(self._spill_dir) if self._spill_dir else None
+        self._spill_bytes = spill_bytes if self._spill_dir else 0
+        self._ring: spill.SpillRing | None = None
+        self._big_queued = False
+        self.spilled = 0
+        self.spill_full = 0
 
     def on(self, kind: Kind, handler: Handler) -> None:
         self._handlers[kind] = handler
@@ -132,6 +143,11 @@ class Bus:
             self._loop.remove_reader(self._sock.getsockopt(zmq.FD))
             self._sock.close(0)
             self._sock = None
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
+        if self._spill_reader is not None:
+            self._spill_reader.close()
 
     def spawn(self, coro: Awaitable) -> asyncio.Task:
         """Run `coro` in the background, held until it ends (the loop keeps only weak references
@@ -191,6 +207,8 @@ class Bus:
             self._out[dest] = [envelope]
         else:
             queued.append(envelope)
+        if len(envelope) >= codec.LARGE_ENVELOPE_BYTES and self._spill_bytes:
+            self._big_queued = True
         self.sent += 1
         if not self._out_scheduled:
             self._out_scheduled = True
@@ -202,6 +220,13 @@ class Bus:
         out, self._out = self._out, {}
         if self._sock is None:
             return
+        if self._big_queued:
+            # spilled at each send, not once: a request sent again must not name a region its
+            # receiver has already read and freed
+            self._big_queued = False
+            large = codec.LARGE_ENVELOPE_BYTES
+            out = {dest: [self._spilled(e) if len(e) >= large else e for e in envelopes]
+                   for dest, envelopes in out.items()}
         for dest, envelopes in out.items():
             if len(envelopes) == 1:
                 self._push(envelopes[0])
@@ -222,6 +247,23 @@ class Bus:
             if chunk:
                 self._push(codec.encode_batch(dest, chunk) if len(chunk) > 1 else chunk[0])
         self._drain()  # a send may have consumed the socket's read edge
+
+    def _spilled(self, envelope: bytes) -> bytes:
+        ring = self._ring
+        if ring is None:
+            try:
+                ring = self._ring = spill.SpillRing(self._spill_dir, self._spill_bytes)
+            except (OSError, ValueError) as exc:
+                self._spill_bytes = 0
+                self.log.warning("big messages go whole through the broker: no ring in %s (%s)",
+                                 self._spill_dir, exc)
+                return envelope
+        ref = ring.put(memoryview(envelope)[codec.body_offset(envelope):])
+        if ref is None:
+            self.spill_full += 1
+            return envelope
+        self.spilled += 1
+        return codec.spilled(envelope, ref)
 
     def _push(self, frame: bytes) -> None:
         if self._outbox:
@@ -301,7 +343,7 @@ class Bus:
             name, offset = codec.split_name(envelope)
             if envelope[offset + 1:offset + 1 + envelope[offset]] != codec.BATCH_BYTES:
                 self.received += 1
-                self._dispatch(codec.decode(envelope))
+                self._dispatch(codec.decode(envelope, None, self._spill_reader))
                 return
             src = name.decode()
             inner = codec.split_batch(codec.split_rest(envelope, offset)[2])
@@ -311,7 +353,7 @@ class Bus:
         for one in inner:
             self.received += 1
             try:
-                msg = codec.decode(one, src)
+                msg = codec.decode(one, src, self._spill_reader)
             except ProtocolError as exc:
                 self._bad(src.encode(), str(exc))
                 continue
@@ -380,4 +422,5 @@ class Bus:
     def stats(self) -> dict[str, int]:
         return {"sent": self.sent, "received": self.received, "malformed": self.malformed,
                 "retries": self.retries, "handler_errors": self.handler_errors,
-                "pending_requests": len(self._pending), "outbox": len(self._outbox)}
+                "pending_requests": len(self._pending), "outbox": len(self._outbox),
+                "spilled": self.spilled, "spill_full": self.spill_full}

@@ -7,7 +7,9 @@ decoding anything but the first name:
 
 From a peer to the broker `name` is the destination; the broker swaps it for the sender's name
 and forwards the rest byte for byte. The header is a msgpack array [id, sent_at, reply_to,
-session, turn]; the body a msgpack map whose fields each kind declares in `SPECS`. Decoding
+session, turn] and, for a big body spilled into shared memory, a sixth item saying where
+(broker/spill.py; the body is then empty); the body a msgpack map whose fields each kind
+declares in `SPECS`. Decoding
 rejects another major protocol version and missing or mistyped required fields, and ignores
 unknown fields, so adding a field is never a breaking change. No pickle anywhere.
 
@@ -18,11 +20,14 @@ from __future__ import annotations
 
 import struct
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 
 from broker.protocol import KIND_BYTES, MAX_NAME_BYTES, PROTO, PROTO_FAMILY, SPECS, Kind, Message, ProtocolError
+
+if TYPE_CHECKING:
+    from broker.spill import SpillReader
 
 _NUM = (int, float)
 _KIND_BY_BYTES: dict[bytes, Kind] = {v: k for k, v in KIND_BYTES.items()}
@@ -96,6 +101,12 @@ def check_proto(prefix: bytes) -> None:
 
 
 def decode_header(raw: bytes) -> tuple[int, float, int, str, str]:
+    return _header_items(raw)[:5]  # type: ignore[return-value]
+
+
+def _header_items(raw: bytes) -> list:
+    """The header's items, the first five checked; a sixth, if there, is where the body was
+    spilled (broker/spill.py)."""
     try:
         header = msgpack.unpackb(raw, use_list=True)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
@@ -106,7 +117,8 @@ def decode_header(raw: bytes) -> tuple[int, float, int, str, str]:
     if not (isinstance(id, int) and isinstance(sent_at, _NUM) and isinstance(reply_to, int)
             and isinstance(session, str) and isinstance(turn, str)):
         raise ProtocolError("header fields have the wrong types")
-    return id, float(sent_at), reply_to, session, turn
+    header[1] = float(sent_at)
+    return header
 
 
 def decode_kind(raw: bytes) -> Kind:
@@ -141,21 +153,45 @@ def _type_name(types: type | tuple[type, ...]) -> str:
     return types.__name__
 
 
-def decode(envelope: bytes, src: str | None = None) -> Message:
+def decode(envelope: bytes, src: str | None = None, spill: "SpillReader | None" = None) -> Message:
     """A message as delivered by the broker, whose name field is the sender (or `src`, for an
-    envelope taken out of a batch, whose own name field still says where it was going)."""
+    envelope taken out of a batch, whose own name field still says where it was going);
+    `spill` reads a body its sender spilled into shared memory."""
     name, offset = split_name(envelope)
     kind_raw, header, body = split_rest(envelope, offset, view=len(envelope) >= LARGE_ENVELOPE_BYTES)
     kind = decode_kind(kind_raw)
     if kind is Kind.BATCH:
         raise ProtocolError("a batch inside a batch")
-    id, sent_at, reply_to, session, turn = decode_header(header)
+    items = _header_items(header)
     if src is None:
         try:
             src = name.decode()
         except UnicodeDecodeError:
             raise ProtocolError("source name is not UTF-8") from None
-    return Message(src, kind, id, sent_at, reply_to, session, turn, decode_body(kind, body))
+    if len(items) > 5 and items[5] is not None:
+        if spill is None:
+            raise ProtocolError(f"{kind}: its body is in shared memory, which this receiver does not read")
+        decoded = spill.read(items[5], lambda view: decode_body(kind, view))
+    else:
+        decoded = decode_body(kind, body)
+    return Message(src, kind, items[0], items[1], items[2], items[3], items[4], decoded)
+
+
+def body_offset(envelope: bytes) -> int:
+    """Where the body of a well-formed envelope (one this process encoded) starts."""
+    offset = 6 + envelope[5]
+    header_at = offset + 1 + envelope[offset]
+    return header_at + 2 + _U16.unpack_from(envelope, header_at)[0]
+
+
+def spilled(envelope: bytes, ref: list) -> bytes:
+    """`envelope` without its body, its header naming where the body went instead."""
+    offset = 6 + envelope[5]
+    header_at = offset + 1 + envelope[offset]
+    header = msgpack.unpackb(envelope[header_at + 2:header_at + 2 + _U16.unpack_from(envelope, header_at)[0]])
+    header[5:] = [ref]
+    packed = _packb(header)
+    return b"".join((envelope[:header_at], _U16.pack(len(packed)), packed))
 
 
 # A batch: envelopes sent to one destination within one event-loop iteration travel as one

@@ -46,7 +46,8 @@ class Gateway:
         self.log = log
         self.name = f"gateway/{index}"
         self.shards = config.actor_count
-        self.bus = Bus(self.name, bus_endpoint, {}, heartbeat_secs=config.broker.heartbeat_secs, log=log)
+        self.bus = Bus(self.name, bus_endpoint, {}, heartbeat_secs=config.broker.heartbeat_secs, log=log,
+                       spill_bytes=config.broker.spill_ring_bytes)
         for kind in TURN_EVENTS:
             self.bus.on(kind, self.on_turn_event)
         self.bus.on(Kind.DRAIN, self.on_drain)

@@ -50,7 +50,8 @@ class _Connection(asyncio.Protocol):
 
 class LogLink(Bus):
     def __init__(self, name: str, writer: str, endpoint: str, log: logging.Logger) -> None:
-        super().__init__(name, endpoint, role="log-client", log=log)
+        # spill_bytes 0: its envelopes go whole down its own socket, to a writer that takes them as they are
+        super().__init__(name, endpoint, role="log-client", log=log, spill_bytes=0)
         self.writer = writer
         self.path = socket_path(endpoint)
         self.transport: asyncio.Transport | None = None

@@ -125,7 +125,8 @@ class LogWriter(ClusterSide):
         self.tasks: list[asyncio.Task] = []
         self.bus = Bus(log_writer(index), bus_endpoint, {Kind.LOG_APPEND: self.on_append, Kind.STATS: self.on_stats,
                                                              Kind.LEASE: self.on_lease},
-                       role="writer", heartbeat_secs=config.broker.heartbeat_secs, log=log)
+                       role="writer", heartbeat_secs=config.broker.heartbeat_secs, log=log,
+                       spill_bytes=config.broker.spill_ring_bytes)
         self.notices = StoreNotices(self.bus, index)
         self.slow = SlowBatches(log, str(self.directory))
         self.failures = WriteFailures(log)

@@ -61,7 +61,8 @@ class StoreService:
                                              Kind.STORE_CLOSED: self.on_closed,
                                              Kind.STORE_FORGET_CLOSED: self.on_forget_closed,
                                              Kind.PEER_RESTARTED: self.on_peer_restarted},
-                       role="store", heartbeat_secs=config.broker.heartbeat_secs, log=log)
+                       role="store", heartbeat_secs=config.broker.heartbeat_secs, log=log,
+                       spill_bytes=config.broker.spill_ring_bytes)
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()

@@ -179,9 +179,12 @@ def test_a_request_to_a_peer_that_died_is_resent_when_it_comes_back(broker):
     assert run(go()).body["stats"] == {"by": "second"}
 
 
-def test_big_messages_go_whole_in_order_and_outside_batches(broker):
-    """Envelopes of 64 KiB and more are sent alone (a batch would copy them at both ends), each
-    after the small ones queued before it: one peer's messages to another keep their order."""
+@pytest.mark.parametrize("spill_bytes", [0, 8 << 20])
+def test_big_messages_keep_their_order_spilled_or_whole(broker, spill_bytes):
+    """Without a ring, envelopes of 64 KiB and more are sent alone (a batch would copy them at
+    both ends), each after the small ones queued before it. With one, their bodies go through
+    shared memory and the small envelopes left travel in one batch. Either way one peer's
+    messages to another keep their order and their content."""
     b_, endpoint = broker
     big = "x" * (200 * 1024)
 
@@ -194,7 +197,7 @@ def test_big_messages_go_whole_in_order_and_outside_batches(broker):
             if len(got) == 5:
                 done.set()
 
-        a = Bus("gateway/0", endpoint)
+        a = Bus("gateway/0", endpoint, spill_bytes=spill_bytes)
         b = Bus("actor/0", endpoint, {Kind.STATS: on_stats})
         await a.start()
         await b.start()
@@ -211,11 +214,15 @@ def test_big_messages_go_whole_in_order_and_outside_batches(broker):
                 break
             await asyncio.sleep(0.01)
         routed = b_.routed - before
+        spilled = a.spilled
         await a.close()
         await b.close()
-        return got, routed
+        return got, routed, spilled
 
-    got, routed = run(go())
+    got, routed, spilled = run(go())
     assert [(s["i"], len(s["p"])) for s in got] == [(0, 2), (1, len(big)), (2, 2), (3, len(big) + 1), (4, 2)]
     assert got[1]["p"] == big and got[3]["p"] == big + "3"
-    assert routed == 5   # s0 | big | s2 | big3 | s4: no batch held a big one
+    if spill_bytes:
+        assert (routed, spilled) == (1, 2)   # one batch of five small envelopes
+    else:
+        assert (routed, spilled) == (5, 0)   # s0 | big | s2 | big3 | s4: no batch held a big one
