@@ -168,13 +168,27 @@ def decode(envelope: bytes, src: str | None = None, spill: "SpillReader | None" 
             src = name.decode()
         except UnicodeDecodeError:
             raise ProtocolError("source name is not UTF-8") from None
-    if len(items) > 5 and items[5] is not None:
-        if spill is None:
-            raise ProtocolError(f"{kind}: its body is in shared memory, which this receiver does not read")
-        decoded = spill.read(items[5], lambda view: decode_body(kind, view))
-    else:
+    ref = items[5] if len(items) > 5 else None
+    if ref is None:
         decoded = decode_body(kind, body)
+    elif kind is Kind.UNDELIVERABLE:
+        # the broker bounced our own message with its header: the body is the broker's, and the
+        # region the header names is in our own ring, free again
+        decoded = decode_body(kind, body)
+        if spill is not None:
+            try:
+                spill.read(ref, _ignore)
+            except ProtocolError:
+                pass
+    elif spill is None:
+        raise ProtocolError(f"{kind}: its body is in shared memory, which this receiver does not read")
+    else:
+        decoded = spill.read(ref, lambda view: decode_body(kind, view))
     return Message(src, kind, items[0], items[1], items[2], items[3], items[4], decoded)
+
+
+def _ignore(view: memoryview) -> None:
+    return None
 
 
 def body_offset(envelope: bytes) -> int:
