@@ -32,6 +32,7 @@ import mmap
 import os
 import re
 import secrets
+import stat
 import struct
 import time
 from typing import Any, Callable
@@ -56,6 +57,14 @@ def spill_dir(endpoint: str, root: str = SHM_ROOT) -> str | None:
         return None
     digest = hashlib.sha256(os.path.realpath(endpoint[len("ipc://"):]).encode()).hexdigest()[:16]
     return os.path.join(root, f"agent-os-{os.getuid()}-{digest}")
+
+
+def check_dir(directory: str) -> None:
+    """Raise OSError unless `directory` is a real directory of ours that only we can enter: in a
+    directory someone else made, they could swap a ring for a file of their own."""
+    st = os.lstat(directory)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise PermissionError(f"{directory} is not a private directory of this user")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -118,6 +127,7 @@ class SpillRing:
         self.clock = clock
         for attempt in range(3):   # another process may remove the directory, found empty, meanwhile
             os.makedirs(directory, mode=0o700, exist_ok=True)
+            check_dir(directory)
             remove_dead_rings(directory)
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -200,6 +210,7 @@ class SpillReader:
     def __init__(self, directory: str) -> None:
         self.directory = directory
         self.maps: collections.OrderedDict[str, mmap.mmap] = collections.OrderedDict()
+        self.dir_checked = False
 
     def read(self, ref: Any, decode: Callable[[memoryview], Any]) -> Any:
         """`decode(body)` of the region `ref` names, then the region freed. Raises ProtocolError
@@ -234,9 +245,12 @@ class SpillReader:
         if not _RING_NAME.fullmatch(name):
             raise ProtocolError("spilled body: malformed ring name")
         try:
+            if not self.dir_checked:
+                check_dir(self.directory)
+                self.dir_checked = True
             fd = os.open(os.path.join(self.directory, name), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as exc:
-            raise ProtocolError(f"spilled body: its ring cannot be opened ({exc.strerror})") from None
+            raise ProtocolError(f"spilled body: its ring cannot be opened ({exc.strerror or exc})") from None
         try:
             size = os.fstat(fd).st_size
             if not _HEADER.size < size <= MAX_RING_BYTES:

@@ -92,7 +92,7 @@ def test_a_region_nobody_frees_is_taken_back_and_then_refused(ring_dir):
     (["1-00000000000a", 0, 10, 1], "cannot be opened"),
 ])
 def test_a_reader_refuses_bad_references_without_raising_anything_else(ring_dir, ref, why):
-    os.makedirs(ring_dir, exist_ok=True)
+    os.makedirs(ring_dir, mode=0o700, exist_ok=True)
     reader = spill.SpillReader(ring_dir)
     with pytest.raises(ProtocolError, match=why):
         read_bytes(reader, ref)
@@ -115,7 +115,7 @@ def test_a_reader_refuses_places_outside_what_was_written(ring_dir):
 
 def test_rings_of_dead_processes_are_removed_and_a_closed_one_leaves_nothing(ring_dir):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    os.makedirs(ring_dir)
+    os.makedirs(ring_dir, mode=0o700)
     stale = os.path.join(ring_dir, f"{int(dead.stdout)}-0123456789ab")
     open(stale, "wb").close()
     ring = spill.SpillRing(ring_dir, 1 << 20)
@@ -123,6 +123,15 @@ def test_rings_of_dead_processes_are_removed_and_a_closed_one_leaves_nothing(rin
     assert oct(os.stat(ring.path).st_mode & 0o777) == "0o600"
     ring.close()
     assert not os.path.exists(ring_dir)
+
+
+def test_a_directory_someone_else_could_enter_is_refused(ring_dir):
+    os.makedirs(ring_dir, mode=0o777)
+    os.chmod(ring_dir, 0o777)
+    with pytest.raises(PermissionError, match="not a private directory"):
+        spill.SpillRing(ring_dir, 1 << 20)
+    with pytest.raises(ProtocolError, match="cannot be opened"):
+        spill.SpillReader(ring_dir).read(["1-00000000000a", 0, 10, 1], bytes)
 
 
 def test_spill_dir_only_for_ipc():
