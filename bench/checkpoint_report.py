@@ -18,7 +18,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench import server_log
+from bench import cpu_speed, server_log
 from bench.checkpoint_compare import compare_table
 from bench.fsync_window import bound_text, zeroed_text
 from bench.results import markdown_table, pyplot
@@ -320,11 +320,7 @@ def summary_markdown(rows: list[dict], config: dict) -> str:
                   "client, server processes and disk pays a wakeup (bench/cpu_idle.py)."]
     cpu = config.get("python_workload")
     if cpu:
-        parts += ["", "## CPU speed", "",
-                  f"A fixed Python workload (a 22 KB record packed and checksummed, a JSON answer, some dict "
-                  f"work; bench/cpu_speed.py), {cpu['trials']} × {cpu['iterations']} iterations: "
-                  f"{cpu['p50_us']:.1f} µs per iteration (fastest trial {cpu['min_us']:.1f}). This VM's "
-                  "speed changes by the hour; compare runs' rates only beside this number."]
+        parts += cpu_speed.section(cpu)
     floors = _floors(config)
     if floors:
         dev = floors[0].get("device", {})

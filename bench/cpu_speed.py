@@ -42,3 +42,12 @@ def python_workload(iterations: int = 2000, trials: int = 5) -> dict:
         took.append((time.perf_counter() - started) * 1e6 / iterations)
     return {"iterations": iterations, "trials": trials, "p50_us": round(statistics.median(took), 2),
             "min_us": round(min(took), 2)}
+
+
+def section(cpu: dict) -> list[str]:
+    """The "CPU speed" section of a summary, lines, for a `python_workload` result."""
+    return ["", "## CPU speed", "",
+            f"A fixed Python workload (a 22 KB record packed and checksummed, a JSON answer, some dict "
+            f"work; bench/cpu_speed.py), {cpu['trials']} × {cpu['iterations']} iterations: "
+            f"{cpu['p50_us']:.1f} µs per iteration (fastest trial {cpu['min_us']:.1f}). This VM's "
+            "speed changes by the hour; compare runs' rates only beside this number."]

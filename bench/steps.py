@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.flow_client import FlowClient
+from bench.cpu_speed import python_workload
 from bench.results import ResultsDir
 from bench.sampling import cpu_delta, tree_cpu
 from bench.server_proc import REPO, ServerProcess
@@ -369,13 +370,15 @@ def main(argv: list[str] | None = None) -> int:
         args.slots = max(256, -(-most // args.workers))
     scenarios = [s for s in args.scenarios.split(",") if s]
     results = ResultsDir(args.name, Path(args.results_root) if args.results_root else None)
-    results.write_config({"command": "bench steps", "args": vars(args), "clients": clients})
+    cpu = python_workload()   # this VM's speed moves by the hour: the runs are read beside it
+    print(f"fixed Python workload: {cpu['p50_us']} µs per iteration", file=sys.stderr)
+    results.write_config({"command": "bench steps", "args": vars(args), "clients": clients, "python_workload": cpu})
     (results.path / "rows.jsonl").unlink(missing_ok=True)
     rows: list[dict] = []
     run_agentos(args, scenarios, clients, results, rows)
     for peer in _csv(args.peer):
         run_peer(peer, args, scenarios, clients, results, rows)
-    write_report(results, rows, args, REFERENCE, TARGETS)
+    write_report(results, rows, args, REFERENCE, TARGETS, cpu)
     print(f"results: {results.path}", file=sys.stderr)
     return 0
 

@@ -3,13 +3,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench import cpu_speed
 from bench.results import ResultsDir, markdown_table, pyplot
 
 
 PEER_LABELS = {"restate": "Restate", "dbos": "DBOS"}
 
 
-def write_report(results: ResultsDir, rows: list[dict], args: Any, reference: dict, targets: dict) -> None:
+def write_report(results: ResultsDir, rows: list[dict], args: Any, reference: dict, targets: dict,
+                 cpu: dict | None = None) -> None:
     peers = {name: {(r["scenario"], r["clients"]): r for r in rows if r["system"] == name} for name in PEER_LABELS}
     peers = {name: points for name, points in peers.items() if points}
     modes = args.durability.split(",")
@@ -39,6 +41,8 @@ def write_report(results: ResultsDir, rows: list[dict], args: Any, reference: di
                  "and no 10 × 16 KiB read). Its process's and PostgreSQL's CPU are in rows.jsonl.\n")
     if "local" in by_mode and "s3" in by_mode:
         text += "\n## s3 against local, same run\n\n" + _s3_vs_local(by_mode["local"], by_mode["s3"]) + "\n"
+    if cpu:
+        text += "\n".join(cpu_speed.section(cpu)) + "\n"
     results.write_summary(text)
     plt = pyplot()
     ours = [r for r in by_mode["local" if "local" in by_mode else modes[0]] if not r.get("half_peak_of")]

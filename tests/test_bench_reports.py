@@ -58,8 +58,10 @@ def test_each_peer_of_the_step_benchmark_gets_a_column_and_only_where_it_ran(tmp
             {"system": "restate", "scenario": "async_steps", "clients": 64, "ops_per_sec": 1100.0},
             {"system": "dbos", "scenario": "sync_steps", "clients": 128, "ops_per_sec": 210.0}]
     args = types.SimpleNamespace(durability="local", workers=2, warmup=3.0, duration=10.0, runs=1)
-    write_report(results, rows, args, {"sync_steps": 1772}, {"sync_steps": 2700})
+    write_report(results, rows, args, {"sync_steps": 1772}, {"sync_steps": 2700},
+                 {"iterations": 2000, "trials": 5, "p50_us": 17.97, "min_us": 14.75})
     text = (results.path / "summary.md").read_text()
+    assert "## CPU speed" in text and "18.0 µs per iteration (fastest trial 14.8)" in text
     assert "| Restate (same run) | DBOS (same run) |" in text
     assert "| 2700 | 1772 | 900.0 | 210.0 |" in text          # sync_steps: both peers
     assert "| – | – | 1,100.0 | – |" in text                # async_steps: Restate ran it, DBOS offers none

@@ -1,6 +1,5 @@
 import sys, time, msgpack
 from agentos import native_memory
-import ctypes
 if sys.argv[1] != "none":
     native_memory.limit_arenas()
 if sys.argv[1] == "trim":

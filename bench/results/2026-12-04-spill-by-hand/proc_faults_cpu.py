@@ -1,4 +1,4 @@
-import os, sys, time, subprocess
+import sys, time
 pids=[int(p) for p in sys.argv[1:]]
 def st(p):
     s=open(f"/proc/{p}/stat").read(); rest=s[s.rindex(")")+2:].split()

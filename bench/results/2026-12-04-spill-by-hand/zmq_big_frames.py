@@ -1,4 +1,4 @@
-import zmq, time, os, sys, resource
+import zmq, time, os, sys
 from zmq.backend import Socket as B
 N=20000; SIZE=int(sys.argv[1]); opt=sys.argv[2] if len(sys.argv)>2 else ""
 addr="ipc:///tmp/zb/s.sock"
