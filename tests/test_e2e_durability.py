@@ -75,6 +75,11 @@ def test_checkpoint_put_then_latest(shared_server):
         assert int(resp.headers["X-Checkpoint-Seq"]) == saved2["seq"]
     status, _, err = put(base, "dur-ckpt", "big", b"x" * (1 << 20 | 1))
     assert status == 413 and err["error"]["code"] == "checkpoint_too_large"
+    # one just under the limit comes back whole
+    body = bytes(range(256)) * 4000
+    assert put(base, "dur-ckpt-big", "step-1", body)[0] == 200
+    with urllib.request.urlopen(f"{base}/v1/sessions/dur-ckpt-big/checkpoints/latest") as resp:
+        assert resp.read() == body
     assert put(base, "dur-ckpt", "bad%20key!", b"x")[0] == 400
 
 
