@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from bench.checkpoint_compare import compare_table
-from bench.results import markdown_table, pyplot
+from bench.results import markdown_table, plot_rounds
 
 _RUN = re.compile(r"-r(\d+)-([0-9a-f]{7,40})$")
 SWAPPED = ("gateway", "storage")     # what differs between the trees compared
@@ -101,23 +101,11 @@ def summary(rows: list[dict], revs: list[str]) -> str:
 
 
 def plot(rows: list[dict], revs: list[str], path: Path) -> None:
-    plt = pyplot()
-    panels = list(dict.fromkeys((r["scale"], r["mode"]) for r in rows))
-    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.8 * len(panels)), squeeze=False)
-    for ax, (scale, mode) in zip(axes[:, 0], panels):
-        for rev in revs:
-            mine = sorted((r["round"], r["checkpoints_per_sec"]) for r in rows
-                          if (r["scale"], r["mode"], r["target"]) == (scale, mode, rev))
-            ax.plot([k for k, _ in mine], [v for _, v in mine], marker="o", label=rev)
-        ax.set_title(f"{scale} · {mode}: checkpoints/s per round")
-        ax.set_xlabel("round")
-        ax.set_ylabel("checkpoints/s")
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    panels = [(f"{scale} · {mode}: checkpoints/s per round",
+               {rev: [(r["round"], r["checkpoints_per_sec"]) for r in rows
+                      if (r["scale"], r["mode"], r["target"]) == (scale, mode, rev)] for rev in revs})
+              for scale, mode in dict.fromkeys((r["scale"], r["mode"]) for r in rows)]
+    plot_rounds(path, panels, "checkpoints/s")
 
 
 def main(argv: list[str] | None = None) -> int:

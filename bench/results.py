@@ -88,3 +88,22 @@ def pyplot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
+
+
+def plot_rounds(path: Path, panels: list[tuple[str, dict[str, list[tuple[int, float]]]]], ylabel: str) -> None:
+    """Side-by-side runs: one panel per (title, {arm: [(round, value), ...]}), a line per arm."""
+    plt = pyplot()
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.8 * len(panels)), squeeze=False)
+    for ax, (title, series) in zip(axes[:, 0], panels):
+        for label, points in series.items():
+            points = sorted(points)
+            ax.plot([k for k, _ in points], [v for _, v in points], marker="o", label=label)
+        ax.set_title(title)
+        ax.set_xlabel("round")
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -13,7 +13,7 @@ import json
 import statistics
 from pathlib import Path
 
-from bench.results import markdown_table, pyplot
+from bench.results import markdown_table, plot_rounds
 
 ARMS = ("before", "after")
 
@@ -42,21 +42,11 @@ def table(rows: list[dict], names: dict[str, str]) -> str:
 
 
 def plot(rows: list[dict], names: dict[str, str], path: Path) -> None:
-    plt = pyplot()
-    scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
-    fig, axes = plt.subplots(len(scenarios), 1, figsize=(8, 2.6 * len(scenarios)), squeeze=False)
-    for ax, scenario in zip(axes[:, 0], scenarios):
-        for arm in ARMS:
-            mine = sorted((r["round"], r["ops_per_sec"]) for r in rows if r["scenario"] == scenario and r["arm"] == arm)
-            ax.plot([k for k, _ in mine], [v for _, v in mine], marker="o", label=names[arm])
-        ax.set_title(f"{scenario}: ops/s per round")
-        ax.set_xlabel("round")
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    panels = [(f"{scenario}: ops/s per round",
+               {names[arm]: [(r["round"], r["ops_per_sec"]) for r in rows if r["scenario"] == scenario and r["arm"] == arm]
+                for arm in ARMS})
+              for scenario in dict.fromkeys(r["scenario"] for r in rows)]
+    plot_rounds(path, panels, "ops/s")
 
 
 def main(argv: list[str] | None = None) -> int:

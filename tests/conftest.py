@@ -1,14 +1,32 @@
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
 
 import pytest
+import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import Server, Worker  # noqa: E402
 from bench.s3_local import CREDENTIALS, S3Server  # noqa: E402
+from broker.server import Broker  # noqa: E402
+
+
+@pytest.fixture
+def broker(tmp_path):
+    """A broker on a thread of the test's process: (the Broker, its ipc endpoint)."""
+    ctx = zmq.Context()
+    b = Broker(f"ipc://{tmp_path}/b.sock", f"ipc://{tmp_path}/t.sock", peer_timeout_secs=1.0, context=ctx)
+    stop = threading.Event()
+    thread = threading.Thread(target=b.run, args=(stop.is_set,), daemon=True)
+    thread.start()
+    yield b, f"ipc://{tmp_path}/b.sock"
+    stop.set()
+    thread.join(5)
+    b.close()
+    ctx.term()
 
 
 @pytest.fixture(scope="session")

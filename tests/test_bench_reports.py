@@ -5,6 +5,7 @@ profile variants too, beside each round's log batches, CPU and disk."""
 from __future__ import annotations
 
 import asyncio
+import json
 import types
 
 import pytest
@@ -224,3 +225,18 @@ def test_disk_counters_read_the_device_under_a_path(tmp_path):
         "discard_mb": 131072 * 512 / 1e6, "discard_ms": 40, "flushes": 70, "flush_ms": 12}
     fake.write_text(f"{os.major(dev):4d} {os.minor(dev)} vdz 1 2 3 4 50 6 20000 900 0 10 11\n")   # no flush fields
     assert disk_counters(str(tmp_path), str(fake)) is None
+
+
+def test_tree_ab_report_gives_each_scenario_its_ratio_and_rounds_ahead(tmp_path):
+    from bench import tree_ab_report
+
+    rows = [{"arm": arm, "round": k, "scenario": "attr_read_10x16k", "ops_per_sec": ops, "p50_ms": p50}
+            for arm, k, ops, p50 in [("before", 1, 3000.0, 10.0), ("after", 1, 6000.0, 5.0),
+                                     ("after", 2, 6500.0, 4.0), ("before", 2, 3500.0, 9.0),
+                                     ("before", 3, 2000.0, 12.0), ("after", 3, 1900.0, 13.0)]]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert tree_ab_report.main([str(tmp_path), "A title", "--before", "ring off", "--after", "ring on"]) == 0
+    text = (tmp_path / "summary.md").read_text()
+    assert text.startswith("# A title\n\n## Conditions\n")
+    assert "| attr_read_10x16k | 3,000 / 3,500 / 2,000 | 6,000 / 6,500 / 1,900 | 2.00× | 10.00 → 5.00 | 2 of 3 |" in text
+    assert "ring on / ring off (medians)" in text and (tmp_path / "rounds.png").stat().st_size > 0

@@ -1,7 +1,6 @@
 """The broker and the bus client in one process (the broker on a thread): routing, errors,
 de-duplication and malformed input. The real-process versions are in the end-to-end tests."""
 import asyncio
-import threading
 
 import pytest
 import zmq
@@ -9,21 +8,6 @@ import zmq
 from broker import codec, frames
 from broker.client import Bus, BusTimeout
 from broker.protocol import Kind
-from broker.server import Broker
-
-
-@pytest.fixture
-def broker(tmp_path):
-    ctx = zmq.Context()
-    b = Broker(f"ipc://{tmp_path}/b.sock", f"ipc://{tmp_path}/t.sock", peer_timeout_secs=1.0, context=ctx)
-    stop = threading.Event()
-    thread = threading.Thread(target=b.run, args=(stop.is_set,), daemon=True)
-    thread.start()
-    yield b, f"ipc://{tmp_path}/b.sock"
-    stop.set()
-    thread.join(5)
-    b.close()
-    ctx.term()
 
 
 def run(coro):

@@ -4,15 +4,12 @@ import asyncio
 import os
 import subprocess
 import sys
-import threading
 
 import pytest
-import zmq
 
 from broker import codec, spill
 from broker.client import Bus, BusTimeout
 from broker.protocol import Kind, ProtocolError
-from broker.server import Broker
 
 
 class Clock:
@@ -161,20 +158,6 @@ def test_codec_round_trip_of_a_spilled_envelope(ring_dir):
     finally:
         reader.close()
         ring.close()
-
-
-@pytest.fixture
-def broker(tmp_path):
-    ctx = zmq.Context()
-    b = Broker(f"ipc://{tmp_path}/b.sock", f"ipc://{tmp_path}/t.sock", peer_timeout_secs=1.0, context=ctx)
-    stop = threading.Event()
-    thread = threading.Thread(target=b.run, args=(stop.is_set,), daemon=True)
-    thread.start()
-    yield b, f"ipc://{tmp_path}/b.sock"
-    stop.set()
-    thread.join(5)
-    b.close()
-    ctx.term()
 
 
 def test_a_full_ring_sends_whole_and_nothing_is_lost(broker):
