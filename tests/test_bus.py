@@ -39,7 +39,11 @@ def test_request_reply_and_peer_table(broker):
     assert peers["actor/0"]["live"] and peers["actor/0"]["role"] == "actor"
 
 
-def test_unknown_destination_fails_fast_not_silently(broker):
+@pytest.mark.parametrize("payload", ["", "b" * 200_000])
+def test_unknown_destination_fails_fast_not_silently(broker, payload):
+    """The broker bounces a message for an unknown peer with the message's own header. A big one's
+    header names the sender's region in shared memory: the sender must read the broker's reason,
+    not its own body, and free the region."""
     _, endpoint = broker
 
     async def go():
@@ -47,11 +51,16 @@ def test_unknown_destination_fails_fast_not_silently(broker):
         await a.start()
         try:
             with pytest.raises(BusTimeout, match="unknown"):
-                await a.request("actor/9", Kind.STATS, {}, timeout=0.5)
+                await a.request("actor/9", Kind.STATS, {"p": payload}, timeout=0.5, attempt_secs=0.1)
+            if a._ring is not None:
+                a._ring.put(b"")   # takes back what was freed
+            return a.stats(), a._ring.in_use() if a._ring is not None else 0
         finally:
             await a.close()
 
-    run(go())
+    stats, in_use = run(go())
+    assert stats["malformed"] == 0 and stats["spilled"] >= (2 if payload else 0)
+    assert in_use == (1 if payload else 0)   # only the empty one just put
 
 
 async def registered(broker_obj, name: bytes) -> None:
