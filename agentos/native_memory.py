@@ -28,6 +28,7 @@ M_ARENA_MAX = -8
 ARENAS = 2
 MMAP_THRESHOLD_BYTES = 1 << 20
 TRIM_THRESHOLD_BYTES = 8 * MMAP_THRESHOLD_BYTES
+STORE_TRIM_THRESHOLD_BYTES = 2 * MMAP_THRESHOLD_BYTES   # writer/store's (storage/store_process.py)
 
 
 def _libc():
