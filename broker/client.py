@@ -169,6 +169,8 @@ class Bus:
             await asyncio.sleep(self.heartbeat_secs)
             self.send(BROKER, Kind.HEARTBEAT, body)
             self._expire_replied(time.monotonic())
+            if self._spill_reader is not None:
+                self._spill_reader.forget_gone()
 
     async def _poke(self) -> None:
         # zmq's descriptor is edge-triggered and a send may consume the edge. Every send here

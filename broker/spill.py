@@ -22,7 +22,8 @@ When the ring has no room, or no ring can be made (a small /dev/shm), the envelo
 through the broker as before: spilling saves work, it is never needed for correctness.
 
 Ring files are named `<pid>-<random>`; a new ring removes the rings of processes that no longer
-exist, a closing bus its own, and the supervisor the whole directory when the tree stops.
+exist, a closing bus its own, the supervisor those of each child that dies and the directory
+when the tree stops; readers unmap the rings whose files are gone at each heartbeat.
 """
 from __future__ import annotations
 
@@ -265,6 +266,20 @@ class SpillReader:
             _, old = self.maps.popitem(last=False)
             old.close()
         return mm
+
+    def forget_gone(self) -> int:
+        """Unmap the rings whose files are gone (their process ended): a mapping would keep a dead
+        ring's pages alive, counted to this process, until it fell out of the cache."""
+        if not self.maps:
+            return 0
+        try:
+            present = set(os.listdir(self.directory))
+        except FileNotFoundError:
+            present = set()
+        gone = [name for name in self.maps if name not in present]
+        for name in gone:
+            self.maps.pop(name).close()
+        return len(gone)
 
     def close(self) -> None:
         for mm in self.maps.values():

@@ -110,6 +110,20 @@ def test_a_reader_refuses_places_outside_what_was_written(ring_dir):
         ring.close()
 
 
+def test_a_reader_unmaps_rings_whose_files_are_gone(ring_dir):
+    first, second = spill.SpillRing(ring_dir, 1 << 20), spill.SpillRing(ring_dir, 1 << 20)
+    reader = spill.SpillReader(ring_dir)
+    try:
+        read_bytes(reader, first.put(b"1" * 100))
+        read_bytes(reader, second.put(b"2" * 100))
+        assert reader.forget_gone() == 0 and len(reader.maps) == 2
+        first.close()   # its process ended
+        assert reader.forget_gone() == 1 and list(reader.maps) == [second.name]
+    finally:
+        reader.close()
+        second.close()
+
+
 def test_rings_of_dead_processes_are_removed_and_a_closed_one_leaves_nothing(ring_dir):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     os.makedirs(ring_dir, mode=0o700)
