@@ -17,9 +17,8 @@ What it gives a process:
   receiver one receive for many messages. At low load a batch is a single envelope.
 - Handlers from an explicit table {Kind: callable}; a coroutine handler runs as a task, a plain
   one inline. Malformed messages are counted and logged once, never raised.
-- On an ipc bus, a big body (from `codec.LARGE_ENVELOPE_BYTES`) goes through this process's ring
-  in shared memory and only a small envelope through the broker (broker/spill.py); `spill_bytes`
-  sizes the ring, 0 turns it off.
+- On an ipc bus, big bodies through this process's ring in shared memory, only a small envelope
+  through the broker (broker/spill.py); `spill_bytes` sizes the ring, 0 turns it off.
 """
 from __future__ import annotations
 
@@ -86,14 +85,9 @@ class Bus:
         self.retries = 0
         self.handler_errors = 0
         self.restart_hooks: list[Callable[[str], None]] = []   # told of each peer the broker saw restart
-        endpoint_url = endpoint.endpoint if isinstance(endpoint, BusAddress) else endpoint
-        self._spill_dir = spill.spill_dir(endpoint_url)
-        self._spill_reader = spill.SpillReader(self._spill_dir) if self._spill_dir else None
-        self._spill_bytes = spill_bytes if self._spill_dir else 0
-        self._ring: spill.SpillRing | None = None
+        self._spill = spill.Spiller(endpoint.endpoint if isinstance(endpoint, BusAddress) else endpoint,
+                                    spill_bytes, self.log)
         self._big_queued = False
-        self.spilled = 0
-        self.spill_full = 0
 
     def on(self, kind: Kind, handler: Handler) -> None:
         self._handlers[kind] = handler
@@ -143,11 +137,7 @@ class Bus:
             self._loop.remove_reader(self._sock.getsockopt(zmq.FD))
             self._sock.close(0)
             self._sock = None
-        if self._ring is not None:
-            self._ring.close()
-            self._ring = None
-        if self._spill_reader is not None:
-            self._spill_reader.close()
+        self._spill.close()
 
     def spawn(self, coro: Awaitable) -> asyncio.Task:
         """Run `coro` in the background, held until it ends (the loop keeps only weak references
@@ -169,8 +159,7 @@ class Bus:
             await asyncio.sleep(self.heartbeat_secs)
             self.send(BROKER, Kind.HEARTBEAT, body)
             self._expire_replied(time.monotonic())
-            if self._spill_reader is not None:
-                self._spill_reader.forget_gone()
+            self._spill.forget_gone()
 
     async def _poke(self) -> None:
         # zmq's descriptor is edge-triggered and a send may consume the edge. Every send here
@@ -209,7 +198,7 @@ class Bus:
             self._out[dest] = [envelope]
         else:
             queued.append(envelope)
-        if len(envelope) >= codec.LARGE_ENVELOPE_BYTES and self._spill_bytes:
+        if self._spill.wants(envelope):
             self._big_queued = True
         self.sent += 1
         if not self._out_scheduled:
@@ -226,8 +215,8 @@ class Bus:
             # spilled at each send, not once: a request sent again must not name a region its
             # receiver has already read and freed
             self._big_queued = False
-            large = codec.LARGE_ENVELOPE_BYTES
-            out = {dest: [self._spilled(e) if len(e) >= large else e for e in envelopes]
+            spiller = self._spill
+            out = {dest: [spiller.out(e) if spiller.wants(e) else e for e in envelopes]
                    for dest, envelopes in out.items()}
         for dest, envelopes in out.items():
             if len(envelopes) == 1:
@@ -249,23 +238,6 @@ class Bus:
             if chunk:
                 self._push(codec.encode_batch(dest, chunk) if len(chunk) > 1 else chunk[0])
         self._drain()  # a send may have consumed the socket's read edge
-
-    def _spilled(self, envelope: bytes) -> bytes:
-        ring = self._ring
-        if ring is None:
-            try:
-                ring = self._ring = spill.SpillRing(self._spill_dir, self._spill_bytes)
-            except (OSError, ValueError) as exc:
-                self._spill_bytes = 0
-                self.log.warning("big messages go whole through the broker: no ring in %s (%s)",
-                                 self._spill_dir, exc)
-                return envelope
-        ref = ring.put(memoryview(envelope)[codec.body_offset(envelope):])
-        if ref is None:
-            self.spill_full += 1
-            return envelope
-        self.spilled += 1
-        return codec.spilled(envelope, ref)
 
     def _push(self, frame: bytes) -> None:
         if self._outbox:
@@ -345,7 +317,7 @@ class Bus:
             name, offset = codec.split_name(envelope)
             if envelope[offset + 1:offset + 1 + envelope[offset]] != codec.BATCH_BYTES:
                 self.received += 1
-                self._dispatch(codec.decode(envelope, None, self._spill_reader))
+                self._dispatch(codec.decode(envelope, None, self._spill.reader))
                 return
             src = name.decode()
             inner = codec.split_batch(codec.split_rest(envelope, offset)[2])
@@ -355,7 +327,7 @@ class Bus:
         for one in inner:
             self.received += 1
             try:
-                msg = codec.decode(one, src, self._spill_reader)
+                msg = codec.decode(one, src, self._spill.reader)
             except ProtocolError as exc:
                 self._bad(src.encode(), str(exc))
                 continue
@@ -425,4 +397,4 @@ class Bus:
         return {"sent": self.sent, "received": self.received, "malformed": self.malformed,
                 "retries": self.retries, "handler_errors": self.handler_errors,
                 "pending_requests": len(self._pending), "outbox": len(self._outbox),
-                "spilled": self.spilled, "spill_full": self.spill_full}
+                "spilled": self._spill.spilled, "spill_full": self._spill.full}

@@ -38,6 +38,7 @@ import struct
 import time
 from typing import Any, Callable
 
+from broker import codec
 from broker.protocol import ProtocolError
 
 RING_BYTES = 8 << 20          # default size of one process's ring (touched only when big bodies are sent)
@@ -285,3 +286,47 @@ class SpillReader:
         for mm in self.maps.values():
             mm.close()
         self.maps.clear()
+
+
+class Spiller:
+    """A bus's side of it: its own ring, made at its first big body, and its reader of others'."""
+
+    def __init__(self, endpoint: str, ring_bytes: int, log) -> None:
+        self.directory = spill_dir(endpoint)
+        self.reader = SpillReader(self.directory) if self.directory else None
+        self.ring_bytes = ring_bytes if self.directory else 0
+        self.ring: SpillRing | None = None
+        self.log = log
+        self.spilled = 0
+        self.full = 0
+
+    def wants(self, envelope: bytes) -> bool:
+        return bool(self.ring_bytes) and len(envelope) >= codec.LARGE_ENVELOPE_BYTES
+
+    def out(self, envelope: bytes) -> bytes:
+        """`envelope` with its body in the ring, or as it is (no room, or no ring to be had)."""
+        ring = self.ring
+        if ring is None:
+            try:
+                ring = self.ring = SpillRing(self.directory, self.ring_bytes)
+            except (OSError, ValueError) as exc:
+                self.ring_bytes = 0
+                self.log.warning("big messages go whole through the broker: no ring in %s (%s)", self.directory, exc)
+                return envelope
+        ref = ring.put(memoryview(envelope)[codec.body_offset(envelope):])
+        if ref is None:
+            self.full += 1
+            return envelope
+        self.spilled += 1
+        return codec.spilled(envelope, ref)
+
+    def forget_gone(self) -> None:
+        if self.reader is not None:
+            self.reader.forget_gone()
+
+    def close(self) -> None:
+        if self.ring is not None:
+            self.ring.close()
+            self.ring = None
+        if self.reader is not None:
+            self.reader.close()
