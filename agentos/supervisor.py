@@ -275,7 +275,7 @@ class Supervisor:
         log.warning("%s (pid %d) %s after %.1fs", child.name, child.proc.pid, how, now - child.started_at)
         metrics.mark_dead(child.proc.pid)
         metrics.processes_up.dec()
-        self.remove_dead_rings()
+        self.remove_rings(rmdir=False)
         child.proc = None
         self._unwatch_exit(child)
         child.failures = next_failure_count(self.policy, child.failures, now - child.started_at)
@@ -331,15 +331,13 @@ class Supervisor:
         if self.cpu_claim is not None:   # every child is gone: another server may take the CPU
             os.close(self.cpu_claim)
             self.cpu_claim = None
-        if self.config.broker.transport == "ipc":
-            spill.remove_leftovers(self.run_dir.bus_endpoint)
+        self.remove_rings(rmdir=True)
         self.write_table()
 
-    def remove_dead_rings(self) -> None:
+    def remove_rings(self, rmdir: bool) -> None:
         """The big-body rings (broker/spill.py) of children that died without removing theirs."""
-        directory = spill.spill_dir(self.run_dir.bus_endpoint) if self.config.broker.transport == "ipc" else None
-        if directory:
-            spill.remove_dead_rings(directory)
+        if self.config.broker.transport == "ipc":
+            spill.remove_leftovers(self.run_dir.bus_endpoint, rmdir)
 
     async def stop_child(self, child: Child, grace: float) -> None:
         proc = child.proc

@@ -105,14 +105,16 @@ def remove_dead_rings(directory: str) -> int:
     return removed
 
 
-def remove_leftovers(endpoint: str) -> None:
-    """Once a tree has stopped: the rings its processes left (killed ones do not remove theirs),
-    and their directory unless a live process outside the tree still has a ring there."""
+def remove_leftovers(endpoint: str, rmdir: bool = True) -> None:
+    """The rings that processes of the bus at `endpoint` left (killed ones do not remove theirs)
+    and, with `rmdir` (once a tree has stopped), their directory unless a live process outside
+    the tree still has a ring there."""
     directory = spill_dir(endpoint)
     if directory:
         remove_dead_rings(directory)
         try:
-            os.rmdir(directory)
+            if rmdir:
+                os.rmdir(directory)
         except OSError:
             pass
 

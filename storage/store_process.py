@@ -374,9 +374,8 @@ def _positions(pairs: list) -> dict[int, int]:
 
 
 def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> int:
-    # Less freed heap kept here than elsewhere: this process's memory is the one that moves (DuckDB's
-    # threads in their own arena), and it rarely sends a big body. A 12-minute soak had it at 1.11×
-    # its warm-up with 8 MiB, 1.06× on the code before (bench/results/2026-12-04-soak-*).
+    # Less freed heap kept here: DuckDB's threads have an arena of their own, and a soak had this
+    # process at 1.11× its warm-up with 8 MiB, 1.06× before (bench/results/2026-12-04-soak-*).
     native_memory.keep_freed_heap(native_memory.STORE_TRIM_THRESHOLD_BYTES)
 
     async def run(stop: asyncio.Event) -> int:
