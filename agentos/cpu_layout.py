@@ -60,6 +60,27 @@ def claim(allowed: set[int], directory: Path = CLAIMS_DIR) -> tuple[int, int] | 
     return None
 
 
+def choose_gateway_cpu(config: "Config", log: logging.Logger) -> tuple[int | None, int | None]:
+    """The supervisor's choice at start: (the gateway's CPU or None, the descriptor of its claim
+    to keep open for the tree's life or None)."""
+    allowed = os.sched_getaffinity(0)
+    wanted = config.kernel.gateway_cpu
+    if not config.kernel.gateway_own_cpu or len(allowed) < 2:
+        return None, None
+    if wanted >= 0:
+        if wanted in allowed:
+            return wanted, None
+        log.warning("kernel.gateway_cpu %d is not among this server's CPUs %s: the gateway takes the last",
+                    wanted, sorted(allowed))
+        return None, None
+    claimed = claim(allowed)
+    if claimed is None:
+        log.info("no CPU to claim for the gateway (each held by another server's, or the claims "
+                 "directory %s is not writable): it takes the last", CLAIMS_DIR)
+        return None, None
+    return claimed
+
+
 def plan(allowed: set[int], gateway_cpu: int | None = None) -> tuple[set[int], set[int]] | None:
     """(the gateway's CPUs, everything background's), or None when there is no CPU to spare; the
     gateway takes `gateway_cpu` if it is allowed, else the last CPU."""

@@ -52,6 +52,9 @@ bus_undeliverable = Counter("agentos_bus_undeliverable_total", "Messages the bro
 bus_malformed = Counter("agentos_bus_malformed_total", "Malformed messages counted and dropped, by role", ["role"])
 bus_retries = Counter("agentos_bus_retries_total", "Bus requests re-sent after a timeout or an undeliverable reply",
                       ["role"])
+bus_big_bodies = Counter("agentos_bus_big_bodies_total", "Message bodies of 64 KiB or more sent, by role and path: "
+                         "ring (the sender's shared-memory ring, broker/spill.py) or broker (whole through it: the "
+                         "ring full, off, or not to be had)", ["role", "path"])
 
 log_records = Counter("agentos_log_records_total", "Records appended to the write-ahead log")
 log_duplicates = Counter("agentos_log_duplicates_total", "Re-sent records the log already had (written once)")
@@ -147,6 +150,20 @@ def flush() -> None:
         for index, n in enumerate(buckets):
             if n:
                 histogram._buckets[index].inc(n)
+
+
+class Totals:
+    """Running totals a process keeps in plain ints, added to their counters as they grow (for
+    callers that report about once a second)."""
+
+    def __init__(self) -> None:
+        self._reported: dict[object, float] = {}
+
+    def report(self, counter, total: float) -> None:
+        delta = total - self._reported.get(counter, 0)
+        if delta:
+            counter.inc(delta)
+            self._reported[counter] = total
 
 
 def multiproc_dir() -> str | None:

@@ -360,24 +360,7 @@ class Supervisor:
 
     def claim_gateway_cpu(self) -> None:
         """The CPU the gateway runs on, for the children to read (agentos/cpu_layout.py)."""
-        cpu = None
-        allowed = os.sched_getaffinity(0)
-        wanted = self.config.kernel.gateway_cpu
-        if not self.config.kernel.gateway_own_cpu or len(allowed) < 2:
-            pass
-        elif wanted >= 0:
-            if wanted in allowed:
-                cpu = wanted
-            else:
-                log.warning("kernel.gateway_cpu %d is not among this server's CPUs %s: the gateway takes the last",
-                            wanted, sorted(allowed))
-        else:
-            claimed = cpu_layout.claim(allowed)
-            if claimed is not None:
-                cpu, self.cpu_claim = claimed
-            else:
-                log.info("no CPU to claim for the gateway (each held by another server's, or the claims "
-                         "directory %s is not writable): it takes the last", cpu_layout.CLAIMS_DIR)
+        cpu, self.cpu_claim = cpu_layout.choose_gateway_cpu(self.config, log)
         self.run_dir.write_json(self.run_dir.placement_path, {"gateway_cpu": cpu})
 
     def write_config(self) -> None:

@@ -36,6 +36,7 @@ import zmq
 from broker import codec, frames, spill
 from broker.address import BusAddress
 from broker.protocol import BROKER, REQUESTS, Kind, Message, ProtocolError
+from broker.replies import PENDING, RERUN, Replies
 from broker.requests import Attempts, AttemptTimeout, BusError, BusTimeout, Undeliverable
 
 __all__ = ["Bus", "BusError", "BusTimeout", "Undeliverable", "Handler"]
@@ -44,11 +45,6 @@ Handler = Callable[[Message], "Awaitable[None] | None"]
 
 _DRAIN_BATCH = 500
 POKE_SECS = 1.0
-_DEDUPE_SECS = 60.0
-_DEDUPE_MAX = 50_000
-_CACHE_REPLY_MAX_BYTES = 4096
-_PENDING = object()   # request seen, reply not yet sent
-_RERUN = object()     # reply sent but too large to keep: a duplicate simply runs again
 
 
 class Bus:
@@ -69,8 +65,7 @@ class Bus:
         self._counter = 0
         self._pending: dict[int, asyncio.Future] = {}
         self._pending_dest: dict[int, str] = {}
-        self._replied: dict[tuple[str, int], Any] = {}
-        self._replied_order: collections.deque[tuple[float, tuple[str, int]]] = collections.deque()
+        self._replies = Replies()
         self._outbox: collections.deque[bytes] = collections.deque()
         self._out: dict[str, list[bytes]] = {}
         self._out_scheduled = False
@@ -88,6 +83,7 @@ class Bus:
         self._spill = spill.Spiller(endpoint.endpoint if isinstance(endpoint, BusAddress) else endpoint,
                                     spill_bytes, self.log)
         self._big_queued = False
+        self._reported = None   # metrics.Totals, at the first heartbeat
 
     def on(self, kind: Kind, handler: Handler) -> None:
         self._handlers[kind] = handler
@@ -158,8 +154,9 @@ class Bus:
         while True:
             await asyncio.sleep(self.heartbeat_secs)
             self.send(BROKER, Kind.HEARTBEAT, body)
-            self._expire_replied(time.monotonic())
+            self._replies.expire(time.monotonic())
             self._spill.forget_gone()
+            self._report_counts()
 
     async def _poke(self) -> None:
         # zmq's descriptor is edge-triggered and a send may consume the edge. Every send here
@@ -185,9 +182,7 @@ class Bus:
     def reply(self, msg: Message, kind: Kind, body: dict[str, Any]) -> None:
         envelope = codec.encode(msg.src, kind, body, id=self.new_id(), reply_to=msg.id,
                                    session=msg.session, turn=msg.turn)
-        key = (msg.src, msg.id)
-        if key in self._replied:
-            self._replied[key] = envelope if len(envelope) <= _CACHE_REPLY_MAX_BYTES else _RERUN
+        self._replies.answered((msg.src, msg.id), envelope)
         self._send_envelope(msg.src, envelope)
 
     def _send_envelope(self, dest: str, envelope: bytes) -> None:
@@ -367,24 +362,12 @@ class Bus:
             self.log.exception("handler for %s failed", msg.kind)
 
     def _first_time(self, msg: Message) -> bool:
-        key = (msg.src, msg.id)
-        cached = self._replied.get(key)
-        if cached is None:
-            self._replied[key] = _PENDING
-            self._replied_order.append((time.monotonic(), key))
-            if len(self._replied_order) > _DEDUPE_MAX:
-                self._expire_replied(float("inf"), keep=_DEDUPE_MAX // 2)
+        cached = self._replies.first_time((msg.src, msg.id))
+        if cached is None or cached is RERUN:
             return True
-        if cached is _RERUN:
-            return True
-        if cached is not _PENDING:
+        if cached is not PENDING:
             self._send_envelope(msg.src, cached)
         return False
-
-    def _expire_replied(self, now: float, keep: int = _DEDUPE_MAX) -> None:
-        order = self._replied_order
-        while order and (now - order[0][0] > _DEDUPE_SECS or len(order) > keep):
-            self._replied.pop(order.popleft()[1], None)
 
     def _bad(self, src: bytes, why: str) -> None:
         self.malformed += 1
@@ -393,8 +376,18 @@ class Bus:
             self._logged_bad.add(peer)
             self.log.warning("dropped malformed message from %s: %s", peer, why)
 
+    def _report_counts(self) -> None:
+        from agentos import metrics   # late, as in agentos/service.py: the tree's metrics directory first
+        if self._reported is None:
+            self._reported = metrics.Totals()
+        report, role = self._reported.report, self.role
+        report(metrics.bus_malformed.labels(role), self.malformed)
+        report(metrics.bus_retries.labels(role), self.retries)
+        report(metrics.bus_big_bodies.labels(role, "ring"), self._spill.spilled)
+        report(metrics.bus_big_bodies.labels(role, "broker"), self._spill.whole)
+
     def stats(self) -> dict[str, int]:
         return {"sent": self.sent, "received": self.received, "malformed": self.malformed,
                 "retries": self.retries, "handler_errors": self.handler_errors,
                 "pending_requests": len(self._pending), "outbox": len(self._outbox),
-                "spilled": self._spill.spilled, "spill_full": self._spill.full}
+                "spilled": self._spill.spilled, "big_whole": self._spill.whole}

@@ -80,10 +80,9 @@ class Broker:
         self.last_seen: dict[bytes, float] = {}       # identity -> monotonic time
         self.info: dict[bytes, dict] = {}             # name -> {"role", "pid"} from hello/heartbeat
         self.kind_counts: dict[bytes, int] = {}
-        self.flushed_counts: dict[bytes, int] = {}
         self.undeliverable: dict[str, int] = {}
         self.malformed = 0
-        self.flushed_malformed = 0
+        self.reported = metrics.Totals()                # what _flush_metrics has added to the counters
         self.routed = 0
         self._logged_bad: set[bytes] = set()
         self.stopping = False
@@ -301,13 +300,10 @@ class Broker:
 
     def _flush_metrics(self) -> None:
         for kind, count in self.kind_counts.items():
-            delta = count - self.flushed_counts.get(kind, 0)
-            if delta:
-                metrics.bus_messages.labels(kind.decode(errors="replace")).inc(delta)
-                self.flushed_counts[kind] = count
-        if self.malformed != self.flushed_malformed:
-            metrics.bus_malformed.labels("broker").inc(self.malformed - self.flushed_malformed)
-            self.flushed_malformed = self.malformed
+            self.reported.report(metrics.bus_messages.labels(kind.decode(errors="replace")), count)
+        for reason, count in self.undeliverable.items():
+            self.reported.report(metrics.bus_undeliverable.labels(reason), count)
+        self.reported.report(metrics.bus_malformed.labels("broker"), self.malformed)
 
     def run(self, should_stop: Callable[[], bool] = lambda: False) -> None:
         poller = zmq.Poller()

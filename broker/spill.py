@@ -298,9 +298,10 @@ class Spiller:
         self.reader = SpillReader(self.directory) if self.directory else None
         self.ring_bytes = ring_bytes if self.directory else 0
         self.ring: SpillRing | None = None
+        self.no_ring = False   # it could not be made: every big body goes whole
         self.log = log
         self.spilled = 0
-        self.full = 0
+        self.whole = 0         # big bodies sent whole through the broker: the ring full, or none to be had
 
     def wants(self, envelope: bytes) -> bool:
         return bool(self.ring_bytes) and len(envelope) >= codec.LARGE_ENVELOPE_BYTES
@@ -308,16 +309,15 @@ class Spiller:
     def out(self, envelope: bytes) -> bytes:
         """`envelope` with its body in the ring, or as it is (no room, or no ring to be had)."""
         ring = self.ring
-        if ring is None:
+        if ring is None and not self.no_ring:
             try:
                 ring = self.ring = SpillRing(self.directory, self.ring_bytes)
             except (OSError, ValueError) as exc:
-                self.ring_bytes = 0
+                self.no_ring = True
                 self.log.warning("big messages go whole through the broker: no ring in %s (%s)", self.directory, exc)
-                return envelope
-        ref = ring.put(memoryview(envelope)[codec.body_offset(envelope):])
+        ref = ring.put(memoryview(envelope)[codec.body_offset(envelope):]) if ring is not None else None
         if ref is None:
-            self.full += 1
+            self.whole += 1
             return envelope
         self.spilled += 1
         return codec.spilled(envelope, ref)

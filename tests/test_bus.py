@@ -64,6 +64,34 @@ def test_unknown_destination_fails_fast_not_silently(broker, payload):
     assert in_use == (1 if payload else 0)   # only the empty one just put
 
 
+def test_bounces_and_retries_reach_the_counters(broker):
+    """What the broker bounced (by reason) and what a bus sent again (by role) reach Prometheus:
+    the broker adds its counts once a second, a bus at each heartbeat."""
+    from agentos import metrics
+    _, endpoint = broker
+    bounced, retried = metrics.bus_undeliverable.labels("unknown"), metrics.bus_retries.labels("gateway")
+    before = bounced._value.get(), retried._value.get()
+
+    async def go():
+        a = Bus("gateway/0", endpoint, heartbeat_secs=0.05)
+        await a.start()
+        try:
+            with pytest.raises(BusTimeout, match="unknown"):
+                await a.request("actor/9", Kind.STATS, {}, timeout=0.5, attempt_secs=0.1)
+            for _ in range(50):   # the broker's next once-a-second flush
+                if bounced._value.get() > before[0] and retried._value.get() > before[1]:
+                    break
+                await asyncio.sleep(0.05)
+            return a.stats()
+        finally:
+            await a.close()
+
+    stats = run(go())
+    assert stats["retries"] >= 1
+    assert retried._value.get() - before[1] == stats["retries"]
+    assert bounced._value.get() - before[0] >= stats["retries"]
+
+
 async def registered(broker_obj, name: bytes) -> None:
     for _ in range(250):
         if name in broker_obj.identity_of:

@@ -86,3 +86,13 @@ def test_loadgen_counts_429s_and_failed_turns_like_the_server(make_server):
     wait_until(lambda: (v := scrape(server.url))["agentos_admission_rejected_total"] >= counts["rejected_429"] and
                v.get('agentos_turns_total{outcome="failed"}', 0) >= counts["failed"], 10,
                "the server's counts to cover the load generator's")
+
+
+def test_big_bodies_through_shared_memory_are_counted(shared_server):
+    """A 150,000-character input crosses from gateway to actor as a big body: on this host's ipc
+    bus through the gateway's ring, and /metrics says so."""
+    from harness import turn
+    key = 'agentos_bus_big_bodies_total{path="ring",role="gateway"}'
+    before = scrape(shared_server.url).get(key, 0)
+    assert turn(shared_server.url, "met-big", "x" * 150_000).terminal == "turn.completed"
+    wait_until(lambda: scrape(shared_server.url).get(key, 0) > before, 10, "the big body to be counted")

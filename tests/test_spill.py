@@ -174,10 +174,13 @@ def test_codec_round_trip_of_a_spilled_envelope(ring_dir):
         ring.close()
 
 
-def test_a_full_ring_sends_whole_and_nothing_is_lost(broker):
-    """Ten 300 KB messages in one loop iteration through a 1 MiB ring: three spilled, the rest
-    whole through the broker, every one delivered, in order, intact."""
-    _, endpoint = broker
+def send_ten_big(endpoint, spill_bytes):
+    """Ten 300 KB messages in one loop iteration, gateway/0 to actor/0: what arrived, in order and
+    whether intact; the sender's bus stats; and what its heartbeats added to the counter of big
+    bodies by path."""
+    from agentos import metrics
+    counted = {path: metrics.bus_big_bodies.labels("gateway", path) for path in ("ring", "broker")}
+    before = {path: counter._value.get() for path, counter in counted.items()}
 
     async def go():
         got = []
@@ -188,7 +191,7 @@ def test_a_full_ring_sends_whole_and_nothing_is_lost(broker):
             if len(got) == 10:
                 done.set()
 
-        a = Bus("gateway/0", endpoint, spill_bytes=1 << 20)
+        a = Bus("gateway/0", endpoint, spill_bytes=spill_bytes, heartbeat_secs=0.05)
         b = Bus("actor/0", endpoint, {Kind.STATS: on_stats})
         await a.start()
         await b.start()
@@ -197,14 +200,39 @@ def test_a_full_ring_sends_whole_and_nothing_is_lost(broker):
         for i in range(10):
             a.send("actor/0", Kind.STATS, {"i": i, "p": chr(97 + i) * 300_000})
         await asyncio.wait_for(done.wait(), 10)
+        await asyncio.sleep(0.2)   # a few heartbeats: the counts reach the counters
         stats = a.stats()
         await a.close()
         await b.close()
         return got, stats
 
     got, stats = asyncio.run(asyncio.wait_for(go(), 20))
+    return got, stats, {path: counter._value.get() - before[path] for path, counter in counted.items()}
+
+
+def test_a_full_ring_sends_whole_and_nothing_is_lost(broker):
+    """Through a 1 MiB ring: three spilled, the rest whole through the broker, every one delivered,
+    in order, intact; /metrics counts both paths."""
+    got, stats, counted = send_ten_big(broker[1], 1 << 20)
     assert got == [(i, True) for i in range(10)]
-    assert stats["spilled"] == 3 and stats["spill_full"] == 7
+    assert stats["spilled"] == 3 and stats["big_whole"] == 7
+    assert counted == {"ring": 3, "broker": 7}
+
+
+def test_with_no_ring_to_be_had_big_bodies_go_whole_and_are_counted(broker, caplog):
+    """A ring directory others could enter (so refused): every big body whole through the broker,
+    one WARNING, nothing lost."""
+    directory = spill.spill_dir(broker[1])
+    os.makedirs(directory, mode=0o755)
+    os.chmod(directory, 0o755)
+    try:
+        got, stats, counted = send_ten_big(broker[1], 1 << 20)
+    finally:
+        os.rmdir(directory)
+    assert got == [(i, True) for i in range(10)]
+    assert stats["spilled"] == 0 and stats["big_whole"] == 10
+    assert counted == {"ring": 0, "broker": 10}
+    assert [r.levelname for r in caplog.records if "no ring" in r.getMessage()] == ["WARNING"]
 
 
 def test_a_big_request_sent_again_is_spilled_again(broker):
