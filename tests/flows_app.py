@@ -205,6 +205,10 @@ async def parent_of_sleeper(ctx, args):
     return await ctx.child(sleeps_an_hour, {}, run_id=args["child"])
 
 
+async def parent_of_waiter(ctx, args):
+    return await ctx.child(waiter, {}, run_id=args["child"])
+
+
 async def big_steps(ctx, args):
     """`steps` results of `n` characters each, then a wait: the next execution replays them all."""
     sizes = [len(await ctx.step(chunk, i, args["n"], name=f"chunk-{i}")) for i in range(args["steps"])]
@@ -237,7 +241,8 @@ def read_raw(q):
 
 
 app = App(flows=[five_steps, async_then_sync, sync_then_check, sleeper, waiter, async_steps, with_attrs, parent, child, failing,
-                 flaky, branchy, unencodable, returns_bytes, big_steps, sleeps_an_hour, parent_of_sleeper, one_blocking_step, kills_its_worker,
+                 flaky, branchy, unencodable, returns_bytes, big_steps, sleeps_an_hour, parent_of_sleeper,
+                 parent_of_waiter, one_blocking_step, kills_its_worker,
                  stuck_step_then_retry],
           tools=[get_weather, search, read_raw], updates={"incr": incr, "unencodable": unencodable_update})
 

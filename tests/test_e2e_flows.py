@@ -211,6 +211,35 @@ def test_a_child_whose_actor_was_down_at_its_parents_cancel_is_cancelled_when_th
     assert parent in get_json(f"{base}/v1/runs/{kid}")[2]["error"]
 
 
+def test_a_parent_whose_actor_died_with_its_childs_word_unread_still_gets_the_result(make_server, make_worker):
+    """The child's actor tells the parent's that the child ended, re-sending until answered; but
+    it died right after, and the parent's actor died with the word unread. The parent once stayed
+    parked on its child for good; reloaded, it asks how the child stands (actors/run_links.py)."""
+    server = make_server()
+    make_worker(server)
+    base = server.url
+    parent = "waits-parent"
+    kid = next(f"waits-kid-{n}" for n in range(100) if actor_name(f"waits-kid-{n}", 2) != actor_name(parent, 2))
+    body = json.dumps({"input": {"child": kid}, "run_id": parent}).encode()
+    assert get_json(f"{base}/v1/flows/parent_of_waiter/runs", method="POST", body=body)[0] == 201
+    wait_until(lambda: get_json(f"{base}/v1/runs/{kid}")[2].get("status") == "suspended", 20, "the child to wait")
+    parents_actor = server.pid(actor_name(parent, 2))
+    os.kill(parents_actor, signal.SIGSTOP)
+    try:
+        for message in ("a", "b"):
+            assert get_json(f"{base}/v1/runs/{kid}/channels/inbox", method="POST",
+                            body=json.dumps({"message": message}).encode())[0] == 202
+        wait_until(lambda: get_json(f"{base}/v1/runs/{kid}")[2].get("status") == "completed", 20, "the child's end")
+        time.sleep(0.5)   # the child's word reaches the stopped actor's socket
+        server.kill9(actor_name(kid, 2))   # its re-sends of the word die with it
+    except BaseException:
+        os.kill(parents_actor, signal.SIGCONT)
+        raise
+    server.kill9(actor_name(parent, 2))   # it dies stopped, with the word unread
+    body = result(base, parent, timeout=30)
+    assert (body["status"], body.get("result")) == ("completed", ["a", "b"])
+
+
 def test_a_run_cancelled_right_after_its_start_stops_its_step_in_flight(make_server, make_worker, tmp_path):
     """Cancels 0-30 ms after the starts: before the actor has heard which worker runs them, the
     scheduler passes the cancel on, so no step's side effect lands after the cancel was answered
