@@ -52,7 +52,7 @@ bus_undeliverable = Counter("agentos_bus_undeliverable_total", "Messages the bro
 bus_malformed = Counter("agentos_bus_malformed_total", "Malformed messages counted and dropped, by role", ["role"])
 bus_retries = Counter("agentos_bus_retries_total", "Bus requests re-sent after a timeout or an undeliverable reply",
                       ["role"])
-bus_big_bodies = Counter("agentos_bus_big_bodies_total", "Message bodies of 64 KiB or more sent, by role and path: "
+bus_big_bodies = Counter("agentos_bus_big_bodies_total", "Message bodies of 16 KiB or more sent, by role and path: "
                          "ring (the sender's shared-memory ring, broker/spill.py) or broker (whole through it: the "
                          "ring full, off, or not to be had)", ["role", "path"])
 

@@ -211,8 +211,8 @@ class Bus:
             # receiver has already read and freed
             self._big_queued = False
             spiller = self._spill
-            out = {dest: [spiller.out(e) if spiller.wants(e) else e for e in envelopes]
-                   for dest, envelopes in out.items()}
+            out = {dest: [spiller.out(e) if spiller.wants(e) else e for e in envelopes] if dest != BROKER
+                   else envelopes for dest, envelopes in out.items()}   # the broker reads no ring
         for dest, envelopes in out.items():
             if len(envelopes) == 1:
                 self._push(envelopes[0])

@@ -1,6 +1,6 @@
 """Big message bodies through shared memory instead of through the broker.
 
-A reply of ten 16 KiB attributes crossed two ZeroMQ hops (sender to broker, broker to receiver),
+Bodies from 16 KiB (`SPILL_MIN_BYTES`). A reply of ten 16 KiB attributes crossed two ZeroMQ hops (sender to broker, broker to receiver),
 and each hop cost ~100 µs of CPU for 160 KiB on these machines: a copy into ZeroMQ, a copy into
 the kernel, a copy out of it, a copy out of ZeroMQ, and ZeroMQ's I/O thread reading 8 KiB at a
 time. Both cores went on moving bytes (bench/results/2026-12-04-spill-*). So on an ipc bus (every
@@ -41,6 +41,11 @@ from typing import Any, Callable
 from broker import codec
 from broker.protocol import ProtocolError
 
+# From this envelope size on a body goes through the ring. Replies over the real bus, with the
+# tree's malloc settings (bench/results/2026-12-04-bus-bodies-*): at 8 KiB the two paths cost the
+# same; at 16 and 32 KiB the ring took about a fifth less CPU of the three processes together
+# and answered 1.2-1.35x as many replies a second.
+SPILL_MIN_BYTES = 16 << 10
 RING_BYTES = 8 << 20          # default size of one process's ring (touched only when big bodies are sent)
 MAX_RING_BYTES = 1 << 30
 RECLAIM_SECS = 60.0
@@ -304,7 +309,7 @@ class Spiller:
         self.whole = 0         # big bodies sent whole through the broker: the ring full, or none to be had
 
     def wants(self, envelope: bytes) -> bool:
-        return bool(self.ring_bytes) and len(envelope) >= codec.LARGE_ENVELOPE_BYTES
+        return bool(self.ring_bytes) and len(envelope) >= SPILL_MIN_BYTES
 
     def out(self, envelope: bytes) -> bytes:
         """`envelope` with its body in the ring, or as it is (no room, or no ring to be had)."""

@@ -240,3 +240,21 @@ def test_tree_ab_report_gives_each_scenario_its_ratio_and_rounds_ahead(tmp_path)
     assert text.startswith("# A title\n\n## Conditions\n")
     assert "| attr_read_10x16k | 3,000 / 3,500 / 2,000 | 6,000 / 6,500 / 1,900 | 2.00× | 10.00 → 5.00 | 2 of 3 |" in text
     assert "ring on / ring off (medians)" in text and (tmp_path / "rounds.png").stat().st_size > 0
+
+
+def test_bus_bodies_runs_both_arms_in_processes_of_their_own_and_leaves_nothing(tmp_path):
+    """`python -m bench.bus_bodies`, one short round: a row per arm, the summary's ratio, the plot,
+    and no ring left in /dev/shm (its trials kill their broker and replier)."""
+    import os
+
+    from bench import bus_bodies
+    from broker import spill
+    before = set(os.listdir(spill.SHM_ROOT))
+    assert bus_bodies.main(["--sizes", "20k", "--rounds", "1", "--secs", "0.3", "--results-root", str(tmp_path)]) == 0
+    folder = next(tmp_path.iterdir())
+    rows = [json.loads(line) for line in (folder / "rows.jsonl").read_text().splitlines()]
+    assert sorted(r["arm"] for r in rows) == ["broker", "ring"]
+    assert all(r["size"] == 20 * 1024 and r["replies"] > 0 and set(r["cpu_us_per_reply"]) == set(bus_bodies.PROCESSES)
+               for r in rows)
+    assert "| 20 KiB |" in (folder / "summary.md").read_text() and (folder / "replies.png").stat().st_size > 0
+    assert set(os.listdir(spill.SHM_ROOT)) <= before

@@ -174,8 +174,8 @@ def test_codec_round_trip_of_a_spilled_envelope(ring_dir):
         ring.close()
 
 
-def send_ten_big(endpoint, spill_bytes):
-    """Ten 300 KB messages in one loop iteration, gateway/0 to actor/0: what arrived, in order and
+def send_ten_big(endpoint, spill_bytes, sizes=(300_000,) * 10):
+    """Messages of `sizes` in one loop iteration, gateway/0 to actor/0: what arrived, in order and
     whether intact; the sender's bus stats; and what its heartbeats added to the counter of big
     bodies by path."""
     from agentos import metrics
@@ -187,8 +187,8 @@ def send_ten_big(endpoint, spill_bytes):
         done = asyncio.Event()
 
         def on_stats(msg):
-            got.append((msg.body["i"], msg.body["p"] == chr(97 + msg.body["i"]) * 300_000))
-            if len(got) == 10:
+            got.append((msg.body["i"], msg.body["p"] == chr(97 + msg.body["i"]) * sizes[msg.body["i"]]))
+            if len(got) == len(sizes):
                 done.set()
 
         a = Bus("gateway/0", endpoint, spill_bytes=spill_bytes, heartbeat_secs=0.05)
@@ -197,8 +197,8 @@ def send_ten_big(endpoint, spill_bytes):
         await b.start()
         while "actor/0" not in (await a.request("broker", Kind.PEERS, {}, timeout=5)).body["peers"]:
             await asyncio.sleep(0.05)
-        for i in range(10):
-            a.send("actor/0", Kind.STATS, {"i": i, "p": chr(97 + i) * 300_000})
+        for i, size in enumerate(sizes):
+            a.send("actor/0", Kind.STATS, {"i": i, "p": chr(97 + i) * size})
         await asyncio.wait_for(done.wait(), 10)
         await asyncio.sleep(0.2)   # a few heartbeats: the counts reach the counters
         stats = a.stats()
@@ -217,6 +217,13 @@ def test_a_full_ring_sends_whole_and_nothing_is_lost(broker):
     assert got == [(i, True) for i in range(10)]
     assert stats["spilled"] == 3 and stats["big_whole"] == 7
     assert counted == {"ring": 3, "broker": 7}
+
+
+def test_bodies_from_16_kib_go_through_the_ring(broker):
+    sizes = (4_000, spill.SPILL_MIN_BYTES - 200, spill.SPILL_MIN_BYTES, 40_000, 100)
+    got, stats, counted = send_ten_big(broker[1], 1 << 20, sizes)
+    assert got == [(i, True) for i in range(len(sizes))]
+    assert stats["spilled"] == 2 and stats["big_whole"] == 0 and counted == {"ring": 2, "broker": 0}
 
 
 def test_with_no_ring_to_be_had_big_bodies_go_whole_and_are_counted(broker, caplog):
