@@ -16,11 +16,17 @@ and the next big buffers fault it in again. Packing a 160 KiB reply cost 121 µs
 12 µs; an actor answering reads of ten 16 KiB attributes took 30 page faults per read at a 2 MiB
 trim threshold (its replies in flight, freed together, came to ~2 MiB) and none at 8 MiB
 (bench/results/2026-12-04-spill-*). So up to 8 MiB of freed heap stays with a process.
+
+Between bursts it need not: every process run by agentos/service.py hands its heap's free pages
+back once a minute (`release_free_memory`, ~0.14 ms for a few MiB here). A 30-minute soak saw
+the gateway's private memory step up 2.7 MiB in two jumps late in the run and stay there after
+the load (bench/results/2026-12-04-soak-dec04-thirtyeighth/).
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
@@ -31,7 +37,8 @@ TRIM_THRESHOLD_BYTES = 8 * MMAP_THRESHOLD_BYTES
 STORE_TRIM_THRESHOLD_BYTES = 2 * MMAP_THRESHOLD_BYTES   # writer/store's (storage/store_process.py)
 
 
-def _libc():
+@functools.cache
+def _libc():   # cached: find_library runs a program to look (~1.4 ms)
     try:
         return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     except OSError:

@@ -22,6 +22,7 @@ EXIT_PARENT_GONE = 3
 EXIT_LEASE_LOST = 4
 
 _PR_SET_PDEATHSIG = 1
+RELEASE_FREE_MEMORY_EVERY_SECS = 60
 MAX_OPEN_FILES = 1 << 20   # what the gateway asks for at most (each connection is one)
 
 
@@ -77,7 +78,7 @@ def run(main: Callable[[asyncio.Event], Awaitable[int | None]]) -> int:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        flusher = asyncio.create_task(_flush_metrics())
+        flusher = asyncio.create_task(_housekeeping())
         try:
             code = await main(stop)
         finally:
@@ -93,7 +94,14 @@ def _metrics():
     return metrics
 
 
-async def _flush_metrics() -> None:
+async def _housekeeping(release_every: int = RELEASE_FREE_MEMORY_EVERY_SECS) -> None:
+    """Metrics flushed each second; the heap's free pages handed back each `release_every`
+    seconds (agentos/native_memory.py: malloc keeps up to 8 MiB of them between bursts)."""
+    from agentos import native_memory
+    ticks = 0
     while True:
         await asyncio.sleep(1.0)
         _metrics().flush()
+        ticks += 1
+        if ticks % release_every == 0:
+            native_memory.release_free_memory()

@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"reply {sum(row['cpu_us_per_reply'].values()):.1f}", flush=True)
     text = summary(rows, sizes)
     plot(rows, sizes, out.figure_path("replies.png"))
-    out.write_summary(f"# Replies over the bus: the ring or the broker\n\n## Conditions\n\n{text}\n"
+    out.write_summary(f"# Replies over the bus: the ring or the broker\n\n## Conditions\n\n## Rounds\n\n{text}\n"
                       + "\n".join(cpu_speed.section(cpu)) + "\n")
     print(text)
     print(f"results: {out.path}")

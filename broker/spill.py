@@ -1,13 +1,14 @@
 """Big message bodies through shared memory instead of through the broker.
 
-Bodies from 16 KiB (`SPILL_MIN_BYTES`). A reply of ten 16 KiB attributes crossed two ZeroMQ hops (sender to broker, broker to receiver),
+A reply of ten 16 KiB attributes crossed two ZeroMQ hops (sender to broker, broker to receiver),
 and each hop cost ~100 µs of CPU for 160 KiB on these machines: a copy into ZeroMQ, a copy into
 the kernel, a copy out of it, a copy out of ZeroMQ, and ZeroMQ's I/O thread reading 8 KiB at a
-time. Both cores went on moving bytes (bench/results/2026-12-04-spill-*). So on an ipc bus (every
-peer on this host) a process writes a big body once into its own ring, a file in /dev/shm it maps,
-and sends the broker a small envelope whose header names the place: [ring, offset, length, seq]
-as the header's sixth item (broker/codec.py). The receiver maps the ring, decodes the body in
-place, and marks the region free; the broker routes a few hundred bytes.
+time. Both cores went on moving bytes (bench/results/2026-12-04-spill-*). So on an ipc bus
+(every peer on this host) a process writes a big body (from `SPILL_MIN_BYTES`, 16 KiB) once into
+its own ring, a file in /dev/shm it maps, and sends the broker a small envelope whose header
+names the place: [ring, offset, length, seq] as the header's sixth item (broker/codec.py). The
+receiver maps the ring, decodes the body in place, and marks the region free; the broker routes
+a few hundred bytes.
 
 A region is written by its sender only, read once and freed by its receiver:
 
@@ -41,10 +42,10 @@ from typing import Any, Callable
 from broker import codec
 from broker.protocol import ProtocolError
 
-# From this envelope size on a body goes through the ring. Replies over the real bus, with the
-# tree's malloc settings (bench/results/2026-12-04-bus-bodies-*): at 8 KiB the two paths cost the
-# same; at 16 and 32 KiB the ring took about a fifth less CPU of the three processes together
-# and answered 1.2-1.35x as many replies a second.
+# From this envelope size on a body goes through the ring. Replies over the real bus
+# (bench/bus_bodies.py; bench/results/2026-12-04-bus-bodies-dec04-thirtyeighth/), ring against
+# broker: at 8 KiB 0.96x the replies/s for 1.04x the CPU; at 16 KiB even (1.02x, 0.96x; by hand
+# in a slower hour 1.16-1.29x); at 32 KiB 1.17x for 0.85x; at 64 KiB 1.27x for 0.45x.
 SPILL_MIN_BYTES = 16 << 10
 RING_BYTES = 8 << 20          # default size of one process's ring (touched only when big bodies are sent)
 MAX_RING_BYTES = 1 << 30

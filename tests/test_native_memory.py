@@ -37,3 +37,51 @@ def faults_per_cycle(mode: str) -> float:
 def test_big_buffers_freed_and_allocated_again_reuse_their_pages():
     assert faults_per_cycle("ours") < 20            # ~0: the freed heap is kept and reused
     assert faults_per_cycle("trim-default") > 500   # ~1,000 (20 x 49 pages): trimmed and faulted in again
+
+
+RELEASE = """
+from agentos import native_memory
+assert native_memory.limit_arenas()
+
+def private_kib():
+    with open("/proc/self/smaps_rollup") as f:
+        return sum(int(line.split()[1]) for line in f if line.startswith(("Private_Clean", "Private_Dirty")))
+
+held = [bytes(200_000) + b"x" for _ in range(30)]   # 6 MB of heap, below the 8 MiB kept when freed
+del held
+kept = private_kib()
+native_memory.release_free_memory()
+print(kept - private_kib())
+"""
+
+
+@pytest.mark.skipif(native_memory._libc() is None or not hasattr(native_memory._libc(), "malloc_trim"),
+                    reason="glibc only")
+def test_the_freed_heap_kept_between_bursts_goes_back_when_released():
+    out = subprocess.run([sys.executable, "-c", RELEASE], capture_output=True, text=True, check=True)
+    assert int(out.stdout) > 4000   # KiB: most of the 6 MB
+
+
+def test_every_service_releases_its_free_heap_on_its_period(monkeypatch):
+    """agentos/service.py's housekeeping: metrics each second, the free heap each period."""
+    import asyncio
+
+    from agentos import service
+    real_sleep = asyncio.sleep
+    ticks, released = [], []
+
+    async def one_tick(_secs):
+        ticks.append(1)
+        await real_sleep(0)
+
+    monkeypatch.setattr(service.asyncio, "sleep", one_tick)
+    monkeypatch.setattr(native_memory, "release_free_memory", lambda: released.append(len(ticks)))
+
+    async def go():
+        task = asyncio.ensure_future(service._housekeeping(release_every=3))
+        while len(ticks) < 10:
+            await real_sleep(0)
+        task.cancel()
+
+    asyncio.run(go())
+    assert released[:3] == [3, 6, 9]
