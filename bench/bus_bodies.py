@@ -125,7 +125,7 @@ def trial(size: int, arm: str, secs: float, in_flight: int) -> dict:
             os.waitpid(pid, 0)
         spill.remove_leftovers(endpoint, True)
         shutil.rmtree(work, ignore_errors=True)
-    return {"size": size, "arm": arm, **row}
+    return {"size": size, "arm": arm, "ring_dir": spill.spill_dir(endpoint), **row}
 
 
 # -- the run ------------------------------------------------------------------------------------------
