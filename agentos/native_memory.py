@@ -18,9 +18,10 @@ trim threshold (its replies in flight, freed together, came to ~2 MiB) and none 
 (bench/results/2026-12-04-spill-*). So up to 8 MiB of freed heap stays with a process.
 
 Between bursts it need not: every process run by agentos/service.py hands its heap's free pages
-back once a minute (`release_free_memory`, ~0.14 ms for a few MiB here). A 30-minute soak saw
-the gateway's private memory step up 2.7 MiB in two jumps late in the run and stay there after
-the load (bench/results/2026-12-04-soak-dec04-thirtyeighth/).
+back once a minute (`release_free_memory`, ~0.14 ms for a few MiB here), so what a burst left
+free does not stay counted to the process for good. (It is not what made the gateway's private
+memory step up late in two 30-minute soaks: those steps came at the same points of the load
+with and without it; bench/results/2026-12-04-soak-dec04-thirtyeighth*.)
 """
 from __future__ import annotations
 
