@@ -78,11 +78,11 @@ def run(main: Callable[[asyncio.Event], Awaitable[int | None]]) -> int:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        flusher = asyncio.create_task(_housekeeping())
+        housekeeping = asyncio.create_task(_housekeeping())
         try:
             code = await main(stop)
         finally:
-            flusher.cancel()
+            housekeeping.cancel()
             _metrics().flush()
         return EXIT_OK if code is None else code
 
