@@ -12,7 +12,8 @@ the last `--window-minutes` of the run (same load, same steady state). The windo
 period of the store's DuckDB reopen cycle (`storage.duckdb_recycle_secs`), so both windows see
 the same sawtooth. Then the load stops and, after one session TTL
 and a little more, the idle tree is sampled once more. Exit status 1 if any process ends more than
-10% above its baseline, or if any process restarted.
+10% above its baseline, if any process restarted, or if the server exited (the soak ends
+there, with no verdict).
 """
 from __future__ import annotations
 
@@ -68,13 +69,17 @@ def scrape_gauge(text: str, name: str) -> float | None:
 
 async def sampler(server: ServerProcess, http, every: float, stop: asyncio.Event, t0: float,
                   counts: collections.Counter, rows: list[dict]) -> None:
-    while True:
+    """Samples until `stop`; returns early if the server's supervisor has exited (the soak is over)."""
+    while server.proc.poll() is None:
         try:
             async with http.get(f"{server.url}/metrics", timeout=aiohttp.ClientTimeout(total=10)) as resp:
                 sessions = scrape_gauge(await resp.text(), "agentos_active_sessions")
         except (aiohttp.ClientError, asyncio.TimeoutError):
             sessions = None
-        memory = await asyncio.get_running_loop().run_in_executor(None, memory_by_process, server)
+        try:
+            memory = await asyncio.get_running_loop().run_in_executor(None, memory_by_process, server)
+        except OSError:       # its process table went with it
+            continue
         rows.append({"t": round(time.monotonic() - t0, 1), "turns": sum(counts.values()), "sessions": sessions,
                      "memory": memory})
         print(f"  {rows[-1]['t']:7.0f}s  turns {rows[-1]['turns']:>8}  resident sessions {sessions}  "
@@ -97,13 +102,17 @@ async def soak(server: ServerProcess, args) -> tuple[list[dict], collections.Cou
         clients = [asyncio.ensure_future(client(http, server.url, i, random.Random(rng.random()), stop_load, counts,
                                                 args.abandon, args.pause))
                    for i in range(args.clients)]
-        await asyncio.sleep((args.warmup_minutes + args.minutes) * 60)
+        # a server that died ends the soak there, not after half an hour of refused connections
+        await asyncio.wait([sampling], timeout=(args.warmup_minutes + args.minutes) * 60)
         stop_load.set()
         await asyncio.gather(*clients)
         load_end = time.monotonic() - t0
-        await asyncio.sleep(args.idle_secs)
+        if not sampling.done():
+            await asyncio.wait([sampling], timeout=args.idle_secs)
         stop_sampling.set()
         await sampling
+        if server.proc.poll() is not None:
+            return rows, counts, {"load_end": load_end, "exited": server.proc.returncode}
         idle = {"t": round(time.monotonic() - t0, 1), "memory": memory_by_process(server)}
     return rows, counts, {"load_end": load_end, "idle": idle}
 
@@ -166,6 +175,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"soak: {args.warmup_minutes} min warm-up + {args.minutes} min, {args.clients} clients, "
               f"TTL {args.ttl:g}s on {server.url}", file=sys.stderr)
         rows, counts, phases = asyncio.run(soak(server, args))
+        if "exited" in phases:
+            print(f"soak: the server exited with {phases['exited']} after {phases['load_end']:.0f} s "
+                  f"({sum(counts.values())} turns):\n{server.log()}", file=sys.stderr)
+            results.write_rows(rows)
+            results.write_summary(f"# Memory soak: the server exited with {phases['exited']} after "
+                                  f"{phases['load_end']:.0f} s; no verdict\n")
+            return 1
         restarts = {r["name"]: r["restarts"] for r in server.table()["children"]}
     finally:
         server.stop()

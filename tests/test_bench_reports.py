@@ -256,3 +256,32 @@ def test_bus_bodies_runs_both_arms_in_processes_of_their_own_and_leaves_nothing(
                for r in rows)
     assert "| 20 KiB |" in (folder / "summary.md").read_text() and (folder / "replies.png").stat().st_size > 0
     assert all(r["ring_dir"] and not os.path.exists(r["ring_dir"]) for r in rows)
+
+
+def test_the_soak_ends_when_the_server_dies_instead_of_loading_a_dead_port(tmp_path):
+    """A soak whose server exits stops its load at the next sample and says so: it does not spend
+    the rest of its half hour counting refused connections as turns."""
+    from bench import soak
+
+    class Dying:
+        url = "http://127.0.0.1:9"   # discard port: nothing listens, every connection is refused
+
+        def __init__(self):
+            self.polls = 0
+            self.returncode = None
+            self.proc = self
+
+        def poll(self):
+            self.polls += 1
+            if self.polls > 3:
+                self.returncode = -9
+            return self.returncode
+
+        def pids(self):
+            return {}
+
+    args = soak.parse_args(["--minutes", "10", "--warmup-minutes", "0", "--clients", "2", "--sample-secs", "0.05"])
+    rows, counts, phases = asyncio.run(asyncio.wait_for(soak.soak(Dying(), args), 30))
+    assert phases["exited"] == -9 and "idle" not in phases
+    assert phases["load_end"] < 30
+    assert len(rows) == 3
