@@ -35,7 +35,7 @@ import zmq
 
 from broker import codec, frames, spill
 from broker.address import BusAddress
-from broker.protocol import BROKER, REQUESTS, Kind, Message, ProtocolError
+from broker.protocol import BROKER, READS, REQUESTS, Kind, Message, ProtocolError
 from broker.replies import PENDING, RERUN, Replies
 from broker.requests import Attempts, AttemptTimeout, BusError, BusTimeout, Undeliverable
 
@@ -182,7 +182,7 @@ class Bus:
     def reply(self, msg: Message, kind: Kind, body: dict[str, Any]) -> None:
         envelope = codec.encode(msg.src, kind, body, id=self.new_id(), reply_to=msg.id,
                                    session=msg.session, turn=msg.turn)
-        self._replies.answered((msg.src, msg.id), envelope)
+        self._replies.answered((msg.src, msg.id), envelope, keep=msg.kind not in READS)
         self._send_envelope(msg.src, envelope)
 
     def _send_envelope(self, dest: str, envelope: bytes) -> None:

@@ -144,7 +144,7 @@ SPECS: dict[Kind, Spec] = {
     Kind.PEER_RESTARTED: _spec({"name": str}),
     Kind.DRAIN: _spec({"deadline_secs": _NUM}),
     Kind.DRAINED: _spec({"in_flight": int}),
-    Kind.STATS: _spec(),
+    Kind.STATS: _spec(only_end=bool),   # only_end: a log writer answers {"end": …} alone (writer/store's `sync`)
     Kind.STATS_REPLY: _spec({"role": str, "stats": dict}),
     Kind.ERROR: _spec({"code": str, "message": str}),
     # From the supervisor to the log writers after each renewal: acknowledge for this long at most.
@@ -275,6 +275,9 @@ REQUESTS: dict[Kind, Kind] = {
     Kind.ATTR_GET: Kind.ATTR_VALUES,
     Kind.ATTR_UPDATE: Kind.ATTR_VALUES,
 }
+# Requests that change nothing: a re-sent one is simply run again, so its reply is not kept for it
+# (writer/store asks every log writer's end for each `sync` read: a new session's first load).
+READS = frozenset({Kind.PEERS, Kind.STATS, Kind.STORE_QUERY, Kind.TOOLS_LIST, Kind.FLOW_GET, Kind.ATTR_GET})
 
 KIND_BYTES: dict[Kind, bytes] = {k: k.value.encode() for k in Kind}
 TURN_EVENTS = frozenset({Kind.TURN_STARTED, Kind.TURN_DELTA, Kind.TURN_TOOL, Kind.TURN_DONE, Kind.TURN_FAILED,

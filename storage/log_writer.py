@@ -351,6 +351,10 @@ class LogWriter(ClusterSide):
             self.bus.reply(msg, kind, body)
 
     def on_stats(self, msg: Message) -> None:
+        if msg.body.get("only_end"):    # writer/store's `sync`, once per read of a new session: cheap
+            self.bus.reply(msg, Kind.STATS_REPLY, {"role": "writer", "stats": {
+                "end": self.segments.end if self.segments else 0}})
+            return
         shipper = self.shipper.stats if self.shipper else {}
         self.bus.reply(msg, Kind.STATS_REPLY, {"role": "writer", "stats": {
             **self.stats, "s3": {**shipper, "shipped": self.shipper.shipped if self.shipper else None,

@@ -154,7 +154,7 @@ class StoreService:
 
     async def _ask_end(self, writer: int, timeout: float) -> int:
         """Where `writer` says its log is durable (its stats' `end`); it is heard from after this."""
-        reply = await self.bus.request(log_writer(writer), Kind.STATS, {}, timeout=timeout)
+        reply = await self.bus.request(log_writer(writer), Kind.STATS, {"only_end": True}, timeout=timeout)
         self.writers_open.add(writer)
         return int(reply.body.get("stats", {}).get("end") or 0)
 

@@ -100,23 +100,24 @@ async def registered(broker_obj, name: bytes) -> None:
     raise AssertionError(f"{name!r} never registered with the broker")
 
 
-def test_a_resent_request_runs_once_and_gets_the_same_reply(broker):
+def resend_three_times(broker, kind: Kind, body: dict, reply_kind: Kind, reply_body) -> tuple[list, list, Bus]:
+    """A raw peer sends one request (id 42) to actor/0 three times, each after the last reply."""
     broker_obj, endpoint = broker
 
     async def go():
         calls = []
 
-        def on_stats(msg):
+        def handler(msg):
             calls.append(msg.id)
-            b.reply(msg, Kind.STATS_REPLY, {"role": "x", "stats": {"call": len(calls)}})
+            b.reply(msg, reply_kind, reply_body(len(calls)))
 
-        b = Bus("actor/0", endpoint, {Kind.STATS: on_stats})
+        b = Bus("actor/0", endpoint, {kind: handler})
         await b.start()
         await registered(broker_obj, b"actor/0")
         raw = zmq.Context.instance().socket(zmq.DEALER)
         raw.setsockopt(zmq.ROUTING_ID, b"cli/1#abc")
         raw.connect(endpoint)
-        envelope = codec.encode("actor/0", Kind.STATS, {}, id=42)
+        envelope = codec.encode("actor/0", kind, body, id=42)
         replies = []
         for _ in range(3):
             frames.send(raw, envelope)
@@ -128,12 +129,27 @@ def test_a_resent_request_runs_once_and_gets_the_same_reply(broker):
                     await asyncio.sleep(0.02)
         raw.close(0)
         await b.close()
-        return calls, replies
+        return calls, replies, b
 
-    calls, replies = run(go())
+    return run(go())
+
+
+def test_a_resent_request_runs_once_and_gets_the_same_reply(broker):
+    calls, replies, _ = resend_three_times(broker, Kind.STORE_PURGE, {"runs": ["r1"]}, Kind.STORE_ROWS,
+                                           lambda n: {"rows": [n]})
     assert len(calls) == 1
     assert len(replies) == 3 and {r.reply_to for r in replies} == {42}
-    assert {r.body["stats"]["call"] for r in replies} == {1}
+    assert {r.body["rows"][0] for r in replies} == {1}
+
+
+def test_a_resent_read_runs_again_and_its_reply_is_not_kept(broker):
+    """A read changes nothing, so its reply is not held for a duplicate: writer/store asks each log
+    writer's end for every new session's first read, and those replies filled the writers' memory."""
+    calls, replies, bus = resend_three_times(broker, Kind.STATS, {}, Kind.STATS_REPLY,
+                                             lambda n: {"role": "x", "stats": {"call": n}})
+    assert len(calls) == 3
+    assert [r.body["stats"]["call"] for r in replies] == [1, 2, 3]
+    assert not [v for v in bus._replies._seen.values() if isinstance(v, bytes)]
 
 
 def test_malformed_input_is_counted_and_dropped(broker):

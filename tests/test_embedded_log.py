@@ -164,3 +164,26 @@ def test_a_log_configured_without_zeroing_appends_to_a_plain_segment(tmp_path):
         _close(writer, loop_task)
 
     asyncio.run(go())
+
+
+def test_asked_only_for_its_end_a_writer_answers_with_where_its_log_is_durable(tmp_path):
+    """writer/store's `sync` asks for the end alone, once per new session's first read: the answer
+    is the durable end, and none of the rest of the stats is built for it."""
+    from broker.protocol import Message
+
+    async def go():
+        writer = _writer(tmp_path, 0)
+        await writer.open()
+        loop_task = asyncio.create_task(writer.commit_loop())
+        _append(writer, [], "a b", waiters=2)
+        replies = []
+        writer.bus.reply = lambda msg, kind, body: replies.append((kind, body))
+        for body in ({"only_end": True}, {}):
+            writer.on_stats(Message("writer/store", Kind.STATS, 7, 0.0, 0, "", "", body))
+        _close(writer, loop_task)
+        return writer.segments.end, replies
+
+    end, replies = asyncio.run(go())
+    assert end > 0
+    assert replies[0] == (Kind.STATS_REPLY, {"role": "writer", "stats": {"end": end}})
+    assert replies[1][1]["stats"]["end"] == end and replies[1][1]["stats"]["fsyncs"] == 1
