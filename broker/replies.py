@@ -3,8 +3,8 @@
 A request is sent again, with the same id, when its reply is late (broker/requests.py). The
 receiver must not run it twice: it remembers each request it has seen, by (source, id), for
 `DEDUPE_SECS`, and the reply it gave. A request seen again gets that reply again; one still being
-handled is dropped (its reply is on its way); a read (protocol.READS), or one whose reply was too
-big to keep, runs again (such replies answer reads, which may).
+handled is dropped (its reply is on its way); a read (protocol.READS) answered, or a request whose
+reply was too big to keep, runs again (such replies answer reads, which may).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ DEDUPE_SECS = 60.0
 DEDUPE_MAX = 50_000
 CACHE_REPLY_MAX_BYTES = 4096
 PENDING = object()   # request seen, reply not yet sent
-RERUN = object()     # reply sent but not kept (a read, or too large): a duplicate simply runs again
+RERUN = object()     # reply sent but too large to keep: a duplicate simply runs again
 
 
 class Replies:
@@ -35,8 +35,11 @@ class Replies:
         return cached
 
     def answered(self, key: tuple[str, int], envelope: bytes, keep: bool = True) -> None:
-        if key in self._seen:
-            self._seen[key] = envelope if keep and len(envelope) <= CACHE_REPLY_MAX_BYTES else RERUN
+        """`keep` False: a read's reply; a duplicate from now on runs again, so the key goes too."""
+        if not keep:
+            self._seen.pop(key, None)
+        elif key in self._seen:
+            self._seen[key] = envelope if len(envelope) <= CACHE_REPLY_MAX_BYTES else RERUN
 
     def expire(self, now: float, keep: int = DEDUPE_MAX) -> None:
         order = self._order
