@@ -78,12 +78,13 @@ async def sampler(server: ServerProcess, http, every: float, stop: asyncio.Event
             sessions = None
         try:
             memory = await asyncio.get_running_loop().run_in_executor(None, memory_by_process, server)
-        except OSError:       # its process table went with it
-            continue
-        rows.append({"t": round(time.monotonic() - t0, 1), "turns": sum(counts.values()), "sessions": sessions,
-                     "memory": memory})
-        print(f"  {rows[-1]['t']:7.0f}s  turns {rows[-1]['turns']:>8}  resident sessions {sessions}  "
-              f"private MiB {sum(m['private_kib'] for m in memory.values()) / 1024:.1f}", file=sys.stderr)
+        except OSError:       # its process table went with it: no row, and the loop's test says why
+            memory = None
+        if memory is not None:
+            rows.append({"t": round(time.monotonic() - t0, 1), "turns": sum(counts.values()), "sessions": sessions,
+                         "memory": memory})
+            print(f"  {rows[-1]['t']:7.0f}s  turns {rows[-1]['turns']:>8}  resident sessions {sessions}  "
+                  f"private MiB {sum(m['private_kib'] for m in memory.values()) / 1024:.1f}", file=sys.stderr)
         try:
             await asyncio.wait_for(stop.wait(), every)
             return
