@@ -17,13 +17,14 @@ from aiohttp import web
 from agentos import metrics
 from agentos.config import Config
 from broker.client import Bus, BusError
-from broker.protocol import BROKER, TURN_EVENTS, TURN_START_TIMEOUT_SECS, Kind, Message
+from broker.protocol import TURN_EVENTS, TURN_START_TIMEOUT_SECS, Kind, Message
 from broker.sharding import STORE, actor_name
 from gateway.access import AccessLog, access_middleware
 from gateway.errors import ApiError, error_response, json_response
 from gateway import openapi
 from gateway.flows import FlowRoutes
 from gateway.history import LATEST_ROUTE, PUT_ROUTE, HistoryRoutes
+from gateway.peer_watch import PeerWatch
 from gateway.streams import TurnStream
 from gateway.tenancy import DEFAULT_TENANT, SESSION_ID, check_session_id, internal
 from storage.log_client import LogClient
@@ -55,7 +56,8 @@ class Gateway:
         self.streams: dict[str, list[TurnStream]] = {}   # turn id -> its subscribers here
         self.in_flight = 0
         self.draining = False
-        self.missing_peers: list[str] = ["(not checked yet)"]
+        self.peer_watch = PeerWatch(self.bus, ["scheduler", STORE] + [f"writer/log/{i}" for i in range(config.logs)]
+                                    + [f"actor/{i}" for i in range(self.shards)])
         self.turn_counter = 0
         self.api_keys = config.auth.api_keys
         self.limit = config.kernel.max_in_flight_turns
@@ -298,8 +300,8 @@ class Gateway:
     async def readyz(self, request: web.Request) -> web.Response:
         if self.draining:
             return error_response(503, "draining", "server is shutting down")
-        if self.missing_peers:
-            return error_response(503, "not_ready", "waiting for: " + ", ".join(self.missing_peers))
+        if self.peer_watch.missing:
+            return error_response(503, "not_ready", "waiting for: " + ", ".join(self.peer_watch.missing))
         return json_response({"ready": True, "in_flight": self.in_flight})
 
     async def metrics(self, request: web.Request) -> web.Response:
@@ -329,8 +331,6 @@ class Gateway:
 
     async def watch(self) -> None:
         """Readiness from the broker's peer table, and probes of silent or gapped turns."""
-        expected = (["scheduler", STORE] + [f"writer/log/{i}" for i in range(self.config.logs)]
-                    + [f"actor/{i}" for i in range(self.shards)])
         last_peers = 0.0
         while True:
             await asyncio.sleep(0.25)
@@ -338,7 +338,7 @@ class Gateway:
             now = time.monotonic()
             if now - last_peers >= 1.0:
                 last_peers = now
-                asyncio.ensure_future(self._check_peers(expected))
+                asyncio.ensure_future(self.peer_watch.check())
             probe_after = self.config.gateway.turn_probe_secs
             for stream in [s for subscribers in self.streams.values() for s in subscribers]:
                 if stream.probing or stream.terminal is not None:
@@ -346,15 +346,6 @@ class Gateway:
                 if (stream.gap_since and now - stream.gap_since > 0.5) or now - stream.last_event_at > probe_after:
                     stream.probing = True
                     asyncio.ensure_future(self.probe(stream))
-
-    async def _check_peers(self, expected: list[str]) -> None:
-        try:
-            reply = await self.bus.request(BROKER, Kind.PEERS, {}, timeout=1.0, attempt_secs=0.5)
-        except BusError:
-            self.missing_peers = ["broker"]
-            return
-        peers = reply.body["peers"]
-        self.missing_peers = [name for name in expected if not peers.get(name, {}).get("live")]
 
     async def probe(self, stream: TurnStream) -> None:
         """Ask the actor to replay what this stream missed; end the stream if the turn is gone."""
