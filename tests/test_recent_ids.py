@@ -33,3 +33,19 @@ def test_a_discarded_id_is_let_in_again_and_then_kept_for_a_whole_horizon():
     assert b"x" in ids
     ids.expire(now=111.0)
     assert b"x" not in ids
+
+
+def test_a_restarts_refill_is_recognised_and_forgotten_a_generation_at_a_time():
+    """A writer restarted on a busy log refills its ids from the tail all at one instant: they go
+    in generations of a quarter of the cap each, the oldest dropped whole past the cap, the rest
+    once the horizon has passed."""
+    ids = RecentIds(horizon_secs=60.0, cap=1000)
+    for n in range(1000):
+        ids.add(b"actor/0:1:%d" % n, now=0.0)
+    ids.add(b"gateway/0:1:1", now=1.0)
+    assert all(b"actor/0:1:%d" % n in ids for n in range(1000)) and b"gateway/0:1:1" in ids
+    ids.expire(now=1.0)
+    assert len(ids) == 751
+    assert b"actor/0:1:249" not in ids and b"actor/0:1:250" in ids
+    ids.expire(now=61.5)
+    assert len(ids) == 0 and not ids.generations
