@@ -8,7 +8,7 @@ refills this from its log's tail (storage/segments.recent_ids).
 
 Ids are kept in a few generations, each a set filled for a quarter of the horizon (or a quarter
 of the cap) and dropped whole once its newest id is past the horizon: an id costs its bytes and a
-set slot, ~90 bytes, where an entry in a dict plus a (time, id) queue cost ~170, and a dropped
+set slot, ~90 bytes, where an entry in a dict plus a (time, id) queue cost ~185, and a dropped
 generation hands its memory back at once. A writer restarted on a busy log refills up to the cap
 (500k ids): ~43 MB more than a fresh one in the chaos runs, and a dict that kept its size after
 the ids aged out.
