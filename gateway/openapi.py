@@ -197,11 +197,11 @@ PATHS: dict[str, dict] = {
         "responses": {"200": {"description": "the attributes", "content": _json(_ref("Attributes"))},
                       **_errors(400, 401, 404, 503)}}},
     "/v1/runs/{run_id}/attributes/{key}:update": {"post": {
-        "summary": "Update an attribute with a handler, under the run's lock",
+        "summary": "Update an attribute with a handler, under the run's lock (409 once the run has ended)",
         "parameters": [RUN, _param("key", NAME)],
         "requestBody": {"required": True, "content": _json(_ref("Update"))},
         "responses": {"200": {"description": "the new value", "content": _json(_ref("Updated"))},
-                      **_errors(400, 401, 404, 413, 422, 503, 507)}}},
+                      **_errors(400, 401, 404, 409, 413, 422, 503, 507)}}},
     "/v1/runs/{run_id}/channels/{channel}": {"post": {
         "summary": "Publish a message to a run's channel", "parameters": [RUN, _param("channel", NAME)],
         "requestBody": {"required": True, "content": _json(_ref("Publish"))},

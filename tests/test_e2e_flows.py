@@ -10,6 +10,7 @@ from pathlib import Path
 import aiohttp
 
 from broker.sharding import actor_name
+from gateway import openapi
 from harness import Server, Worker, get_json, wait_until
 
 
@@ -235,6 +236,7 @@ def test_bad_updates_and_results_fail_clearly_and_leave_the_run_usable(make_serv
     assert result(base, run_id)["result"] == {"status": "done", "count": 2}
     status, answer = update({"handler": "incr", "arg": 1})             # as a publish to an ended run is
     assert status == 409 and answer["error"]["code"] == "ended"
+    assert "409" in openapi.PATHS["/v1/runs/{run_id}/attributes/{key}:update"]["post"]["responses"]  # as /openapi.json says
     assert get_json(f"{base}/v1/runs/{run_id}/attributes")[2]["attributes"]["count"] == 2
 
     failed = result(base, start(base, "unencodable", {})[2]["run_id"], timeout=30)
