@@ -27,7 +27,7 @@ from agentos.rundir import RunDir
 from broker import spill
 from broker.address import bus_address
 from broker.client import Bus
-from broker.protocol import Kind
+from broker.protocol import SUPERVISOR, Kind
 from broker.sharding import log_writer
 
 STOP_GRACE_SECS = 5.0
@@ -159,7 +159,7 @@ class Supervisor:
             self.start(child)
             if child.role == "broker":
                 await self.wait_for(child, lambda: bus_address(self.config, self.run_dir).ready(), "its socket")
-                self.bus = Bus("supervisor", bus_address(self.config, self.run_dir),
+                self.bus = Bus(SUPERVISOR, bus_address(self.config, self.run_dir),
                                heartbeat_secs=self.config.broker.heartbeat_secs,
                                spill_bytes=self.config.broker.spill_ring_bytes)
                 await self.bus.start()

@@ -35,7 +35,7 @@ import zmq
 
 from broker import codec, frames, spill
 from broker.address import BusAddress
-from broker.protocol import BROKER, READS, REQUESTS, Kind, Message, ProtocolError
+from broker.protocol import BROKER, READS, REQUESTS, SENDERS, Kind, Message, ProtocolError, sent_by_its_role
 from broker.replies import PENDING, RERUN, Replies
 from broker.requests import Attempts, AttemptTimeout, BusError, BusTimeout, Undeliverable
 
@@ -329,7 +329,10 @@ class Bus:
             self._dispatch(msg)
 
     def _dispatch(self, msg: Message) -> None:
-        if msg.kind is Kind.PEER_RESTARTED and msg.src == BROKER:
+        if not sent_by_its_role(msg.kind, msg.src):
+            self._bad(msg.src.encode(), f"{msg.kind} is taken only from {SENDERS[msg.kind]}")
+            return
+        if msg.kind is Kind.PEER_RESTARTED:
             self.resend_to(msg.body["name"])
             for hook in self.restart_hooks:
                 hook(msg.body["name"])
@@ -342,6 +345,9 @@ class Bus:
         elif msg.reply_to:
             fut = self._pending.get(msg.reply_to)
             if fut is not None:
+                if self._pending_dest.get(msg.reply_to) != msg.src:   # a reply from whom we asked, or none
+                    self._bad(msg.src.encode(), f"a reply to a request sent to {self._pending_dest.get(msg.reply_to)}")
+                    return
                 if not fut.done():
                     fut.set_result(msg)
                 return

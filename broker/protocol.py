@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from broker.sharding import ACTOR_PREFIX, LOG_WRITER_PREFIX, SCHEDULER
+
 
 # A peer's socket identity: NAME#INCARNATION (hex), which the broker and the log inboxes check.
 IDENTITY = re.compile(rb"^[a-z][a-z0-9_.\-/]{0,62}#[0-9a-f]{1,16}$")
@@ -31,6 +33,7 @@ MAX_RUN_BYTES = 32 << 20
 PROTO = b"AOS/1"          # protocol id and major version, the first frame of every message
 PROTO_FAMILY = b"AOS/"
 BROKER = "broker"          # destination name of the broker itself
+SUPERVISOR = "supervisor"  # the supervisor's name on the bus
 MAX_NAME_BYTES = 64        # peer names and kinds are short ASCII
 
 
@@ -244,6 +247,37 @@ SPECS: dict[Kind, Spec] = {
     Kind.ATTR_UPDATE: _spec({"run_id": str, "tenant": str, "key": str, "handler": str}, arg=object),
     Kind.ATTR_VALUES: _spec({"found": bool}, values=dict, error=str, code=str),
 }
+
+# Control messages only one role sends, by its name (a trailing "/": any name under it). From
+# anyone else a receiver drops them as malformed: a peer's bug must not drain the gateway, fence a
+# log writer, move writer/store's idea of where a log ends, null its rows or pause the provider's
+# permits (a fuzzer sending them did all five).
+SENDERS: dict[Kind, str] = {
+    Kind.LEASE: SUPERVISOR,
+    Kind.DRAIN: SUPERVISOR,
+    Kind.PEER_RESTARTED: BROKER,
+    Kind.UNDELIVERABLE: BROKER,
+    Kind.LOG_FLUSHED: LOG_WRITER_PREFIX,
+    # a log's compaction asks writer/store to drop rows: only a log's owner does
+    Kind.STORE_PURGE: LOG_WRITER_PREFIX,
+    Kind.STORE_SUPERSEDED: LOG_WRITER_PREFIX,
+    Kind.STORE_FORGET: LOG_WRITER_PREFIX,
+    Kind.STORE_CLOSED: LOG_WRITER_PREFIX,
+    Kind.STORE_FORGET_CLOSED: LOG_WRITER_PREFIX,
+    Kind.PERMIT_REQUEST: ACTOR_PREFIX,
+    Kind.PERMIT_RELEASE: ACTOR_PREFIX,
+    Kind.PERMIT_SYNC: ACTOR_PREFIX,
+    Kind.PERMIT_GRANT: SCHEDULER,
+    Kind.TIMER_SET: ACTOR_PREFIX,
+    Kind.TIMER_FIRE: SCHEDULER,
+}
+
+
+def sent_by_its_role(kind: Kind, src: str) -> bool:
+    """False when `kind` comes from a peer other than the one role that sends it (SENDERS)."""
+    sender = SENDERS.get(kind)
+    return sender is None or src == sender or (sender[-1] == "/" and src.startswith(sender))
+
 
 # Requests and the kind of their reply. Receivers de-duplicate these by (sender, id): a re-sent
 # request whose reply was already sent gets that reply again instead of running twice.

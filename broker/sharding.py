@@ -14,8 +14,11 @@ def shard_of(session_id: str, shards: int) -> int:
     return zlib.crc32(session_id.encode()) % shards
 
 
+ACTOR_PREFIX = "actor/"
+
+
 def actor_name(session_id: str, shards: int) -> str:
-    return f"actor/{shard_of(session_id, shards)}"
+    return f"{ACTOR_PREFIX}{shard_of(session_id, shards)}"
 
 
 STORE = "writer/store"

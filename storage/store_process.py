@@ -22,7 +22,7 @@ from agentos import metrics, native_memory, service
 from agentos.config import Config
 from agentos.rundir import RunDir
 from broker.client import Bus, BusError
-from broker.protocol import Kind, Message
+from broker.protocol import Kind, Message, ProtocolError
 from broker.sharding import LOG_WRITER_PREFIX, STORE, log_writer
 from storage import payload_compaction
 from storage.store import Store
@@ -109,6 +109,8 @@ class StoreService:
 
     def on_flushed(self, msg: Message) -> None:
         writer, position = msg.body["writer"], msg.body["position"]
+        if msg.src != log_writer(writer):
+            raise ProtocolError(f"{msg.src} reported the end of {log_writer(writer)}'s log")
         self.writers_open.add(writer)
         if position > self.flushed.get(writer, 0):
             self.flushed[writer] = position

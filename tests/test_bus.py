@@ -115,7 +115,7 @@ def resend_three_times(broker, kind: Kind, body: dict, reply_kind: Kind, reply_b
         await b.start()
         await registered(broker_obj, b"actor/0")
         raw = zmq.Context.instance().socket(zmq.DEALER)
-        raw.setsockopt(zmq.ROUTING_ID, b"cli/1#abc")
+        raw.setsockopt(zmq.ROUTING_ID, b"writer/log/1#abc")   # the role that sends writer/store a purge
         raw.connect(endpoint)
         envelope = codec.encode("actor/0", kind, body, id=42)
         replies = []
@@ -264,3 +264,47 @@ def test_big_messages_keep_their_order_spilled_or_whole(broker, spill_bytes):
         assert (routed, spilled) == (1, 2)   # one batch of five small envelopes
     else:
         assert (routed, spilled) == (5, 0)   # s0 | big | s2 | big3 | s4: no batch held a big one
+
+
+def test_control_messages_and_replies_are_taken_only_from_their_sender(broker):
+    """A drain from anyone but the supervisor, a permit release from anyone but an actor, a reply
+    from anyone but the asked peer: counted as malformed and dropped (a peer fuzzer's drain once
+    shut the gateway, its lease fenced a log writer, its releases paused every turn's permits)."""
+    _, endpoint = broker
+
+    async def go():
+        seen = []
+
+        def on(msg):
+            seen.append((msg.kind, msg.src))
+
+        def on_stats(msg):   # answers late, so a forged reply can arrive first
+            asyncio.get_running_loop().call_later(0.3, asked.reply, msg, Kind.STATS_REPLY,
+                                                  {"role": "asked", "stats": {"true": 1}})
+
+        target = Bus("gateway/0", endpoint, {Kind.DRAIN: on, Kind.PERMIT_RELEASE: on})
+        asked = Bus("actor/1", endpoint, {Kind.STATS: on_stats})
+        rogue = Bus("rogue/0", endpoint)
+        supervisor = Bus("supervisor", endpoint)
+        actor = Bus("actor/0", endpoint)
+        for bus in (target, asked, rogue, supervisor, actor):
+            await bus.start()
+        try:
+            rogue.send("gateway/0", Kind.DRAIN, {"deadline_secs": 1})
+            rogue.send("gateway/0", Kind.PERMIT_RELEASE, {"permit_id": "p", "backoff_secs": 1e9})
+            supervisor.send("gateway/0", Kind.DRAIN, {"deadline_secs": 1})
+            actor.send("gateway/0", Kind.PERMIT_RELEASE, {"permit_id": "p"})
+            request = asyncio.ensure_future(target.request("actor/1", Kind.STATS, {}, timeout=5))
+            await asyncio.sleep(0.1)
+            forged = next(iter(target._pending))
+            rogue.send("gateway/0", Kind.STATS_REPLY, {"role": "forged", "stats": {}}, reply_to=forged)
+            reply = await request
+            return seen, reply, target.malformed
+        finally:
+            for bus in (target, asked, rogue, supervisor, actor):
+                await bus.close()
+
+    seen, reply, malformed = run(go())
+    assert sorted(seen) == [(Kind.DRAIN, "supervisor"), (Kind.PERMIT_RELEASE, "actor/0")]   # two senders: any order
+    assert reply.src == "actor/1" and reply.body["stats"] == {"true": 1}
+    assert malformed == 3

@@ -6,7 +6,10 @@ import asyncio
 import logging
 import time
 
+import pytest
+
 from agentos.config import from_dict
+from broker.protocol import ProtocolError
 from log_frames import frames
 from storage import segments
 from storage.store_process import StoreService
@@ -15,6 +18,7 @@ from storage.store_process import StoreService
 class _Notice:
     def __init__(self, writer: int, position: int) -> None:
         self.body = {"writer": writer, "position": position, "count": 0}
+        self.src = f"writer/log/{writer}"
 
 
 def test_a_restarted_store_reports_the_backlog_it_resumes_behind(tmp_path):
@@ -33,6 +37,10 @@ def test_a_restarted_store_reports_the_backlog_it_resumes_behind(tmp_path):
             await asyncio.sleep(0.2)
             assert service.lag_bytes() == end
             assert service.lag()[1] > 0.1
+            forged = _Notice(0, end + 10**12)
+            forged.src = "writer/log/1"
+            with pytest.raises(ProtocolError):                   # a log's end said by another log's writer
+                service.on_flushed(forged)
             service.on_flushed(_Notice(0, end))                  # writer/log/0 is back
             deadline = time.monotonic() + 10
             while service.lag_bytes() and time.monotonic() < deadline:
