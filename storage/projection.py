@@ -17,35 +17,64 @@ def _json(value: Any) -> str | None:
     return orjson.dumps(value).decode() if value is not None else None
 
 
+# What a column takes, checked here: a value DuckDB refuses at the commit fails the whole batch,
+# again at every retry, and the loader stops behind it (a peer's record with a seq of 2**31 did);
+# refused here, it fails its own record alone, which the loader skips and counts.
+def _i32(value: Any) -> int:
+    value = int(value)
+    if not -(1 << 31) <= value < 1 << 31:
+        raise ValueError(f"{value} does not fit an INTEGER column")
+    return value
+
+
+def _i64(value: Any) -> int:
+    value = int(value)
+    if not -(1 << 63) <= value < 1 << 63:
+        raise ValueError(f"{value} does not fit a BIGINT column")
+    return value
+
+
+def _text(value: Any) -> str | None:
+    if value is not None and type(value) is not str:
+        raise TypeError(f"a text column given {type(value).__name__}")
+    return value
+
+
+def _blob(value: Any) -> bytes:
+    if type(value) is not bytes:   # bytes(n) of an int would make n zero bytes
+        raise TypeError(f"a blob column given {type(value).__name__}")
+    return value
+
+
 def project(kind: int, body: dict[str, Any], writer: int, lsn: int) -> Iterator[tuple[str, Row]]:
     """(table, row) pairs for one record."""
-    session = body.get("session", "")
-    tenant = body.get("tenant", "")
+    session = _text(body.get("session", ""))
+    tenant = _text(body.get("tenant", ""))
     at = float(body.get("at", 0.0))
     if kind == RecordKind.EVENT:
-        yield "events", (session, tenant, body.get("turn", ""), int(body.get("seq", 0)), body.get("type", ""),
-                         _json(body.get("data")), at, writer, lsn)
+        yield "events", (session, tenant, _text(body.get("turn", "")), _i32(body.get("seq", 0)),
+                         _text(body.get("type", "")), _json(body.get("data")), at, writer, lsn)
     elif kind == RecordKind.CHECKPOINT:
         messages = body.get("messages") or []
-        first = int(body.get("first", 0))
+        first = _i32(body.get("first", 0))
         new_from = int(body.get("new_from", first))
-        yield "checkpoints", (session, tenant, "agent", "", int(body["seq"]), bool(body.get("full")), first,
+        yield "checkpoints", (session, tenant, "agent", "", _i64(body["seq"]), bool(body.get("full")), first,
                               _pack(messages), at, writer, lsn)
-        turn = body.get("turn", "")
+        turn = _text(body.get("turn", ""))
         for offset, message in enumerate(messages):
-            idx = first + offset
+            idx = _i32(first + offset)
             if idx < new_from:
                 continue  # already projected from an earlier checkpoint (this one is a full snapshot)
             extra = {k: v for k, v in message.items() if k not in _MESSAGE_FIELDS} or None
             content = message.get("content")
-            yield "messages", (session, tenant, idx, turn, message.get("role", ""),
+            yield "messages", (session, tenant, idx, turn, _text(message.get("role", "")),
                                content if isinstance(content, str) else _json(content), _json(extra), at, writer, lsn)
     elif kind == RecordKind.BLOB:
-        yield "checkpoints", (session, tenant, "blob", body.get("key", ""), int(body["seq"]), True, 0,
-                              bytes(body.get("payload", b"")), at, writer, lsn)
+        yield "checkpoints", (session, tenant, "blob", _text(body.get("key", "")), _i64(body["seq"]), True, 0,
+                              _blob(body.get("payload", b"")), at, writer, lsn)
     elif kind == RecordKind.FLOW:
-        yield "flow_records", (body.get("run", ""), tenant, body.get("type", ""), int(body.get("seq", -1)),
-                               _pack(body), at, writer, lsn)
+        yield "flow_records", (_text(body.get("run", "")), tenant, _text(body.get("type", "")),
+                               _i32(body.get("seq", -1)), _pack(body), at, writer, lsn)
     elif kind == RecordKind.CLOSE:
         if not session or not isinstance(session, str):   # '' names the progress rows
             raise ValueError("a CLOSE record must name a session")
@@ -54,8 +83,9 @@ def project(kind: int, body: dict[str, Any], writer: int, lsn: int) -> Iterator[
     elif kind == RecordKind.ACCESS:
         if "rows" in body:   # many requests: [at, method, route, status, tenant, session, duration_ms] each
             for r_at, method, route, status, r_tenant, r_session, duration_ms in body["rows"]:
-                yield "access", (float(r_at), method, route, int(status), r_tenant, r_session, float(duration_ms),
-                                 writer, lsn)
+                yield "access", (float(r_at), _text(method), _text(route), _i32(status), _text(r_tenant),
+                                 _text(r_session), float(duration_ms), writer, lsn)
         else:                # one request per record, as logs written before 2026-12-01 hold them
-            yield "access", (at, body.get("method", ""), body.get("route", ""), int(body.get("status", 0)), tenant,
-                             session, float(body.get("duration_ms", 0.0)), writer, lsn)
+            yield "access", (at, _text(body.get("method", "")), _text(body.get("route", "")),
+                             _i32(body.get("status", 0)), tenant, session, float(body.get("duration_ms", 0.0)),
+                             writer, lsn)

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Callable
 
 import duckdb
-import msgpack
 
 from agentos import metrics, native_memory
 from storage import loader_version, payload_segments, records, schema, segments, session_closing, session_summary
@@ -273,7 +272,7 @@ class Store(StoreQueries, SessionClosing, StoreDeletions, SessionSummaries):
                             if self.checkpointed.add(f"{row[2]}:{row[0]}") and row[2] == "blob":
                                 first_blobs.add(row[0])
                         rows.setdefault(table, []).append(row)
-                except (ValueError, KeyError, TypeError, msgpack.ExtraData) as exc:
+                except Exception as exc:  # noqa: BLE001 — whatever one record's projection raises is that record's
                     self.stats["bad_records"] += 1
                     self.log.error("skipping an unreadable record at %d:%d: %s", writer, position, exc)
                     continue

@@ -98,6 +98,36 @@ def test_store_loads_exactly_once_across_a_restart_and_rebuilds_checkpoint_chain
     store.close()
 
 
+def test_records_whose_values_duckdb_would_refuse_are_skipped_and_the_rest_load(tmp_path):
+    """Each of these once passed the projection and failed the batch's commit, at every retry:
+    the loader stopped behind it (found by a peer fuzzer's LOG_APPENDs)."""
+    log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=1 << 20)
+    event = {"session": "s", "tenant": "t", "turn": "u", "seq": 1, "type": "turn.delta", "data": {}, "at": 1.0}
+    bad = [(RecordKind.EVENT, {**event, "seq": 1 << 31}),                       # past an INTEGER column
+           (RecordKind.EVENT, {**event, "session": ["s"]}),                      # a list for a text column
+           (RecordKind.CHECKPOINT, {"session": "s", "seq": 1, "first": 0, "messages": {"role": "user"}}),
+           (RecordKind.CHECKPOINT, {"session": "s", "seq": 1 << 63, "first": 0, "messages": []}),
+           (RecordKind.BLOB, {"session": "s", "tenant": "t", "key": "k", "seq": 1, "payload": 1 << 40}),
+           (RecordKind.FLOW, {"run": "r", "tenant": "t", "type": "op.done", "seq": -(1 << 40)}),
+           (RecordKind.ACCESS, {"at": 1.0, "rows": [[1.0, "GET", "/x", 1 << 32, "t", "s", 0.1]]})]
+    good = [(RecordKind.EVENT, event), (RecordKind.BLOB, {"session": "s", "tenant": "t", "key": "k", "seq": 2,
+                                                          "payload": b"ok"})]
+    for i, (kind, body) in enumerate(bad + good):
+        log.write(records.frame(kind, b"r%d" % i, records.encode_body(body)), sync=True)
+    log.close()
+    store = Store(tmp_path, writers=1, memory_limit_mb=64)
+    store.open()
+    try:
+        while store.load_once():
+            pass
+        assert store.stats["bad_records"] == len(bad) and store.loaded == {0: log.end}
+        counts = store.query("count", "")[0][0]
+        assert (counts["events"], counts["checkpoints"], counts["flow_records"], counts["access"]) == (1, 1, 0, 0)
+        assert store.query("blob_latest", "s")[0] == [{"key": "k", "seq": 2, "payload": b"ok"}]
+    finally:
+        store.close()
+
+
 def test_reopening_the_duckdb_files_mid_load_keeps_every_row_and_the_progress(tmp_path):
     """The store reopens each file now and then (its native memory starts over): loads and
     queries on either side of a reopen see one consistent file, and nothing is loaded twice."""
