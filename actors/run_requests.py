@@ -38,6 +38,10 @@ class RunRequests:
         await self.ready.wait()
         b = msg.body
         run_id = b["run_id"]
+        if b.get("parent") and type(b.get("parent_seq")) is not int:
+            self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": run_id, "status": "error", "code": "conflict",
+                                                "error": "a child's start names its place in its parent (parent_seq)"})
+            return
         run = self.runs.get(run_id)
         if run is None:
             pending = self.starting.get(run_id)
@@ -78,11 +82,11 @@ class RunRequests:
         self.bus.reply(msg, Kind.FLOW_RUN, {**run.summary(), "created": False})
 
     async def _create(self, b: dict) -> Run:
-        run = Run(b["run_id"], b["flow"], b["tenant"])
-        self.runs[run.run_id] = run
         fields = {"flow": b["flow"], "input": b.get("input")}
         if b.get("parent"):
             fields.update(parent=b["parent"], parent_seq=b["parent_seq"], parent_actor=b.get("parent_actor", ""))
+        run = Run(b["run_id"], b["flow"], b["tenant"])
+        self.runs[run.run_id] = run
         try:
             await self.record(run, "run.started", **fields)
         except LogWriteError:
@@ -98,6 +102,7 @@ class RunRequests:
                                                 "error": "no such run"})
             return
         wait = float(msg.body.get("wait") or 0.0)
+        wait = min(wait, 3600.0) if wait > 0 else 0.0   # (NaN: no wait; the gateway allows at most 60 s)
         until = msg.body.get("until") if msg.body.get("until") in WAITABLE else None
         if wait and not run.ended and run.status != until and not run.stale:   # (a copy never changes)
             waiter = asyncio.get_running_loop().create_future()
@@ -208,7 +213,7 @@ class RunRequests:
             self.bus.reply(msg, Kind.ATTR_VALUES, {"found": False, "code": "not_found", "error": "no such run"})
             return
         keys = msg.body.get("keys")
-        values = run.attrs if not keys else {k: run.attrs[k] for k in keys if k in run.attrs}
+        values = run.attrs if not keys else {k: run.attrs[k] for k in keys if type(k) is str and k in run.attrs}
         self.bus.reply(msg, Kind.ATTR_VALUES, {"found": True, "values": values})
 
     async def on_attr_update(self, msg: Message) -> None:

@@ -100,6 +100,7 @@ class Scheduler:
     def on_release(self, msg: Message) -> None:
         self.trace_ids.pop(msg.body["permit_id"], None)
         backoff = float(msg.body.get("backoff_secs") or 0.0)
+        backoff = backoff if backoff == backoff else 0.0   # NaN: no pause (inf is capped below like any long one)
         if backoff > 0:
             self.backoffs += 1
             metrics.provider_backoffs.inc()

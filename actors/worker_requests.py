@@ -16,7 +16,7 @@ from typing import Any
 
 from actors.flow_state import Op, Run
 from broker.client import BusError
-from broker.protocol import Kind, Message
+from broker.protocol import Kind, Message, ProtocolError
 from broker.sharding import actor_name
 
 
@@ -228,6 +228,9 @@ class WorkerRequests:
         self.dispatch(run)
 
     def on_alive(self, msg: Message) -> None:
+        if not (all(type(e) is list and len(e) == 2 and type(e[0]) is str and type(e[1]) is int
+                    for e in msg.body["runs"]) and all(type(t) is str for t in msg.body["tasks"])):
+            raise ProtocolError("worker.alive: runs are [run id, execution] pairs, tasks their ids")
         now = time.monotonic()
         for run_id, exec_ in msg.body["runs"]:
             run = self.runs.get(run_id)

@@ -211,7 +211,8 @@ class StoreQueries:
 
     def q_flow_records(self, session, tenant, turn, after, limit):
         """The whole journal of run `session`, in log order."""
-        rows = self.cursors["flows"].execute("SELECT body FROM flow_records WHERE run = ? ORDER BY writer, lsn",
+        rows = self.cursors["flows"].execute("SELECT body FROM flow_records WHERE run = ? AND body IS NOT NULL "
+                                             "ORDER BY writer, lsn",   # (not the progress rows, run '')
                                              [session]).fetchall()
         return [msgpack.unpackb(body) for (body,) in rows], None
 
