@@ -11,7 +11,7 @@ import zmq
 import zmq.auth
 
 from broker import codec
-from broker.protocol import Kind
+from broker.protocol import SPECS, Kind
 from harness import REPO, get_json, turn, wait_until
 from storage.log_inbox import frame
 
@@ -123,3 +123,77 @@ def test_garbage_on_a_writers_direct_inbox_closes_that_connection_only(make_serv
     assert turn(server.url, "after-inbox-fuzz", "still fine?").terminal == "turn.completed"
     rows = {r["name"]: r for r in json.loads(server.cli("status", "--json").stdout)["processes"]}
     assert rows["writer/log/0"]["stats"]["direct"]["received"] > 0
+
+
+def _junk(rng, depth=0):
+    pick = rng.randrange(8 if depth < 2 else 6)
+    if pick == 0:
+        return rng.choice([0, -1, 7, 2**31, -2**63, 2**64 - 1])
+    if pick == 1:
+        return rng.choice(["", "x", "a" * 5000, "../../etc", "\x00", "actor/0", "writer/log/0", "é"])
+    if pick == 2:
+        return rng.choice([0.0, -1.0, float("nan"), float("inf"), -float("inf"), 1e308])
+    if pick == 3:
+        return rng.choice([True, False, b"", os.urandom(24)])
+    if pick in (4, 5):
+        return rng.choice([[], {}, [None], [[1, 2]], ["x"]])
+    if pick == 6:
+        return [_junk(rng, depth + 1) for _ in range(rng.randrange(4))]
+    return {rng.choice(["x", "id", "seq", "key", "value", "role", "records"]): _junk(rng, depth + 1)
+            for _ in range(rng.randrange(4))}
+
+
+def _junk_of(rng, types):
+    want = rng.choice(types if isinstance(types, tuple) else (types,))
+    for _ in range(100):
+        value = _junk(rng)
+        if isinstance(value, want) and not (want is int and isinstance(value, bool)):
+            return value
+    return want()
+
+
+def test_bodies_that_pass_the_spec_with_junk_values_to_every_role(make_server):
+    """Every kind, its fields of the right types but with edge and junk values (NaN, 2**64-1, lists
+    of nothing in particular), from a peer that is no role, to every role. Such a fuzzer once
+    drained the gateway, fenced the log writer, stopped writer/store's loader behind a record it
+    could not load and paused every provider permit: nobody crashed, and nothing worked after."""
+    server = make_server()
+    server.remember_pids()
+    names = ["broker", *ROLES]
+    before = {name: server.pid(name) for name in names}
+    rng = random.Random(11)
+    ctx = zmq.Context()
+    try:
+        fuzz = ctx.socket(zmq.DEALER)
+        fuzz.setsockopt(zmq.ROUTING_ID, b"fuzz/0#1")
+        fuzz.setsockopt(zmq.LINGER, 0)
+        fuzz.setsockopt(zmq.SNDHWM, 100000)
+        fuzz.connect(f"ipc://{server.rundir}/broker.sock")
+        for kind, spec in SPECS.items():
+            if kind is Kind.BATCH:
+                continue
+            for name in names:
+                for i in range(8):
+                    body = {field: _junk_of(rng, types) for field, types in spec.required.items()}
+                    body.update({field: _junk_of(rng, types) for field, types in spec.optional.items()
+                                 if rng.random() < 0.5})
+                    fuzz.send(codec.encode(name, kind, body, id=rng.choice([1, i + 2]), reply_to=rng.choice([0, 1]),
+                                           session=rng.choice(["", "s-1"])))
+                    while fuzz.poll(0, zmq.POLLIN):
+                        fuzz.recv()
+        fuzz.close(0)
+    finally:
+        ctx.term()
+
+    def dropped_by_all():   # each role drops the kinds only another role may send it: all of it was read
+        rows = {r["name"]: r for r in json.loads(server.cli("status", "--json").stdout)["processes"]}
+        return all(rows[name]["stats"].get("bus", {}).get("malformed", 0) > 0 for name in ROLES)
+    wait_until(dropped_by_all, 20, "every role to drop what only another role may send", interval=0.5)
+    answer = turn(server.url, "after-junk", "still fine?")   # gateway, actor, permits, log, store
+    assert answer.terminal == "turn.completed", answer
+    status, _, transcript = get_json(f"{server.url}/v1/sessions/after-junk/messages")
+    assert status == 200 and [m["role"] for m in transcript["messages"]] == ["user", "assistant"]
+    rows = {r["name"]: r for r in json.loads(server.cli("status", "--json").stdout)["processes"]}
+    assert {name: rows[name]["pid"] for name in names} == before   # nobody crashed or restarted
+    handler_errors = [line for line in server.log().splitlines() if "ERROR handler" in line]
+    assert not handler_errors, handler_errors[:5]
