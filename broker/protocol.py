@@ -250,8 +250,8 @@ SPECS: dict[Kind, Spec] = {
 
 # Control messages only one role sends, by its name (a trailing "/": any name under it). From
 # anyone else a receiver drops them as malformed: a peer's bug must not drain the gateway, fence a
-# log writer, move writer/store's idea of where a log ends, null its rows or pause the provider's
-# permits (a fuzzer sending them did all five).
+# log writer, move writer/store's idea of where a log ends or pause the provider's permits (a
+# fuzzer sending them did all four), nor have writer/store drop rows as a log's compaction does.
 SENDERS: dict[Kind, str] = {
     Kind.LEASE: SUPERVISOR,
     Kind.DRAIN: SUPERVISOR,
