@@ -250,6 +250,7 @@ class Store(StoreQueries, SessionClosing, StoreDeletions, SessionSummaries):
         self.backlog = False
         payloads_mark = self.payloads.loader.mark()
         for writer, reader in self.readers.items():
+            damaged = reader.damaged
             batch = reader.read(self.read_bytes, None if self.limits is None else self.limits.get(writer, 0))
             if batch and batch[-1][4] - batch[0][0] > self.read_bytes // 2:
                 self.backlog = True
@@ -281,6 +282,9 @@ class Store(StoreQueries, SessionClosing, StoreDeletions, SessionSummaries):
                     events_for_jsonl.append(decoded)
             if batch:
                 scanned[writer] = batch[-1][4]
+            if reader.damaged != damaged:   # it passed a damaged stretch: loaded up to where it goes on
+                self.stats["bad_records"] += reader.damaged - damaged
+                scanned[writer] = reader.position
         if not scanned:
             return 0
         if "checkpoints" in rows:

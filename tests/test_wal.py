@@ -150,6 +150,66 @@ def test_segments_rotate_and_a_torn_tail_is_cleared_on_open(tmp_path):
     assert read and read[0][0] == 0
 
 
+def _flip(path, offset):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def _read_all(reader, limit=None):
+    ids = []
+    while batch := reader.read(1 << 20, limit):
+        ids += [r[2] for r in batch]
+    return ids + [r[2] for r in reader.read(1 << 20, limit)]
+
+
+@pytest.mark.parametrize("where", ["sealed", "last"])
+def test_a_reader_passes_a_damaged_record_and_says_so(tmp_path, caplog, where):
+    """A flipped byte in data known whole: before, a sealed segment's records after it were never
+    read and the last segment's reader stopped there for good, both without a word."""
+    data = frames(20)
+    log = segments.SegmentLog(tmp_path, segment_bytes=sum(map(len, data[:10])) + 10)
+    for d in data:
+        log.write(d, sync=True)
+    end = log.end
+    log.close()
+    segs = segments.list_segments(tmp_path)
+    damaged = 4 if where == "sealed" else 13
+    start, path = segs[0] if where == "sealed" else segs[-1]
+    _flip(path, sum(map(len, data[:damaged])) - start + 12)
+    reader = segments.SegmentReader(tmp_path, 0)
+    with caplog.at_level("ERROR", logger="agent-os.storage"):
+        ids = _read_all(reader, end)
+    assert ids == [f"id-{i}".encode() for i in range(20) if i != damaged]
+    assert reader.damaged == 1 and reader.position == end
+    assert f"the record at position {sum(map(len, data[:damaged]))} is damaged" in caplog.text
+
+
+def test_recovery_keeps_the_bytes_it_clears_when_whole_records_follow(tmp_path, caplog):
+    data = frames(10)
+    log = segments.SegmentLog(tmp_path, segment_bytes=1 << 20)
+    log.write(data, sync=True)
+    log.close()
+    path = segments.list_segments(tmp_path)[0][1]
+    at = sum(map(len, data[:6]))
+    _flip(path, at + 12)
+    with caplog.at_level("ERROR", logger="agent-os.storage"):
+        reopened = segments.SegmentLog(tmp_path, segment_bytes=1 << 20)
+    reopened.close()
+    assert reopened.end == at
+    kept = path.with_name(f"{path.name}.damaged-{at}")
+    assert records.parse(kept.read_bytes(), len(data[6]))[1] == b"id-7"   # the records after it, whole
+    assert len(kept.read_bytes()) == sum(map(len, data[6:])) and "kept in" in caplog.text
+    # a torn write (part of the last record, then zeros) keeps nothing
+    with open(path, "r+b") as f:
+        f.seek(at)
+        f.write(data[6][:20])
+    segments.SegmentLog(tmp_path, segment_bytes=1 << 20).close()
+    assert sorted(p.name for p in tmp_path.iterdir() if "damaged" in p.name) == [kept.name]
+
+
 def test_zeroed_segments_end_at_their_last_whole_record(tmp_path):
     log = segments.SegmentLog(tmp_path, segment_bytes=1500)
     data = frames(30)

@@ -10,7 +10,7 @@ import zmq
 
 from broker import codec
 from broker.protocol import SPECS, Kind
-from harness import turn, wait_until
+from harness import turn
 
 ROLES = ["broker", "gateway/0", "actor/0", "actor/1", "scheduler", "writer/log/0", "writer/store"]
 SKIP = {Kind.BATCH}
