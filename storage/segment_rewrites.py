@@ -116,15 +116,19 @@ def records_of(closed: dict[str, float]) -> Callable[[int, bytes], bool]:
 
 
 def compact(data: bytes, drop: Callable[[int, bytes], bool]) -> tuple[bytes, int] | None:
-    """The segment's bytes without the records `drop(kind, body)` picks; None if none would go."""
+    """The segment's bytes without the records `drop(kind, body)` picks; None if none would go, or
+    if a damaged record stops the scan before the segment's data ends: rewritten, the segment would
+    lose every record after it."""
     kept: list[bytes] = []
     dropped = 0
+    last = 0
     for offset, kind, _, body, end in records.scan(data):
+        last = end
         if drop(kind, body):
             dropped += 1
             continue
         kept.append(data[offset:end])
-    if not dropped:
+    if not dropped or data[last:].strip(b"\0"):
         return None
     return b"".join(kept), dropped
 

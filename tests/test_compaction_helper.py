@@ -77,6 +77,18 @@ def test_the_helper_cuts_named_checkpoints_and_rewrites_by_kind(tmp_path, helper
     assert path.exists()
 
 
+def test_a_segment_with_a_damaged_record_is_not_rewritten(tmp_path):
+    """A rewrite keeps the records a scan finds, and a scan stops at a damaged record: rewritten,
+    the segment lost every record after it."""
+    _, path, _ = one_segment(tmp_path, [access(1), blob("a", 1), access(2), blob("a", 2)])
+    data = bytearray(path.read_bytes())
+    at = [off for off, _, rid, _, _ in records.scan(bytes(data)) if rid == b"a1"][0]
+    data[at + 12] ^= 0xFF
+    drop_access = segment_rewrites.picker({"kinds": [int(RecordKind.ACCESS)]})
+    assert segment_rewrites.compact(bytes(data), drop_access) is None
+    assert segment_rewrites.compact(path.read_bytes(), drop_access)[1] == 2     # undamaged: both go
+
+
 def test_a_bad_job_is_answered_with_an_error_and_the_helper_goes_on(tmp_path, helper):
     start, path, length = one_segment(tmp_path, [blob("a", 1), blob("a", 2)])
     bad = [{"op": "melt", "path": str(path)},
