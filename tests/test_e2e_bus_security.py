@@ -59,17 +59,23 @@ def test_tcp_with_curve_serves_known_keys_and_refuses_others(make_server, make_w
     assert peers["running"] and all(r["restarts"] == 0 for r in peers["processes"])
 
 
+def _fuzzer(ctx, server):
+    """A peer on the tree's bus that is none of its roles."""
+    fuzz = ctx.socket(zmq.DEALER)
+    fuzz.setsockopt(zmq.ROUTING_ID, b"fuzz/0#1")
+    fuzz.setsockopt(zmq.LINGER, 0)
+    fuzz.setsockopt(zmq.SNDHWM, 100000)
+    fuzz.connect(f"ipc://{server.rundir}/broker.sock")
+    return fuzz
+
+
 def test_random_and_oversized_frames_to_every_role(make_server):
     server = make_server()
     server.remember_pids()
     before = {name: server.pid(name) for name in ["broker", *ROLES]}
     ctx = zmq.Context()
     try:
-        fuzz = ctx.socket(zmq.DEALER)
-        fuzz.setsockopt(zmq.ROUTING_ID, b"fuzz/0#1")
-        fuzz.setsockopt(zmq.LINGER, 0)
-        fuzz.setsockopt(zmq.SNDHWM, 100000)
-        fuzz.connect(f"ipc://{server.rundir}/broker.sock")
+        fuzz = _fuzzer(ctx, server)
         rng = random.Random(7)
         kinds = [k.value.encode() for k in Kind]
         for _ in range(300):   # random bytes to the broker
@@ -164,11 +170,7 @@ def test_bodies_that_pass_the_spec_with_junk_values_to_every_role(make_server):
     rng = random.Random(11)
     ctx = zmq.Context()
     try:
-        fuzz = ctx.socket(zmq.DEALER)
-        fuzz.setsockopt(zmq.ROUTING_ID, b"fuzz/0#1")
-        fuzz.setsockopt(zmq.LINGER, 0)
-        fuzz.setsockopt(zmq.SNDHWM, 100000)
-        fuzz.connect(f"ipc://{server.rundir}/broker.sock")
+        fuzz = _fuzzer(ctx, server)
         for kind, spec in SPECS.items():
             if kind is Kind.BATCH:
                 continue
