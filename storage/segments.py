@@ -408,11 +408,14 @@ class SegmentReader:
         at = self.position - start
         with open(path, "rb") as f:
             f.seek(at)
-            data = f.read(DAMAGE_LOOK_BYTES if nxt is not None else limit - self.position)
-        if nxt is not None and not data.strip(b"\0"):
+            data = f.read(DAMAGE_LOOK_BYTES if nxt is not None else min(DAMAGE_LOOK_BYTES, limit - self.position))
+        if not data or (nxt is not None and not data.strip(b"\0")):
             return None        # the zero tail of a sealed segment (or its end of file)
         follows = records.next_whole(data, 0)
-        past = start + at + follows if follows is not None else nxt if nxt is not None else limit
+        if follows is not None:
+            past = start + at + follows
+        else:   # the rest of a sealed segment is given up; in the last, the next read looks on
+            past = nxt if nxt is not None else self.position + len(data)
         self.damaged += 1
         log.error("log %s: the record at position %d is damaged (it does not parse, or fails its checksum) "
                   "inside data known whole; skipping %d bytes to position %d", self.directory,
@@ -426,6 +429,7 @@ TORN_LOOK_BYTES = 4 << 20
 # `torn` stops at the last byte that is not zero: a whole record after a damaged one may end in
 # zeros of its own (a payload's), so the look goes this far past it.
 ZEROS_A_RECORD_MAY_END_WITH = 64 << 10
-# How far past a damaged record of a sealed segment a reader looks for the next whole one (past
-# that, the rest of the segment is given up: a damage that long is not a flipped byte).
-DAMAGE_LOOK_BYTES = 16 << 20
+# How far past a damaged record a reader looks for the next whole one (past that, the rest of a
+# sealed segment is given up: a damage that long is not a flipped byte). The look is a Python loop
+# on writer/store's loader thread, ~0.1 µs a byte.
+DAMAGE_LOOK_BYTES = 4 << 20
