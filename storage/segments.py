@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from storage import freeing, records
+from storage import damaged_records, freeing, records
 from storage.freeing import fsync_dir   # the log's own, and its readers' (re-exported)
 from storage.spares import IDLE_SECS, LONG_BURST_SECS, Spares
 from storage.segment_listing import list_segments, locate, segment_name, segments_from
@@ -135,7 +135,7 @@ class SegmentLog:
         # is told where the log ends.
         os.fdatasync(self.fd)
         if torn:
-            self._keep_if_whole_records_follow(path, data, good, torn)
+            damaged_records.keep_before_clearing(self.directory, path, self.start, data, good, torn)
             # Zeros, not a shorter file: the segment stays allocated, and a later shorter record
             # never leaves a stale tail that could read as whole.
             os.pwrite(self.fd, bytes(torn), good)
@@ -144,31 +144,6 @@ class SegmentLog:
                         self.start + good)
         self.size = good
         return Recovery(len(segments), self.start + good, count, torn)
-
-    def _keep_if_whole_records_follow(self, path: Path, data: bytes, good: int, torn: int) -> None:
-        """A crash tears the batch being written: what follows the last whole record is part of
-        one record, then zeros. Whole records after it mean a damaged record (or a batch whose
-        later pages reached the disk before its earlier ones): clearing them may clear records
-        that were acknowledged, so their bytes are kept beside the segment first, and said."""
-        look = data[good:good + min(torn, TORN_LOOK_BYTES) + ZEROS_A_RECORD_MAY_END_WITH]
-        follows = records.next_whole(look, 0)
-        if follows is None and torn <= TORN_LOOK_BYTES:
-            return
-        upto = good + torn        # every byte not zero; a last record's own zero bytes too:
-        if follows is not None:
-            for _, _, _, _, end in records.scan(data, good + follows):
-                upto = max(upto, end)
-        kept = path.with_name(f"{path.name}.damaged-{self.start + good}")
-        with open(kept, "wb") as f:
-            f.write(data[good:upto])
-            f.flush()
-            os.fsync(f.fileno())
-        fsync_dir(self.directory)
-        log.error("log %s: the record at position %d does not parse and %s follow it: a damaged record, or a "
-                  "batch torn out of order. Its %d bytes from there are kept in %s before they are cleared "
-                  "from the log", self.directory, self.start + good,
-                  f"whole records (the first at {self.start + good + follows})" if follows is not None
-                  else f"{torn} bytes of data", upto - good, kept)
 
     def _create(self, position: int) -> None:
         path = self.directory / segment_name(position)
@@ -340,7 +315,7 @@ class SegmentReader:
     def __init__(self, directory: Path, position: int) -> None:
         self.directory = directory
         self.position = position
-        self.damaged = 0     # damaged stretches passed over (see _past_damage)
+        self.damaged = 0     # damaged stretches passed over (storage/damaged_records.py)
         # One buffer for every read: a fresh one of megabytes per batch came from new pages each
         # time (writer/store took ~6 page faults and ~20 µs of system time per checkpoint so).
         self.buffer = bytearray()
@@ -390,46 +365,14 @@ class SegmentReader:
             if at_end and (nxt is not None or (limit is not None and self.position < limit)):
                 # Nothing whole follows, yet this is data known whole: a sealed segment's records
                 # run to its zero tail, and the writer said its log is whole up to `limit`.
-                past = self._past_damage(path, start, nxt, limit)
-                if past is not None and (nxt is None or past < nxt):
-                    self.position = past
-                    break      # the next read goes on from there
+                past = damaged_records.look_past(self.directory, path, start, self.position, nxt, limit)
+                if past is not None:
+                    self.damaged += 1
+                    if nxt is None or past < nxt:
+                        self.position = past
+                        break      # the next read goes on from there
             if nxt is None or not at_end:
                 break      # the log's end, or the budget ended inside this segment
             # This segment is exhausted and a newer one exists: move on.
             self.position = nxt
         return out
-
-    def _past_damage(self, path: Path, start: int, nxt: int | None, limit: int | None) -> int | None:
-        """Where reading goes on past a damaged stretch at the reader's position, or None if the
-        segment's data simply ends there (zeros to its end). Before this, a sealed segment's
-        records after a damaged one were never read, and in the last segment the reader stopped
-        for good at it: both without a word (a flipped byte, found by hand, 2026-12-05)."""
-        at = self.position - start
-        with open(path, "rb") as f:
-            f.seek(at)
-            data = f.read(DAMAGE_LOOK_BYTES if nxt is not None else min(DAMAGE_LOOK_BYTES, limit - self.position))
-        if not data or (nxt is not None and not data.strip(b"\0")):
-            return None        # the zero tail of a sealed segment (or its end of file)
-        follows = records.next_whole(data, 0)
-        if follows is not None:
-            past = start + at + follows
-        else:   # the rest of a sealed segment is given up; in the last, the next read looks on
-            past = nxt if nxt is not None else self.position + len(data)
-        self.damaged += 1
-        log.error("log %s: the record at position %d is damaged (it does not parse, or fails its checksum) "
-                  "inside data known whole; skipping %d bytes to position %d", self.directory,
-                  self.position, past - self.position, past)
-        return past
-
-
-# How far past the last whole record a log's recovery looks for whole records (a torn write is
-# one partial record); past it, what it clears is kept whatever it is.
-TORN_LOOK_BYTES = 4 << 20
-# `torn` stops at the last byte that is not zero: a whole record after a damaged one may end in
-# zeros of its own (a payload's), so the look goes this far past it.
-ZEROS_A_RECORD_MAY_END_WITH = 64 << 10
-# How far past a damaged record a reader looks for the next whole one (past that, the rest of a
-# sealed segment is given up: a damage that long is not a flipped byte). The look is a Python loop
-# on writer/store's loader thread, ~0.1 µs a byte.
-DAMAGE_LOOK_BYTES = 4 << 20

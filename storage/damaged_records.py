@@ -1,0 +1,77 @@
+"""Damaged records in a log: bytes that do not parse where whole records must be.
+
+A crash tears only the batch being written: after the last whole record, part of one record,
+then zeros. Anything else is damage (a flipped byte, a bad block): whole records follow the bytes
+that do not parse. Before 2026-12-05 every reader stopped at such bytes without a word — writer/
+store skipped the rest of a sealed segment and stopped for good in the last one, a writer's
+recovery cleared whole records as a "torn tail", a segment's rewrite kept what came before — so a
+single flipped byte could take acknowledged records with it. Here: finding the next whole record
+past the damage (storage/records.next_whole), and keeping what a recovery clears when whole
+records follow it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from storage import records
+from storage.freeing import fsync_dir
+
+log = logging.getLogger("agent-os.storage")
+
+# How far past a damaged record a reader looks for the next whole one (past that, the rest of a
+# sealed segment is given up: a damage that long is not a flipped byte). The look is a Python loop
+# on writer/store's loader thread, ~0.1 µs a byte.
+LOOK_BYTES = 4 << 20
+# `torn` stops at the last byte that is not zero: a whole record after a damaged one may end in
+# zeros of its own (a payload's), so a recovery's look goes this far past it.
+ZEROS_A_RECORD_MAY_END_WITH = 64 << 10
+
+
+def look_past(directory: Path, path: Path, start: int, position: int, nxt: int | None,
+              limit: int | None) -> int | None:
+    """Where a reader stopped at `position` in segment `path` (starting at `start`; the next one
+    at `nxt`, None for the last, whose data is known whole up to `limit`) goes on, or None if the
+    segment's data simply ends there (zeros to its end)."""
+    at = position - start
+    with open(path, "rb") as f:
+        f.seek(at)
+        data = f.read(LOOK_BYTES if nxt is not None else min(LOOK_BYTES, limit - position))
+    if not data or (nxt is not None and not data.strip(b"\0")):
+        return None        # the zero tail of a sealed segment (or its end of file)
+    follows = records.next_whole(data, 0)
+    if follows is not None:
+        past = start + at + follows
+    else:   # the rest of a sealed segment is given up; in the last, the next read looks on
+        past = nxt if nxt is not None else position + len(data)
+    log.error("log %s: the record at position %d is damaged (it does not parse, or fails its checksum) "
+              "inside data known whole; skipping %d bytes to position %d", directory, position,
+              past - position, past)
+    return past
+
+
+def keep_before_clearing(directory: Path, path: Path, start: int, data: bytes, good: int, torn: int) -> None:
+    """A recovery is about to clear `torn` bytes after the last whole record (at `good` in
+    segment `path`, whose bytes are `data`): if whole records follow them (damage, or a batch
+    whose later pages reached the disk before its earlier ones), records that were acknowledged
+    may be among them, so the bytes are kept beside the segment first, and said."""
+    look = data[good:good + min(torn, LOOK_BYTES) + ZEROS_A_RECORD_MAY_END_WITH]
+    follows = records.next_whole(look, 0)
+    if follows is None and torn <= LOOK_BYTES:
+        return
+    upto = good + torn        # every byte not zero; a last record's own zero bytes too:
+    if follows is not None:
+        for _, _, _, _, end in records.scan(data, good + follows):
+            upto = max(upto, end)
+    kept = path.with_name(f"{path.name}.damaged-{start + good}")
+    with open(kept, "wb") as f:
+        f.write(data[good:upto])
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_dir(directory)
+    log.error("log %s: the record at position %d does not parse and %s follow it: a damaged record, or a "
+              "batch torn out of order. Its %d bytes from there are kept in %s before they are cleared "
+              "from the log", directory, start + good,
+              f"whole records (the first at {start + good + follows})" if follows is not None
+              else f"{torn} bytes of data", upto - good, kept)
