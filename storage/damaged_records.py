@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Iterator
 
 from storage import records
 from storage.freeing import fsync_dir
@@ -75,3 +76,19 @@ def keep_before_clearing(directory: Path, path: Path, start: int, data: bytes, g
               "from the log", directory, start + good,
               f"whole records (the first at {start + good + follows})" if follows is not None
               else f"{torn} bytes of data", upto - good, kept)
+
+
+def scan_all(data: bytes) -> Iterator[tuple[int, int, bytes, bytes, int]]:
+    """records.scan of a segment's bytes that goes on past damaged stretches (up to LOOK_BYTES
+    each) to the next whole record, and ends at zeros or the end, as the log's readers do."""
+    offset = 0
+    while True:
+        last = offset
+        for record in records.scan(data, offset):
+            yield record
+            last = record[4]
+        look = data[last:last + LOOK_BYTES]
+        follows = records.next_whole(look, 0) if look.strip(b"\0") else None
+        if follows is None:
+            return
+        offset = last + follows

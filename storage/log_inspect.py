@@ -17,7 +17,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from storage import records
+from storage import damaged_records, records
 from storage.segment_listing import list_segments
 
 
@@ -63,7 +63,10 @@ def check_segment(log: str, start: int, path: Path, sealed: bool) -> SegmentChec
             why = "unreadable"
         except records.TornRecord as exc:
             why = str(exc)
-        what = "torn tail" if not sealed else "damage"
+        # whole records after it: not a write torn by a crash (its writer keeps them aside, then clears)
+        torn = not sealed and records.next_whole(data[out.data_bytes:out.data_bytes + damaged_records.LOOK_BYTES],
+                                                 0) is None
+        what = "torn tail" if torn else "damage"
         out.problem = (f"{what}: {len(rest):,} bytes at position {start + out.data_bytes} are not a whole record "
                        f"({why})")
     return out
@@ -100,7 +103,7 @@ def dump(wal_root: Path, only_log: str | None = None, start: int = 0, kinds: Ite
             data = path.read_bytes()
             if base + len(data) <= start:
                 continue
-            for offset, kind, record_id, raw, _ in records.scan(data):
+            for offset, kind, record_id, raw, _ in damaged_records.scan_all(data):   # past damage too
                 name = records.RecordKind(kind).name
                 if base + offset < start or (wanted and name not in wanted):
                     continue

@@ -272,7 +272,7 @@ def recent_ids(directory: Path, max_bytes: int) -> list[bytes]:
         if budget <= 0:
             break
     for path in reversed(chosen):
-        ids.extend(record_id for _, _, record_id, _, _ in records.scan(path.read_bytes()))
+        ids.extend(record_id for _, _, record_id, _, _ in damaged_records.scan_all(path.read_bytes()))
     return ids
 
 

@@ -65,6 +65,20 @@ def test_check_counts_whole_records_and_tells_a_torn_tail_from_damage(tmp_path):
     assert code == 1, text
     assert f"segment {sealed_start}: damage: " in text and f"at position {sealed_start + third[0]}" in text
     assert "checksum mismatch" in text and "damaged:" in text
+    # the records after it are still dumped
+    code, text = run(log_inspect.print_dump, wal, "0", 0, [], None, 100)
+    dumped = [json.loads(line)["id"] for line in text.splitlines()]
+    assert len(dumped) == 12 and "id-2" not in dumped, dumped
+
+    # In the newest segment, bytes that do not parse with whole records after them: damage too.
+    fresh = tmp_path / "fresh"
+    (newest_start, newest), = two_segment_log(fresh)[-1:]
+    data = bytearray(newest.read_bytes())
+    first = next(records.scan(bytes(data)))
+    data[first[0] + 20] ^= 0xFF
+    newest.write_bytes(bytes(data))
+    code, text = run(log_inspect.print_check, fresh)
+    assert code == 1 and f"segment {newest_start}: damage: " in text, text
 
 
 def test_dump_writes_a_json_line_per_record_narrowed_by_session_kind_and_position(tmp_path):

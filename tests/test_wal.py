@@ -184,6 +184,7 @@ def test_a_reader_passes_a_damaged_record_and_says_so(tmp_path, caplog, where):
         ids = _read_all(reader, end)
     assert ids == [f"id-{i}".encode() for i in range(20) if i != damaged]
     assert reader.damaged == 1 and reader.position == end
+    assert segments.recent_ids(tmp_path, 1 << 20) == ids      # a restarted writer's de-duplication too
     assert f"the record at position {sum(map(len, data[:damaged]))} is damaged" in caplog.text
 
 
