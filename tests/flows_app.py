@@ -17,9 +17,13 @@ def effect(path: str, line: str) -> None:
         os.fsync(f.fileno())
 
 
-async def slow_effect(path: str, n: int, delay: float) -> int:
+async def slow_effect(path: str, n: int, delay: float, gate: str | None = None) -> int:
     effect(path + ".starts", f"start {n} pid={os.getpid()}")
     await asyncio.sleep(delay)          # a kill lands here: before the side effect
+    for _ in range(600 if gate else 0):  # the test opens the gate (a file) when it is ready for the result
+        if os.path.exists(gate):
+            break
+        await asyncio.sleep(0.1)
     effect(path, f"step {n}")
     return n * 10
 
@@ -27,14 +31,16 @@ async def slow_effect(path: str, n: int, delay: float) -> int:
 async def five_steps(ctx, args):
     total = 0
     for n in range(5):
-        total += await ctx.step(slow_effect, args["file"], n, args.get("delay", 0.3), name=f"step-{n}",
+        gate = args.get("gate") if n == args.get("gate_step") else None
+        total += await ctx.step(slow_effect, args["file"], n, args.get("delay", 0.3), gate, name=f"step-{n}",
                                 retry=Retry(max_attempts=5, backoff_secs=0.05))
     return total
 
 
 async def async_then_sync(ctx, args):
     """A slow ASYNC step, its result committed after the flow goes on, then a SYNC one."""
-    first = await ctx.step(slow_effect, args["file"], 0, args["delay"], name="slow", durability="async")
+    first = await ctx.step(slow_effect, args["file"], 0, args["delay"], args.get("gate"), name="slow",
+                           durability="async")
     return first + await ctx.step(slow_effect, args["file"], 1, 0.0, name="quick")
 
 

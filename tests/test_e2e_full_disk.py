@@ -174,13 +174,16 @@ def test_a_step_result_refused_by_a_full_disk_runs_the_flow_on_from_its_journal(
     make_worker(server)
     base = server.url
     marks = tmp_path / "marks"
-    run_id = start(base, "five_steps", {"file": str(marks), "delay": 2.0})[2]["run_id"]
+    gate = tmp_path / "gate"   # step 1 returns once it exists: after the disk is full, however long that took
+    args = {"file": str(marks), "delay": 2.0, "gate": str(gate), "gate_step": 1}
+    run_id = start(base, "five_steps", args)[2]["run_id"]
     starts = tmp_path / "marks.starts"
     wait_until(lambda: starts.exists() and "start 1" in starts.read_text(), 20, "step 1 to start")
     filler = small_disk / "filler"
     try:
         fill(filler)
         use_up_the_last_page(base)
+        gate.touch()
         wait_until(lambda: marks.exists() and "step 1" in marks.read_text().split("\n"), 20, "step 1's effect")
         time.sleep(1)
         filler.unlink()   # space comes back
@@ -205,12 +208,14 @@ def test_a_write_to_a_run_on_its_way_back_from_a_full_disk_hears_507(small_disk,
     make_worker(server)
     base = server.url
     marks = tmp_path / "marks"
-    run_id = start(base, "async_then_sync", {"file": str(marks), "delay": 3.0})[2]["run_id"]
+    gate = tmp_path / "gate"   # the slow step returns once it exists: once the disk is full
+    run_id = start(base, "async_then_sync", {"file": str(marks), "delay": 3.0, "gate": str(gate)})[2]["run_id"]
     wait_until(lambda: (tmp_path / "marks.starts").exists(), 20, "the slow step to start")
     filler = small_disk / "filler"
     try:
         fill(filler)
         use_up_the_last_page(base)
+        gate.touch()
         wait_until(lambda: marks.exists() and "step 0" in marks.read_text(), 20, "the slow step's effect")
         time.sleep(1)   # its result is refused, and so is the next step's start: the run goes back
         began = time.monotonic()
