@@ -37,7 +37,9 @@ def test_each_committed_step_runs_once_through_worker_actor_and_writer_kills(mak
     make_worker(server, slots=4)
     effects = tmp_path / "effects.txt"
     starts = Path(f"{effects}.starts")
-    status, _, run = start(server.url, "five_steps", {"file": str(effects), "delay": 1.0})
+    gate = tmp_path / "gate"   # step 1 takes effect once it exists
+    status, _, run = start(server.url, "five_steps", {"file": str(effects), "delay": 1.0, "gate": str(gate),
+                                                      "gate_step": 1})
     assert status == 201
     run_id = run["run_id"]
 
@@ -45,6 +47,7 @@ def test_each_committed_step_runs_once_through_worker_actor_and_writer_kills(mak
     wait_until(lambda: any(l.startswith("start 1") for l in lines(starts)), 30, "step 1 to start")
     pid = int(next(l for l in lines(starts) if l.startswith("start 1")).split("pid=")[1])
     os.kill(pid, signal.SIGKILL)
+    gate.touch()
     # 2. kill -9 the run's actor between steps (after step 2's side effect).
     wait_until(lambda: "step 2" in lines(effects), 60, "step 2 to run on another worker")
     server.kill9(actor_name(run_id, 2))
@@ -189,18 +192,22 @@ def test_failures_children_cancel_and_non_determinism(make_server, make_worker, 
 def test_a_run_cancelled_right_after_its_start_stops_its_step_in_flight(make_server, make_worker, tmp_path):
     """Cancels 0-30 ms after the starts: before the actor has heard which worker runs them, the
     scheduler passes the cancel on, so no step's side effect lands after the cancel was answered
-    (each step waits 0.3 s before its effect), and the worker's two slots are free afterwards."""
+    (each first step waits until every cancel is answered), and the worker's two slots are free
+    afterwards."""
     server = make_server()
     make_worker(server, slots=2)
     base = server.url
     runs = []
+    gate = tmp_path / "gate"   # opened once every cancel is answered: a step still running then takes effect
     for i in range(10):
-        status, _, body = start(base, "five_steps", {"file": str(tmp_path / f"run{i}"), "delay": 0.3})
+        status, _, body = start(base, "five_steps", {"file": str(tmp_path / f"run{i}"), "delay": 0.3,
+                                                     "gate": str(gate), "gate_step": 0})
         assert status in (200, 201), body
         time.sleep(i * 0.003)
         status, _, cancelled = get_json(f"{base}/v1/runs/{body['run_id']}:cancel", method="POST")
         assert (status, cancelled["status"]) == (200, "cancelled")
         runs.append(body["run_id"])
+    gate.touch()
     later = start(base, "five_steps", {"file": str(tmp_path / "later"), "delay": 0.01})[2]["run_id"]
     assert result(base, later, timeout=30)["status"] == "completed"
     assert [get_json(f"{base}/v1/runs/{run_id}")[2]["status"] for run_id in runs] == ["cancelled"] * 10
