@@ -188,10 +188,14 @@ def turn_killing_its_actor(server, sid: str, text: str, actors: int = 2) -> Turn
 
 def get_json(url: str, method: str = "GET", body: bytes | None = None, headers=None) -> tuple[int, dict, dict]:
     import urllib.error
+    import urllib.parse
     import urllib.request
     req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    # A read that asks the server to hold it (`?wait=N`) is given N s more than any other: with 10 s
+    # flat, a `wait=10` poll timed out on the client just as the server answered.
+    wait = float(urllib.parse.parse_qs(urllib.parse.urlsplit(url).query).get("wait", ["0"])[0])
     try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
+        with urllib.request.urlopen(req, timeout=10 + wait) as resp:
             return resp.status, dict(resp.headers), json.loads(resp.read() or b"null")
     except urllib.error.HTTPError as exc:
         raw = exc.read()

@@ -185,7 +185,7 @@ def test_a_step_result_refused_by_a_full_disk_runs_the_flow_on_from_its_journal(
         use_up_the_last_page(base)
         gate.touch()
         wait_until(lambda: marks.exists() and "step 1" in marks.read_text().split("\n"), 20, "step 1's effect")
-        time.sleep(1)
+        wait_until(lambda: f"run {run_id} had a journal record refused" in server.log(), 20, "step 1's result refused")
         filler.unlink()   # space comes back
         assert result(base, run_id, timeout=40)["result"] == 100
         # Step 1 ran again: its first result was refused, and its next execution did not take it
@@ -209,7 +209,7 @@ def test_a_write_to_a_run_on_its_way_back_from_a_full_disk_hears_507(small_disk,
     base = server.url
     marks = tmp_path / "marks"
     gate = tmp_path / "gate"   # the slow step returns once it exists: once the disk is full
-    run_id = start(base, "async_then_sync", {"file": str(marks), "delay": 3.0, "gate": str(gate)})[2]["run_id"]
+    run_id = start(base, "async_then_sync", {"file": str(marks), "delay": 0.0, "gate": str(gate)})[2]["run_id"]
     wait_until(lambda: (tmp_path / "marks.starts").exists(), 20, "the slow step to start")
     filler = small_disk / "filler"
     try:
@@ -217,7 +217,8 @@ def test_a_write_to_a_run_on_its_way_back_from_a_full_disk_hears_507(small_disk,
         use_up_the_last_page(base)
         gate.touch()
         wait_until(lambda: marks.exists() and "step 0" in marks.read_text(), 20, "the slow step's effect")
-        time.sleep(1)   # its result is refused, and so is the next step's start: the run goes back
+        # its result is refused, and so is the next step's start: the run goes back
+        wait_until(lambda: f"run {run_id} had a journal record refused" in server.log(), 20, "the run to go back")
         began = time.monotonic()
         status, _, answer = get_json(f"{base}/v1/runs/{run_id}/channels/inbox", method="POST", body=b'{"message": 1}')
         assert status == 507 and answer["error"]["code"] == "insufficient_storage", answer
