@@ -167,19 +167,27 @@ _blocking = {"now": 0, "peak": 0}
 _blocking_lock = threading.Lock()
 
 
-def blocking_io(seconds):
-    """A plain function that blocks (as a requests.get would): it runs on a thread of the worker."""
+def blocking_io(seconds, gate=None, marks=None):
+    """A plain function that blocks (as a requests.get would): it runs on a thread of the worker.
+    With `marks` it says it began there; with `gate` it returns as soon as that file exists."""
     with _blocking_lock:
         _blocking["now"] += 1
         _blocking["peak"] = max(_blocking["peak"], _blocking["now"])
-    time.sleep(seconds)
+    if marks:
+        effect(marks, "on a thread")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not (gate and os.path.exists(gate)):
+        time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
     with _blocking_lock:
         _blocking["now"] -= 1
         return _blocking["peak"]
 
 
-async def one_blocking_step(ctx, seconds):
-    return await ctx.step(blocking_io, seconds)
+async def one_blocking_step(ctx, args):
+    """`args`: the seconds to block, or {"seconds", "gate", "marks"} (see blocking_io)."""
+    if isinstance(args, dict):
+        return await ctx.step(blocking_io, args["seconds"], args.get("gate"), args.get("marks"))
+    return await ctx.step(blocking_io, args)
 
 
 def hangs_the_first_time(marker: str, seconds: float) -> str:
@@ -237,6 +245,11 @@ async def search(q):
     if marker:
         effect(marker, f"search {q}")
         await asyncio.sleep(float(os.environ.get("FLOWS_APP_TOOL_DELAY", "0")))
+        gate = os.environ.get("FLOWS_APP_TOOL_GATE")   # a file the test creates once it is ready
+        for _ in range(600 if gate else 0):
+            if os.path.exists(gate):
+                break
+            await asyncio.sleep(0.1)
         effect(marker, f"search done {q}")
     return {"results": [f"result for {q}"]}
 

@@ -170,15 +170,17 @@ def turn(base: str, sid: str, text: str, **kwargs) -> TurnResult:
     return asyncio.run(go())
 
 
-def turn_killing_its_actor(server, sid: str, text: str, actors: int = 2) -> TurnResult:
+def turn_killing_its_actor(server, sid: str, text: str, gate: Path, actors: int = 2) -> TurnResult:
     """Run a turn whose tools are get_weather then search, and kill -9 the session's actor once
-    the search call has started (the weather step is committed, the search step running)."""
+    the search call has started (the weather step is committed, the search step running). The
+    search returns only once `gate` exists (its worker's FLOWS_APP_TOOL_GATE), created after the kill."""
     from broker.sharding import actor_name
 
     async def go():
         async def on_event(name, result):
             if name == "tool" and result.events[-1][1]["phase"] == "call" and result.events[-1][1]["name"] == "search":
                 await asyncio.get_running_loop().run_in_executor(None, server.kill9, actor_name(sid, actors))
+                gate.touch()
 
         async with aiohttp.ClientSession() as s:
             return await run_turn(s, server.url, sid, f"{text} [[mock tool_calls=get_weather,search ttft_ms=20]]",

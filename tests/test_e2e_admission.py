@@ -20,8 +20,8 @@ def test_429_above_the_limit_and_a_rejected_turn_does_not_cancel_its_session(mak
             return on_event
 
         async with aiohttp.ClientSession() as s:
-            a = asyncio.create_task(run_turn(s, server.url, "adm-a", "slow [[mock ttft_ms=1500]]", on_event=watcher("a")))
-            b = asyncio.create_task(run_turn(s, server.url, "adm-b", "slow [[mock ttft_ms=1500]]", on_event=watcher("b")))
+            a = asyncio.create_task(run_turn(s, server.url, "adm-a", "slow [[mock ttft_ms=4000]]", on_event=watcher("a")))
+            b = asyncio.create_task(run_turn(s, server.url, "adm-b", "slow [[mock ttft_ms=4000]]", on_event=watcher("b")))
             await asyncio.wait_for(asyncio.gather(started["a"].wait(), started["b"].wait()), 10)
             other = await run_turn(s, server.url, "adm-c", "rejected")
             same_session = await run_turn(s, server.url, "adm-a", "rejected, must not cancel a")

@@ -36,10 +36,12 @@ def test_a_turn_with_two_tool_calls_streams_and_records_both_steps(make_server, 
 def test_a_turn_survives_kill9_of_its_actor_mid_turn(make_server, make_worker, tmp_path):
     marker = tmp_path / "tools.txt"
     server = make_server({"gateway": {"turn_probe_secs": 1}})
-    make_worker(server, env={"FLOWS_APP_TOOL_MARKER": str(marker), "FLOWS_APP_TOOL_DELAY": "2"})
+    gate = tmp_path / "gate"
+    make_worker(server, env={"FLOWS_APP_TOOL_MARKER": str(marker), "FLOWS_APP_TOOL_DELAY": "2",
+                             "FLOWS_APP_TOOL_GATE": str(gate)})
     sid = "agent-kill"
 
-    result = turn_killing_its_actor(server, sid, "weather and news")
+    result = turn_killing_its_actor(server, sid, "weather and news", gate)
     assert result.terminal is None and result.events[-1][0] == "turn.interrupted", result.events[-3:]
     assert result.events[-1][1]["code"] == "resumed_in_background"
 

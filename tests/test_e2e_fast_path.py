@@ -183,6 +183,8 @@ def test_with_the_fast_path_off_aiohttp_serves_the_checkpoint_routes(make_server
     for _ in range(300):
         raw = _break_head(rng, rng.choice(requests))
         fast, plain = _first_status(shared_server, raw), _first_status(server, raw)
+        if fast != plain:   # once more, longer: a slow fdatasync on a busy machine is not "no answer"
+            fast, plain = _first_status(shared_server, raw, 10.0), _first_status(server, raw, 10.0)
         if fast != plain:
             differ.append((raw, fast, plain))
     assert not differ, differ[:5]
@@ -207,10 +209,10 @@ def _break_head(rng: random.Random, request: bytes) -> bytes:
     return bytes(raw)
 
 
-def _first_status(server, raw: bytes) -> str:
+def _first_status(server, raw: bytes, timeout: float = 1.0) -> str:
     """The status of the first answer to `raw`, or how the connection ended without one."""
     with connect(server) as sock:
-        sock.settimeout(1.0)
+        sock.settimeout(timeout)
         sock.sendall(raw)
         try:
             return str(Responses(sock).next()[0])

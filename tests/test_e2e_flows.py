@@ -81,7 +81,8 @@ def test_a_durable_sleep_survives_a_full_restart(tmp_path):
     try:
         _, _, run = start(server.url, "sleeper", {"file": str(marks), "secs": 4})
         wait_until(lambda: lines(marks) == ["before"], 30, "the step before the sleep")
-        time.sleep(0.5)  # the sleep's timer is journaled
+        # suspended: the sleep's timer is journaled
+        assert get_json(f"{server.url}/v1/runs/{run['run_id']}?wait=30&until=suspended")[2]["status"] == "suspended"
     finally:
         worker.stop()
         assert server.stop() == 0
@@ -179,8 +180,8 @@ def test_failures_children_cancel_and_non_determinism(make_server, make_worker, 
     assert clash["status"] == "failed" and "another flow" in clash["error"], clash
     marker = tmp_path / "branch"
     branchy = start(base, "branchy", {"file": str(marker)})[2]["run_id"]
-    wait_until(lambda: get_json(f"{base}/v1/runs/{branchy}")[2]["status"] in ("suspended", "running"), 10, "start")
-    time.sleep(0.5)
+    # suspended: its step "first" is journaled and it waits on "go"
+    assert get_json(f"{base}/v1/runs/{branchy}?wait=30&until=suspended")[2]["status"] == "suspended"
     marker.write_text("now the code takes the other branch")
     get_json(f"{base}/v1/runs/{branchy}/channels/go", method="POST", body=b"{}")
     body = result(base, branchy)
@@ -297,14 +298,20 @@ def test_ended_runs_leave_the_actors_memory_with_what_refers_to_them(make_server
                f"the ended runs to leave memory ({flows_in_actors()})")
 
 
-def test_a_workers_blocking_steps_run_as_many_at_once_as_it_has_slots(make_server, make_worker):
+def test_a_workers_blocking_steps_run_as_many_at_once_as_it_has_slots(make_server, make_worker, tmp_path):
     """Plain steps ran on asyncio's default pool: at most 32 threads (cpu count + 4: six here),
     whatever --slots said."""
     server = make_server()
     make_worker(server, slots=48)
-    runs = [start(server.url, "one_blocking_step", 2.0)[2]["run_id"] for _ in range(40)]
+    marks, gate = tmp_path / "marks", tmp_path / "gate"   # the steps block until the test opens the gate
+    args = {"seconds": 60, "gate": str(gate), "marks": str(marks)}
+    runs = [start(server.url, "one_blocking_step", args)[2]["run_id"] for _ in range(40)]
+    try:
+        wait_until(lambda: len(lines(marks)) == 40, 30, f"40 steps on threads at once ({len(lines(marks))})")
+    finally:
+        gate.touch()
     peaks = [result(server.url, run_id)["result"] for run_id in runs]
-    assert max(peaks) > 32, peaks
+    assert max(peaks) == 40, peaks
 
 
 def test_a_run_whose_code_kills_its_workers_fails_after_a_few(make_server, make_worker):
@@ -332,9 +339,9 @@ def test_a_worker_stops_at_sigterm_though_a_blocking_step_runs(make_server, make
 
     server = make_server()
     worker = make_worker(server)
-    run_id = start(server.url, "one_blocking_step", 3600)[2]["run_id"]
-    wait_until(lambda: get_json(f"{server.url}/v1/runs/{run_id}")[2].get("status") == "running", 10, "the run")
-    time.sleep(1.0)                                # its step on a thread by now
+    marks = server.work_dir / "blocking-marks"
+    start(server.url, "one_blocking_step", {"seconds": 3600, "marks": str(marks)})
+    wait_until(lambda: marks.exists(), 20, "the step to block on its thread")
     worker.proc.send_signal(signal.SIGTERM)
     wait_until(lambda: worker.proc.poll() is not None, 20, "the worker to stop")
     assert "blocking step(s) still on their threads" in worker.log_path.read_text()

@@ -102,7 +102,7 @@ def test_a_tenants_share_of_the_gate_does_not_starve_others(make_server):
 
     async def go():
         async with aiohttp.ClientSession() as s:
-            slow = await start_turn(s, server.url, "a1", "slow [[mock ttft_ms=1500]]", headers=ACME)
+            slow = await start_turn(s, server.url, "a1", "slow [[mock ttft_ms=3000]]", headers=ACME)
             second = await run_turn(s, server.url, "a2", "over the share", headers=ACME)
             other = await run_turn(s, server.url, "g1", "globex is fine", headers=GLOBEX)
             return await slow, second, other

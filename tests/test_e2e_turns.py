@@ -49,10 +49,12 @@ def test_a_new_turn_cancels_the_running_one(shared_server):
 
 def test_turns_posted_at_the_same_moment_end_one_superseded_and_one_completed(shared_server):
     """Two starts reach the actor together: the first is cancelled before its task ever ran, and
-    its stream must still end (it once hung, with the turn counted in flight for good)."""
+    its stream must still end (it once hung, with the turn counted in flight for good). A first
+    token after 1 s keeps the first turn running until the second start comes, on a busy machine too."""
     async def go():
         async with aiohttp.ClientSession() as s:
-            return [await asyncio.gather(*(run_turn(s, shared_server.url, f"e2e-together-{i}", f"t{k}", timeout=15)
+            return [await asyncio.gather(*(run_turn(s, shared_server.url, f"e2e-together-{i}",
+                                                    f"t{k} [[mock ttft_ms=1000]]", timeout=15)
                                            for k in range(2))) for i in range(3)]
 
     for pair in asyncio.run(go()):

@@ -256,9 +256,11 @@ def test_a_turn_resumed_after_its_actor_died_does_not_bring_a_closed_session_bac
     from harness import get_json, turn_killing_its_actor
 
     server = make_server({"gateway": {"turn_probe_secs": 1}})
-    make_worker(server, env={"FLOWS_APP_TOOL_MARKER": str(tmp_path / "tools.txt"), "FLOWS_APP_TOOL_DELAY": "2"})
+    gate = tmp_path / "gate"
+    make_worker(server, env={"FLOWS_APP_TOOL_MARKER": str(tmp_path / "tools.txt"), "FLOWS_APP_TOOL_DELAY": "2",
+                             "FLOWS_APP_TOOL_GATE": str(gate)})
     sid = "closed-mid-turn"
-    result = turn_killing_its_actor(server, sid, "weather and news")
+    result = turn_killing_its_actor(server, sid, "weather and news", gate)
     assert result.events[-1][0] == "turn.interrupted", result.events[-3:]
     assert get_json(f"{server.url}/v1/sessions/{sid}", method="DELETE")[0] == 204
     deadline = time.monotonic() + 8   # the tool takes 2 s: a resumed turn would have finished by then
