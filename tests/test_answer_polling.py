@@ -5,14 +5,19 @@ from gateway import answer_polling
 from gateway.answer_polling import AnswerPolling
 
 
-def test_polling_runs_from_each_answer_for_its_window_then_stops():
+def test_polling_runs_from_each_answer_for_its_window_then_stops(monkeypatch):
+    import types
+    clock = [0.0]   # moved by the test only: a stall of this machine does not end the window
+    monkeypatch.setattr(answer_polling, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+
     async def go():
         polling = AnswerPolling(0.05)
         polling.loop = asyncio.get_running_loop()
         polling.answered()
         await asyncio.sleep(0.01)
         during = polling._polling
-        await asyncio.sleep(0.3)
+        clock[0] = 0.06
+        await asyncio.sleep(0.01)
         return during, polling._polling
     assert asyncio.run(go()) == (True, False)
 
@@ -30,8 +35,11 @@ def test_no_window_or_no_loop_means_no_polling():
 
 
 def test_polling_yields_the_cpu_at_each_poll_and_not_after_its_window(monkeypatch):
+    import types
     yields = []
     monkeypatch.setattr(answer_polling.os, "sched_yield", lambda: yields.append(1))
+    clock = [0.0]   # moved by the test only
+    monkeypatch.setattr(answer_polling, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
 
     async def go():
         polling = AnswerPolling(0.02)
@@ -39,7 +47,8 @@ def test_polling_yields_the_cpu_at_each_poll_and_not_after_its_window(monkeypatc
         polling.answered()
         await asyncio.sleep(0.01)
         during = len(yields)
-        await asyncio.sleep(0.1)
+        clock[0] = 0.03
+        await asyncio.sleep(0.05)
         after_window = len(yields)
         await asyncio.sleep(0.05)
         return during, after_window, len(yields)

@@ -122,8 +122,9 @@ def test_the_gateways_own_log_group_commits_concurrent_puts(make_server):
     """Ten HTTP clients PUTting at once into the gateway's log: one fsync serves many PUTs, and
     the records are in that log (wal/1), not writer/log/0's."""
     # A wider window than the default 2 ms, as above: under the suite's load a batch otherwise goes
-    # before the clients' next PUTs are read (129 and 192 fsyncs for 600 PUTs in two runs).
-    server = make_server({"storage": {"commit_window_us": 20000}})
+    # before the clients' next PUTs are read (129 and 192 fsyncs for 600 PUTs in two runs). A wait
+    # ends as soon as the batch holds as many PUTs as the last one, so a wide one costs a fast run nothing.
+    server = make_server({"storage": {"commit_window_us": 100000}})
     before = scrape(server.url)
 
     async def client(session, i):
@@ -185,19 +186,29 @@ def test_acknowledged_records_survive_kill9_of_writers_and_tree_exactly_once(tmp
             if result.terminal == "turn.completed":
                 completed.append((f"kturn-{i}", result.data("turn.started")["turn_id"]))
 
+    async def load_goes_on():
+        """1.5 s of load, longer on a slow machine: until some PUTs and turns more were acknowledged
+        (each kill lands during load, and the four phases make the counts asserted below)."""
+        puts, turns = len(acked_puts), len(completed)
+        await asyncio.sleep(1.5)
+        for _ in range(300):
+            if len(acked_puts) >= puts + 15 and len(completed) >= turns + 3:
+                return
+            await asyncio.sleep(0.1)
+
     async def go():
         stop = asyncio.Event()
         async with aiohttp.ClientSession() as session:
             tasks = [asyncio.create_task(putter(session, stop, i)) for i in range(6)]
             tasks += [asyncio.create_task(turner(session, stop, i)) for i in range(4)]
             loop = asyncio.get_running_loop()
-            await asyncio.sleep(1.5)
+            await load_goes_on()
             await loop.run_in_executor(None, server.kill9, "writer/log/0")
-            await asyncio.sleep(1.5)
+            await load_goes_on()
             await loop.run_in_executor(None, server.kill9, "gateway/0")   # and with it the log of the PUTs
-            await asyncio.sleep(1.5)
+            await load_goes_on()
             await loop.run_in_executor(None, server.kill9, "writer/store")
-            await asyncio.sleep(1.5)
+            await load_goes_on()
             await loop.run_in_executor(None, server.crash)
             stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)

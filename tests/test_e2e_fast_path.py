@@ -261,6 +261,11 @@ def test_after_answering_the_gateway_polls_briefly_then_sleeps(shared_server):
             sock.sendall(put_request("poll-then-sleep", "k", b"x" * 100) if n % 2 else
                          get_request("/v1/sessions/poll-then-sleep/checkpoints/latest"))
             assert reader.next()[0] in (200, 404)
+    # A loop left polling would take each whole second; an idle one may still do the odd piece of
+    # background work (access rows, the metrics' flush) in one of them.
+    idle = []
+    while len(idle) < 3 and not (idle and idle[-1] < 0.2):
         before = cpu_seconds(gateway)
         time.sleep(1.0)
-        assert cpu_seconds(gateway) - before < 0.2    # a loop left polling would take the whole second
+        idle.append(cpu_seconds(gateway) - before)
+    assert min(idle) < 0.2, idle

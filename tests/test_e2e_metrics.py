@@ -32,7 +32,7 @@ def test_metrics_parse_and_move_as_turns_run(shared_server):
     result, during = asyncio.run(go())
     assert result.terminal == "turn.completed"
     assert during["agentos_in_flight_turns"] >= 1
-    # Wait for this turn's own mark (2-5 s long): counts of earlier tests' turns on this shared
+    # Wait for this turn's own mark (2 s or longer): counts of earlier tests' turns on this shared
     # server may land in between, each process flushing its metrics once a second — and not all
     # at once, so the turn's count is waited for too.
     completed = 'agentos_turns_total{outcome="completed"}'
@@ -51,8 +51,8 @@ def test_metrics_parse_and_move_as_turns_run(shared_server):
 
 
 def _slow_turns(values: dict[str, float]) -> float:
-    """Turns that took 2 to 5 s, from the duration histogram."""
-    return (values.get('agentos_turn_duration_ms_bucket{le="5000.0"}', 0)
+    """Turns that took 2 s or more, from the duration histogram."""
+    return (values.get('agentos_turn_duration_ms_bucket{le="+Inf"}', 0)
             - values.get('agentos_turn_duration_ms_bucket{le="2000.0"}', 0))
 
 

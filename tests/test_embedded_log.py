@@ -127,7 +127,7 @@ def test_a_compaction_step_under_way_holds_up_no_batch(tmp_path):
 
 def test_a_batch_waits_for_as_many_sync_records_as_the_last_one_held(tmp_path):
     async def go():
-        writer = _writer(tmp_path, 200_000)          # a long window: only the count can end the wait early
+        writer = _writer(tmp_path, 10_000_000)       # a long window: only the count can end the wait early
         await writer.open()
         loop_task = asyncio.create_task(writer.commit_loop())
         answers: list = []
@@ -142,6 +142,7 @@ def test_a_batch_waits_for_as_many_sync_records_as_the_last_one_held(tmp_path):
         _append(writer, answers, "b3")
         assert [n for n, *_ in answers] == ["a1 a2 a3", "b1", "b2", "b3"]
         assert writer.stats["fsyncs"] == 2           # a1-a3 in one, b1-b3 in the other
+        writer.window = 0.2
         _append(writer, answers, "c1")               # one alone: it waits the window out, then goes
         assert len(answers) == 4
         await _until(lambda: len(answers) == 5, secs=1.0)

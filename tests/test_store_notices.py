@@ -22,6 +22,11 @@ class FakeBus:
 def test_notices_are_coalesced_and_close_sends_the_pending_one_and_stops(monkeypatch):
     import types
 
+    # The clock moves only when the test moves it: a stall of this machine between two calls
+    # must not put them in different intervals (the timers still run on the loop's own clock).
+    clock = [1000.0]
+    monkeypatch.setattr(store_notices, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+
     async def go():
         bus = FakeBus()
         notices = StoreNotices(bus, 3)
@@ -31,10 +36,7 @@ def test_notices_are_coalesced_and_close_sends_the_pending_one_and_stops(monkeyp
         assert [b for _, _, b in bus.sent] == [{"writer": 3, "position": 100, "count": 2}]
         await asyncio.sleep(store_notices.EVERY_SECS * 3)
         assert bus.sent[-1][2] == {"writer": 3, "position": 400, "count": 6}   # …and go as one
-        # From here the clock stands still, a second after that notice: a stall of this machine
-        # between the next two calls must not put them in different intervals.
-        now = notices.sent_at + 1.0
-        monkeypatch.setattr(store_notices, "time", types.SimpleNamespace(monotonic=lambda: now))
+        clock[0] = notices.sent_at + 1.0        # a second after that notice
         notices.written(500, 4)                 # the interval has passed: at once
         notices.written(550, 1)                 # within it: waits…
         assert len(bus.sent) == 3 and notices.timer is not None
