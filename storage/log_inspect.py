@@ -146,9 +146,21 @@ def print_check(wal_root: Path, out=None) -> int:
             if seg.problem:
                 damaged |= seg.damaged
                 print(f"  segment {seg.start}: {seg.problem}", file=out)
+        for kept in kept_aside(wal_root / log):
+            print(f"  {kept}", file=out)
     print("damaged: a sealed segment holds bytes that are not whole records" if damaged else
           "ok: every record whole", file=out)
     return 1 if damaged else 0
+
+
+def kept_aside(directory: Path) -> Iterator[str]:
+    """The bytes a writer's recovery kept before clearing them (storage/damaged_records.py), which
+    the log no longer holds: a line each, with the whole records in them, for an operator to look at."""
+    for path in sorted(directory.glob("*.damaged-*")):
+        data = path.read_bytes()
+        whole = sum(1 for _ in damaged_records.scan_all(data))
+        yield (f"kept aside by a recovery: {path.name}, {len(data):,} bytes cleared from the log at position "
+               f"{path.name.rsplit('-', 1)[1]}, {whole:,} whole record(s) in them")
 
 
 def print_dump(wal_root: Path, only_log: str | None, start: int, kinds: Iterable[str], session: str | None,

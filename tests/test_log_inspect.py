@@ -79,6 +79,13 @@ def test_check_counts_whole_records_and_tells_a_torn_tail_from_damage(tmp_path):
     newest.write_bytes(bytes(data))
     code, text = run(log_inspect.print_check, fresh)
     assert code == 1 and f"segment {newest_start}: damage: " in text, text
+    after = len(list(records.scan(bytes(data), first[4])))   # whole records after the damaged one
+    # A writer's recovery clears them from the log and keeps them aside: check names the file.
+    segments.SegmentLog(fresh / "0", segment_bytes=4096).close()
+    code, text = run(log_inspect.print_check, fresh)
+    kept = f"{newest.name}.damaged-{newest_start + first[0]}"
+    assert code == 0 and f"kept aside by a recovery: {kept}, " in text, text
+    assert f"at position {newest_start + first[0]}, {after} whole record(s) in them" in text, text
 
 
 def test_dump_writes_a_json_line_per_record_narrowed_by_session_kind_and_position(tmp_path):
