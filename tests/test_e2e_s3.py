@@ -270,3 +270,30 @@ def test_retention_removes_closed_runs_from_the_log_the_bucket_and_duckdb(make_s
         # and the newest is recent: the /metrics reads kept adding rows
         assert con.execute("SELECT count(*) FROM access WHERE ts < ?", [caught_up - 5]).fetchone()[0] == 0
         assert con.execute("SELECT count(*) FROM access").fetchone()[0] > 0
+
+
+def test_a_damaged_record_in_the_newest_segment_comes_back_from_the_bucket(make_s3_server, s3, tmp_path):
+    """A byte flipped on the local disk in an acknowledged checkpoint: the restarted node keeps the
+    bytes aside, clears them, and writes them back from the bucket's copy of the log, so every
+    checkpoint reads back and the log checks whole."""
+    from storage import records, segments
+    bucket = s3.new_bucket()
+    node = make_s3_server(bucket, "a")
+    for i in range(10):
+        assert put(node.url, f"heal-{i}", "k", f"state {i}".encode()) == 200
+    assert node.stop() == 0
+    gateway_log = tmp_path / "a" / "data" / "wal" / "1"       # the gateway's own log holds the PUTs
+    (start, newest), = segments.list_segments(gateway_log)[-1:]
+    data = bytearray(newest.read_bytes())
+    first = next(r for r in records.scan(bytes(data)) if r[1] == records.RecordKind.BLOB)
+    data[first[0] + 20] ^= 0xFF
+    newest.write_bytes(bytes(data))
+    assert node.cli("log", "check").returncode == 1     # damage: whole records follow it
+
+    node = make_s3_server(bucket, "a")
+    assert re.search(r"restored \d+ bytes of log 1 from the bucket", node.log()), node.log()[-2000:]
+    assert [latest(node.url, f"heal-{i}") for i in range(10)] == [f"state {i}".encode() for i in range(10)]
+    assert node.stop() == 0
+    check = node.cli("log", "check")
+    assert check.returncode == 0 and "ok: every record whole" in check.stdout, check.stdout
+    assert f"kept aside by a recovery: {newest.name}.damaged-{start + first[0]}" in check.stdout, check.stdout
