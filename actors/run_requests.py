@@ -14,7 +14,7 @@ import collections
 
 from actors.flow_state import WAITABLE, Op, Run
 from broker.protocol import Kind, Message
-from broker.sharding import SCHEDULER
+from broker.sharding import SCHEDULER, is_actor_name
 from storage.log_client import LogWriteError
 
 
@@ -38,9 +38,12 @@ class RunRequests:
         await self.ready.wait()
         b = msg.body
         run_id = b["run_id"]
-        if b.get("parent") and type(b.get("parent_seq")) is not int:
+        if b.get("parent") and (type(b.get("parent_seq")) is not int
+                                or not (b.get("parent_actor", "") == "" or is_actor_name(b["parent_actor"]))):
+            # (a parent's actor that is no actor's name failed the child's end: nobody to tell)
             self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": run_id, "status": "error", "code": "conflict",
-                                                "error": "a child's start names its place in its parent (parent_seq)"})
+                                                "error": "a child's start names its place in its parent (parent_seq) "
+                                                         "and, if any, its parent's actor (parent_actor: actor/<n>)"})
             return
         run = self.runs.get(run_id)
         if run is None:

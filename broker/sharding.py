@@ -21,6 +21,12 @@ def actor_name(session_id: str, shards: int) -> str:
     return f"{ACTOR_PREFIX}{shard_of(session_id, shards)}"
 
 
+def is_actor_name(name: object) -> bool:
+    """`actor/<n>`: what a peer may name as an actor to be answered at (a child's parent)."""
+    return (isinstance(name, str) and name.startswith(ACTOR_PREFIX) and name[len(ACTOR_PREFIX):].isdigit()
+            and len(name) <= 16)
+
+
 STORE = "writer/store"
 SCHEDULER = "scheduler"
 LOG_WRITER_PREFIX = "writer/log/"

@@ -128,3 +128,22 @@ def test_a_parent_that_fails_while_parked_on_a_child_cancels_the_child(monkeypat
     cancels = [(dest, body) for dest, kind, body in bus.requests if kind == Kind.FLOW_CANCEL]
     assert [body["run_id"] for _, body in cancels] == ["r-1.0"]
     assert cancels[0][1]["why"] == "its parent r-1 failed"
+
+
+@pytest.mark.parametrize("parent_actor,started", [("a" * 80, False), ("gateway/0", False), (7, False),
+                                                   ("actor/1", True), ("", True)])
+def test_a_childs_start_names_an_actor_as_its_parents_or_none(parent_actor, started):
+    """A start from a peer naming anything else as the parent's actor was taken: the child ran,
+    and its end could not be sent anywhere (a task failing on an unencodable name)."""
+    async def main():
+        flows, bus, _, _ = live_run([], AcceptingLog())
+        body = {"run_id": "kid", "tenant": "t", "flow": "child", "input": {}, "parent": "p-1", "parent_seq": 0,
+                "parent_actor": parent_actor}
+        await flows.on_start(Message("actor/1", Kind.FLOW_START, 1, 0.0, 0, "kid", "", body))
+        (_, kind, reply), = [sent for sent in bus.sent if sent[1] == Kind.FLOW_RUN]
+        return "kid" in flows.runs, reply, flows.journal_log.appended
+
+    created, reply, appended = asyncio.run(main())
+    assert created is started and bool(appended) is started, reply
+    if not started:
+        assert reply["status"] == "error" and "parent_actor" in reply["error"], reply
