@@ -255,8 +255,8 @@ def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> in
         actor = Actor(config, index, bus_address(config, run_dir), log)
         await actor.provider.start()
         await actor.bus.start()
-        tasks = [asyncio.create_task(actor.housekeeping()), asyncio.create_task(actor.permits.sync_loop()),
-                 asyncio.create_task(actor.flows.load()), asyncio.create_task(actor.flows.watchdog())]
+        tasks = [service.lifelong(actor.housekeeping()), service.lifelong(actor.permits.sync_loop()),
+                 service.lifelong(actor.flows.load()), service.lifelong(actor.flows.watchdog())]
         log.info("serving shard %d of %d, provider %s", index, config.actor_count, config.provider.base_url)
         await stop.wait()
         await actor.shutdown()

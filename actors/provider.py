@@ -21,6 +21,7 @@ import orjson
 
 from actors.http1 import Endpoint, HttpConnection, ResponseSink, build_request, open_connection, parse_endpoint
 from actors.http_wire import HttpProtocolError, SSEParser
+from agentos import service
 from agentos.config import ProviderConfig
 MAX_IDLE_CONNECTIONS = 2048
 MAX_ERROR_BODY = 2048
@@ -174,7 +175,7 @@ class Provider:
         self._watchdog: asyncio.Task | None = None
 
     async def start(self) -> None:
-        self._watchdog = asyncio.create_task(self._watch())
+        self._watchdog = service.lifelong(self._watch())
 
     async def close(self) -> None:
         if self._watchdog is not None:

@@ -147,7 +147,7 @@ def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> in
                   heartbeat_secs=config.broker.heartbeat_secs, log=log, spill_bytes=config.broker.spill_ring_bytes)
         scheduler.bus = bus
         await bus.start()
-        ticker = asyncio.create_task(scheduler.ticker())
+        ticker = service.lifelong(scheduler.ticker())
         log.info("granting up to %d provider permits", config.kernel.concurrency_limit)
         await stop.wait()
         ticker.cancel()

@@ -289,7 +289,7 @@ def main(config: Config, modules: list[str], slots: int, name: str | None, log: 
         runtime = WorkerRuntime(app, bus, slots, log)
         runtimes.append(runtime)
         await bus.start()
-        announcer = asyncio.create_task(runtime.announce())
+        announcer = service.lifelong(runtime.announce())
         log.info("worker %s: %d slots; flows %s, tools %s, update handlers %s", worker_name, slots,
                  sorted(app.flows), sorted(app.tools), sorted(app.updates))
         await stop.wait()

@@ -13,7 +13,7 @@ import os
 import resource
 import signal
 import sys
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable, Coroutine
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -69,21 +69,54 @@ def setup_logging(name: str, level: str | None = None) -> logging.Logger:
     return logging.getLogger(f"agent-os.{name}")
 
 
+class _Lifelong:
+    stop: asyncio.Event | None = None       # the running process's (set by `run`)
+    died: list[str] = []
+
+
+def lifelong(coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
+    """A task that runs beside the process's bus for its whole life (a ticker, a watchdog, a
+    loader). One that ends with an error would leave the process up without it — timers that
+    never fire, sessions never evicted — and nothing said until exit: instead it is logged
+    CRITICAL with its traceback, and the process stops (EXIT_FAILURE) for the supervisor to
+    restart. Ending without an error, or cancelled, is quiet."""
+    task = asyncio.create_task(coro)
+    task.add_done_callback(_lifelong_done)
+    return task
+
+
+def _lifelong_done(task: asyncio.Task) -> None:
+    if task.cancelled() or task.exception() is None:
+        return
+    name = getattr(task.get_coro(), "__qualname__", task.get_name())
+    exc = task.exception()
+    logging.getLogger("agent-os").critical("%s died (%s: %s); stopping this process for its supervisor to "
+                                           "restart it", name, type(exc).__name__, exc, exc_info=exc)
+    _Lifelong.died.append(name)
+    if _Lifelong.stop is not None:
+        _Lifelong.stop.set()
+
+
 def run(main: Callable[[asyncio.Event], Awaitable[int | None]]) -> int:
-    """Run `main(stop_event)` on uvloop; SIGTERM sets the event."""
+    """Run `main(stop_event)` on uvloop; SIGTERM sets the event, and so does a `lifelong` task's
+    death (the exit code is then EXIT_FAILURE)."""
     import uvloop
 
     async def runner() -> int:
-        stop = asyncio.Event()
+        stop = _Lifelong.stop = asyncio.Event()
+        _Lifelong.died = []
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        housekeeping = asyncio.create_task(_housekeeping())
+        housekeeping = lifelong(_housekeeping())
         try:
             code = await main(stop)
         finally:
             housekeeping.cancel()
             _metrics().flush()
+            _Lifelong.stop = None
+        if _Lifelong.died:
+            return EXIT_FAILURE
         return EXIT_OK if code is None else code
 
     return uvloop.run(runner())

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Callable
 
 import orjson
 
+from agentos import service
 from gateway import access
 from gateway.answer_polling import AnswerPolling
 from gateway.errors import ApiError, error_body
@@ -84,7 +85,7 @@ class FrontServer:
         loop = self.polling.loop = asyncio.get_running_loop()
         self.server = await loop.create_server(lambda: FrontConnection(self), host, port, backlog=backlog,
                                                reuse_address=True)
-        self._sweeper = asyncio.create_task(self._sweep())
+        self._sweeper = service.lifelong(self._sweep())
         return self.server.sockets[0].getsockname()[1]
 
     async def close(self, grace_secs: float = 5.0) -> None:

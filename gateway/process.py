@@ -53,8 +53,8 @@ def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> in
             return service.EXIT_CONFIG
         write_port_file(run_dir.port_file("gateway"), bound)
         log.info("listening on http://%s:%d", host, bound)
-        watcher = asyncio.create_task(gateway.watch())
-        settler = asyncio.create_task(gateway.history.settle())
+        watcher = service.lifelong(gateway.watch())
+        settler = service.lifelong(gateway.history.settle())
         await stop.wait()
         watcher.cancel()
         settler.cancel()

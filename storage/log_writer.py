@@ -370,8 +370,8 @@ class LogWriter(ClusterSide):
         await self.bus.start()
         if self.inbox is not None:
             await self.inbox.open()
-        self.tasks = [asyncio.create_task(self.commit_loop()), asyncio.create_task(compaction.compaction_loop(self)),
-                      asyncio.create_task(self.spare_loop())]
+        self.tasks = [service.lifelong(self.commit_loop()), service.lifelong(compaction.compaction_loop(self)),
+                      service.lifelong(self.spare_loop())]
 
     async def stop(self) -> None:
         """Finish what was received: every message that got here is written before this returns."""
