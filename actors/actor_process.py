@@ -68,7 +68,7 @@ class Actor:
             self.bus.reply(msg, Kind.TURN_STARTED, known.events[0][1])
             return
         if session_id in self.closing:   # it starts once the close is done, on an empty session
-            asyncio.ensure_future(self._start_after_close(msg))
+            self.bus.spawn(self._start_after_close(msg))
             return
         session = self.sessions.open(session_id, b["tenant"])
         if session.active is not None:
@@ -155,7 +155,7 @@ class Actor:
         turn = Turn(self.bus, info["turn"], info["session"], run.tenant, info.get("input", ""), "", 0.0)
         turn.resumed = True
         self.turns[turn.turn_id] = turn
-        asyncio.ensure_future(self._finish_resumed(run, turn, int(info.get("user_index", 0))))
+        self.bus.spawn(self._finish_resumed(run, turn, int(info.get("user_index", 0))))
 
     async def _finish_resumed(self, run, turn: Turn, user_index: int) -> None:
         session = self.sessions.open(turn.session_id, run.tenant)

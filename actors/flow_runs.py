@@ -307,7 +307,7 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks):
                     if now - run.last_alive > EXEC_GRACE_SECS:
                         self.dispatch(run)  # its worker died, or its task never started
                 elif op.due and wall > op.due + TIMER_GRACE_SECS:
-                    asyncio.ensure_future(self._timer_fired(run, op.seq))  # the scheduler's notice never came
+                    self.bus.spawn(self._timer_fired(run, op.seq))  # the scheduler's notice never came
                 elif op.due and resync:
                     self.set_timer(run, op)
             for task_id, entry in list(self.tasks.items()):

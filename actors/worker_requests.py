@@ -105,7 +105,7 @@ class WorkerRequests:
             await self.record(run, "child.started", seq=seq, name=b["name"], child=child)
             op = run.ops[seq]
         self.bus.reply(msg, Kind.STEP_GO, {"action": _park(run)})
-        asyncio.ensure_future(self._start_child_run(run, op, b.get("input")))
+        self.bus.spawn(self._start_child_run(run, op, b.get("input")))
 
     async def _start_child_run(self, run: Run, op: Op, child_input: Any) -> None:
         try:
@@ -183,7 +183,7 @@ class WorkerRequests:
         if status == "failed":   # (a cancel told them before its end; a completed run has none open)
             self.stop_children(run, f"its parent {run.run_id} failed")
         if run.parent:
-            asyncio.ensure_future(self._notify_parent(run))
+            self.bus.spawn(self._notify_parent(run))
 
     async def _notify_parent(self, run: Run) -> None:
         body = {"run_id": run.parent, "seq": run.parent_seq, "child": run.run_id, "ok": run.status == "completed"}

@@ -338,14 +338,14 @@ class Gateway:
             now = time.monotonic()
             if now - last_peers >= 1.0:
                 last_peers = now
-                asyncio.ensure_future(self.peer_watch.check())
+                self.bus.spawn(self.peer_watch.check())
             probe_after = self.config.gateway.turn_probe_secs
             for stream in [s for subscribers in self.streams.values() for s in subscribers]:
                 if stream.probing or stream.terminal is not None:
                     continue
                 if (stream.gap_since and now - stream.gap_since > 0.5) or now - stream.last_event_at > probe_after:
                     stream.probing = True
-                    asyncio.ensure_future(self.probe(stream))
+                    self.bus.spawn(self.probe(stream))
 
     async def probe(self, stream: TurnStream) -> None:
         """Ask the actor to replay what this stream missed; end the stream if the turn is gone."""
