@@ -16,9 +16,11 @@ from broker.server import Broker  # noqa: E402
 
 @pytest.fixture
 def broker(tmp_path):
-    """A broker on a thread of the test's process: (the Broker, its ipc endpoint)."""
+    """A broker on a thread of the test's process: (the Broker, its ipc endpoint). Its peers count
+    as live for 10 s after they last spoke: with 1 s (the buses' heartbeat), a stall of this
+    process under load took a live asker off the table, and it never heard its peer came back."""
     ctx = zmq.Context()
-    b = Broker(f"ipc://{tmp_path}/b.sock", f"ipc://{tmp_path}/t.sock", peer_timeout_secs=1.0, context=ctx)
+    b = Broker(f"ipc://{tmp_path}/b.sock", f"ipc://{tmp_path}/t.sock", peer_timeout_secs=10.0, context=ctx)
     stop = threading.Event()
     thread = threading.Thread(target=b.run, args=(stop.is_set,), daemon=True)
     thread.start()
