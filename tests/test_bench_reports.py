@@ -20,8 +20,9 @@ def test_closed_loop_counts_each_operation_by_its_share_of_the_window():
     async def op(index: int, n: int) -> None:
         await asyncio.sleep(0.02 + 0.01 * index)   # clients out of step, so edges cut operations
 
-    ended, latencies, errors, window, work = asyncio.run(closed_loop(op, 4, 0.05, 0.4))
-    assert errors == 0 and window == 0.4 and len(latencies) == ended > 0
+    # a 1.5 s window (was 0.4): a stall of a loaded machine over all of it ended no operation in it
+    ended, latencies, errors, window, work = asyncio.run(closed_loop(op, 4, 0.05, 1.5))
+    assert errors == 0 and window == 1.5 and len(latencies) == ended > 0
     # An operation contributes its share inside the window: one that straddles either edge counts
     # for less than one (begun in the warm-up) or more than none (ended after the window).
     assert ended - 4 < work < ended + 4

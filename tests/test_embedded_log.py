@@ -110,10 +110,10 @@ def test_a_compaction_step_under_way_holds_up_no_batch(tmp_path):
         await writer.open()
         loop_task = asyncio.create_task(writer.commit_loop())
         step = threading.Event()
-        busy = asyncio.get_running_loop().run_in_executor(writer.compaction_io, step.wait, 5.0)
+        busy = asyncio.get_running_loop().run_in_executor(writer.compaction_io, step.wait, 30.0)
         answers: list = []
         _append(writer, answers, "access-rows", waiters=0)       # to the I/O thread: written at once
-        await _until(lambda: len(answers) == 1, secs=1.0)
+        await _until(lambda: len(answers) == 1, secs=10.0)       # (not after the 30 s step)
         _append(writer, answers, "checkpoint")                     # answered by the call
         assert not step.is_set()                                   # the compaction step is still going
         assert [(n, disk) for n, _, _, disk in answers] == [("access-rows", [b"access-rows"]),

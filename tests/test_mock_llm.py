@@ -220,8 +220,8 @@ def test_stats_count_concurrent_streams_and_reset(mock: Mock) -> None:
             await (await session.post(mock.url + "/stats/reset")).read()
 
             async def one() -> bytes:
-                # ttft long enough that all streams are open at once
-                body = chat("together [[mock ttft_ms=500]]")
+                # ttft long enough that all streams are open at once, on a loaded machine too
+                body = chat("together [[mock ttft_ms=3000]]")
                 async with session.post(mock.url + "/v1/chat/completions", json=body) as resp:
                     return await resp.read()
 

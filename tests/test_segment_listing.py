@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import time
+import types
 
 import pytest
 
@@ -57,11 +58,13 @@ def test_a_segment_created_after_a_kept_listing_is_seen(tmp_path, scans):
     assert scans[0] == 3
 
 
-def test_a_listing_in_the_same_clock_tick_as_a_change_is_not_kept(tmp_path, scans):
+def test_a_listing_in_the_same_clock_tick_as_a_change_is_not_kept(tmp_path, scans, monkeypatch):
     # Created, listed and created again within milliseconds: the second file may carry the
     # directory's old time, so the first listing must not be trusted.
     make(tmp_path, 0)
     stamp = os.stat(tmp_path).st_mtime_ns
+    # the listing 1 ms after the change, however long this machine stalls between the two
+    monkeypatch.setattr(segment_listing, "time", types.SimpleNamespace(time_ns=lambda: stamp + 1_000_000))
     assert [s for s, _ in list_segments(tmp_path)] == [0]
     make(tmp_path, 7)
     os.utime(tmp_path, ns=(stamp, stamp))   # stamped with the same (coarse) time as the first
@@ -69,10 +72,11 @@ def test_a_listing_in_the_same_clock_tick_as_a_change_is_not_kept(tmp_path, scan
     assert scans[0] == 2
 
 
-def test_whole_second_times_get_a_wider_margin(tmp_path, scans):
-    # A filesystem with times in whole seconds: a listing a second after such a time is racy.
+def test_whole_second_times_get_a_wider_margin(tmp_path, scans, monkeypatch):
+    # A filesystem with times in whole seconds: a listing 1.5 s after such a time is racy.
     make(tmp_path, 0)
     whole = int(time.time()) - 1
+    monkeypatch.setattr(segment_listing, "time", types.SimpleNamespace(time_ns=lambda: whole * 10**9 + 1_500_000_000))
     os.utime(tmp_path, ns=(whole * 10**9, whole * 10**9))
     list_segments(tmp_path)
     list_segments(tmp_path)
