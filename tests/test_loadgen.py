@@ -332,7 +332,8 @@ def test_main_writes_json_report(fake_in_thread, tmp_path, capsys):
     _, port = fake_in_thread
     out = tmp_path / "out.json"
     code = loadgen.main(["--url", f"http://127.0.0.1:{port}", "--concurrency", "1",
-                         "--sessions", "1", "--duration", "0.5", "--warmup", "0.1",
+                         # a window no stall of a loaded machine covers whole (0.5 s could be)
+                         "--sessions", "1", "--duration", "1.5", "--warmup", "0.1",
                          "--session-prefix", "cli", "--json", str(out)])
     assert code == loadgen.EXIT_OK
     report = json.loads(out.read_text())
@@ -380,7 +381,8 @@ def test_opencode_target_against_fake_opencode():
         await web.TCPSite(runner, "127.0.0.1", 0).start()
         try:
             cfg = LoadConfig(url=f"http://127.0.0.1:{runner.addresses[0][1]}", concurrency=2,
-                             warmup_secs=0.1, duration_secs=0.4, target="opencode",
+                             # (a window no stall of a loaded machine covers whole)
+                             warmup_secs=0.1, duration_secs=1.5, target="opencode",
                              session_prefix="oc", target_options={"provider_id": "p",
                                                                   "model_id": "m"})
             target = loadgen.make_target(cfg)
