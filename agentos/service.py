@@ -71,7 +71,7 @@ def setup_logging(name: str, level: str | None = None) -> logging.Logger:
 
 class _Lifelong:
     stop: asyncio.Event | None = None       # the running process's (set by `run`)
-    died: list[str] = []
+    died = False
 
 
 def lifelong(coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
@@ -92,7 +92,7 @@ def _lifelong_done(task: asyncio.Task) -> None:
     exc = task.exception()
     logging.getLogger("agent-os").critical("%s died (%s: %s); stopping this process for its supervisor to "
                                            "restart it", name, type(exc).__name__, exc, exc_info=exc)
-    _Lifelong.died.append(name)
+    _Lifelong.died = True
     if _Lifelong.stop is not None:
         _Lifelong.stop.set()
 
@@ -104,7 +104,7 @@ def run(main: Callable[[asyncio.Event], Awaitable[int | None]]) -> int:
 
     async def runner() -> int:
         stop = _Lifelong.stop = asyncio.Event()
-        _Lifelong.died = []
+        _Lifelong.died = False
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -17,13 +17,19 @@ def effect(path: str, line: str) -> None:
         os.fsync(f.fileno())
 
 
+async def through_gate(gate: str | None) -> None:
+    """Wait (at most a minute) until the file `gate` exists: the test opens it when it is ready
+    for what follows, however long its own actions took on a loaded machine."""
+    for _ in range(600 if gate else 0):
+        if os.path.exists(gate):
+            return
+        await asyncio.sleep(0.1)
+
+
 async def slow_effect(path: str, n: int, delay: float, gate: str | None = None) -> int:
     effect(path + ".starts", f"start {n} pid={os.getpid()}")
     await asyncio.sleep(delay)          # a kill lands here: before the side effect
-    for _ in range(600 if gate else 0):  # the test opens the gate (a file) when it is ready for the result
-        if os.path.exists(gate):
-            break
-        await asyncio.sleep(0.1)
+    await through_gate(gate)
     effect(path, f"step {n}")
     return n * 10
 
@@ -245,11 +251,7 @@ async def search(q):
     if marker:
         effect(marker, f"search {q}")
         await asyncio.sleep(float(os.environ.get("FLOWS_APP_TOOL_DELAY", "0")))
-        gate = os.environ.get("FLOWS_APP_TOOL_GATE")   # a file the test creates once it is ready
-        for _ in range(600 if gate else 0):
-            if os.path.exists(gate):
-                break
-            await asyncio.sleep(0.1)
+        await through_gate(os.environ.get("FLOWS_APP_TOOL_GATE"))
         effect(marker, f"search done {q}")
     return {"results": [f"result for {q}"]}
 
