@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from broker.sharding import ACTOR_PREFIX, LOG_WRITER_PREFIX, SCHEDULER
+from broker.sharding import ACTOR_PREFIX, LOG_WRITER_PREFIX, SCHEDULER, STORE
 
 
 # A peer's socket identity: NAME#INCARNATION (hex), which the broker and the log inboxes check.
@@ -78,6 +78,8 @@ class Kind(enum.StrEnum):
     LOG_APPEND = "log.append"
     LOG_ACK = "log.ack"
     LOG_FLUSHED = "log.flushed"
+    LOG_MEND = "log.mend"
+    LOG_MENDED = "log.mended"
     # store.*: readers <-> writer/store
     STORE_QUERY = "store.query"
     STORE_ROWS = "store.rows"
@@ -181,6 +183,11 @@ SPECS: dict[Kind, Spec] = {
     Kind.LOG_APPEND: _spec({"records": list}, sync=bool),  # sync: someone waits for this ack
     Kind.LOG_ACK: _spec({"position": int, "count": int}),
     Kind.LOG_FLUSHED: _spec({"writer": int, "position": int}, count=int),
+    # writer/store -> a log's writer: the record at `position` is damaged; write the bucket's copy
+    # over it (storage/bucket_mending.py). Replied with the bytes written (0: not mended, `why`;
+    # `retry`: the bucket is out of reach for now; `whole`: nothing to mend there, read it).
+    Kind.LOG_MEND: _spec({"position": int}),
+    Kind.LOG_MENDED: _spec({"bytes": int}, why=str, retry=bool, whole=bool),
     # query: messages, events, sessions (`session`: the cursor, the id to list after), checkpoint_chain,
     # blob_latest, blob_filter, flow_records, open_runs, expired_runs, count, log_ends (see
     # storage/store_queries.py `QUERIES`);
@@ -258,6 +265,7 @@ SENDERS: dict[Kind, str] = {
     Kind.PEER_RESTARTED: BROKER,
     Kind.UNDELIVERABLE: BROKER,
     Kind.LOG_FLUSHED: LOG_WRITER_PREFIX,
+    Kind.LOG_MEND: STORE,      # bucket GETs and a write into a sealed segment: only its reader asks
     # a log's compaction asks writer/store to drop rows: only a log's owner does
     Kind.STORE_PURGE: LOG_WRITER_PREFIX,
     Kind.STORE_SUPERSEDED: LOG_WRITER_PREFIX,
@@ -290,6 +298,7 @@ REQUESTS: dict[Kind, Kind] = {
     Kind.TURN_CANCEL: Kind.TURN_STATUS,
     Kind.SESSION_CLOSE: Kind.TURN_STATUS,
     Kind.LOG_APPEND: Kind.LOG_ACK,
+    Kind.LOG_MEND: Kind.LOG_MENDED,
     Kind.STORE_QUERY: Kind.STORE_ROWS,
     Kind.STORE_PURGE: Kind.STORE_ROWS,
     Kind.STORE_SUPERSEDED: Kind.STORE_ROWS,

@@ -146,14 +146,15 @@ async def _drop_superseded(writer: "LogWriter", ready: int) -> int:
             named = rows[bisect.bisect_left(positions, start):bisect.bisect_left(positions, end)]
             if not named:
                 continue
-            result = await run_job(writer, {"op": "cut", "path": str(path), "named": named, "base": start,
-                                            "length": end - start})
-            count, skipped = int(result["count"]), int(result["skipped"])
+            async with writer.segment_edits:
+                result = await run_job(writer, {"op": "cut", "path": str(path), "named": named, "base": start,
+                                                "length": end - start})
+                count, skipped = int(result["count"]), int(result["skipped"])
+                if count:
+                    await install(writer, start, end, path)
             if skipped:
                 writer.log.warning("compaction: %d positions the store named in %s are not checkpoints; kept",
                                    skipped, path.name)
-            if count:
-                await install(writer, start, end, path)
             dropped += count
             metrics.compacted_records.labels("superseded_checkpoint").inc(count)
         if rows:
@@ -248,9 +249,10 @@ async def _drop_expired_access(writer: "LogWriter", ready: int, cutoff: float) -
 async def rewrite_segment(writer: "LogWriter", start: int, end: int, path: Path, drop: dict) -> int:
     """Rewrites one sealed segment (and its bucket objects) without what `drop` picks (a rewrite
     job's drop: storage/segment_rewrites.py)."""
-    count = int((await run_job(writer, {"op": "rewrite", "path": str(path), "drop": drop}))["count"])
-    if count:
-        await install(writer, start, end, path)
+    async with writer.segment_edits:
+        count = int((await run_job(writer, {"op": "rewrite", "path": str(path), "drop": drop}))["count"])
+        if count:
+            await install(writer, start, end, path)
     return count
 
 

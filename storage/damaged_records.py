@@ -30,8 +30,7 @@ LOOK_BYTES = 4 << 20
 ZEROS_A_RECORD_MAY_END_WITH = 64 << 10
 
 
-def look_past(directory: Path, path: Path, start: int, position: int, nxt: int | None,
-              limit: int | None) -> int | None:
+def look_past(path: Path, start: int, position: int, nxt: int | None, limit: int | None) -> int | None:
     """Where a reader stopped at `position` in segment `path` (starting at `start`; the next one
     at `nxt`, None for the last, whose data is known whole up to `limit`) goes on, or None if the
     segment's data simply ends there (zeros to its end)."""
@@ -43,13 +42,15 @@ def look_past(directory: Path, path: Path, start: int, position: int, nxt: int |
         return None        # the zero tail of a sealed segment (or its end of file)
     follows = records.next_whole(data, 0)
     if follows is not None:
-        past = start + at + follows
-    else:   # the rest of a sealed segment is given up; in the last, the next read looks on
-        past = nxt if nxt is not None else position + len(data)
+        return start + at + follows
+    # the rest of a sealed segment is given up; in the last, the next read looks on
+    return nxt if nxt is not None else position + len(data)
+
+
+def skipping(directory: Path, position: int, past: int) -> None:
     log.error("log %s: the record at position %d is damaged (it does not parse, or fails its checksum) "
               "inside data known whole; skipping %d bytes to position %d", directory, position,
               past - position, past)
-    return past
 
 
 def keep_before_clearing(directory: Path, path: Path, start: int, data: bytes, good: int, torn: int) -> None:
@@ -65,17 +66,24 @@ def keep_before_clearing(directory: Path, path: Path, start: int, data: bytes, g
     if follows is not None:
         for _, _, _, _, end in records.scan(data, good + follows):
             upto = max(upto, end)
-    kept = path.with_name(f"{path.name}.damaged-{start + good}")
-    with open(kept, "wb") as f:
-        f.write(data[good:upto])
-        f.flush()
-        os.fsync(f.fileno())
-    fsync_dir(directory)
+    kept = keep_aside(directory, path, start + good, data[good:upto])
     log.error("log %s: the record at position %d does not parse and %s follow it: a damaged record, or a "
               "batch torn out of order. Its %d bytes from there are kept in %s before they are cleared "
               "from the log", directory, start + good,
               f"whole records (the first at {start + good + follows})" if follows is not None
               else f"{torn} bytes of data", upto - good, kept)
+
+
+def keep_aside(directory: Path, path: Path, position: int, data: bytes) -> Path:
+    """`data`, the bytes from `position` in segment `path`, in a file beside it (synced): what a
+    recovery clears or a mend writes over stays for `agent-os log check` to list."""
+    kept = path.with_name(f"{path.name}.damaged-{position}")
+    with open(kept, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_dir(directory)
+    return kept
 
 
 def scan_all(data: bytes) -> Iterator[tuple[int, int, bytes, bytes, int]]:

@@ -52,7 +52,7 @@ from agentos.rundir import RunDir
 from broker.client import Bus
 from broker.protocol import Kind, Message
 from broker.sharding import log_writer
-from storage import compaction, compaction_helper, records, segments
+from storage import bucket_mending, compaction, compaction_helper, records, segments
 from storage.log_cluster import ClusterSide
 from storage.s3 import ObjectStore
 from storage.shipper import Shipper
@@ -123,8 +123,9 @@ class LogWriter(ClusterSide):
         endpoint = direct_log_endpoint(bus_endpoint, index)
         self.inbox = LogInbox(log_writer(index), endpoint, self.on_append, log) if endpoint and not embedded else None
         self.tasks: list[asyncio.Task] = []
+        self.segment_edits = asyncio.Lock()   # a compaction's rewrite, or a mend (storage/bucket_mending.py)
         self.bus = Bus(log_writer(index), bus_endpoint, {Kind.LOG_APPEND: self.on_append, Kind.STATS: self.on_stats,
-                                                             Kind.LEASE: self.on_lease},
+                                                             Kind.LEASE: self.on_lease, Kind.LOG_MEND: self.on_mend},
                        role="writer", heartbeat_secs=config.broker.heartbeat_secs, log=log,
                        spill_bytes=config.broker.spill_ring_bytes)
         self.notices = StoreNotices(self.bus, index)
@@ -349,6 +350,9 @@ class LogWriter(ClusterSide):
             msg.answer(kind, body)
         elif self.inbox is None or not self.inbox.reply(msg, kind, body, self.bus.new_id()):
             self.bus.reply(msg, kind, body)
+
+    async def on_mend(self, msg: Message) -> None:
+        await bucket_mending.on_mend(self, msg)
 
     def on_stats(self, msg: Message) -> None:
         if msg.body.get("only_end"):    # writer/store's `sync`, once per read of a new session: cheap

@@ -124,11 +124,11 @@ class ObjectStore:
             raise
         return sorted(out, key=lambda b: (b.start, b.end))
 
-    def chain(self, writer: int) -> list[BatchObject]:
+    def chain(self, writer: int, purpose: str = "recovery") -> list[BatchObject]:
         """The batches that make up the log, in order: where two start at the same position (a
         node that lost its lease kept writing after the takeover), the higher epoch wins."""
         best: dict[int, BatchObject] = {}
-        for batch in self.batches(writer):
+        for batch in self.batches(writer, purpose):
             known = best.get(batch.start)
             if known is None or batch.epoch > known.epoch or (batch.epoch == known.epoch and batch.end > known.end):
                 best[batch.start] = batch

@@ -312,10 +312,15 @@ class SegmentReader:
     """The reading end, for the store: every whole record from a position, across segments. What it
     has read leaves the page cache (`drop_behind`): the store reads each record once."""
 
-    def __init__(self, directory: Path, position: int) -> None:
+    def __init__(self, directory: Path, position: int, mend: Callable[[int], bool | None] | None = None) -> None:
         self.directory = directory
         self.position = position
         self.damaged = 0     # damaged stretches passed over (storage/damaged_records.py)
+        # Asked to mend the damage at a position from the bucket's copy (storage/bucket_mending.py)
+        # before passing over it: True once mended, False if it cannot be, None to be asked again later.
+        self.mend = mend
+        self.mend_asked: set[int] = set()
+        self.mended = 0
         # One buffer for every read: a fresh one of megabytes per batch came from new pages each
         # time (writer/store took ~6 page faults and ~20 µs of system time per checkpoint so).
         self.buffer = bytearray()
@@ -365,8 +370,17 @@ class SegmentReader:
             if at_end and (nxt is not None or (limit is not None and self.position < limit)):
                 # Nothing whole follows, yet this is data known whole: a sealed segment's records
                 # run to its zero tail, and the writer said its log is whole up to `limit`.
-                past = damaged_records.look_past(self.directory, path, start, self.position, nxt, limit)
+                past = damaged_records.look_past(path, start, self.position, nxt, limit)
+                if past is not None and self.position not in self.mend_asked and self.mend is not None:
+                    mended = self.mend(self.position)
+                    if mended is None:
+                        break      # asked again by a later read (one after a restart)
+                    self.mend_asked.add(self.position)   # once: a mend that did not take is not asked again
+                    if mended:
+                        self.mended += 1
+                        break      # the next read takes the bucket's copy from here
                 if past is not None:
+                    damaged_records.skipping(self.directory, self.position, past)
                     self.damaged += 1
                     if nxt is None or past < nxt:
                         self.position = past

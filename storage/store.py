@@ -68,6 +68,9 @@ class Store(StoreQueries, SessionClosing, StoreDeletions, SessionSummaries):
         self.stopping = threading.Event()
         self.on_loaded: Callable[[dict[int, int], int], None] = lambda positions, rows: None
         self.on_fatal: Callable[[BaseException], None] = lambda exc: None
+        # (log, position) -> True once that log's writer mended the damage there from the bucket
+        # (storage/bucket_mending.py `asker`)
+        self.mend: Callable[[int, int], bool | None] = lambda writer, position: False
         self.stats = {"records": 0, "rows": 0, "batches": 0, "bad_records": 0, "load_errors": 0}
         self.load_failures = LoadFailures(self.log)
         self.backlog = False
@@ -129,7 +132,8 @@ class Store(StoreQueries, SessionClosing, StoreDeletions, SessionSummaries):
             self.writers = max([self.writers, *(int(p.name) + 1 for p in self.wal_root.iterdir() if p.name.isdigit())])
         for writer in range(self.writers):
             start = min(last[db].get(writer, 0) for db in self.conns)
-            self.readers[writer] = segments.SegmentReader(self.wal_root / str(writer), start)
+            self.readers[writer] = segments.SegmentReader(self.wal_root / str(writer), start,
+                                                          lambda position, w=writer: self.mend(w, position))
             self.loaded[writer] = start
         self.pending_closes = self.open_closing()   # a crash cut their deletions short
         self.apply_pending_closes()
@@ -250,7 +254,7 @@ class Store(StoreQueries, SessionClosing, StoreDeletions, SessionSummaries):
         self.backlog = False
         payloads_mark = self.payloads.loader.mark()
         for writer, reader in self.readers.items():
-            damaged = reader.damaged
+            damaged, mended = reader.damaged, reader.mended
             batch = reader.read(self.read_bytes, None if self.limits is None else self.limits.get(writer, 0))
             if batch and batch[-1][4] - batch[0][0] > self.read_bytes // 2:
                 self.backlog = True
@@ -282,6 +286,8 @@ class Store(StoreQueries, SessionClosing, StoreDeletions, SessionSummaries):
                     events_for_jsonl.append(decoded)
             if batch:
                 scanned[writer] = batch[-1][4]
+            if reader.mended != mended:     # its next read takes the mended records
+                self.backlog = True
             if reader.damaged != damaged:   # it passed a damaged stretch: loaded up to where it goes on
                 self.stats["bad_records"] += reader.damaged - damaged
                 scanned[writer] = reader.position

@@ -24,7 +24,7 @@ from agentos.rundir import RunDir
 from broker.client import Bus, BusError
 from broker.protocol import Kind, Message, ProtocolError
 from broker.sharding import LOG_WRITER_PREFIX, STORE, log_writer
-from storage import payload_compaction
+from storage import bucket_mending, payload_compaction
 from storage.store import Store
 from broker.address import bus_address
 
@@ -77,6 +77,8 @@ class StoreService:
         self.store.on_loaded = lambda positions, count: self.loop.call_soon_threadsafe(self._on_loaded, positions)
         self.fatal = asyncio.Event()
         self.store.on_fatal = lambda exc: self.loop.call_soon_threadsafe(self.fatal.set)
+        if self.config.storage.s3.bucket:
+            self.store.mend = bucket_mending.asker(self.bus, self.loop, self.log, self.store.stopping)
         self.loader = ThreadPoolExecutor(1, thread_name_prefix="store-loader")
         self.loader.submit(self.store.run_loader)
         behind = sum(max(files[w] - self.loaded.get(w, 0), 0) for w in files)

@@ -42,7 +42,7 @@ def test_a_pass_asks_about_segments_in_groups_and_drops_what_each_session_supers
     store.open()
     bus = CountingStore(store)
     writer = types.SimpleNamespace(index=0, directory=directory, compaction_io=ThreadPoolExecutor(1), object_store=None,
-                                   rewriter=segment_rewrites.InProcess(),
+                                   rewriter=segment_rewrites.InProcess(), segment_edits=asyncio.Lock(),
                                    shipper=None, log=logging.getLogger("test"), bus=bus,
                                    config=types.SimpleNamespace(storage=types.SimpleNamespace(
                                        retention_secs=3600, compaction_interval_secs=30)))

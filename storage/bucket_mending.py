@@ -1,0 +1,156 @@
+"""Mending a damaged record in a log from the bucket's copy (with `storage.s3`).
+
+A flipped byte or a bad block on this node's disk, inside records the bucket already holds:
+writer/store's reader finds it where whole records must be (storage/damaged_records.py) and,
+before passing over it, asks the log's writer to mend it (`log.mend`, once a position). The writer
+takes the bucket's bytes for the same positions (a batch object holds exactly the bytes of the
+range it covers), checks that they are whole records that start where the damage does and end
+where the disk's next whole record starts, keeps the damaged bytes aside, writes the copy over
+them and fdatasyncs. The reader then reads the records as if nothing had happened. Without a
+bucket, or where its copy is not whole, the reader passes over the damage as before (an ERROR).
+
+Owns: both ends of that exchange. Never does: write anything the bucket does not hold whole, nor
+beyond what it holds (the newest batches may not be shipped yet).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from broker.protocol import Kind, Message
+from broker.sharding import log_writer
+from storage import damaged_records, records
+from storage.s3 import ObjectStore, S3Unavailable
+from storage.segment_listing import locate
+
+if TYPE_CHECKING:
+    from broker.client import Bus
+    from storage.log_writer import LogWriter
+
+# How long writer/store asks (on its loader thread) before it passes over the damage: a writer
+# restarting, or a bucket out of reach, may answer within it
+ANSWER_SECS = 60.0
+ASK_SECS = 10.0      # one ask: a LIST and a few GETs
+WHOLE = "the record there is whole"
+
+
+def mend(directory: Path, store: ObjectStore, index: int, position: int, shipped: int) -> tuple[int, str]:
+    """Write the bucket's copy of log `index` over the damaged bytes at `position` of its segment
+    in `directory` (blocking: the bucket and the disk). (bytes written, the file the damaged bytes
+    were kept in; or 0, why not)."""
+    listing, at = locate(directory, position)
+    if not listing:
+        return 0, "the log has no segment"
+    start, path = listing[at]
+    nxt = listing[at + 1][0] if at + 1 < len(listing) else None
+    stop = shipped if nxt is None else min(nxt, shipped)
+    if not start <= position < stop:
+        return 0, f"position {position} is not in a segment's part the bucket holds (it holds up to {shipped})"
+    with open(path, "rb") as f:
+        f.seek(position - start)
+        local = f.read(min(damaged_records.LOOK_BYTES, stop - position))
+    try:
+        records.parse(local, 0)
+        return 0, WHOLE      # mended by an earlier ask whose answer was lost, say
+    except records.TornRecord:
+        pass
+    follows = records.next_whole(local, 0)
+    upto = position + follows if follows is not None else stop   # else: damage to the segment's end
+    chain = [b for b in store.chain(index, "mend") if b.start < upto and b.end > position]
+    if (not chain or chain[0].start > position or chain[-1].end < upto
+            or any(a.end != b.start for a, b in zip(chain, chain[1:]))):
+        return 0, f"the bucket does not hold all of [{position}, {upto})"
+    copy = bytearray()
+    for batch in chain:
+        data = store.get(batch.key, "mend")
+        copy += data + bytes(batch.end - batch.start - len(data))   # a compacted segment's zero tail
+    copy = copy[position - chain[0].start:upto - chain[0].start]
+    last = 0
+    for _, _, _, _, last in records.scan(copy):
+        pass
+    if last == 0 or (last != len(copy) if follows is not None else bytes(copy[last:]).strip(b"\0")):
+        return 0, f"the bucket's copy of [{position}, {upto}) is not whole records either"
+    fd = os.open(path, os.O_RDWR)
+    try:
+        damaged = os.pread(fd, upto - position, position - start)
+        # to the segment's end: its zero tail is not kept
+        kept = damaged_records.keep_aside(directory, path, position,
+                                          damaged if follows is not None else damaged.rstrip(b"\0"))
+        os.pwrite(fd, bytes(copy), position - start)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    return len(copy), kept.name
+
+
+async def on_mend(writer: "LogWriter", msg: Message) -> None:
+    """A log writer's answer to `log.mend`; with its compaction's rewrites held off meanwhile (one
+    installed between the bucket's copy and the disk's would make the two disagree)."""
+    position = msg.body["position"]
+    if writer.object_store is None or writer.shipper is None:
+        writer.bus.reply(msg, Kind.LOG_MENDED, {"bytes": 0, "why": "this log has no bucket"})
+        return
+    async with writer.segment_edits:
+        try:
+            size, note = await asyncio.get_running_loop().run_in_executor(
+                writer.compaction_io, mend, writer.directory, writer.object_store, writer.index, position,
+                writer.shipper.shipped)
+        except S3Unavailable as exc:   # the asker asks again
+            writer.log.warning("log %s: cannot mend position %d now: %s", writer.directory, position, exc)
+            writer.bus.reply(msg, Kind.LOG_MENDED, {"bytes": 0, "why": str(exc), "retry": True})
+            return
+        except OSError as exc:
+            size, note = 0, str(exc)
+    if note == WHOLE:
+        writer.bus.reply(msg, Kind.LOG_MENDED, {"bytes": 0, "whole": True})
+    elif size:
+        writer.log.warning("log %s: mended %d damaged bytes at position %d with the bucket's copy (the damaged "
+                           "bytes are kept in %s)", writer.directory, size, position, note)
+        writer.bus.reply(msg, Kind.LOG_MENDED, {"bytes": size})
+    else:
+        writer.log.error("log %s: could not mend the damage at position %d from the bucket: %s",
+                         writer.directory, position, note)
+        writer.bus.reply(msg, Kind.LOG_MENDED, {"bytes": 0, "why": note})
+
+
+def asker(bus: "Bus", loop: asyncio.AbstractEventLoop, log: logging.Logger,
+          stopping: threading.Event) -> Callable[[int, int], bool | None]:
+    """writer/store's `Store.mend`, on the loader thread: asks log `writer` to mend `position`
+    and waits (what follows the damage loads after it, in order). True: mended; False: it cannot
+    be, pass over it; None: the store is stopping, ask again after its restart. A writer that does
+    not answer (restarting) or cannot reach the bucket is asked again for up to ANSWER_SECS."""
+    def ask(writer: int, position: int) -> bool | None:
+        async def request() -> tuple[bool, str | None]:
+            """(mended, why to ask again)"""
+            try:
+                reply = await bus.request(log_writer(writer), Kind.LOG_MEND, {"position": position}, timeout=ASK_SECS)
+            except Exception as exc:  # noqa: BLE001 — no answer: asked again
+                return False, f"no answer ({str(exc) or type(exc).__name__})"
+            mended = int(reply.body.get("bytes", 0)) > 0 or reply.body.get("whole") is True
+            return mended, reply.body.get("why", "") if reply.body.get("retry") else None
+
+        deadline = time.monotonic() + ANSWER_SECS
+        while not stopping.is_set():
+            answer = asyncio.run_coroutine_threadsafe(request(), loop)
+            while not stopping.is_set():
+                try:
+                    mended, retry = answer.result(0.5)
+                    break
+                except TimeoutError:
+                    continue
+            else:
+                answer.cancel()
+                return None
+            if mended or retry is None:
+                return mended
+            if time.monotonic() > deadline:
+                log.error("log %d: gave up mending position %d after %.0f s: %s", writer, position, ANSWER_SECS, retry)
+                return False
+            stopping.wait(1.0)
+        return None
+    return ask
