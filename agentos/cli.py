@@ -77,7 +77,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
     for path in made:
         print(f"created {path}")
     print(f"keys in {directory}: give remote workers server.key and their own NAME.key_secret "
-          f"(agent-os keys --client NAME); set broker.transport: tcp")
+          f"(agent-os keys --client NAME), with broker.client_key: NAME; set broker.transport: tcp")
     return 0
 
 

@@ -150,6 +150,9 @@ class BrokerConfig:
     listen: str = "127.0.0.1:7600"      # with tcp: the bus
     trace_listen: str = "127.0.0.1:7601"  # with tcp: the trace tap
     keys_dir: str = ""                  # with tcp: "" = <storage.dir>/keys
+    # with tcp: the key pair this process connects with, `<keys_dir>/<name>.key_secret`: "" = the
+    # node's own (`client`); a remote worker's is the name `agent-os keys --client` made it under
+    client_key: str = ""
     heartbeat_secs: float = 1.0
     peer_timeout_secs: float = 3.0
     spill_ring_bytes: int = 8 << 20     # with ipc: each process's ring in /dev/shm for big bodies (0: off)

@@ -3,7 +3,9 @@
 `broker.transport: ipc` (the default): sockets in the run directory, which only the server's user
 can enter. `broker.transport: tcp`: the broker listens on `broker.listen` (and the trace tap on
 `broker.trace_listen`) with ZeroMQ CURVE — every connection is encrypted, and a peer whose public
-key is not in `<keys>/authorized/` is refused. `agent-os keys` makes the key pairs.
+key is not in `<keys>/authorized/` is refused. `agent-os keys` makes the key pairs. The node's own
+processes connect with its `client` key; any other authorized key (a remote worker's,
+`broker.client_key`) may only take the names in REMOTE_NAMES (the broker checks every message).
 """
 from __future__ import annotations
 
@@ -19,6 +21,11 @@ from agentos.config import Config, ConfigError
 from agentos.rundir import RunDir
 
 ZAP_DOMAIN = "agent-os"
+LOCAL_KEY = "client"     # the key pair the node's own processes connect with
+# What a peer connecting with another authorized key may be named: a worker, or a command-line
+# tool asking for stats. Not a role whose messages others take on its name's word (a drain, a
+# lease, a log's end: broker/protocol.py SENDERS), nor an actor or a log writer.
+REMOTE_NAMES = (b"worker/", b"cli/")
 
 
 @dataclass(frozen=True)
@@ -78,10 +85,11 @@ def keys_dir(config: Config) -> Path:
     return Path(config.broker.keys_dir or Path(config.storage.dir) / "keys")
 
 
-def bus_address(config: Config, run_dir: RunDir, client: str = "client") -> BusAddress:
+def bus_address(config: Config, run_dir: RunDir) -> BusAddress:
     if config.broker.transport == "ipc":
         return BusAddress(run_dir.bus_endpoint, run_dir.trace_endpoint, run_dir.bus_endpoint, run_dir.trace_endpoint)
     keys = keys_dir(config)
+    client = config.broker.client_key or LOCAL_KEY
     try:
         server_public, server_secret = zmq.auth.load_certificate(keys / "server.key_secret")
         client_public, client_secret = zmq.auth.load_certificate(keys / f"{client}.key_secret")
@@ -91,7 +99,8 @@ def bus_address(config: Config, run_dir: RunDir, client: str = "client") -> BusA
             client_public, client_secret = zmq.auth.load_certificate(keys / f"{client}.key_secret")
             server_secret = None
         except (OSError, ValueError):
-            raise ConfigError(f"broker.transport tcp needs CURVE keys in {keys}: run `agent-os keys`") from None
+            raise ConfigError(f"broker.transport tcp needs CURVE keys in {keys} (server.key and "
+                              f"{client}.key_secret): run `agent-os keys`") from None
     curve = Curve(server_public, server_secret, client_public, client_secret, str(keys / "authorized"))
     bus, bus_bind = _tcp(config.broker.listen, run_dir, "bus")
     trace, trace_bind = _tcp(config.broker.trace_listen, run_dir, "trace")

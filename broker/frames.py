@@ -43,3 +43,18 @@ def router_recv(sock: zmq.Socket) -> tuple[bytes, bytes | None]:
     while frame.more:  # a multipart message is not ours: consume all of it
         frame = _recv(sock, NOBLOCK, False, False)
     return identity, None
+
+
+def router_recv_keyed(sock: zmq.Socket) -> tuple[bytes, bytes | None, str | None]:
+    """router_recv, and the CURVE key its peer connected with (z85, as the authenticator names it)."""
+    identity = _recv(sock, NOBLOCK, True, False)
+    frame = _recv(sock, NOBLOCK, False, False)
+    try:
+        user = frame.get("User-Id")
+    except zmq.ZMQError:    # a connection the authenticator named no user for
+        user = None
+    if not frame.more:
+        return identity, frame.bytes, user
+    while frame.more:
+        frame = _recv(sock, NOBLOCK, False, False)
+    return identity, None, user

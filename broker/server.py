@@ -23,7 +23,7 @@ from agentos import metrics
 from zmq.auth.thread import ThreadAuthenticator
 
 from broker import codec, frames, protocol
-from broker.address import ZAP_DOMAIN, BusAddress
+from broker.address import REMOTE_NAMES, ZAP_DOMAIN, BusAddress
 from broker.protocol import BROKER, KIND_BYTES, Kind, ProtocolError
 
 log = logging.getLogger("agent-os.broker")
@@ -56,10 +56,14 @@ class Broker:
         self.auth = None
         address = endpoint if isinstance(endpoint, BusAddress) else BusAddress(endpoint, trace_endpoint, endpoint,
                                                                                trace_endpoint)
+        # With CURVE: the key each identity first came with (broker/address.py REMOTE_NAMES)
+        self.local_key: str | None = None
+        self.key_of: dict[bytes, str | None] = {}
         if address.curve is not None:  # only peers whose public key is authorized get in
             self.auth = ThreadAuthenticator(self.ctx)
             self.auth.start()
             self.auth.configure_curve(domain=ZAP_DOMAIN, location=address.curve.authorized_dir)
+            self.local_key = address.curve.client_public.decode()
         self.router = self.ctx.socket(zmq.ROUTER)
         address.secure_server(self.router)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -105,6 +109,18 @@ class Broker:
         self.prefix_of[identity] = codec.name_prefix(name)
         return name
 
+    def route_keyed(self, identity: bytes, envelope: bytes | None, now: float, key: str | None) -> None:
+        """route() on a CURVE bus: a peer connecting with a key other than the node's own may only
+        take a remote peer's name, and an identity stays with the key it came with (one freed by a
+        closed connection cannot be taken up by another key)."""
+        known = self.key_of.get(identity)
+        if known != key:
+            if known is not None or (key != self.local_key and not identity.startswith(REMOTE_NAMES)):
+                self._malformed(identity, f"a peer with the key {str(key)[:10]}… may not be named so")
+                return
+            self.key_of[identity] = key
+        self.route(identity, envelope, now)
+
     def _announce_restart(self, name: bytes, new_identity: bytes) -> None:
         """Whatever was asked of the old incarnation died with it: its askers re-send now rather
         than after their attempt timeout (restarts are rare; the broadcast is cheap)."""
@@ -129,6 +145,7 @@ class Broker:
                 name = self.name_of.pop(identity, b"")
                 self.prefix_of.pop(identity, None)
                 self.last_seen.pop(identity, None)
+                self.key_of.pop(identity, None)
                 if self.identity_of.get(name) == identity:
                     del self.identity_of[name]
                     self.info.pop(name, None)
@@ -311,6 +328,7 @@ class Broker:
         poller.register(self.tap, zmq.POLLIN)
         router = self.router
         recv = frames.router_recv
+        keyed = self.local_key is not None
         next_housekeeping = time.monotonic() + 1.0
         while not (self.stopping or should_stop()):
             events = dict(poller.poll(200))
@@ -318,11 +336,17 @@ class Broker:
                 now = time.monotonic()
                 for _ in range(_DRAIN_BATCH):
                     try:
-                        identity, envelope = recv(router)
+                        if keyed:
+                            identity, envelope, key = frames.router_recv_keyed(router)
+                        else:
+                            identity, envelope = recv(router)
                     except zmq.Again:
                         break
                     try:
-                        self.route(identity, envelope, now)
+                        if keyed:
+                            self.route_keyed(identity, envelope, now, key)
+                        else:
+                            self.route(identity, envelope, now)
                     except Exception:  # a bug must cost one message, never the broker
                         self.malformed += 1
                         log.exception("failed to route a message from %r", identity[:80])

@@ -26,7 +26,8 @@ def test_tcp_with_curve_serves_known_keys_and_refuses_others(make_server, make_w
     server = make_server({"broker": {"transport": "tcp", "listen": "127.0.0.1:0", "trace_listen": "127.0.0.1:0",
                                      "keys_dir": str(keys)}})
     assert turn(server.url, "over-tcp", "hello").terminal == "turn.completed"
-    make_worker(server)   # the worker connects over tcp with the node's client key
+    # a remote worker: its own key (`agent-os keys --client worker1`), named in broker.client_key
+    make_worker(server, env={"AGENTOS_BROKER_CLIENT_KEY": "worker1"})
     status, _, run = get_json(f"{server.url}/v1/flows/async_steps/runs", method="POST", body=b'{"input": 4}',
                               headers={"Content-Type": "application/json"})
     assert status == 201
@@ -51,7 +52,28 @@ def test_tcp_with_curve_serves_known_keys_and_refuses_others(make_server, make_w
         plain.connect(f"tcp://127.0.0.1:{port}")
         plain.send(codec.encode("broker", Kind.PEERS, {}, id=1))
         assert plain.poll(1000) == 0
-        for sock in (rogue, plain):
+        # A remote worker's key may name a worker (or a command-line tool), not a role of the node:
+        # as the supervisor it could drain the gateway, as a log writer fence it.
+        public, secret = zmq.auth.load_certificate(keys / "worker1.key_secret")
+
+        def remote(identity):
+            sock = ctx.socket(zmq.DEALER)
+            sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = public, secret, server_public
+            sock.setsockopt(zmq.ROUTING_ID, identity)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(f"tcp://127.0.0.1:{port}")
+            return sock
+
+        posing = remote(b"supervisor#999")
+        posing.send(codec.encode("gateway/0", Kind.DRAIN, {"deadline_secs": 0.0}, id=1))
+        posing.send(codec.encode("broker", Kind.PEERS, {}, id=2))
+        assert posing.poll(2000) == 0      # dropped at the broker: no drain, no answer
+        wait_until(lambda: "a peer with the key" in server.log(), 10, "the broker to say why")
+        assert turn(server.url, "over-tcp-2", "still serving").terminal == "turn.completed"
+        as_worker = remote(b"worker/elsewhere-1#1")
+        as_worker.send(codec.encode("broker", Kind.PEERS, {}, id=1))
+        assert as_worker.poll(5000) and codec.decode(as_worker.recv()).kind == Kind.PEERS_REPLY
+        for sock in (rogue, plain, posing, as_worker):
             sock.close(0)
     finally:
         ctx.term()
