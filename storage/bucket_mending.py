@@ -91,31 +91,37 @@ def mend(directory: Path, store: ObjectStore, index: int, position: int, shipped
 async def on_mend(writer: "LogWriter", msg: Message) -> None:
     """A log writer's answer to `log.mend`; with its compaction's rewrites held off meanwhile (one
     installed between the bucket's copy and the disk's would make the two disagree)."""
-    position = msg.body["position"]
-    if writer.object_store is None or writer.shipper is None:
-        writer.bus.reply(msg, Kind.LOG_MENDED, {"bytes": 0, "why": "this log has no bucket"})
-        return
     async with writer.segment_edits:
-        try:
-            size, note = await asyncio.get_running_loop().run_in_executor(
-                writer.compaction_io, mend, writer.directory, writer.object_store, writer.index, position,
-                writer.shipper.shipped)
-        except S3Unavailable as exc:   # the asker asks again
-            writer.log.warning("log %s: cannot mend position %d now: %s", writer.directory, position, exc)
-            writer.bus.reply(msg, Kind.LOG_MENDED, {"bytes": 0, "why": str(exc), "retry": True})
-            return
-        except OSError as exc:
-            size, note = 0, str(exc)
+        size, note = await mend_held(writer, msg.body["position"])
     if note == WHOLE:
         writer.bus.reply(msg, Kind.LOG_MENDED, {"bytes": 0, "whole": True})
-    elif size:
+    elif size < 0:
+        writer.bus.reply(msg, Kind.LOG_MENDED, {"bytes": 0, "why": note, "retry": True})
+    else:
+        writer.bus.reply(msg, Kind.LOG_MENDED, {"bytes": size, **({} if size else {"why": note})})
+
+
+async def mend_held(writer: "LogWriter", position: int) -> tuple[int, str]:
+    """`mend` in a log writer that holds `segment_edits`, said in its log: (bytes written, the
+    kept file), (0, why not), or (-1, why) if the bucket is out of reach for now."""
+    if writer.object_store is None or writer.shipper is None:
+        return 0, "this log has no bucket"
+    try:
+        size, note = await asyncio.get_running_loop().run_in_executor(
+            writer.compaction_io, mend, writer.directory, writer.object_store, writer.index, position,
+            writer.shipper.shipped)
+    except S3Unavailable as exc:
+        writer.log.warning("log %s: cannot mend position %d now: %s", writer.directory, position, exc)
+        return -1, str(exc)
+    except OSError as exc:
+        size, note = 0, str(exc)
+    if size:
         writer.log.warning("log %s: mended %d damaged bytes at position %d with the bucket's copy (the damaged "
                            "bytes are kept in %s)", writer.directory, size, position, note)
-        writer.bus.reply(msg, Kind.LOG_MENDED, {"bytes": size})
-    else:
+    elif note != WHOLE:
         writer.log.error("log %s: could not mend the damage at position %d from the bucket: %s",
                          writer.directory, position, note)
-        writer.bus.reply(msg, Kind.LOG_MENDED, {"bytes": 0, "why": note})
+    return size, note
 
 
 def asker(bus: "Bus", loop: asyncio.AbstractEventLoop, log: logging.Logger,

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from agentos import metrics
 from broker.protocol import Kind
 from broker.sharding import STORE
-from storage import compaction_helper, freeing, records, segment_listing, segment_rewrites, segments
+from storage import bucket_mending, compaction_helper, freeing, records, segment_listing, segment_rewrites, segments
 
 if TYPE_CHECKING:
     from storage.log_writer import LogWriter
@@ -39,6 +39,7 @@ REVISIT_MARK_FILE = "revisited"        # …and the segment the revisiting pass 
 REVISITS_PER_PASS = 4      # sealed segments a pass asks the store about again…
 REVISIT_AFTER_PASSES = 10  # …once they were written this many compaction intervals ago
 SEGMENTS_PER_QUERY = 8       # sealed segments the superseded-checkpoint pass asks the store about at once
+MENDS_PER_REWRITE = 8        # damaged records in one segment mended from the bucket before its rewrite gives up
 
 
 def store_refused(writer: "LogWriter", reply, what: str) -> bool:
@@ -248,11 +249,23 @@ async def _drop_expired_access(writer: "LogWriter", ready: int, cutoff: float) -
 
 async def rewrite_segment(writer: "LogWriter", start: int, end: int, path: Path, drop: dict) -> int:
     """Rewrites one sealed segment (and its bucket objects) without what `drop` picks (a rewrite
-    job's drop: storage/segment_rewrites.py)."""
+    job's drop: storage/segment_rewrites.py). A damaged record stops a rewrite: it is mended from
+    the bucket's copy where there is one (storage/bucket_mending.py), else the segment keeps what
+    it holds, said once."""
+    job = {"op": "rewrite", "path": str(path), "drop": drop}
     async with writer.segment_edits:
-        count = int((await run_job(writer, {"op": "rewrite", "path": str(path), "drop": drop}))["count"])
+        result = await run_job(writer, job)
+        for _ in range(MENDS_PER_REWRITE):
+            if "damaged_at" not in result or (await bucket_mending.mend_held(writer, start + result["damaged_at"]))[0] <= 0:
+                break
+            result = await run_job(writer, job)
+        count = int(result["count"])
         if count:
             await install(writer, start, end, path)
+    if "damaged_at" in result and (path.name, result["damaged_at"]) not in writer.damage_said:
+        writer.damage_said.add((path.name, result["damaged_at"]))
+        writer.log.error("compaction: segment %s has a damaged record at position %d and is kept as it is: the "
+                         "records this pass drops stay in it (`agent-os log check`)", path, start + result["damaged_at"])
     return count
 
 

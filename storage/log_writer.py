@@ -124,6 +124,7 @@ class LogWriter(ClusterSide):
         self.inbox = LogInbox(log_writer(index), endpoint, self.on_append, log) if endpoint and not embedded else None
         self.tasks: list[asyncio.Task] = []
         self.segment_edits = asyncio.Lock()   # a compaction's rewrite, or a mend (storage/bucket_mending.py)
+        self.damage_said: set[tuple[str, int]] = set()   # damaged records a compaction could not rewrite past
         self.bus = Bus(log_writer(index), bus_endpoint, {Kind.LOG_APPEND: self.on_append, Kind.STATS: self.on_stats,
                                                              Kind.LEASE: self.on_lease, Kind.LOG_MEND: self.on_mend},
                        role="writer", heartbeat_secs=config.broker.heartbeat_secs, log=log,

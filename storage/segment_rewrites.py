@@ -13,7 +13,8 @@ Jobs:
 - `{"op": "rewrite", "path", "drop": {…}}`: every record the drop picks, one of
   `{"kinds": [kind, …]}`, `{"runs": [run, …]}` (journal records of flow runs),
   `{"checkpoints": [[session, seq], …]}` (BLOB records), `{"closed": {session: closed at}}` (a
-  closed session's records from before its close); answers `{"count"}`;
+  closed session's records from before its close); answers `{"count"}`, with `"damaged_at"` (an
+  offset) and count 0 when bytes that are not whole records stop the scan there;
 - `{"op": "free", "path"}`: the blocks of a replaced segment given back a piece at a time
   (storage/freeing.py; only a file named `*.free`); answers `{}`.
 """
@@ -38,6 +39,15 @@ class BadJob(ValueError):
     """A job that is not one of the kinds above, or whose fields are not what they must be."""
 
 
+class Damaged(ValueError):
+    """A damaged record stops a segment's scan at `offset`, before its data ends: rewritten, the
+    segment would lose every record after it."""
+
+    def __init__(self, offset: int) -> None:
+        super().__init__(f"a damaged record at offset {offset}")
+        self.offset = offset
+
+
 def run(job: dict) -> dict:
     """Do one job; BadJob if it cannot be one."""
     if not isinstance(job, dict) or not isinstance(job.get("path"), str):
@@ -52,7 +62,10 @@ def run(job: dict) -> dict:
         count, skipped = cut_records(path, named, length)
         return {"count": count, "skipped": skipped}
     if job.get("op") == "rewrite":
-        return {"count": rewrite(path, picker(job.get("drop")))}
+        try:
+            return {"count": rewrite(path, picker(job.get("drop")))}
+        except Damaged as exc:
+            return {"count": 0, "damaged_at": exc.offset}
     if job.get("op") == "free":
         try:
             freeing.give_back_file(path)
@@ -116,9 +129,8 @@ def records_of(closed: dict[str, float]) -> Callable[[int, bytes], bool]:
 
 
 def compact(data: bytes, drop: Callable[[int, bytes], bool]) -> tuple[bytes, int] | None:
-    """The segment's bytes without the records `drop(kind, body)` picks; None if none would go, or
-    if a damaged record stops the scan before the segment's data ends: rewritten, the segment would
-    lose every record after it."""
+    """The segment's bytes without the records `drop(kind, body)` picks; None if none would go.
+    Damaged if a damaged record stops the scan before the segment's data ends."""
     kept: list[bytes] = []
     dropped = 0
     last = 0
@@ -128,7 +140,9 @@ def compact(data: bytes, drop: Callable[[int, bytes], bool]) -> tuple[bytes, int
             dropped += 1
             continue
         kept.append(data[offset:end])
-    if not dropped or data[last:].strip(b"\0"):
+    if data[last:].strip(b"\0"):
+        raise Damaged(last)
+    if not dropped:
         return None
     return b"".join(kept), dropped
 

@@ -181,3 +181,41 @@ def test_a_store_stopping_while_it_asks_leaves_the_damage_to_be_asked_about_afte
     # after the restart the writer mends it
     reader = segments.SegmentReader(tmp_path, 0, lambda at: bucket_mending.mend(tmp_path, store, 0, at, end)[0] > 0)
     assert read_all(reader, end) == [f"id-{i}".encode() for i in range(20)]
+
+
+def compacting_writer(directory, store, shipped):
+    """What a compaction pass uses of a LogWriter, its helper's jobs run in this process."""
+    from concurrent.futures import ThreadPoolExecutor
+    from storage import segment_rewrites
+    return types.SimpleNamespace(
+        index=0, directory=directory, compaction_io=ThreadPoolExecutor(1), object_store=store,
+        shipper=types.SimpleNamespace(shipped=shipped), rewriter=segment_rewrites.InProcess(),
+        segment_edits=asyncio.Lock(), damage_said=set(), log=logging.getLogger("test.compaction"),
+        config=types.SimpleNamespace(cluster=types.SimpleNamespace(epoch=1)))
+
+
+@pytest.mark.parametrize("bucket", [True, False])
+def test_a_rewrite_stopped_by_a_damaged_record_mends_it_from_the_bucket_or_says_so_once(tmp_path, store, caplog,
+                                                                                        bucket):
+    """Before, a compaction met a damaged record without a word: the segment kept every record
+    the pass meant to drop (closed runs, expired access rows, closed sessions)."""
+    from storage import compaction
+    from storage.records import RecordKind
+    data, end = shipped_log(tmp_path, store)
+    position, path = damage(tmp_path, data, 3)
+    (start, sealed_end, _), *_ = compaction.sealed_segments(tmp_path)
+    writer = compacting_writer(tmp_path, store if bucket else None, end)
+
+    async def rewrite():
+        return await compaction.rewrite_segment(writer, start, sealed_end, path, {"kinds": [int(RecordKind.EVENT)]})
+
+    with caplog.at_level("WARNING"):
+        counts = [asyncio.run(rewrite()), asyncio.run(rewrite())]
+    writer.compaction_io.shutdown()
+    if bucket:
+        assert counts == [8, 0] and "mended" in caplog.text       # every record of the segment dropped
+        assert not list(records.scan(path.read_bytes()))
+        assert [(b.start, b.end) for b in store.batches(0) if b.start < sealed_end] == [(start, sealed_end)]
+    else:
+        assert counts == [0, 0] and not (tmp_path / (path.name + ".compacting")).exists()
+        assert caplog.text.count(f"has a damaged record at position {position}") == 1

@@ -85,8 +85,14 @@ def test_a_segment_with_a_damaged_record_is_not_rewritten(tmp_path):
     at = [off for off, _, rid, _, _ in records.scan(bytes(data)) if rid == b"a1"][0]
     data[at + 12] ^= 0xFF
     drop_access = segment_rewrites.picker({"kinds": [int(RecordKind.ACCESS)]})
-    assert segment_rewrites.compact(bytes(data), drop_access) is None
+    with pytest.raises(segment_rewrites.Damaged) as damaged:
+        segment_rewrites.compact(bytes(data), drop_access)
+    assert damaged.value.offset == at
     assert segment_rewrites.compact(path.read_bytes(), drop_access)[1] == 2     # undamaged: both go
+    path.write_bytes(bytes(data))     # a job says where, and writes nothing
+    assert segment_rewrites.run({"op": "rewrite", "path": str(path), "drop": {"kinds": [int(RecordKind.ACCESS)]}}) \
+        == {"count": 0, "damaged_at": at}
+    assert not path.with_suffix(segment_rewrites.SUFFIX).exists()
 
 
 def test_a_bad_job_is_answered_with_an_error_and_the_helper_goes_on(tmp_path, helper):
