@@ -106,6 +106,9 @@ async def mend_held(writer: "LogWriter", position: int) -> tuple[int, str]:
     kept file), (0, why not), or (-1, why) if the bucket is out of reach for now."""
     if writer.object_store is None or writer.shipper is None:
         return 0, "this log has no bucket"
+    if position >= writer.shipper.shipped and position < writer.segments.end:
+        # the shipper is behind (the bucket out of reach, say): it will hold it
+        return -1, f"the bucket holds log {writer.index} up to {writer.shipper.shipped} only, for now"
     try:
         size, note = await asyncio.get_running_loop().run_in_executor(
             writer.compaction_io, mend, writer.directory, writer.object_store, writer.index, position,

@@ -219,3 +219,16 @@ def test_a_rewrite_stopped_by_a_damaged_record_mends_it_from_the_bucket_or_says_
     else:
         assert counts == [0, 0] and not (tmp_path / (path.name + ".compacting")).exists()
         assert caplog.text.count(f"has a damaged record at position {position}") == 1
+
+
+def test_damage_the_bucket_does_not_hold_yet_is_asked_about_again_not_passed_over(tmp_path, store):
+    """The shipper behind (the bucket out of reach for a while): the store is told to ask again."""
+    data, end = shipped_log(tmp_path, store)
+    position, path = damage(tmp_path, data, 17)
+    writer = compacting_writer(tmp_path, store, shipped=position)
+    writer.segments = types.SimpleNamespace(end=end)
+    size, why = asyncio.run(bucket_mending.mend_held(writer, position))
+    assert size == -1 and "for now" in why
+    writer.shipper.shipped = end             # shipped since
+    assert asyncio.run(bucket_mending.mend_held(writer, position))[0] == len(data[17])
+    writer.compaction_io.shutdown()
