@@ -99,11 +99,41 @@ def cmd_log(args: argparse.Namespace) -> int:
     wal_root = Path(args.data_dir or _load(args).storage.dir) / "wal"
     if args.action == "check":
         return log_inspect.print_check(wal_root)
+    if args.action == "mend":
+        config = _load(args)
+        config.storage.dir = str(wal_root.parent)    # the run directory held is that data directory's
+        return _mend_logs(config, wal_root)
     try:
         return log_inspect.print_dump(wal_root, args.log, args.start, args.kind, args.session, args.limit)
     except BrokenPipeError:   # `| head`
         sys.stderr.close()
         return 0
+
+
+def _mend_logs(config, wal_root: Path) -> int:
+    """`agent-os log mend`: with the server stopped (its run directory held meanwhile, so none
+    starts): a running server's own readers mend what they read."""
+    from agentos.rundir import RunDir, RunDirBusy, claim, release
+    from storage import bucket_mending
+    from storage.s3 import ObjectStore, S3Unavailable
+
+    if not config.storage.s3.bucket:
+        print("agent-os log mend takes the bucket's copy of the log: it needs storage.s3 in the config",
+              file=sys.stderr)
+        return 2
+    run_dir = RunDir.for_config(config)
+    try:
+        claim(run_dir)
+    except RunDirBusy as exc:
+        print(f"{exc}: stop it first (while it runs, its own readers mend the damage they meet)", file=sys.stderr)
+        return 2
+    try:
+        return bucket_mending.mend_all(wal_root, ObjectStore(config.storage.s3), sys.stdout)
+    except S3Unavailable as exc:
+        print(f"the bucket is out of reach: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        release(run_dir)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -161,10 +191,11 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--slots", type=int, default=64, help="tasks run at once (default 64)")
     worker.add_argument("--name", default=None, help="bus name (default worker/HOST-PID)")
     worker.set_defaults(func=cmd_worker)
-    inspect = sub.add_parser("log", help="check or dump the write-ahead logs of a data directory (read-only)")
+    inspect = sub.add_parser("log", help="check, dump or mend the write-ahead logs of a data directory")
     _with_config(inspect)
-    inspect.add_argument("action", choices=("check", "dump"),
-                         help="check: every record whole (exit 1 if not); dump: a JSON line per record")
+    inspect.add_argument("action", choices=("check", "dump", "mend"),
+                         help="check: every record whole (exit 1 if not); dump: a JSON line per record; "
+                              "mend: write the bucket's copy over damaged records (storage.s3; the server stopped)")
     inspect.add_argument("--data-dir", help="the data directory (default: storage.dir of the config)")
     inspect.add_argument("--log", help="dump: only this log (a directory name under wal/)")
     inspect.add_argument("--from", dest="start", type=int, default=0, help="dump: from this log position")

@@ -26,7 +26,7 @@ from broker.protocol import Kind, Message
 from broker.sharding import log_writer
 from storage import damaged_records, records
 from storage.s3 import ObjectStore, S3Unavailable
-from storage.segment_listing import locate
+from storage.segment_listing import list_segments, locate
 
 if TYPE_CHECKING:
     from broker.client import Bus
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 ANSWER_SECS = 60.0
 ASK_SECS = 10.0      # one ask: a LIST and a few GETs
 WHOLE = "the record there is whole"
+MENDS_PER_SEGMENT = 64   # `log mend`: damaged records in one segment before it gives up on it
 
 
 def mend(directory: Path, store: ObjectStore, index: int, position: int, shipped: int) -> tuple[int, str]:
@@ -86,6 +87,36 @@ def mend(directory: Path, store: ObjectStore, index: int, position: int, shipped
     finally:
         os.close(fd)
     return len(copy), kept.name
+
+
+def mend_all(wal_root: Path, store: ObjectStore, out) -> int:
+    """`agent-os log mend`, with the server stopped: every damaged record `log check` finds,
+    mended with the bucket's copy, a line each; 1 if any is left (0 if none was found)."""
+    from storage import log_inspect
+
+    left = 0
+    if not log_inspect.logs(wal_root):
+        print(f"no logs under {wal_root}", file=out)
+    for directory in log_inspect.logs(wal_root):
+        index = int(directory.name)
+        chain = store.chain(index, "mend")
+        shipped = chain[-1].end if chain else 0
+        listing = list_segments(directory)
+        for at, (start, path) in enumerate(listing):
+            sealed = at + 1 < len(listing)
+            for _ in range(MENDS_PER_SEGMENT):
+                check = log_inspect.check_segment(directory.name, start, path, sealed)
+                if not check.damaged or not check.problem.startswith("damage"):
+                    break          # whole, a torn tail (its writer clears it), or a bad body (no copy is better)
+                position = start + check.data_bytes
+                size, note = mend(directory, store, index, position, shipped)
+                if size <= 0:
+                    print(f"log {directory.name}: position {position}: not mended: {note}", file=out)
+                    left += 1
+                    break
+                print(f"log {directory.name}: position {position}: mended {size:,} bytes with the bucket's copy "
+                      f"(the damaged ones kept in {note})", file=out)
+    return 1 if left else 0
 
 
 async def on_mend(writer: "LogWriter", msg: Message) -> None:

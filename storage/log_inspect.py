@@ -154,12 +154,13 @@ def print_check(wal_root: Path, out=None) -> int:
 
 
 def kept_aside(directory: Path) -> Iterator[str]:
-    """The bytes a writer's recovery kept before clearing them (storage/damaged_records.py), which
-    the log no longer holds: a line each, with the whole records in them, for an operator to look at."""
+    """The bytes a writer's recovery kept before clearing them, or a mend before writing the
+    bucket's copy over them (storage/damaged_records.py, storage/bucket_mending.py), which the log
+    no longer holds: a line each, with the whole records in them, for an operator to look at."""
     for path in sorted(directory.glob("*.damaged-*")):
         data = path.read_bytes()
         whole = sum(1 for _ in damaged_records.scan_all(data))
-        yield (f"kept aside by a recovery: {path.name}, {len(data):,} bytes cleared from the log at position "
+        yield (f"kept aside: {path.name}, {len(data):,} bytes taken out of the log at position "
                f"{path.name.rsplit('-', 1)[1]}, {whole:,} whole record(s) in them")
 
 

@@ -296,7 +296,7 @@ def test_a_damaged_record_in_the_newest_segment_comes_back_from_the_bucket(make_
     assert node.stop() == 0
     check = node.cli("log", "check")
     assert check.returncode == 0 and "ok: every record whole" in check.stdout, check.stdout
-    assert f"kept aside by a recovery: {newest.name}.damaged-{start + first[0]}" in check.stdout, check.stdout
+    assert f"kept aside: {newest.name}.damaged-{start + first[0]}" in check.stdout, check.stdout
 
 
 def test_a_damaged_record_in_a_sealed_segment_is_mended_from_the_bucket(make_s3_server, s3, tmp_path):
@@ -332,4 +332,45 @@ def test_a_damaged_record_in_a_sealed_segment_is_mended_from_the_bucket(make_s3_
     assert node.stop() == 0
     check = node.cli("log", "check")
     assert check.returncode == 0 and "ok: every record whole" in check.stdout, check.stdout
-    assert f"kept aside by a recovery: {path.name}.damaged-{start + damaged[0]}" in check.stdout, check.stdout
+    assert f"kept aside: {path.name}.damaged-{start + damaged[0]}" in check.stdout, check.stdout
+
+
+def test_log_mend_writes_the_buckets_copy_over_damaged_records_with_the_server_stopped(make_s3_server, s3,
+                                                                                       tmp_path):
+    """What `log check` reports as damage, `log mend` mends from the bucket: while the server runs
+    it refuses (the server's readers mend what they meet), once it is stopped every damaged record
+    is written over with the bucket's copy and the log checks whole."""
+    from storage import records, segments
+    bucket = s3.new_bucket()
+    config = {"storage": {"segment_bytes": 64 << 10}}
+    node = make_s3_server(bucket, "a", config)
+    states = {f"cli-{i}": os.urandom(6000) for i in range(30)}
+    for sid, state in states.items():
+        assert put(node.url, sid, "k", state) == 200
+    running = node.cli("log", "mend")
+    assert running.returncode == 2 and "stop it first" in running.stderr, running.stderr
+    assert node.stop() == 0
+    gateway_log = tmp_path / "a" / "data" / "wal" / "1"
+    damaged = []
+    assert len(segments.list_segments(gateway_log)) >= 3
+    for start, path in segments.list_segments(gateway_log)[:2]:     # two records in each of two sealed ones
+        data = bytearray(path.read_bytes())
+        blobs = [r for r in records.scan(bytes(data)) if r[1] == records.RecordKind.BLOB]
+        for record in (blobs[1], blobs[-2]):
+            data[record[0] + 20] ^= 0xFF
+            damaged.append(start + record[0])
+        path.write_bytes(bytes(data))
+    assert node.cli("log", "check").returncode == 1
+
+    mended = node.cli("log", "mend")
+    assert mended.returncode == 0, mended.stdout + mended.stderr
+    assert [int(line.split("position ")[1].split(":")[0]) for line in mended.stdout.splitlines()] == damaged
+    check = node.cli("log", "check")
+    assert check.returncode == 0 and "ok: every record whole" in check.stdout, check.stdout
+    assert check.stdout.count("kept aside: ") == len(damaged)
+    again = node.cli("log", "mend")
+    assert again.returncode == 0 and again.stdout == "", again.stdout
+    os.rename(tmp_path / "a" / "data" / "db", tmp_path / "a" / "db-before")   # the store loads it all again
+    node = make_s3_server(bucket, "a", config)
+    assert {sid: latest(node.url, sid) for sid in states} == states
+    assert "damaged" not in node.log()
