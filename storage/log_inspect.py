@@ -148,7 +148,8 @@ def print_check(wal_root: Path, out=None) -> int:
                 print(f"  segment {seg.start}: {seg.problem}", file=out)
         for kept in kept_aside(wal_root / log):
             print(f"  {kept}", file=out)
-    print("damaged: a sealed segment holds bytes that are not whole records" if damaged else
+    print("damaged: a sealed segment holds bytes that are not whole records (with storage.s3, `agent-os log "
+          "mend` writes the bucket's copy over them, the server stopped)" if damaged else
           "ok: every record whole", file=out)
     return 1 if damaged else 0
 
