@@ -70,6 +70,10 @@ log_segments_zeroed = Counter(
 log_batch_records = Histogram("agentos_log_batch_records", "Records per group-commit batch",
                               buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384))
 log_write_errors = Counter("agentos_log_write_errors_total", "Failed log writes (e.g. a full disk)")
+log_damaged = Counter("agentos_log_damaged_records_total", "Damaged records met in the log (bytes that are not whole "
+                      "records where whole ones must be), by what became of them: mended (the bucket's copy written "
+                      "over them), skipped (writer/store passed over them), kept (a compaction left the segment as it "
+                      "was)", ["outcome"])
 log_append_wait = Histogram("agentos_log_append_wait_ms", "Time a SYNC record waited for its ack, ms",
                             buckets=MS_BUCKETS)
 

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from agentos import metrics
 from broker.protocol import Kind, Message
 from broker.sharding import log_writer
 from storage import damaged_records, records
@@ -150,6 +151,7 @@ async def mend_held(writer: "LogWriter", position: int) -> tuple[int, str]:
     except OSError as exc:
         size, note = 0, str(exc)
     if size:
+        metrics.log_damaged.labels("mended").inc()
         writer.log.warning("log %s: mended %d damaged bytes at position %d with the bucket's copy (the damaged "
                            "bytes are kept in %s)", writer.directory, size, position, note)
     elif note != WHOLE:

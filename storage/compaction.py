@@ -264,6 +264,7 @@ async def rewrite_segment(writer: "LogWriter", start: int, end: int, path: Path,
             await install(writer, start, end, path)
     if "damaged_at" in result and (path.name, result["damaged_at"]) not in writer.damage_said:
         writer.damage_said.add((path.name, result["damaged_at"]))
+        metrics.log_damaged.labels("kept").inc()
         writer.log.error("compaction: segment %s has a damaged record at position %d and is kept as it is: the "
                          "records this pass drops stay in it (`agent-os log check`)", path, start + result["damaged_at"])
     return count

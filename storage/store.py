@@ -290,6 +290,7 @@ class Store(StoreQueries, SessionClosing, StoreDeletions, SessionSummaries):
                 self.backlog = True
             if reader.damaged != damaged:   # it passed a damaged stretch: loaded up to where it goes on
                 self.stats["bad_records"] += reader.damaged - damaged
+                metrics.log_damaged.labels("skipped").inc(reader.damaged - damaged)
                 scanned[writer] = reader.position
         if not scanned:
             return 0

@@ -232,3 +232,31 @@ def test_damage_the_bucket_does_not_hold_yet_is_asked_about_again_not_passed_ove
     writer.shipper.shipped = end             # shipped since
     assert asyncio.run(bucket_mending.mend_held(writer, position))[0] == len(data[17])
     writer.compaction_io.shutdown()
+
+
+@pytest.mark.parametrize("mends", [True, False])
+def test_writer_store_loads_every_record_once_mended_and_passes_over_what_is_not(tmp_path, store, mends):
+    from agentos import metrics
+    from storage.store import Store
+    wal = tmp_path / "wal" / "0"
+    data, end = shipped_log(wal, store)
+    position, _ = damage(wal, data, 3)
+    projection = Store(tmp_path, writers=1, memory_limit_mb=64)
+    asked = []
+
+    def mend(writer, at):
+        asked.append((writer, at))
+        return mends and bucket_mending.mend(wal, store, writer, at, end)[0] > 0
+
+    projection.mend = mend
+    skipped = metrics.log_damaged.labels("skipped")._value.get()
+    projection.open()
+    try:
+        while projection.load_once() or projection.backlog:
+            pass
+        assert asked == [(0, position)]
+        assert projection.query("count", "")[0][0]["events"] == (20 if mends else 19)
+        assert projection.stats["bad_records"] == (0 if mends else 1) and projection.loaded == {0: end}
+        assert metrics.log_damaged.labels("skipped")._value.get() - skipped == (0 if mends else 1)
+    finally:
+        projection.close()

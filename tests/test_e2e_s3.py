@@ -329,6 +329,9 @@ def test_a_damaged_record_in_a_sealed_segment_is_mended_from_the_bucket(make_s3_
     assert {sid: latest(node.url, sid) for sid in states} == states
     mended = f"mended {damaged[4] - damaged[0]} damaged bytes at position {start + damaged[0]}"
     wait_until(lambda: mended in node.log(), 10, "the writer's line saying it mended the record")
+    counted = scrape(node.url)
+    assert counted.get('agentos_log_damaged_records_total{outcome="mended"}') == 1, counted
+    assert 'agentos_log_damaged_records_total{outcome="skipped"}' not in counted
     assert node.stop() == 0
     check = node.cli("log", "check")
     assert check.returncode == 0 and "ok: every record whole" in check.stdout, check.stdout
