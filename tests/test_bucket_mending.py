@@ -9,17 +9,9 @@ import types
 import pytest
 
 from agentos.config import S3Config
-from log_frames import frames
+from log_frames import flip, frames
 from storage import bucket_mending, records, segments
 from storage.s3 import ObjectStore
-
-
-def flip(path, offset):
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0xFF]))
 
 
 def read_all(reader, limit):

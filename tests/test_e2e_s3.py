@@ -299,6 +299,18 @@ def test_a_damaged_record_in_the_newest_segment_comes_back_from_the_bucket(make_
     assert f"kept aside: {newest.name}.damaged-{start + first[0]}" in check.stdout, check.stdout
 
 
+def node_with_sealed_segments(make_s3_server, s3):
+    """A node whose gateway log holds 30 checkpoints of 6 KB in segments of 64 KiB (two sealed, at
+    least): (bucket, config, node, the states by session)."""
+    bucket = s3.new_bucket()
+    config = {"storage": {"segment_bytes": 64 << 10}}
+    node = make_s3_server(bucket, "a", config)
+    states = {f"mend-{i}": os.urandom(6000) for i in range(30)}
+    for sid, state in states.items():
+        assert put(node.url, sid, "k", state) == 200
+    return bucket, config, node, states
+
+
 def test_a_damaged_record_in_a_sealed_segment_is_mended_from_the_bucket(make_s3_server, s3, tmp_path):
     """A byte flipped on the local disk in a sealed segment of acknowledged checkpoints, found
     when writer/store reads the log again (its DuckDB files moved out to be rebuilt): the log's
@@ -306,12 +318,7 @@ def test_a_damaged_record_in_a_sealed_segment_is_mended_from_the_bucket(make_s3_
     and the log checks whole. Before, the store passed over the damaged record: its checkpoint was
     gone from what the server answers."""
     from storage import records, segments
-    bucket = s3.new_bucket()
-    config = {"storage": {"segment_bytes": 64 << 10}}
-    node = make_s3_server(bucket, "a", config)
-    states = {f"mend-{i}": os.urandom(6000) for i in range(30)}
-    for sid, state in states.items():
-        assert put(node.url, sid, "k", state) == 200
+    bucket, config, node, states = node_with_sealed_segments(make_s3_server, s3)
     assert node.stop() == 0
     gateway_log = tmp_path / "a" / "data" / "wal" / "1"       # the gateway's own log holds the PUTs
     sealed = segments.list_segments(gateway_log)[:-1]
@@ -344,12 +351,7 @@ def test_log_mend_writes_the_buckets_copy_over_damaged_records_with_the_server_s
     it refuses (the server's readers mend what they meet), once it is stopped every damaged record
     is written over with the bucket's copy and the log checks whole."""
     from storage import records, segments
-    bucket = s3.new_bucket()
-    config = {"storage": {"segment_bytes": 64 << 10}}
-    node = make_s3_server(bucket, "a", config)
-    states = {f"cli-{i}": os.urandom(6000) for i in range(30)}
-    for sid, state in states.items():
-        assert put(node.url, sid, "k", state) == 200
+    bucket, config, node, states = node_with_sealed_segments(make_s3_server, s3)
     running = node.cli("log", "mend")
     assert running.returncode == 2 and "stop it first" in running.stderr, running.stderr
     assert node.stop() == 0

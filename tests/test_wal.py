@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from log_frames import frames
+from log_frames import flip, frames
 from storage import records, segments, spares
 from storage.records import RecordKind, TornRecord
 
@@ -150,14 +150,6 @@ def test_segments_rotate_and_a_torn_tail_is_cleared_on_open(tmp_path):
     assert read and read[0][0] == 0
 
 
-def _flip(path, offset):
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0xFF]))
-
-
 def _read_all(reader, limit=None):
     ids = []
     while batch := reader.read(1 << 20, limit):
@@ -178,7 +170,7 @@ def test_a_reader_passes_a_damaged_record_and_says_so(tmp_path, caplog, where):
     segs = segments.list_segments(tmp_path)
     damaged = 4 if where == "sealed" else 13
     start, path = segs[0] if where == "sealed" else segs[-1]
-    _flip(path, sum(map(len, data[:damaged])) - start + 12)
+    flip(path, sum(map(len, data[:damaged])) - start + 12)
     reader = segments.SegmentReader(tmp_path, 0)
     with caplog.at_level("ERROR", logger="agent-os.storage"):
         ids = _read_all(reader, end)
@@ -195,7 +187,7 @@ def test_recovery_keeps_the_bytes_it_clears_when_whole_records_follow(tmp_path, 
     log.close()
     path = segments.list_segments(tmp_path)[0][1]
     at = sum(map(len, data[:6]))
-    _flip(path, at + 12)
+    flip(path, at + 12)
     with caplog.at_level("ERROR", logger="agent-os.storage"):
         reopened = segments.SegmentLog(tmp_path, segment_bytes=1 << 20)
     reopened.close()
