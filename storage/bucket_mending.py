@@ -9,8 +9,9 @@ where the disk's next whole record starts, keeps the damaged bytes aside, writes
 them and fdatasyncs. The reader then reads the records as if nothing had happened. Without a
 bucket, or where its copy is not whole, the reader passes over the damage as before (an ERROR).
 
-Owns: both ends of that exchange. Never does: write anything the bucket does not hold whole, nor
-beyond what it holds (the newest batches may not be shipped yet).
+Owns: both ends of that exchange, and `agent-os log mend` (the same with the server stopped).
+Never does: write anything the bucket does not hold whole, nor beyond what it holds (the newest
+batches may not be shipped yet).
 """
 from __future__ import annotations
 
