@@ -161,13 +161,18 @@ async def mend_held(writer: "LogWriter", position: int) -> tuple[int, str]:
     return size, note
 
 
-def asker(bus: "Bus", loop: asyncio.AbstractEventLoop, log: logging.Logger,
-          stopping: threading.Event) -> Callable[[int, int], bool | None]:
+def asker(bus: "Bus", loop: asyncio.AbstractEventLoop, log: logging.Logger, stopping: threading.Event,
+          writers: int) -> Callable[[int, int], bool | None]:
     """writer/store's `Store.mend`, on the loader thread: asks log `writer` to mend `position`
     and waits (what follows the damage loads after it, in order). True: mended; False: it cannot
     be, pass over it; None: the store is stopping, ask again after its restart. A writer that does
-    not answer (restarting) or cannot reach the bucket is asked again for up to ANSWER_SECS."""
+    not answer (restarting) or cannot reach the bucket is asked again for up to ANSWER_SECS. A log
+    no writer owns now (one an earlier configuration wrote: `writers` is how many there are) is not."""
     def ask(writer: int, position: int) -> bool | None:
+        if writer >= writers:
+            log.error("log %d: no writer owns it now to mend position %d from the bucket", writer, position)
+            return False
+
         async def request() -> tuple[bool, str | None]:
             """(mended, why to ask again)"""
             try:

@@ -78,7 +78,7 @@ class StoreService:
         self.fatal = asyncio.Event()
         self.store.on_fatal = lambda exc: self.loop.call_soon_threadsafe(self.fatal.set)
         if self.config.storage.s3.bucket:
-            self.store.mend = bucket_mending.asker(self.bus, self.loop, self.log, self.store.stopping)
+            self.store.mend = bucket_mending.asker(self.bus, self.loop, self.log, self.store.stopping, self.config.logs)
         self.loader = ThreadPoolExecutor(1, thread_name_prefix="store-loader")
         self.loader.submit(self.store.run_loader)
         behind = sum(max(files[w] - self.loaded.get(w, 0), 0) for w in files)

@@ -144,16 +144,19 @@ def test_the_store_asks_again_while_the_writer_cannot_answer_and_passes_over_onl
     stopping = threading.Event()
     log = logging.getLogger("test")
     bus = FakeWriterBus([asyncio.TimeoutError(), {"bytes": 0, "why": "S3 down", "retry": True}, {"bytes": 512}])
-    assert bucket_mending.asker(bus, loop, log, stopping)(1, 4096) is True
+    assert bucket_mending.asker(bus, loop, log, stopping, 2)(1, 4096) is True
     assert bus.asked == [("writer/log/1", "log.mend", {"position": 4096})] * 3
     # an earlier ask mended it and its answer was lost: read on
-    assert bucket_mending.asker(FakeWriterBus([{"bytes": 0, "whole": True}]), loop, log, stopping)(1, 4096) is True
+    assert bucket_mending.asker(FakeWriterBus([{"bytes": 0, "whole": True}]), loop, log, stopping, 2)(1, 4096) is True
     # no bucket, or its copy no better: passed over
-    assert bucket_mending.asker(FakeWriterBus([{"bytes": 0, "why": "no bucket"}]), loop, log, stopping)(1, 4096) is False
+    assert bucket_mending.asker(FakeWriterBus([{"bytes": 0, "why": "no bucket"}]), loop, log, stopping, 2)(1, 4096) is False
+    # a log no writer owns now (an earlier configuration's): not asked, passed over
+    unasked = FakeWriterBus([])
+    assert bucket_mending.asker(unasked, loop, log, stopping, 2)(2, 4096) is False and not unasked.asked
     # the bucket out of reach for longer than ANSWER_SECS: passed over
     monkeypatch.setattr(bucket_mending, "ANSWER_SECS", 0.0)
     bus = FakeWriterBus([{"bytes": 0, "why": "S3 down", "retry": True}])
-    assert bucket_mending.asker(bus, loop, log, stopping)(1, 4096) is False
+    assert bucket_mending.asker(bus, loop, log, stopping, 2)(1, 4096) is False
 
 
 def test_a_store_stopping_while_it_asks_leaves_the_damage_to_be_asked_about_after_its_restart(tmp_path, loop, store):
@@ -166,7 +169,7 @@ def test_a_store_stopping_while_it_asks_leaves_the_damage_to_be_asked_about_afte
             stopping.set()           # the store stops while the writer has not answered
             await asyncio.sleep(timeout)
 
-    ask = bucket_mending.asker(Unanswered([]), loop, logging.getLogger("test"), stopping)
+    ask = bucket_mending.asker(Unanswered([]), loop, logging.getLogger("test"), stopping, 1)
     reader = segments.SegmentReader(tmp_path, 0, lambda at: ask(0, at))
     assert [r[2] for r in reader.read(1 << 20, end)] == [f"id-{i}".encode() for i in range(3)]
     assert reader.position == position and reader.damaged == 0 and not reader.mend_asked
