@@ -68,15 +68,23 @@ def mend(directory: Path, store: ObjectStore, index: int, position: int, shipped
     if (not chain or chain[0].start > position or chain[-1].end < upto
             or any(a.end != b.start for a, b in zip(chain, chain[1:]))):
         return 0, f"the bucket does not hold all of [{position}, {upto})"
-    copy = bytearray()
-    for batch in chain:
-        data = store.get(batch.key, "mend")
-        copy += data + bytes(batch.end - batch.start - len(data))   # a compacted segment's zero tail
-    copy = copy[position - chain[0].start:upto - chain[0].start]
-    last = 0
-    for _, _, _, _, last in records.scan(copy):
-        pass
-    if last == 0 or (last != len(copy) if follows is not None else bytes(copy[last:]).strip(b"\0")):
+    objects = [store.get(batch.key, "mend") for batch in chain]
+    if len(chain) == 1 and (chain[0].start, chain[0].end) == (start, nxt):
+        # One object for the whole segment: a compaction's rewrite, which this disk may not hold
+        # yet (an install cut short between the bucket and the disk, which the next pass completes):
+        # the same records less the dropped ones, at other offsets, so the bytes at the damage's
+        # offsets may be other records. Those between its whole neighbours (by id) are the damaged
+        # ones, unless the compaction dropped some.
+        copy = _between_neighbours(path, position - start, upto - start if follows is not None else None, objects[0])
+        if copy == b"":
+            return 0, (f"the damaged records in [{position}, {upto}) are superseded checkpoints the bucket's "
+                       "compacted copy of the segment no longer holds (a compaction drops them here too)")
+        if copy is not None and follows is None and len(copy) <= upto - position:
+            copy += bytes(upto - position - len(copy))    # the segment's zero tail after them
+    else:    # batch objects: exactly the bytes of the ranges they cover
+        copy = b"".join(data + bytes(batch.end - batch.start - len(data))   # a compacted segment's zero tail
+                        for batch, data in zip(chain, objects))[position - chain[0].start:upto - chain[0].start]
+    if copy is None or len(copy) != upto - position or not _whole(copy, follows is not None):
         return 0, f"the bucket's copy of [{position}, {upto}) is not whole records either"
     fd = os.open(path, os.O_RDWR)
     try:
@@ -84,11 +92,47 @@ def mend(directory: Path, store: ObjectStore, index: int, position: int, shipped
         # to the segment's end: its zero tail is not kept
         kept = damaged_records.keep_aside(directory, path, position,
                                           damaged if follows is not None else damaged.rstrip(b"\0"))
-        os.pwrite(fd, bytes(copy), position - start)
+        os.pwrite(fd, copy, position - start)
         os.fdatasync(fd)
     finally:
         os.close(fd)
     return len(copy), kept.name
+
+
+def _whole(data: bytes, to_the_end: bool) -> bool:
+    """`data` is whole records (to its end, or then zeros)."""
+    last = 0
+    for _, _, _, _, last in records.scan(data):
+        pass
+    return last > 0 and (last == len(data) if to_the_end else not data[last:].strip(b"\0"))
+
+
+def _between_neighbours(path: Path, offset: int, upto: int | None, compacted: bytes) -> bytes | None:
+    """The records of `compacted` (a segment's rewrite) between the record that ends at `offset`
+    in segment file `path` and the one that starts at `upto` there (None: to the last one); None
+    if either is not in it."""
+    with open(path, "rb") as f:
+        head = f.read(offset)
+        following = b""
+        if upto is not None:
+            f.seek(upto)
+            size = records.claimed_length(f.read(records.HEADER_BYTES), 0)
+            f.seek(upto)
+            following = f.read(size or 0)
+    before = list(records.scan(head))
+    if (before[-1][4] if before else 0) != offset:
+        return None
+    ids = {record_id: (at, end) for at, _, record_id, _, end in records.scan(compacted)}
+    if before and before[-1][2] not in ids:
+        return None
+    low = ids[before[-1][2]][1] if before else 0
+    if upto is None:
+        return compacted[low:max((end for _, end in ids.values()), default=low)]
+    try:
+        after = records.parse(following, 0)[1]
+    except records.TornRecord:
+        return None
+    return compacted[low:ids[after][0]] if after in ids else None
 
 
 def mend_all(wal_root: Path, store: ObjectStore, out) -> int:

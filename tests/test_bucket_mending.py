@@ -255,3 +255,24 @@ def test_writer_store_loads_every_record_once_mended_and_passes_over_what_is_not
         assert metrics.log_damaged.labels("skipped")._value.get() - skipped == (0 if mends else 1)
     finally:
         projection.close()
+
+
+@pytest.mark.parametrize("which", [5, 7, 2])      # amid the segment, its last record, one the compaction dropped
+def test_a_segment_the_bucket_holds_compacted_while_the_disk_does_not_yet_is_mended_by_its_records(
+        tmp_path, store, which):
+    """A compaction's install cut short between the bucket and the disk (a stop): the bucket holds
+    the segment without a dropped record, the disk the whole old one. Found by
+    `2026-12-05-mend-at-scale-fortythird/`: the copy at the same offsets is other records, so the
+    damage was left. The records between the damage's whole neighbours are taken instead — or, if
+    the compaction dropped the damaged one (id-2 here), there is nothing to mend."""
+    data, end = shipped_log(tmp_path, store)
+    (start, path), (nxt, _) = segments.list_segments(tmp_path)[:2]
+    store.delete([b.key for b in store.batches(0) if b.end <= nxt])
+    store.put_batch(0, start, nxt, 1, b"".join(data[:2] + data[3:8]))     # id-2 dropped, in the bucket only
+    position, _ = damage(tmp_path, data, which)
+    size, why = bucket_mending.mend(tmp_path, store, 0, position, end)
+    if which == 2:
+        assert size == 0 and "superseded checkpoints" in why
+        return
+    assert size == len(data[which])
+    assert read_all(segments.SegmentReader(tmp_path, 0), end) == [f"id-{i}".encode() for i in range(20)]
