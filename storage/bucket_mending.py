@@ -228,6 +228,8 @@ def asker(bus: "Bus", loop: asyncio.AbstractEventLoop, log: logging.Logger, stop
 
         deadline = time.monotonic() + ANSWER_SECS
         while not stopping.is_set():
+            if loop.is_closed():
+                return None          # the process is going: asked again after its restart
             answer = asyncio.run_coroutine_threadsafe(request(), loop)
             while not stopping.is_set():
                 try:
