@@ -81,9 +81,10 @@ def mend(directory: Path, store: ObjectStore, index: int, position: int, shipped
                        "compacted copy of the segment no longer holds (a compaction drops them here too)")
         if copy is not None and follows is None and len(copy) <= upto - position:
             copy += bytes(upto - position - len(copy))    # the segment's zero tail after them
-    else:    # batch objects: exactly the bytes of the ranges they cover
-        copy = b"".join(data + bytes(batch.end - batch.start - len(data))   # a compacted segment's zero tail
-                        for batch, data in zip(chain, objects))[position - chain[0].start:upto - chain[0].start]
+    elif sum(map(len, objects)) == chain[-1].end - chain[0].start:   # batch objects: exactly their ranges' bytes
+        copy = b"".join(objects)[position - chain[0].start:upto - chain[0].start]
+    else:
+        copy = None
     if copy is None or len(copy) != upto - position or not _whole(copy, follows is not None):
         return 0, f"the bucket's copy of [{position}, {upto}) is not whole records either"
     fd = os.open(path, os.O_RDWR)
@@ -119,7 +120,7 @@ def _between_neighbours(path: Path, offset: int, upto: int | None, compacted: by
             size = records.claimed_length(f.read(records.HEADER_BYTES), 0)
             f.seek(upto)
             following = f.read(size or 0)
-    before = list(records.scan(head))
+    before = list(damaged_records.scan_all(head))      # past an earlier damage too
     if (before[-1][4] if before else 0) != offset:
         return None
     ids = {record_id: (at, end) for at, _, record_id, _, end in records.scan(compacted)}
