@@ -118,7 +118,8 @@ class Broker:
             if known is not None or (key != self.local_key and not identity.startswith(REMOTE_NAMES)):
                 self._malformed(identity, f"a peer with the key {str(key)[:10]}… may not be named so")
                 return
-            self.key_of[identity] = key
+            if protocol.IDENTITY.match(identity):   # one route() refuses is not remembered
+                self.key_of[identity] = key
         self.route(identity, envelope, now)
 
     def _announce_restart(self, name: bytes, new_identity: bytes) -> None:
