@@ -9,7 +9,10 @@ three, 10.4 in the third (bench/results/2026-12-02-discard-stalls/). Compaction 
 same disk, so they free through here.
 
 A file being freed is renamed (or, for a replaced file, hard-linked) to `<name>.free` first: no
-listing of segments counts it, and one left by a crash is freed at the next open.
+listing of segments counts it, and one left by a crash is freed at the next open. So is a
+compaction's rewrite that a crash kept from taking its segment's place (`<segment>.compacting`,
+storage/segment_rewrites.py): the next pass writes it anew, and a segment no pass comes back to
+would keep it, up to a segment's size, for good.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from pathlib import Path
 
 log = logging.getLogger("agent-os.storage")
 SUFFIX = ".free"
+UNINSTALLED = ".compacting"
 STEP = 4 << 20          # bytes given back per truncation…
 PAUSE_SECS = 0.002      # …with this pause between two
 
@@ -66,8 +70,9 @@ def release(path: Path) -> None:
 
 
 def release_leftovers(directory: Path) -> None:
-    """Free what a crash left being freed."""
-    for trash in directory.glob("*" + SUFFIX):
+    """Free what a crash left being freed, and the rewrites it left uninstalled. Only for the
+    directory's owner, at its open: nothing is being freed or rewritten there yet."""
+    for trash in [*directory.glob("*" + SUFFIX), *directory.glob("*" + UNINSTALLED)]:
         _give_back(trash)
 
 

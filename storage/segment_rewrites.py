@@ -32,7 +32,7 @@ from storage.session_closing import SESSION_KINDS
 SYNC_PIECE = 1 << 20   # a rewritten segment goes to disk in synced pieces: commits share the disk
 HEAD_BYTES = 512       # read of a named record to find its session and seq (they come before its payload)
 FEW_NAMES = 8          # closed sessions a body is searched for by name before it is decoded
-SUFFIX = ".compacting"
+SUFFIX = freeing.UNINSTALLED   # what a crash leaves of it is freed at the log's next open
 
 
 class BadJob(ValueError):

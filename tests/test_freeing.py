@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from storage import freeing, segments
+from storage import freeing, records, segment_rewrites, segments
 
 
 def _steps(monkeypatch) -> list[int]:
@@ -38,10 +38,17 @@ def test_a_released_file_is_gone_and_small_ones_go_at_once(tmp_path, monkeypatch
     assert sizes == [freeing.STEP]
 
 
-def test_what_a_crash_left_being_freed_goes_when_the_log_opens(tmp_path):
-    segments.SegmentLog(tmp_path, 1 << 16, spares=1).close()
+def test_what_a_crash_left_being_freed_or_uninstalled_goes_when_the_log_opens(tmp_path):
+    log = segments.SegmentLog(tmp_path, 1 << 16, spares=1)
+    log.write(records.frame(records.RecordKind.EVENT, b"id-1", b"a record"), sync=True)
+    log.close()
     (tmp_path / ("00000000000000065536.seg" + freeing.SUFFIX)).write_bytes(b"half freed")
+    # a compaction's rewrite of segment 0, stopped before its install
+    uninstalled = (tmp_path / segments.segment_name(0)).with_suffix(segment_rewrites.SUFFIX)
+    uninstalled.write_bytes(bytes(3 * freeing.STEP))
     log = segments.SegmentLog(tmp_path, 1 << 16, spares=1)
     log.close()
-    assert not list(tmp_path.glob("*" + freeing.SUFFIX))
+    assert not list(tmp_path.glob("*" + freeing.SUFFIX)) and not uninstalled.exists()
     assert [start for start, _ in segments.list_segments(tmp_path)] == [0]
+    assert [bytes(body) for _, _, _, body, _ in records.scan((tmp_path / segments.segment_name(0)).read_bytes())] == \
+        [b"a record"]
