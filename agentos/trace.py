@@ -33,11 +33,18 @@ def main(config: Config, session: str | None = None, kind: str | None = None, tu
     sock.setsockopt(zmq.SUBSCRIBE, (kind or "").encode())
     address = bus_address(config, run_dir)
     address.secure_client(sock)
+    # Over tcp the broker lets only the node's own key read the tap: a refused handshake says so
+    # here rather than leaving the command waiting for lines that never come.
+    refusals = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH) if address.curve is not None else None
     sock.connect(address.trace)
     deadline = time.monotonic() + timeout_secs if timeout_secs else None
     printed = 0
     try:
         while deadline is None or time.monotonic() < deadline:
+            if refusals is not None and refusals.poll(0):
+                print(f"agent-os trace: the broker refused this key ({config.broker.client_key or 'client'}) on "
+                      "the trace tap: only the node's own key reads it", file=sys.stderr)
+                return 2
             if not sock.poll(200):
                 continue
             try:
@@ -53,5 +60,8 @@ def main(config: Config, session: str | None = None, kind: str | None = None, tu
     except KeyboardInterrupt:
         pass
     finally:
+        if refusals is not None:
+            sock.disable_monitor()
+            refusals.close(0)
         sock.close(0)
     return 0

@@ -6,6 +6,7 @@ can enter. `broker.transport: tcp`: the broker listens on `broker.listen` (and t
 key is not in `<keys>/authorized/` is refused. `agent-os keys` makes the key pairs. The node's own
 processes connect with its `client` key; any other authorized key (a remote worker's,
 `broker.client_key`) may only take the names in REMOTE_NAMES (the broker checks every message).
+The trace tap lets in the node's own key only: it shows every tenant's sessions and turns.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from agentos.config import Config, ConfigError
 from agentos.rundir import RunDir
 
 ZAP_DOMAIN = "agent-os"
+TRACE_ZAP_DOMAIN = "agent-os-trace"
 LOCAL_KEY = "client"     # the key pair the node's own processes connect with
 # What a peer connecting with another authorized key may be named: a worker, or a command-line
 # tool asking for stats. Not a role whose messages others take on its name's word (a drain, a
@@ -51,9 +53,9 @@ class BusAddress:
             sock.curve_publickey = self.curve.client_public
             sock.curve_serverkey = self.curve.server_public
 
-    def secure_server(self, sock: zmq.Socket) -> None:
+    def secure_server(self, sock: zmq.Socket, domain: str = ZAP_DOMAIN) -> None:
         if self.curve is not None:
-            sock.zap_domain = ZAP_DOMAIN.encode()
+            sock.zap_domain = domain.encode()
             sock.curve_secretkey = self.curve.server_secret
             sock.curve_publickey = self.curve.server_public
             sock.curve_server = True

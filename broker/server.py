@@ -18,12 +18,13 @@ from typing import Callable
 
 import msgpack
 import zmq
+import zmq.auth
 
 from agentos import metrics
 from zmq.auth.thread import ThreadAuthenticator
 
 from broker import codec, frames, protocol
-from broker.address import REMOTE_NAMES, ZAP_DOMAIN, BusAddress
+from broker.address import REMOTE_NAMES, TRACE_ZAP_DOMAIN, ZAP_DOMAIN, BusAddress
 from broker.protocol import BROKER, KIND_BYTES, Kind, ProtocolError
 
 log = logging.getLogger("agent-os.broker")
@@ -48,6 +49,22 @@ def _renamed(prefix: bytes, envelope: bytes, offset: int) -> bytes:
     return b"".join((prefix, memoryview(envelope)[offset:]))
 
 
+class _Keys:
+    """Who gets in (ZeroMQ's authenticator asks for every connection): onto the bus, a key in the
+    authorized directory (read at start, as `agent-os keys` left it); onto the trace tap, the node's
+    own key only — it shows every tenant's sessions and turns as they route, which a remote worker
+    has no business reading."""
+
+    def __init__(self, authorized_dir: str, local_key: str) -> None:
+        self.authorized = set(zmq.auth.load_certificates(authorized_dir))
+        self.local = local_key.encode()
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        if domain == TRACE_ZAP_DOMAIN:
+            return key == self.local
+        return key in self.authorized
+
+
 class Broker:
     def __init__(self, endpoint: "str | BusAddress", trace_endpoint: str = "", *, peer_timeout_secs: float = 3.0,
                  context: zmq.Context | None = None) -> None:
@@ -62,8 +79,10 @@ class Broker:
         if address.curve is not None:  # only peers whose public key is authorized get in
             self.auth = ThreadAuthenticator(self.ctx)
             self.auth.start()
-            self.auth.configure_curve(domain=ZAP_DOMAIN, location=address.curve.authorized_dir)
             self.local_key = address.curve.client_public.decode()
+            keys = _Keys(address.curve.authorized_dir, self.local_key)
+            for domain in (ZAP_DOMAIN, TRACE_ZAP_DOMAIN):
+                self.auth.configure_curve_callback(domain, keys)
         self.router = self.ctx.socket(zmq.ROUTER)
         address.secure_server(self.router)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -75,7 +94,7 @@ class Broker:
         self.tap = self.ctx.socket(zmq.XPUB)
         self.tap.setsockopt(zmq.SNDHWM, 10_000)
         self.tap.setsockopt(zmq.LINGER, 0)
-        address.secure_server(self.tap)
+        address.secure_server(self.tap, TRACE_ZAP_DOMAIN)
         self.tap.bind(address.trace_bind)
         self.tap_topics: dict[bytes, int] = {}
         self.identity_of: dict[bytes, bytes] = {}     # name -> identity of its latest incarnation

@@ -73,10 +73,47 @@ def test_tcp_with_curve_serves_known_keys_and_refuses_others(make_server, make_w
         as_worker = remote(b"worker/elsewhere-1#1")
         as_worker.send(codec.encode("broker", Kind.PEERS, {}, id=1))
         assert as_worker.poll(5000) and codec.decode(as_worker.recv()).kind == Kind.PEERS_REPLY
-        for sock in (rogue, plain, posing, as_worker):
+        # The trace tap shows every tenant's sessions and turns: the node's own key reads it, a
+        # remote worker's key is refused.
+        trace_port = int((server.rundir / "broker-trace.port").read_text())
+        tappers = {}
+        for who, key_file in (("node", "client.key_secret"), ("worker", "worker1.key_secret")):
+            tap = ctx.socket(zmq.SUB)
+            tap.curve_publickey, tap.curve_secretkey = zmq.auth.load_certificate(keys / key_file)
+            tap.curve_serverkey = server_public
+            tap.setsockopt(zmq.LINGER, 0)
+            tap.setsockopt(zmq.SUBSCRIBE, b"")
+            tap.connect(f"tcp://127.0.0.1:{trace_port}")
+            tappers[who] = tap
+        for n in range(20):
+            assert turn(server.url, f"traced-{n}", "hi").terminal == "turn.completed"
+            if tappers["node"].poll(500):
+                break
+        else:
+            raise AssertionError("the node's own key read nothing on the trace tap")
+        assert codec.decode_trace_record(tappers["node"].recv())[0]
+        assert turn(server.url, "traced-more", "hi").terminal == "turn.completed"
+        assert tappers["worker"].poll(1000) == 0
+        for sock in (rogue, plain, posing, as_worker, *tappers.values()):
             sock.close(0)
+        refused = subprocess.run([sys.executable, "-m", "agentos.cli", "trace", "--timeout", "20", "--config",
+                                  str(server.config_path)], cwd=REPO, capture_output=True, text=True, timeout=40,
+                                 env={**server.env, "AGENTOS_BROKER_CLIENT_KEY": "worker1"})
+        assert refused.returncode == 2 and "refused this key (worker1)" in refused.stderr, refused
+        tracing = subprocess.Popen([sys.executable, "-m", "agentos.cli", "trace", "--kind", "turn.", "--count", "1",
+                                    "--timeout", "30", "--config", str(server.config_path)], cwd=REPO, env=server.env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            for n in range(40):
+                turn(server.url, f"traced-cli-{n}", "hi")
+                if tracing.poll() is not None:
+                    break
+            out, err = tracing.communicate(timeout=30)
+        finally:
+            tracing.kill()
+        assert tracing.returncode == 0 and "session=traced-cli-" in out, (out, err)
     finally:
-        ctx.term()
+        ctx.destroy(0)   # closes what an assertion left open: term() would wait for it
     peers = json.loads(server.cli("status", "--json").stdout)
     assert peers["running"] and all(r["restarts"] == 0 for r in peers["processes"])
 
@@ -114,7 +151,7 @@ def test_random_and_oversized_frames_to_every_role(make_server):
         fuzz.send(b"AOS/1\x06broker" + b"\x00" * (65 << 20))   # over the bus's 64 MiB message limit
         fuzz.close(0)
     finally:
-        ctx.term()
+        ctx.destroy(0)   # closes what an assertion left open: term() would wait for it
 
     def counted():
         rows = {r["name"]: r for r in json.loads(server.cli("status", "--json").stdout)["processes"]}
@@ -207,7 +244,7 @@ def test_bodies_that_pass_the_spec_with_junk_values_to_every_role(make_server):
                         fuzz.recv()
         fuzz.close(0)
     finally:
-        ctx.term()
+        ctx.destroy(0)   # closes what an assertion left open: term() would wait for it
 
     def dropped_by_all():   # each role drops the kinds only another role may send it: all of it was read
         rows = {r["name"]: r for r in json.loads(server.cli("status", "--json").stdout)["processes"]}
