@@ -38,7 +38,8 @@ async def five_steps(ctx, args):
     total = 0
     for n in range(5):
         gate = args.get("gate") if n == args.get("gate_step") else None
-        total += await ctx.step(slow_effect, args["file"], n, args.get("delay", 0.3), gate, name=f"step-{n}",
+        delay = args["delays"][n] if "delays" in args else args.get("delay", 0.3)
+        total += await ctx.step(slow_effect, args["file"], n, delay, gate, name=f"step-{n}",
                                 retry=Retry(max_attempts=5, backoff_secs=0.05))
     return total
 

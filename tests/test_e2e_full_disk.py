@@ -175,7 +175,8 @@ def test_a_step_result_refused_by_a_full_disk_runs_the_flow_on_from_its_journal(
     base = server.url
     marks = tmp_path / "marks"
     gate = tmp_path / "gate"   # step 1 returns once it exists: after the disk is full, however long that took
-    args = {"file": str(marks), "delay": 2.0, "gate": str(gate), "gate_step": 1}
+    # step 1 runs again once its result is refused: slow enough that the space is back by its end
+    args = {"file": str(marks), "delays": [0.1, 2.0, 0.1, 0.1, 0.1], "gate": str(gate), "gate_step": 1}
     run_id = start(base, "five_steps", args)[2]["run_id"]
     starts = tmp_path / "marks.starts"
     wait_until(lambda: starts.exists() and "start 1" in starts.read_text(), 20, "step 1 to start")
