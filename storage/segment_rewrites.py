@@ -21,8 +21,9 @@ Jobs:
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import msgpack
 
@@ -155,7 +156,7 @@ def rewrite(path: Path, drop: Callable[[int, bytes], bool]) -> int:
     data, count = result
     written = os.stat(path)
     tmp = path.with_suffix(SUFFIX)
-    with open(tmp, "wb") as f:
+    with _removed_if_failed(tmp), open(tmp, "wb") as f:
         view = memoryview(data)
         for at in range(0, len(data), SYNC_PIECE):
             f.write(view[at:at + SYNC_PIECE])
@@ -202,29 +203,42 @@ def cut_records(path: Path, named: list[tuple[int, str, int]], length: int) -> t
         if not cut:
             return 0, skipped
         tmp = path.with_suffix(SUFFIX)
-        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            at = unsynced = 0
-            for keep_from, keep_to in zip([0] + [e for _, e in cut], [s for s, _ in cut] + [size]):
-                left = keep_to - keep_from
-                while left > 0:
-                    n = os.copy_file_range(src, dst, left, keep_from, at)
-                    if n <= 0:
-                        raise OSError(f"copy_file_range copied nothing from {path} at {keep_from}")
-                    keep_from, at, left, unsynced = keep_from + n, at + n, left - n, unsynced + n
-                    if unsynced >= SYNC_PIECE:
-                        os.fdatasync(dst)
-                        segments.drop_behind(dst, at - unsynced, at)   # nobody reads it soon
-                        unsynced = 0
-            os.fdatasync(dst)
-            segments.drop_behind(dst, at - unsynced, at)
-        finally:
-            os.close(dst)
+        with _removed_if_failed(tmp):   # a partial copy (a full disk) holds no space
+            dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                at = unsynced = 0
+                for keep_from, keep_to in zip([0] + [e for _, e in cut], [s for s, _ in cut] + [size]):
+                    left = keep_to - keep_from
+                    while left > 0:
+                        n = os.copy_file_range(src, dst, left, keep_from, at)
+                        if n <= 0:
+                            raise OSError(f"copy_file_range copied nothing from {path} at {keep_from}")
+                        keep_from, at, left, unsynced = keep_from + n, at + n, left - n, unsynced + n
+                        if unsynced >= SYNC_PIECE:
+                            os.fdatasync(dst)
+                            segments.drop_behind(dst, at - unsynced, at)   # nobody reads it soon
+                            unsynced = 0
+                os.fdatasync(dst)
+                segments.drop_behind(dst, at - unsynced, at)
+            finally:
+                os.close(dst)
         written = os.fstat(src)
         os.utime(tmp, ns=(written.st_atime_ns, written.st_mtime_ns))   # as in rewrite()
         return len(cut), skipped
     finally:
         os.close(src)
+
+
+@contextmanager
+def _removed_if_failed(tmp: Path) -> Iterator[None]:
+    """A rewrite that fails part way leaves no partial `.compacting` behind: on a full disk (the
+    usual failure) it held space the log's commits wait for, and compaction is what frees it."""
+    try:
+        yield
+    except BaseException:
+        if tmp.exists():
+            freeing.release(tmp)
+        raise
 
 
 def blob_end(fd: int, size: int, offset: int, session: str, seq: int) -> int | None:

@@ -1,6 +1,7 @@
 """A log's compaction hands its segment rewrites to a helper process (storage/compaction_helper.py):
 a real one here — it answers jobs, survives bad ones, comes back after a crash, runs below the
 log's priority, and never outlives its parent."""
+import errno
 import os
 import signal
 import subprocess
@@ -93,6 +94,44 @@ def test_a_segment_with_a_damaged_record_is_not_rewritten(tmp_path):
     assert segment_rewrites.run({"op": "rewrite", "path": str(path), "drop": {"kinds": [int(RecordKind.ACCESS)]}}) \
         == {"count": 0, "damaged_at": at}
     assert not path.with_suffix(segment_rewrites.SUFFIX).exists()
+
+
+def test_a_rewrite_that_runs_out_of_disk_leaves_no_partial_file(tmp_path):
+    """The partial `.compacting` of a failed rewrite stayed, on a full disk (the usual failure)
+    holding space the log's commits waited for, until a later pass wrote it anew."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True,
+                             text=True)
+    assert mounted.returncode == 0, f"this test mounts a tmpfs (it needs root): {mounted.stderr}"
+    try:
+        log = segments.SegmentLog(disk, segment_bytes=1 << 20, preallocate=False, spares=0)
+        for n in range(600):
+            log.write(access(n) if n % 50 == 0 else blob("a", n), sync=True)
+        length = log.end
+        log.close()
+        ((start, path),) = segments.list_segments(disk)
+        with open(disk / "filler", "wb", buffering=0) as f:    # what is left of the disk, to its last byte
+            try:
+                while True:
+                    f.write(bytes(4096))
+            except OSError:
+                pass
+        free_before = os.statvfs(disk).f_bfree
+        tmp = path.with_suffix(segment_rewrites.SUFFIX)
+        offsets = [(off, n) for off, _, rid, _, _ in records.scan(path.read_bytes()) if rid.startswith(b"a")
+                   for n in [int(rid[1:])]]
+        for job in ({"op": "rewrite", "path": str(path), "drop": {"kinds": [int(RecordKind.ACCESS)]}},
+                    {"op": "cut", "path": str(path), "named": [[start + off, "a", n] for off, n in offsets[:3]],
+                     "base": start, "length": length}):
+            with pytest.raises(OSError) as failed:
+                segment_rewrites.run(job)
+            assert failed.value.errno == errno.ENOSPC
+            assert not tmp.exists() and not list(disk.glob("*.free")), job["op"]
+            assert os.statvfs(disk).f_bfree >= free_before, "the partial copy's blocks are back"
+        assert len(ids_in(path)) == 600     # the segment itself as it was
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 def test_a_bad_job_is_answered_with_an_error_and_the_helper_goes_on(tmp_path, helper):
