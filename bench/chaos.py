@@ -43,9 +43,10 @@ from bench import chaos_jsonl
 from bench.chaos_closes import close_client, closable, reopened
 from bench.chaos_report import write_report
 from bench.results import ResultsDir
+from bench.s3_local import CREDENTIALS, S3Server
 from bench.sampling import memory_by_process
 from bench.server_log import logged_errors
-from bench.server_proc import ServerProcess, wait_until
+from bench.server_proc import ServerProcess, deep_merge, wait_until
 from bench.sse_client import run_turn
 from bench.steps import start_workers, stop_workers
 
@@ -292,6 +293,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pause", type=float, default=0.05, help="each client's think time between requests")
     p.add_argument("--roles", type=lambda v: [r for r in v.split(",") if r], default=[],
                    help="kill only these roles (comma-separated names as `agent-os status` shows them)")
+    p.add_argument("--busy-log", action="store_true",
+                   help="1 MiB log segments and a compaction pass every 2 s: kills land in rotations, rewrites "
+                        "and installs")
+    p.add_argument("--bucket", action="store_true",
+                   help="durability s3 on a local S3 endpoint (moto): acks wait for the bucket, a restarted log "
+                        "writer restores from it")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--name", default="chaos")
     p.add_argument("--results-root", default=None, help="where the results folder goes (default bench/results)")
@@ -300,11 +307,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def server_config(jsonl_dir: Path) -> dict[str, Any]:
-    return {"storage": {"durability": "local", "jsonl_dir": str(jsonl_dir)},
-            "kernel": {"actors": 2, "max_in_flight_turns": 0, "disconnect_grace_secs": 10},
-            "mock": {"ttft_ms": 50, "tokens": 24, "tps": 400},
-            "provider": {"timeout_secs": 20}}
+def server_config(jsonl_dir: Path, busy_log: bool = False, bucket: dict | None = None) -> dict[str, Any]:
+    config = {"storage": {"durability": "local", "jsonl_dir": str(jsonl_dir)},
+              "kernel": {"actors": 2, "max_in_flight_turns": 0, "disconnect_grace_secs": 10},
+              "mock": {"ttft_ms": 50, "tokens": 24, "tps": 400},
+              "provider": {"timeout_secs": 20}}
+    if busy_log:
+        config["storage"].update({"segment_bytes": 1 << 20, "spare_segments": 1, "compaction_interval_secs": 2.0,
+                                  "payload_compaction_min_mb": 0.0})
+    if bucket is not None:
+        config = deep_merge(config, bucket)
+    return config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -313,11 +326,14 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (a CI timeout, ^C from a wrapper) still stops the tree: it unwinds through `finally`.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Path(tempfile.mkdtemp(prefix="bench-chaos-"))
-    config = server_config(work / "jsonl")
+    s3 = S3Server() if args.bucket else None
+    env = CREDENTIALS if s3 else None
+    bucket = s3.storage_config(s3.new_bucket(), direct=True) if s3 else None
+    config = server_config(work / "jsonl", args.busy_log, bucket)
     results.write_config({"command": "bench chaos", "args": vars(args), "server": config})
     ledger, kills = Ledger(), []
     try:
-        server = ServerProcess(work, config).start()
+        server = ServerProcess(work, config, env).start()
         workers: list = []
         try:
             workers = start_workers(server, 1, 16)
@@ -341,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
         for log in [*work.glob("server-*.log"), *work.glob("worker-*.log")]:
             shutil.copyfile(log, results.path / ("server.log" if log.name.startswith("server-") else log.name))
         shutil.rmtree(work, ignore_errors=True)
+        if s3 is not None:
+            s3.stop()
     lost_checkpoints = lost_from_log(ledger.checkpoints, in_log)
     row = accounting(args, ledger, kills, checked, lost_checkpoints, restarts, phases, after)
     row["jsonl"] = jsonl
