@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING
 from agentos import metrics
 from broker.protocol import Kind
 from broker.sharding import STORE
-from storage import bucket_mending, compaction_helper, freeing, records, segment_listing, segment_rewrites, segments
+from storage import (bucket_mending, compaction_helper, freeing, records, segment_listing, segment_rewrites,
+                     segments, write_failures)
 
 if TYPE_CHECKING:
     from storage.log_writer import LogWriter
@@ -63,8 +64,12 @@ async def compaction_loop(writer: "LogWriter") -> None:
         await asyncio.sleep(writer.config.storage.compaction_interval_secs)
         try:
             await compact_once(writer)
-        except Exception:  # never fatal: the next pass tries again
-            writer.log.exception("compaction pass failed")
+        except Exception as exc:  # never fatal: the next pass tries again
+            if not write_failures.disk_full(exc):
+                writer.log.exception("compaction pass failed")
+            else:   # a rewrite needs room for the segment's copy: no traceback, nothing is wrong but the disk
+                writer.log.warning("compaction: no room on the disk for a segment's rewrite (%s); the next pass "
+                                   "tries again", exc)
 
 
 async def compact_once(writer: "LogWriter") -> int:

@@ -35,7 +35,12 @@ STOP_SECS = 5.0
 
 
 class HelperFailed(RuntimeError):
-    """The helper answered an error, or died before it answered."""
+    """The helper answered an error, or died before it answered. `errno`: the error's own, when the
+    job failed on one (a full disk: ENOSPC)."""
+
+    def __init__(self, message: str, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno
 
 
 def read_message(stream: BinaryIO) -> dict | None:
@@ -85,7 +90,8 @@ class Helper:
                 self._end()
                 raise HelperFailed("the compaction helper went away before it answered")
         if "error" in reply:
-            raise HelperFailed(str(reply["error"]))
+            code = reply.get("errno")
+            raise HelperFailed(str(reply["error"]), code if isinstance(code, int) else None)
         return reply
 
     def close(self) -> None:
@@ -152,6 +158,8 @@ def main(name: str, parent_pid: int) -> int:
             reply = segment_rewrites.run(job)
         except Exception as exc:  # noqa: BLE001 — any failure is the job's, answered, never fatal
             reply = {"error": f"{type(exc).__name__}: {exc}"}
+            if isinstance(exc, OSError) and exc.errno:
+                reply["errno"] = exc.errno
         write_message(stdout, reply)
 
 

@@ -24,7 +24,7 @@ from agentos.rundir import RunDir
 from broker.client import Bus, BusError
 from broker.protocol import Kind, Message, ProtocolError
 from broker.sharding import LOG_WRITER_PREFIX, STORE, log_writer
-from storage import bucket_mending, payload_compaction
+from storage import bucket_mending, payload_compaction, write_failures
 from storage.store import Store
 from broker.address import bus_address
 
@@ -332,8 +332,12 @@ class StoreService:
                     if plan is None:
                         continue
                     freed = await self.loop.run_in_executor(self.queries, payload_compaction.swap, self.store, plan)
-                except Exception:   # never fatal: the segment stays in force, a later pass tries again
-                    self.log.exception("compacting payload segment %d failed", segment)
+                except Exception as exc:   # never fatal: the segment stays in force, a later pass tries again
+                    if write_failures.disk_full(exc):
+                        self.log.warning("compaction: no room on the disk to rewrite payload segment %d (%s); the "
+                                         "next pass tries again", segment, exc)
+                    else:
+                        self.log.exception("compacting payload segment %d failed", segment)
                     break
                 metrics.payload_freed_bytes.inc(freed)
                 self.log.info("compaction: payload segment %d rewritten, %d bytes of superseded checkpoints freed",

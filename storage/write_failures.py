@@ -17,6 +17,12 @@ from agentos import metrics
 from agentos.log_repeats import REPEAT_SECS, Repeats
 
 
+def disk_full(exc: BaseException) -> bool:
+    """A failure that only more room on the disk ends (an OSError's, or the compaction helper's
+    answer naming one: storage/compaction_helper.py)."""
+    return getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+
+
 class WriteFailures:
     def __init__(self, log: logging.Logger, repeat_secs: float = REPEAT_SECS,
                  clock: Callable[[], float] = time.monotonic) -> None:

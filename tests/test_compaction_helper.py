@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from storage import records, segment_rewrites, segments
+from storage import records, segment_rewrites, segments, write_failures
 from storage.compaction_helper import NICENESS, Helper, HelperFailed
 from storage.records import RecordKind
 
@@ -96,9 +96,10 @@ def test_a_segment_with_a_damaged_record_is_not_rewritten(tmp_path):
     assert not path.with_suffix(segment_rewrites.SUFFIX).exists()
 
 
-def test_a_rewrite_that_runs_out_of_disk_leaves_no_partial_file(tmp_path):
+def test_a_rewrite_that_runs_out_of_disk_leaves_no_partial_file(tmp_path, helper):
     """The partial `.compacting` of a failed rewrite stayed, on a full disk (the usual failure)
-    holding space the log's commits waited for, until a later pass wrote it anew."""
+    holding space the log's commits waited for, until a later pass wrote it anew. And the helper's
+    answer says it was the disk (a pass then warns, without a traceback every 30 s)."""
     disk = tmp_path / "disk"
     disk.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True,
@@ -129,6 +130,10 @@ def test_a_rewrite_that_runs_out_of_disk_leaves_no_partial_file(tmp_path):
             assert failed.value.errno == errno.ENOSPC
             assert not tmp.exists() and not list(disk.glob("*.free")), job["op"]
             assert os.statvfs(disk).f_bfree >= free_before, "the partial copy's blocks are back"
+            with pytest.raises(HelperFailed) as answered:
+                helper.call(job)
+            assert answered.value.errno == errno.ENOSPC and write_failures.disk_full(answered.value)
+            assert not tmp.exists()
         assert len(ids_in(path)) == 600     # the segment itself as it was
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
