@@ -1,6 +1,7 @@
 """End-to-end: twenty seconds of `agent-os bench chaos` — turns, checkpoints and flows while every
-role of the tree is killed with SIGKILL in turn — and the load generator's own accounting says
-nothing acknowledged was lost and no stream hung. (The ten-minute run is a benchmark.)"""
+role of the tree is killed with SIGKILL in turn, on a log that rotates and compacts all the while
+— and the load generator's own accounting says nothing acknowledged was lost and no stream hung.
+(The ten-minute run is a benchmark.)"""
 import json
 import re
 import signal
@@ -17,6 +18,7 @@ ROLES = {"broker", "gateway/0", "actor/0", "actor/1", "scheduler", "writer/log/0
 def test_twenty_seconds_of_sigkills_lose_nothing_acknowledged(tmp_path):
     cmd = [sys.executable, "-m", "agentos.cli", "bench", "chaos", "--seconds", "20", "--kill-every", "1.4",
            "--warmup", "4", "--cooldown", "4", "--deadline", "45", "--turn-clients", "8", "--seed", "3",
+           "--busy-log",   # 1 MiB segments, a compaction pass every 2 s: kills land in rotations and rewrites
            "--results-root", str(tmp_path)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -41,6 +43,7 @@ def test_twenty_seconds_of_sigkills_lose_nothing_acknowledged(tmp_path):
     assert (folder / "summary.md").exists() and (folder / "chaos.png").exists()
     server_log = (folder / "server.log").read_text()
     assert "restarting" in server_log   # the tree's own account is kept
+    assert "compaction: dropped" in server_log   # the kills met compaction passes that did something
     assert (folder / "worker-0.log").exists()
     # and its count of errors is the log's: ERROR and CRITICAL records, not the kills' WARNINGs
     errors = [line for line in server_log.splitlines() if re.match(r"\S+ \S+ \S+ (ERROR|CRITICAL) ", line)]
