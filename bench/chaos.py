@@ -41,7 +41,7 @@ import aiohttp
 from bench.logged_checkpoints import checkpoints_in_log, lost_from_log
 from bench import chaos_jsonl
 from bench.chaos_closes import close_client, closable, reopened
-from bench.chaos_report import write_report
+from bench.chaos_report import accounting, write_report
 from bench.results import ResultsDir
 from bench.s3_local import CREDENTIALS, S3Server
 from bench.sampling import memory_by_process
@@ -374,33 +374,6 @@ def main(argv: list[str] | None = None) -> int:
     print((results.path / "summary.md").read_text())
     whole_copy = jsonl["missing"] == jsonl["extra"] == jsonl["bad_lines"] == 0
     return 0 if row["lost"] == 0 and row["hung"] == 0 and whole_copy else 1
-
-
-def accounting(args, ledger: Ledger, kills: list[dict], checked: dict, lost_checkpoints: list,
-               restarts: dict[str, int], phases: dict, after: dict) -> dict[str, Any]:
-    lost = len(checked["lost"]["turns"]) + len(checked["lost"]["flows"]) + len(lost_checkpoints) \
-        + len(checked["lost"]["closes"])
-    before = phases["before"]
-    return {
-        "duration_secs": args.duration, "kills": len(kills),
-        "kills_by_role": dict(collections.Counter(k["role"] for k in kills)),
-        "restarts_by_role": restarts,
-        "lost": lost, "lost_turns": checked["lost"]["turns"][:20], "lost_flows": checked["lost"]["flows"][:20],
-        "lost_checkpoints": lost_checkpoints[:20], "closes_undone": checked["lost"]["closes"][:20],
-        "hung": ledger.turns["hung"],
-        "turn_outcomes": dict(ledger.turns), "turns_resumed": ledger.resumed, "streams_with_gaps": ledger.reordered,
-        "acknowledged": {"turns": len(ledger.completed), "checkpoints": sum(map(len, ledger.checkpoints.values())),
-                         "flows": len(ledger.flows), "closes": len(ledger.closed)},
-        "checkpoint_errors": {str(k): v for k, v in ledger.checkpoint_errors.items()},
-        "flow_errors": {str(k): v for k, v in ledger.flow_errors.items()},
-        "close_errors": {str(k): v for k, v in ledger.close_errors.items()},
-        "flow_results": checked["flow_results"],
-        "memory_kib": {name: {"before_private": before.get(name, {}).get("private_kib"),
-                              "after_private": m["private_kib"], "before_rss": before.get(name, {}).get("rss_kib"),
-                              "after_rss": m["rss_kib"], "pid": m["pid"],
-                              "restarted": before.get(name, {}).get("pid") != m["pid"]}
-                       for name, m in after.items()},
-    }
 
 
 if __name__ == "__main__":

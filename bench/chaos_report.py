@@ -1,12 +1,41 @@
-"""The chaos bench's report: summary.md and chaos.png from the accounting (bench/chaos.py)."""
+"""The chaos bench's accounting (its row) and report (summary.md and chaos.png; bench/chaos.py)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import collections
+from typing import TYPE_CHECKING, Any
 
 from bench.results import ResultsDir, markdown_table, pyplot
 
 if TYPE_CHECKING:
     from bench.chaos import Ledger
+
+
+def accounting(args, ledger: "Ledger", kills: list[dict], checked: dict, lost_checkpoints: list,
+               restarts: dict[str, int], phases: dict, after: dict) -> dict[str, Any]:
+    """The run's row: what was lost, hung, acknowledged and refused, kills and restarts, memory."""
+    lost = len(checked["lost"]["turns"]) + len(checked["lost"]["flows"]) + len(lost_checkpoints) \
+        + len(checked["lost"]["closes"])
+    before = phases["before"]
+    return {
+        "duration_secs": args.duration, "kills": len(kills),
+        "kills_by_role": dict(collections.Counter(k["role"] for k in kills)),
+        "restarts_by_role": restarts,
+        "lost": lost, "lost_turns": checked["lost"]["turns"][:20], "lost_flows": checked["lost"]["flows"][:20],
+        "lost_checkpoints": lost_checkpoints[:20], "closes_undone": checked["lost"]["closes"][:20],
+        "hung": ledger.turns["hung"],
+        "turn_outcomes": dict(ledger.turns), "turns_resumed": ledger.resumed, "streams_with_gaps": ledger.reordered,
+        "acknowledged": {"turns": len(ledger.completed), "checkpoints": sum(map(len, ledger.checkpoints.values())),
+                         "flows": len(ledger.flows), "closes": len(ledger.closed)},
+        "checkpoint_errors": {str(k): v for k, v in ledger.checkpoint_errors.items()},
+        "flow_errors": {str(k): v for k, v in ledger.flow_errors.items()},
+        "close_errors": {str(k): v for k, v in ledger.close_errors.items()},
+        "flow_results": checked["flow_results"],
+        "memory_kib": {name: {"before_private": before.get(name, {}).get("private_kib"),
+                              "after_private": m["private_kib"], "before_rss": before.get(name, {}).get("rss_kib"),
+                              "after_rss": m["rss_kib"], "pid": m["pid"],
+                              "restarted": before.get(name, {}).get("pid") != m["pid"]}
+                       for name, m in after.items()},
+    }
 
 
 def write_report(results: ResultsDir, row: dict, kills: list[dict], ledger: "Ledger", phases: dict) -> None:
