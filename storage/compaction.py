@@ -30,6 +30,7 @@ from broker.protocol import Kind
 from broker.sharding import STORE
 from storage import (bucket_mending, compaction_helper, freeing, records, segment_listing, segment_rewrites,
                      segments, write_failures)
+from storage.s3 import S3Unavailable
 
 if TYPE_CHECKING:
     from storage.log_writer import LogWriter
@@ -65,11 +66,15 @@ async def compaction_loop(writer: "LogWriter") -> None:
         try:
             await compact_once(writer)
         except Exception as exc:  # never fatal: the next pass tries again
-            if not write_failures.disk_full(exc):
-                writer.log.exception("compaction pass failed")
-            else:   # a rewrite needs room for the segment's copy: no traceback, nothing is wrong but the disk
+            # A full disk (a rewrite needs room for the segment's copy) and a bucket out of reach (an
+            # install goes there first) stop a pass with nothing wrong here: said without a traceback.
+            if write_failures.disk_full(exc):
                 writer.log.warning("compaction: no room on the disk for a segment's rewrite (%s); the next pass "
                                    "tries again", exc)
+            elif isinstance(exc, S3Unavailable):
+                writer.log.warning("compaction: the bucket is out of reach (%s); the next pass tries again", exc)
+            else:
+                writer.log.exception("compaction pass failed")
 
 
 async def compact_once(writer: "LogWriter") -> int:

@@ -1,0 +1,58 @@
+"""A compaction pass stopped by the world (a full disk, the bucket out of reach) says so in a
+WARNING and the next pass tries again; anything else is an ERROR with its traceback. Both once
+came as "compaction pass failed" and a traceback, every pass, for as long as the outage lasted
+(seen in a chaos run with the bucket going away: bench/results/2026-12-05-chaos-bucket-outages-
+fortyfourth/). The loop runs here with a fake pass; the failures themselves are real elsewhere
+(test_compaction_helper.py: a rewrite on a full tmpfs; test_e2e_s3.py: the bucket away)."""
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+from storage import compaction
+from storage.compaction_helper import HelperFailed
+from storage.s3 import S3Unavailable
+
+
+def passes_failing_with(monkeypatch, failure: Exception) -> int:
+    calls = []
+
+    async def failing(writer):
+        calls.append(1)
+        raise failure
+
+    monkeypatch.setattr(compaction, "compact_once", failing)
+    writer = SimpleNamespace(config=SimpleNamespace(storage=SimpleNamespace(compaction_interval_secs=0.01)),
+                             log=logging.getLogger("agent-os.test-compaction"))
+
+    async def run():
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(compaction.compaction_loop(writer), 0.3)
+
+    asyncio.run(run())
+    return len(calls)
+
+
+@pytest.mark.parametrize("failure, said", [
+    (S3Unavailable("PUT wal/001/x.log: connection refused"), "the bucket is out of reach"),
+    (HelperFailed("OSError: [Errno 28] No space left on device", errno.ENOSPC), "no room on the disk"),
+    (OSError(errno.ENOSPC, "No space left on device"), "no room on the disk"),
+])
+def test_a_pass_stopped_by_the_disk_or_the_bucket_warns_and_the_next_tries_again(monkeypatch, caplog, failure,
+                                                                                   said):
+    with caplog.at_level(logging.INFO, logger="agent-os.test-compaction"):
+        passes = passes_failing_with(monkeypatch, failure)
+    assert passes >= 2
+    assert [r.levelno for r in caplog.records] == [logging.WARNING] * passes
+    assert all(said in r.getMessage() and r.exc_info is None for r in caplog.records)
+
+
+def test_any_other_failure_of_a_pass_is_an_error_with_its_traceback(monkeypatch, caplog):
+    with caplog.at_level(logging.INFO, logger="agent-os.test-compaction"):
+        passes = passes_failing_with(monkeypatch, HelperFailed("KeyError: 'count'"))
+    assert passes >= 2
+    assert all(r.levelno == logging.ERROR and r.exc_info for r in caplog.records)
