@@ -43,7 +43,7 @@ from bench import chaos_jsonl
 from bench.chaos_closes import close_client, closable, reopened
 from bench.chaos_report import accounting, write_report
 from bench.results import ResultsDir
-from bench.s3_local import CREDENTIALS, S3Server
+from bench.s3_local import CREDENTIALS, S3Server, outages as s3_outages
 from bench.sampling import memory_by_process
 from bench.server_log import logged_errors
 from bench.server_proc import ServerProcess, deep_merge, wait_until
@@ -191,8 +191,10 @@ async def killer(server: ServerProcess, every: float, rng: random.Random, stop: 
         print(f"  {kills[-1]['t']:7.1f}s  SIGKILL {role} (pid {pids[role]})", file=sys.stderr)
 
 
-async def load(server: ServerProcess, args, ledger: Ledger, kills: list[dict]) -> dict:
-    """Warm up, take the memory baseline, run the kills, stop, let every stream finish."""
+async def load(server: ServerProcess, args, ledger: Ledger, kills: list[dict], s3: S3Server | None = None,
+               outages: list[dict] | None = None) -> dict:
+    """Warm up, take the memory baseline, run the kills (and the bucket's outages), stop, let every
+    stream finish."""
     stop_load, stop_kills = asyncio.Event(), asyncio.Event()
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as http:
@@ -208,11 +210,14 @@ async def load(server: ServerProcess, args, ledger: Ledger, kills: list[dict]) -
         await asyncio.sleep(args.warmup)
         before = memory_by_process(server)
         chaos_from = time.monotonic() - ledger.t0
-        kill_task = asyncio.ensure_future(killer(server, args.kill_every, random.Random(args.seed), stop_kills,
-                                                 kills, ledger.t0, args.roles))
+        chaos = [asyncio.ensure_future(killer(server, args.kill_every, random.Random(args.seed), stop_kills,
+                                              kills, ledger.t0, args.roles))]
+        if s3 is not None and args.bucket_outages:
+            chaos.append(asyncio.ensure_future(s3_outages(s3.proxy, args.bucket_outages, random.Random(-args.seed),
+                                                          stop_kills, outages, ledger.t0)))
         await asyncio.sleep(args.duration)
         stop_kills.set()
-        await kill_task
+        await asyncio.gather(*chaos)
         chaos_to = time.monotonic() - ledger.t0
         await asyncio.sleep(args.cooldown)     # load goes on while the last restarts finish
         stop_load.set()
@@ -299,10 +304,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--bucket", action="store_true",
                    help="durability s3 on a local S3 endpoint (moto): acks wait for the bucket, a restarted log "
                         "writer restores from it")
+    p.add_argument("--bucket-outages", type=float, default=0.0, metavar="SECS",
+                   help="with --bucket: it goes away for 2-4 s every SECS or so (refused or 503)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--name", default="chaos")
     p.add_argument("--results-root", default=None, help="where the results folder goes (default bench/results)")
     args = p.parse_args(argv)
+    if args.bucket_outages and not args.bucket:
+        p.error("--bucket-outages needs --bucket")
     args.duration = args.seconds if args.seconds is not None else args.minutes * 60
     return args
 
@@ -328,17 +337,18 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-chaos-"))
     s3 = S3Server() if args.bucket else None
     env = CREDENTIALS if s3 else None
-    bucket = s3.storage_config(s3.new_bucket(), direct=True) if s3 else None
+    # through the fault proxy only when it is to fail: it is a thread per connection in this process
+    bucket = s3.storage_config(s3.new_bucket(), direct=not args.bucket_outages) if s3 else None
     config = server_config(work / "jsonl", args.busy_log, bucket)
     results.write_config({"command": "bench chaos", "args": vars(args), "server": config})
-    ledger, kills = Ledger(), []
+    ledger, kills, outages = Ledger(), [], []
     try:
         server = ServerProcess(work, config, env).start()
         workers: list = []
         try:
             workers = start_workers(server, 1, 16)
             print(f"chaos: {args.duration:.0f}s of kills every ~{args.kill_every}s on {server.url}", file=sys.stderr)
-            phases = asyncio.run(load(server, args, ledger, kills))
+            phases = asyncio.run(load(server, args, ledger, kills, s3, outages))
             server.wait_ready(120)
             wait_until(lambda: all(r["pid"] for r in server.table()["children"]), 60, "every role to be running")
             checked = asyncio.run(verify(server, ledger, timeout=max(60.0, args.deadline)))
@@ -362,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     lost_checkpoints = lost_from_log(ledger.checkpoints, in_log)
     row = accounting(args, ledger, kills, checked, lost_checkpoints, restarts, phases, after)
     row["jsonl"] = jsonl
+    row["bucket_outages"] = outages
     # the logs' own word on the run: a kill is a WARNING, a bug of ours under kills an ERROR
     logged = {log.name: logged_errors(log) for log in sorted(results.path.glob("*.log"))}
     row["logged_errors"] = {name: count for name, (count, _) in logged.items()}
