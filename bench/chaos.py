@@ -42,6 +42,7 @@ from bench.logged_checkpoints import checkpoints_in_log, lost_from_log
 from bench import chaos_jsonl
 from bench.chaos_closes import close_client, closable, reopened
 from bench.chaos_report import accounting, write_report
+from bench.chaos_stalls import staller
 from bench.results import ResultsDir
 from bench.s3_local import CREDENTIALS, S3Server, outages as s3_outages
 from bench.sampling import memory_by_process
@@ -192,9 +193,9 @@ async def killer(server: ServerProcess, every: float, rng: random.Random, stop: 
 
 
 async def load(server: ServerProcess, args, ledger: Ledger, kills: list[dict], s3: S3Server | None = None,
-               outages: list[dict] | None = None) -> dict:
-    """Warm up, take the memory baseline, run the kills (and the bucket's outages), stop, let every
-    stream finish."""
+               outages: list[dict] | None = None, stalls: list[dict] | None = None) -> dict:
+    """Warm up, take the memory baseline, run the kills (and the stalls, and the bucket's
+    outages), stop, let every stream finish."""
     stop_load, stop_kills = asyncio.Event(), asyncio.Event()
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as http:
@@ -212,6 +213,9 @@ async def load(server: ServerProcess, args, ledger: Ledger, kills: list[dict], s
         chaos_from = time.monotonic() - ledger.t0
         chaos = [asyncio.ensure_future(killer(server, args.kill_every, random.Random(args.seed), stop_kills,
                                               kills, ledger.t0, args.roles))]
+        if args.stall_every:
+            chaos.append(asyncio.ensure_future(staller(server, args.stall_every, random.Random(args.seed + 1),
+                                                       stop_kills, stalls, ledger.t0, args.roles)))
         if s3 is not None and args.bucket_outages:
             chaos.append(asyncio.ensure_future(s3_outages(s3.proxy, args.bucket_outages, random.Random(-args.seed),
                                                           stop_kills, outages, ledger.t0)))
@@ -304,6 +308,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--bucket", action="store_true",
                    help="durability s3 on a local S3 endpoint (moto): acks wait for the bucket, a restarted log "
                         "writer restores from it")
+    p.add_argument("--stall-every", type=float, default=0.0, metavar="SECS",
+                   help="also stop a random role with SIGSTOP for 2-6 s every SECS or so (bench/chaos_stalls.py)")
     p.add_argument("--bucket-outages", type=float, default=0.0, metavar="SECS",
                    help="with --bucket: it goes away for 2-4 s every SECS or so (refused or 503)")
     p.add_argument("--seed", type=int, default=1)
@@ -341,14 +347,14 @@ def main(argv: list[str] | None = None) -> int:
     bucket = s3.storage_config(s3.new_bucket(), direct=not args.bucket_outages) if s3 else None
     config = server_config(work / "jsonl", args.busy_log, bucket)
     results.write_config({"command": "bench chaos", "args": vars(args), "server": config})
-    ledger, kills, outages = Ledger(), [], []
+    ledger, kills, outages, stalls = Ledger(), [], [], []
     try:
         server = ServerProcess(work, config, env).start()
         workers: list = []
         try:
             workers = start_workers(server, 1, 16)
             print(f"chaos: {args.duration:.0f}s of kills every ~{args.kill_every}s on {server.url}", file=sys.stderr)
-            phases = asyncio.run(load(server, args, ledger, kills, s3, outages))
+            phases = asyncio.run(load(server, args, ledger, kills, s3, outages, stalls))
             server.wait_ready(120)
             wait_until(lambda: all(r["pid"] for r in server.table()["children"]), 60, "every role to be running")
             checked = asyncio.run(verify(server, ledger, timeout=max(60.0, args.deadline)))
@@ -373,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     row = accounting(args, ledger, kills, checked, lost_checkpoints, restarts, phases, after)
     row["jsonl"] = jsonl
     row["bucket_outages"] = outages
+    row["stalls"] = stalls
     # the logs' own word on the run: a kill is a WARNING, a bug of ours under kills an ERROR
     logged = {log.name: logged_errors(log) for log in sorted(results.path.glob("*.log"))}
     row["logged_errors"] = {name: count for name, (count, _) in logged.items()}

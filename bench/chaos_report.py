@@ -60,7 +60,7 @@ def write_report(results: ResultsDir, row: dict, kills: list[dict], ledger: "Led
         f"Flow runs: {row['flow_results']}; start errors seen by clients (retried with the same key): "
         f"{row['flow_errors']}. Checkpoint PUT errors: {row['checkpoint_errors']}. Close errors (retried): "
         f"{row['close_errors']}; closed sessions found again: {row['closes_undone']}.", "",
-        *_outage_lines(row.get("bucket_outages")),
+        *_outage_lines(row.get("bucket_outages")), *_stall_lines(row.get("stalls")),
         "## Kills and restarts per role", "",
         markdown_table(["role", "kills", "restarts"],
                        [(name, row["kills_by_role"].get(name, 0), n) for name, n in sorted(row["restarts_by_role"].items())]),
@@ -81,6 +81,8 @@ def write_report(results: ResultsDir, row: dict, kills: list[dict], ledger: "Led
         top.axvline(k["t"], color="red", alpha=0.25, linewidth=0.8)
     for o in row.get("bucket_outages") or ():
         top.axvspan(o["t"], o["t"] + o["secs"], color="purple", alpha=0.12)
+    for o in row.get("stalls") or ():
+        top.axvspan(o["t"], o["t"] + o["secs"], color="orange", alpha=0.12)
     top.axvspan(phases["chaos_from"], phases["chaos_to"], color="red", alpha=0.04, label="kills (red lines)")
     top.set_xlabel("seconds")
     top.legend(loc="upper right", fontsize=8)
@@ -105,6 +107,14 @@ def _outage_lines(outages: list[dict] | None) -> list[str]:
     return [f"The bucket went away {len(outages)} times ({sum(o['secs'] for o in outages):.1f} s in all; "
             + ", ".join(f"{o['t']:.0f} s {o['mode']} for {o['secs']:.1f} s" for o in outages)
             + "; purple in the plot).", ""]
+
+
+def _stall_lines(stalls: list[dict] | None) -> list[str]:
+    if not stalls:
+        return []
+    return [f"Roles stopped with SIGSTOP and continued {len(stalls)} times "
+            f"({sum(s['secs'] for s in stalls):.1f} s in all; orange in the plot): "
+            + ", ".join(f"{s['role']} for {s['secs']:.1f} s at {s['t']:.0f} s" for s in stalls) + ".", ""]
 
 
 def _jsonl_line(jsonl: dict | None) -> str:
