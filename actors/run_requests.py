@@ -12,7 +12,10 @@ from __future__ import annotations
 import asyncio
 import collections
 
+from typing import Awaitable, Callable
+
 from actors.flow_state import WAITABLE, Op, Run
+from actors.persistence import StorageUnavailable
 from broker.protocol import Kind, Message
 from broker.sharding import SCHEDULER, is_actor_name
 from storage.log_client import LogWriteError
@@ -29,11 +32,35 @@ def _refused(exc: LogWriteError, what: str) -> dict:
     return {"code": exc.code, "error": f"{what}: {exc}"}
 
 
+def _unavailable(kind: Kind, body: dict, exc: StorageUnavailable) -> dict:
+    head = {Kind.FLOW_RUN: {"run_id": body.get("run_id"), "status": "error"}, Kind.FLOW_ACK: {"ok": False},
+            Kind.ATTR_VALUES: {"found": False}}[kind]
+    return {**head, "code": "unavailable", "error": f"the run's journal could not be read: {exc}"}
+
+
 class TaskFailed(RuntimeError):
     """A task (an update handler, a tool) failed on its worker, after its retries."""
 
 
 class RunRequests:
+    def store_away(self, handler: Callable[[Message], Awaitable[None]],
+                   kind: Kind) -> Callable[[Message], Awaitable[None]]:
+        """`handler`, for when a run it needs is not in memory and writer/store, which reads its
+        journal back, does not answer (restarting, stalled; actors/persistence.py): the caller
+        hears `unavailable` in a `kind` reply at once (an HTTP client: 503) rather than nothing
+        until its own timeout, and the log says so in a WARNING — no bug, no traceback (it was
+        "handler failed" with one, in a chaos run whose writer/store was down for 30 s). Workers'
+        requests concern runs in memory only."""
+        async def handle(msg: Message) -> None:
+            try:
+                await handler(msg)
+            except StorageUnavailable as exc:
+                if (more := self.store_away_said.due()) is not None:
+                    self.log.warning("%s for run %s not served: %s%s", msg.kind.value, msg.body.get("run_id"), exc,
+                                     more)
+                self.bus.reply(msg, kind, _unavailable(kind, msg.body, exc))
+        return handle
+
     async def on_start(self, msg: Message) -> None:
         await self.ready.wait()
         b = msg.body

@@ -263,3 +263,37 @@ def test_a_recovered_child_is_cancelled_only_if_its_parent_has_ended(parent_stat
         assert [(r["type"], r["status"]) for r in appended] == [("run.ended", "cancelled")]
     else:
         assert not run.ended and appended == []
+
+
+def test_a_request_for_a_run_the_store_cannot_read_back_is_answered_unavailable_at_once(caplog):
+    """writer/store down (restarting, stalled): a caller's request for a run not in memory died in
+    its handler ("handler failed", a traceback) and was never answered, so the gateway waited out
+    its own timeout. Now the caller hears `unavailable` (503) at once, and the log says it in a
+    WARNING."""
+    from actors.persistence import StorageUnavailable
+    from test_flow_cancel import FakeBus
+
+    async def main() -> FakeBus:
+        bus = FakeBus()
+        flows = Flows(bus=bus, log=None, query=None, index=0, shards=1, logger=logging.getLogger("t.store-away"))
+
+        async def query(name: str, session: str, **params) -> dict:
+            raise StorageUnavailable("the store did not answer: writer/store: unknown within 30s")
+
+        flows.query = query
+        flows.ready.set()
+        handlers = flows.handlers()
+        asked = {"run_id": "r-away", "tenant": "t"}
+        for kind, body in ((Kind.FLOW_START, {**asked, "flow": "f", "input": None}), (Kind.FLOW_GET, asked),
+                           (Kind.FLOW_CANCEL, asked), (Kind.CHANNEL_PUBLISH, {**asked, "channel": "c", "message": 1}),
+                           (Kind.ATTR_GET, asked), (Kind.ATTR_UPDATE, {**asked, "key": "k", "handler": "h", "arg": 1})):
+            await handlers[kind](Message("gateway/0", kind, 1, 0.0, 0, "r-away", "", body))
+        return bus
+
+    with caplog.at_level(logging.WARNING, logger="t.store-away"):
+        bus = asyncio.run(main())
+    assert [(kind, body.get("code")) for _, kind, body in bus.sent] == \
+        [(Kind.FLOW_RUN, "unavailable")] * 3 + [(Kind.FLOW_ACK, "unavailable")] + \
+        [(Kind.ATTR_VALUES, "unavailable")] * 2
+    assert "writer/store: unknown within 30s" in bus.sent[0][2]["error"]
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]   # once: the rest are counted
