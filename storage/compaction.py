@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from agentos import metrics
 from broker.protocol import Kind
+from broker.requests import BusError
 from broker.sharding import STORE
 from storage import (bucket_mending, compaction_helper, freeing, records, segment_listing, segment_rewrites,
                      segments, write_failures)
@@ -66,13 +67,16 @@ async def compaction_loop(writer: "LogWriter") -> None:
         try:
             await compact_once(writer)
         except Exception as exc:  # never fatal: the next pass tries again
-            # A full disk (a rewrite needs room for the segment's copy) and a bucket out of reach (an
-            # install goes there first) stop a pass with nothing wrong here: said without a traceback.
+            # A full disk (a rewrite needs room for the segment's copy), a bucket out of reach (an
+            # install goes there first) and writer/store not answering (restarting, stalled: it names
+            # what to drop) stop a pass with nothing wrong here: said without a traceback.
             if write_failures.disk_full(exc):
                 writer.log.warning("compaction: no room on the disk for a segment's rewrite (%s); the next pass "
                                    "tries again", exc)
             elif isinstance(exc, S3Unavailable):
                 writer.log.warning("compaction: the bucket is out of reach (%s); the next pass tries again", exc)
+            elif isinstance(exc, BusError):
+                writer.log.warning("compaction: writer/store did not answer (%s); the next pass asks again", exc)
             else:
                 writer.log.exception("compaction pass failed")
 

@@ -1,9 +1,10 @@
-"""A compaction pass stopped by the world (a full disk, the bucket out of reach) says so in a
-WARNING and the next pass tries again; anything else is an ERROR with its traceback. Both once
-came as "compaction pass failed" and a traceback, every pass, for as long as the outage lasted
-(seen in a chaos run with the bucket going away: bench/results/2026-12-05-chaos-bucket-outages-
-fortyfourth/). The loop runs here with a fake pass; the failures themselves are real elsewhere
-(test_compaction_helper.py: a rewrite on a full tmpfs; test_e2e_s3.py: the bucket away)."""
+"""A compaction pass stopped by the world (a full disk, the bucket out of reach, writer/store not
+answering) says so in a WARNING and the next pass tries again; anything else is an ERROR with its
+traceback. Each came as "compaction pass failed" and a traceback, every pass, for as long as the
+trouble lasted (seen in chaos runs with the bucket going away and with writer/store stalled:
+bench/results/2026-12-05-chaos-bucket-outages-fortyfourth/ and
+…-chaos-stalls-broker-store-fortyfourth/). The loop runs here with a fake pass; a real rewrite on
+a full disk is in test_compaction_helper.py."""
 from __future__ import annotations
 
 import asyncio
@@ -13,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from broker.requests import BusTimeout
 from storage import compaction
 from storage.compaction_helper import HelperFailed
 from storage.s3 import S3Unavailable
@@ -41,6 +43,7 @@ def passes_failing_with(monkeypatch, failure: Exception) -> int:
     (S3Unavailable("PUT wal/001/x.log: connection refused"), "the bucket is out of reach"),
     (HelperFailed("OSError: [Errno 28] No space left on device", errno.ENOSPC), "no room on the disk"),
     (OSError(errno.ENOSPC, "No space left on device"), "no room on the disk"),
+    (BusTimeout("store.query to writer/store: writer/store: unknown within 30s"), "writer/store did not answer"),
 ])
 def test_a_pass_stopped_by_the_disk_or_the_bucket_warns_and_the_next_tries_again(monkeypatch, caplog, failure,
                                                                                    said):
