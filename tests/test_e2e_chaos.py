@@ -1,7 +1,7 @@
 """End-to-end: twenty seconds of `agent-os bench chaos` — turns, checkpoints and flows while every
-role of the tree is killed with SIGKILL in turn, on a log that rotates and compacts all the while
-— and the load generator's own accounting says nothing acknowledged was lost and no stream hung.
-(The ten-minute run is a benchmark.)"""
+role of the tree is killed with SIGKILL in turn, or stopped for seconds, on a log that rotates and
+compacts all the while — and the load generator's own accounting says nothing acknowledged was lost
+and no stream hung. (The ten-minute run is a benchmark.)"""
 import json
 import re
 import signal
@@ -19,6 +19,7 @@ def test_twenty_seconds_of_sigkills_lose_nothing_acknowledged(tmp_path):
     cmd = [sys.executable, "-m", "agentos.cli", "bench", "chaos", "--seconds", "20", "--kill-every", "1.4",
            "--warmup", "4", "--cooldown", "4", "--deadline", "45", "--turn-clients", "8", "--seed", "3",
            "--busy-log",   # 1 MiB segments, a compaction pass every 2 s: kills land in rotations and rewrites
+           "--stall-every", "5",   # and a role stopped for 2-6 s now and then: slow, not dead
            "--results-root", str(tmp_path)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -36,6 +37,7 @@ def test_twenty_seconds_of_sigkills_lose_nothing_acknowledged(tmp_path):
     jsonl = row["jsonl"]
     assert jsonl["lines"] > 0 and jsonl["missing"] == jsonl["extra"] == jsonl["bad_lines"] == 0, jsonl
     assert len(kills) >= len(ROLES) and {k["role"] for k in kills} == ROLES   # at least one whole round
+    assert row["stalls"]   # a role was stopped for seconds, and continued
     for role, n in row["kills_by_role"].items():
         assert row["restarts_by_role"][role] >= n
     assert min(row["acknowledged"].values()) > 0 and row["turn_outcomes"]["completed"] > 0
@@ -49,5 +51,6 @@ def test_twenty_seconds_of_sigkills_lose_nothing_acknowledged(tmp_path):
     errors = [line for line in server_log.splitlines() if re.match(r"\S+ \S+ \S+ (ERROR|CRITICAL) ", line)]
     assert row["logged_errors"]["server.log"] == len(errors) and "worker-0.log" in row["logged_errors"]
     assert f"server.log {len(errors)}" in (folder / "summary.md").read_text()
-    pids = [k["pid"] for k in kills] + [m["pid"] for m in row["memory_kib"].values()]
+    pids = [k["pid"] for k in kills + row["stalls"]] + [m["pid"] for m in row["memory_kib"].values()]
     assert not [p for p in pids if pid_alive(p)]   # the benchmark left nothing running
+
