@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-
 from typing import Awaitable, Callable
 
 from actors.flow_state import WAITABLE, Op, Run

@@ -8,7 +8,9 @@ milliseconds in), checkpoint clients
 close clients (a session filled, then closed) on one real process tree with full persistence and one worker process. Every few seconds (jittered)
 one role of the tree — broker, gateway, an actor, the scheduler, a log writer, the store writer or
 the mock model — gets SIGKILL, in a shuffled order that reaches every role once per round; the
-supervisor restarts it.
+supervisor restarts it. Optionally also: roles stopped for seconds and continued (`--stall-every`,
+bench/chaos_stalls.py), a log that rotates and compacts all the time (`--busy-log`), acks that
+wait for a bucket (`--bucket`, moto) and that bucket going away now and then (`--bucket-outages`).
 
 The accounting, after the kills stop and the tree has settled:
 - lost: acknowledged records that are not there. A completed turn whose assistant message is not
@@ -301,7 +303,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--close-clients", type=int, default=2, help="clients that fill a session, then close it")
     p.add_argument("--pause", type=float, default=0.05, help="each client's think time between requests")
     p.add_argument("--roles", type=lambda v: [r for r in v.split(",") if r], default=[],
-                   help="kill only these roles (comma-separated names as `agent-os status` shows them)")
+                   help="kill (and stall) only these roles (comma-separated names as `agent-os status` shows them)")
     p.add_argument("--busy-log", action="store_true",
                    help="1 MiB log segments and a compaction pass every 2 s: kills land in rotations, rewrites "
                         "and installs")
