@@ -9,7 +9,7 @@ close clients (a session filled, then closed) on one real process tree with full
 one role of the tree — broker, gateway, an actor, the scheduler, a log writer, the store writer or
 the mock model — gets SIGKILL, in a shuffled order that reaches every role once per round; the
 supervisor restarts it. Optionally also: roles stopped for seconds and continued (`--stall-every`,
-bench/chaos_stalls.py), a log that rotates and compacts all the time (`--busy-log`), acks that
+bench/chaos_faults.py), a log that rotates and compacts all the time (`--busy-log`), acks that
 wait for a bucket (`--bucket`, moto) and that bucket going away now and then (`--bucket-outages`).
 
 The accounting, after the kills stop and the tree has settled:
@@ -44,9 +44,9 @@ from bench.logged_checkpoints import checkpoints_in_log, lost_from_log
 from bench import chaos_jsonl
 from bench.chaos_closes import close_client, closable, reopened
 from bench.chaos_report import accounting, write_report
-from bench.chaos_stalls import staller
+from bench.chaos_faults import outager, staller, stopped_within
 from bench.results import ResultsDir
-from bench.s3_local import CREDENTIALS, S3Server, outages as s3_outages
+from bench.s3_local import CREDENTIALS, S3Server
 from bench.sampling import memory_by_process
 from bench.server_log import logged_errors
 from bench.server_proc import ServerProcess, deep_merge, wait_until
@@ -164,12 +164,7 @@ async def killer(server: ServerProcess, every: float, rng: random.Random, stop: 
                  kills: list[dict], t0: float, roles: list[str]) -> None:
     deck: list[str] = []
     roster: list[str] = []
-    while True:
-        try:
-            await asyncio.wait_for(stop.wait(), every * rng.uniform(0.5, 1.5))
-            return
-        except asyncio.TimeoutError:
-            pass
+    while not await stopped_within(stop, every * rng.uniform(0.5, 1.5)):
         try:
             pids = server.pids()
         except (OSError, ValueError):
@@ -219,8 +214,8 @@ async def load(server: ServerProcess, args, ledger: Ledger, kills: list[dict], s
             chaos.append(asyncio.ensure_future(staller(server, args.stall_every, random.Random(args.seed + 1),
                                                        stop_kills, stalls, ledger.t0, args.roles)))
         if s3 is not None and args.bucket_outages:
-            chaos.append(asyncio.ensure_future(s3_outages(s3.proxy, args.bucket_outages, random.Random(-args.seed),
-                                                          stop_kills, outages, ledger.t0)))
+            chaos.append(asyncio.ensure_future(outager(s3.proxy, args.bucket_outages, random.Random(-args.seed),
+                                                       stop_kills, outages, ledger.t0)))
         await asyncio.sleep(args.duration)
         stop_kills.set()
         await asyncio.gather(*chaos)
@@ -311,7 +306,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="durability s3 on a local S3 endpoint (moto): acks wait for the bucket, a restarted log "
                         "writer restores from it")
     p.add_argument("--stall-every", type=float, default=0.0, metavar="SECS",
-                   help="also stop a random role with SIGSTOP for 2-6 s every SECS or so (bench/chaos_stalls.py)")
+                   help="also stop a random role with SIGSTOP for 2-6 s every SECS or so (bench/chaos_faults.py)")
     p.add_argument("--bucket-outages", type=float, default=0.0, metavar="SECS",
                    help="with --bucket: it goes away for 2-4 s every SECS or so (refused or 503)")
     p.add_argument("--seed", type=int, default=1)

@@ -3,8 +3,6 @@ server mode, behind a proxy that can be told to fail (connections refused or ans
 way a bucket goes away for a while."""
 from __future__ import annotations
 
-import asyncio
-import random
 import socket
 import subprocess
 import sys
@@ -101,27 +99,6 @@ class FaultyProxy:
         self.stopping = True
         self.listener.close()
         self.set("refuse")
-
-
-async def outages(proxy: FaultyProxy, every: float, rng: random.Random, stop: asyncio.Event, log: list[dict],
-                  t0: float) -> None:
-    """The bucket goes away every `every` seconds or so (jittered ±50%) for 2-4 s, its connections
-    refused or answered 503, until `stop`; each outage is appended to `log` (seconds from `t0`)."""
-    while True:
-        try:
-            await asyncio.wait_for(stop.wait(), every * rng.uniform(0.5, 1.5))
-            return
-        except asyncio.TimeoutError:
-            pass
-        mode, secs = rng.choice(("refuse", "503")), rng.uniform(2.0, 4.0)
-        log.append({"t": round(time.monotonic() - t0, 2), "secs": round(secs, 2), "mode": mode})
-        print(f"  {log[-1]['t']:7.1f}s  the bucket {mode} for {secs:.1f}s", file=sys.stderr)
-        proxy.set(mode)
-        try:
-            await asyncio.wait_for(stop.wait(), secs)
-        except asyncio.TimeoutError:
-            pass
-        proxy.set("up")
 
 
 class S3Server:
