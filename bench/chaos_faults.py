@@ -35,15 +35,17 @@ async def stopped_within(stop: asyncio.Event, secs: float) -> bool:
 
 async def staller(server: ServerProcess, every: float, rng: random.Random, stop: asyncio.Event, stalls: list[dict],
                   t0: float, roles: list[str]) -> None:
-    """Until `stop`: every `every` seconds or so (jittered ±50%), one role stopped for STALL_SECS;
-    each stall is appended to `stalls` (seconds from `t0`). A stalled process is always continued,
-    also when the run stops in the middle of its stall."""
+    """Until `stop`: every `every` seconds or so (jittered ±50%), one role stopped for STALL_SECS
+    (one of `roles`, or any but the supervisor); each stall is appended to `stalls` (seconds from
+    `t0`). A stalled process is always continued, also when the run stops in the middle of its
+    stall."""
     while not await stopped_within(stop, every * rng.uniform(0.5, 1.5)):
         try:
             pids = server.pids()
         except (OSError, ValueError):
             continue
-        names = sorted(name for name in pids if name != "supervisor" and (not roles or name in roles))
+        # the supervisor only when named: stopped, it renews no lease and restarts nobody
+        names = sorted(name for name in pids if name in roles or (not roles and name != "supervisor"))
         if not names:
             continue
         role, secs = rng.choice(names), rng.uniform(*STALL_SECS)
