@@ -80,8 +80,17 @@ class ClusterSide:
             return
         self.lease_until = time.monotonic() + valid
         held, self.held = self.held, []
+        if held:   # said: from outside, a pause of every ack with nothing failing (a stalled supervisor)
+            self.log.warning("acknowledgements held %.1f s for the cluster lease's renewal (%d batches), "
+                             "acknowledged now", time.monotonic() - self.held_since, len(held))
         for waiting, end in held:
             self._acknowledge(waiting, end)
+
+    def _hold(self, waiting: list[tuple[Message, int]], end: int) -> None:
+        """Acks of a batch written while this writer's permission had run out: until a renewal."""
+        if not self.held:
+            self.held_since = time.monotonic()
+        self.held.append((waiting, end))
 
     def _active(self) -> bool:
         return self.object_store is None or time.monotonic() < self.lease_until

@@ -311,7 +311,7 @@ class LogWriter(ClusterSide):
             self._refuse(waiting)
             return
         if self.durability == "s3" and not self._active():
-            self.held.append((waiting, end))  # the lease could not be renewed yet: wait for it
+            self._hold(waiting, end)  # the lease could not be renewed yet: wait for it
             return
         acked_at = time.monotonic()
         remember = not self.embedded    # an embedded log batches by record count, not by sender

@@ -184,6 +184,33 @@ def test_a_node_whose_lease_was_taken_acknowledges_nothing_more(make_s3_server, 
 _ = CREDENTIALS
 
 
+def test_a_stalled_supervisor_holds_s3_acks_until_its_next_renewal_and_the_log_says_so(make_s3_server, s3):
+    """Stopped (a VM's pause, swapping), the supervisor renews no lease: the log writers'
+    permission to acknowledge runs out and `s3` acks wait, with nothing failing and, before, nothing
+    said. At its next renewal they are acknowledged, and the log says they were held and how long
+    (found in a chaos run stalling the supervisor: bench/results/2026-12-05-chaos-stalls-supervisor-
+    fortyfourth/)."""
+    import signal
+    from concurrent.futures import ThreadPoolExecutor
+
+    node = make_s3_server(s3.new_bucket(), "stalled")
+    assert put(node.url, "stall", "k0", b"before") == 200
+    os.kill(node.proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(3.5)   # past the last renewal's 2 s of permission (a 3 s lease, 1 s kept in hand)
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(put, node.url, "stall", "k1", b"during")
+            time.sleep(1.5)
+            assert not pending.done(), "acknowledged with the lease's permission run out"
+            os.kill(node.proc.pid, signal.SIGCONT)
+            assert pending.result(30) == 200
+    finally:
+        os.kill(node.proc.pid, signal.SIGCONT)
+    wait_until(lambda: re.search(r"WARNING acknowledgements held \d+\.\d s for the cluster lease's renewal",
+                                 node.log()), 10, "the log to say the acks were held")
+    assert latest(node.url, "stall") == b"during"
+
+
 def test_retention_removes_closed_runs_from_the_log_the_bucket_and_duckdb(make_s3_server, make_worker, s3,
                                                                          tmp_path):
     from storage import compaction, records, segments
