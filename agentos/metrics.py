@@ -73,7 +73,8 @@ log_write_errors = Counter("agentos_log_write_errors_total", "Failed log writes 
 log_damaged = Counter("agentos_log_damaged_records_total", "Damaged records met in the log (bytes that are not whole "
                       "records where whole ones must be), by what became of them: mended (the bucket's copy written "
                       "over them), skipped (writer/store passed over them), kept (a compaction left the segment as it "
-                      "was)", ["outcome"])
+                      "was), restored (a batch object read back damaged from the bucket, written as it was)",
+                      ["outcome"])
 log_append_wait = Histogram("agentos_log_append_wait_ms", "Time a SYNC record waited for its ack, ms",
                             buckets=MS_BUCKETS)
 

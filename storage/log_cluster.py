@@ -39,10 +39,7 @@ class ClusterSide:
         bucket_end = chain[-1].end if chain else 0
         local_end = self.segments.end
         if local_end < bucket_end:
-            restored = await loop.run_in_executor(self.io, bucket_restore.restore, self.segments, self.object_store,
-                                                  chain, local_end)
-            self.log.info("restored %d bytes of log %d from the bucket (%d objects)", self.segments.end - local_end,
-                          self.index, restored)
+            await self._restore(loop, chain)
         cluster = self.config.cluster
         if lease is not None and lease.node == cluster.node_id and lease.epoch == cluster.epoch:
             self.lease_until = time.monotonic() + (lease.expires_at - time.time()) - 1.0
@@ -53,6 +50,23 @@ class ClusterSide:
         if self.segments.end > bucket_end:
             data = await loop.run_in_executor(self.io, self.segments.read_range, bucket_end, self.segments.end)
             self.shipper.submit(bucket_end, self.segments.end, data)
+
+    async def _restore(self, loop: asyncio.AbstractEventLoop, chain: list) -> None:
+        """Write back what only the bucket has; the bucket going away part way is waited out,
+        and the restore goes on from where it got (what it wrote stays)."""
+        local_end = self.segments.end
+        while True:
+            try:
+                await loop.run_in_executor(self.io, bucket_restore.restore, self.segments,
+                                                       self.object_store, chain, self.segments.end)
+                break
+            except S3Unavailable as exc:
+                self.log.error("object storage unavailable while restoring log %d (%s); %d of %d bytes "
+                               "restored, retrying", self.index, exc, self.segments.end - local_end,
+                               chain[-1].end - local_end)
+                await asyncio.sleep(1.0)
+        self.log.info("restored %d bytes of log %d from the bucket (%d objects)", self.segments.end - local_end,
+                      self.index, sum(1 for batch in chain if batch.end > local_end))
 
     def _shipped_threadsafe(self, end: int) -> None:
         self.bus._loop.call_soon_threadsafe(self._shipped, end)
