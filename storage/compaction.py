@@ -29,8 +29,8 @@ from agentos import metrics
 from broker.protocol import Kind
 from broker.requests import BusError
 from broker.sharding import STORE
-from storage import (bucket_mending, compaction_helper, freeing, records, segment_listing, segment_rewrites,
-                     segments, write_failures)
+from storage import (bucket_mending, compaction_helper, compaction_reserve, freeing, records, segment_listing,
+                     segment_rewrites, segments, write_failures)
 from storage.s3 import S3Unavailable
 
 if TYPE_CHECKING:
@@ -65,11 +65,14 @@ async def compaction_loop(writer: "LogWriter") -> None:
     while True:
         await asyncio.sleep(writer.config.storage.compaction_interval_secs)
         try:
+            await asyncio.get_running_loop().run_in_executor(writer.compaction_io, compaction_reserve.keep,
+                                                             writer.directory, writer.segment_bytes)
             await compact_once(writer)
         except Exception as exc:  # never fatal: the next pass tries again
-            # A full disk (a rewrite needs room for the segment's copy), a bucket out of reach (an
-            # install goes there first) and writer/store not answering (restarting, stalled: it names
-            # what to drop) stop a pass with nothing wrong here: said without a traceback.
+            # A full disk (a rewrite needs room for the segment's copy; the reserve, if any, went to
+            # an earlier one), a bucket out of reach (an install goes there first) and writer/store
+            # not answering (restarting, stalled: it names what to drop) stop a pass with nothing
+            # wrong here: said without a traceback.
             if write_failures.disk_full(exc):
                 writer.log.warning("compaction: no room on the disk for a segment's rewrite (%s); the next pass "
                                    "tries again", exc)
@@ -285,8 +288,20 @@ async def rewrite_segment(writer: "LogWriter", start: int, end: int, path: Path,
 
 
 async def run_job(writer: "LogWriter", job: dict) -> dict:
-    """A segment rewrite done by the log's compaction helper (storage/compaction_helper.py)."""
-    return await asyncio.get_running_loop().run_in_executor(writer.compaction_io, writer.rewriter.call, job)
+    """A segment rewrite done by the log's compaction helper (storage/compaction_helper.py). One
+    the disk has no room for gets the log's compaction reserve (storage/compaction_reserve.py)."""
+    loop = asyncio.get_running_loop()
+    try:
+        return await loop.run_in_executor(writer.compaction_io, writer.rewriter.call, job)
+    except compaction_helper.HelperFailed as exc:
+        if job["op"] == "free" or not write_failures.disk_full(exc):
+            raise
+        freed = await loop.run_in_executor(writer.compaction_io, compaction_reserve.release, writer.directory)
+        if not freed:
+            raise
+        writer.log.warning("compaction: the disk is full; the log's compaction reserve (%s bytes) goes to the "
+                           "rewrite of %s", f"{freed:,}", Path(job["path"]).name)
+        return await loop.run_in_executor(writer.compaction_io, writer.rewriter.call, job)
 
 
 async def install(writer: "LogWriter", start: int, end: int, path: Path) -> None:

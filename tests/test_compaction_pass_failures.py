@@ -20,7 +20,7 @@ from storage.compaction_helper import HelperFailed
 from storage.s3 import S3Unavailable
 
 
-def passes_failing_with(monkeypatch, failure: Exception) -> int:
+def passes_failing_with(monkeypatch, tmp_path, failure: Exception) -> int:
     calls = []
 
     async def failing(writer):
@@ -29,7 +29,8 @@ def passes_failing_with(monkeypatch, failure: Exception) -> int:
 
     monkeypatch.setattr(compaction, "compact_once", failing)
     writer = SimpleNamespace(config=SimpleNamespace(storage=SimpleNamespace(compaction_interval_secs=0.01)),
-                             log=logging.getLogger("agent-os.test-compaction"))
+                             log=logging.getLogger("agent-os.test-compaction"), compaction_io=None,
+                             directory=tmp_path, segment_bytes=4096)
 
     async def run():
         with pytest.raises(asyncio.TimeoutError):
@@ -45,17 +46,17 @@ def passes_failing_with(monkeypatch, failure: Exception) -> int:
     (OSError(errno.ENOSPC, "No space left on device"), "no room on the disk"),
     (BusTimeout("store.query to writer/store: writer/store: unknown within 30s"), "writer/store did not answer"),
 ])
-def test_a_pass_stopped_by_the_disk_or_the_bucket_warns_and_the_next_tries_again(monkeypatch, caplog, failure,
-                                                                                   said):
+def test_a_pass_stopped_by_the_disk_or_the_bucket_warns_and_the_next_tries_again(monkeypatch, tmp_path, caplog,
+                                                                                   failure, said):
     with caplog.at_level(logging.INFO, logger="agent-os.test-compaction"):
-        passes = passes_failing_with(monkeypatch, failure)
+        passes = passes_failing_with(monkeypatch, tmp_path, failure)
     assert passes >= 2
     assert [r.levelno for r in caplog.records] == [logging.WARNING] * passes
     assert all(said in r.getMessage() and r.exc_info is None for r in caplog.records)
 
 
-def test_any_other_failure_of_a_pass_is_an_error_with_its_traceback(monkeypatch, caplog):
+def test_any_other_failure_of_a_pass_is_an_error_with_its_traceback(monkeypatch, tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="agent-os.test-compaction"):
-        passes = passes_failing_with(monkeypatch, HelperFailed("KeyError: 'count'"))
+        passes = passes_failing_with(monkeypatch, tmp_path, HelperFailed("KeyError: 'count'"))
     assert passes >= 2
     assert all(r.levelno == logging.ERROR and r.exc_info for r in caplog.records)

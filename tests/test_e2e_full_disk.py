@@ -2,6 +2,7 @@
 acknowledged is lost, records nobody waits for are written once space comes back, and the server
 recovers by itself."""
 import collections
+import contextlib
 import json
 import os
 import subprocess
@@ -15,15 +16,24 @@ from test_e2e_flows import result, start
 from storage import records, segments
 
 
+@contextlib.contextmanager
+def tmpfs_wal(tmp_path, size):
+    wal = tmp_path / "data" / "wal"
+    wal.mkdir(parents=True)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(wal)], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, f"this test mounts a tmpfs (it needs root): {proc.stderr}"
+    try:
+        yield wal
+    finally:
+        subprocess.run(["umount", "-l", str(wal)], check=False)
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """A 2 MiB tmpfs where the write-ahead log lives (set up and torn down by the test)."""
-    wal = tmp_path / "data" / "wal"
-    wal.mkdir(parents=True)
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(wal)], capture_output=True, text=True)
-    assert proc.returncode == 0, f"this test mounts a tmpfs (it needs root): {proc.stderr}"
-    yield wal
-    subprocess.run(["umount", "-l", str(wal)], check=False)
+    with tmpfs_wal(tmp_path, "2m") as wal:
+        yield wal
 
 
 def put(base, sid, key, payload):
@@ -231,3 +241,37 @@ def test_a_write_to_a_run_on_its_way_back_from_a_full_disk_hears_507(small_disk,
         if filler.exists():
             os.unlink(filler)
     assert marks.read_text().split() == ["step", "0", "step", "1"]   # the slow step ran once
+
+
+def test_a_disk_the_log_filled_with_superseded_checkpoints_frees_itself(tmp_path):
+    """A session checkpointing on a small disk fills it with checkpoints of its own that newer
+    ones supersede. Compaction drops those by writing each segment anew without them, which
+    needs room for the copy: without the log's compaction reserve (storage/compaction_reserve.py)
+    every pass failed for want of it, and the disk stayed full, every write refused, until
+    someone freed space by hand."""
+    config = {"storage": {"segment_bytes": 256 << 10, "spare_segments": 1, "compaction_interval_secs": 1}}
+    with tmpfs_wal(tmp_path, "6m") as wal:
+        server = Server(tmp_path, config).start()
+        try:
+            wait_until(lambda: any(wal.glob("*/compaction.reserve")), 15, "the logs' compaction reserves")
+            kept = {}
+            for i in range(1000):   # half of it superseded (the hot session's), half not
+                hot = put(server.url, "hot", "k", b"%06d" % i + b"h" * 12000)[0]
+                cold = put(server.url, f"cold-{i}", "k", b"%06d" % i + b"c" * 12000)[0]
+                if cold == 200:
+                    kept[f"cold-{i}"] = b"%06d" % i + b"c" * 12000
+                if (hot, cold) == (507, 507):
+                    break
+            else:
+                raise AssertionError("the disk never filled")
+            assert len(kept) > 50
+            wait_until(lambda: put(server.url, "hot", "k", b"after")[0] == 200, 30,
+                       "checkpoints to be taken again, with nothing freed by hand", interval=0.5)
+            assert "compaction reserve" in server.log()
+            for sid, payload in list(kept.items())[::10]:   # what was acknowledged is all there
+                with urllib.request.urlopen(f"{server.url}/v1/sessions/{sid}/checkpoints/latest") as resp:
+                    assert resp.read() == payload
+            with urllib.request.urlopen(f"{server.url}/v1/sessions/hot/checkpoints/latest") as resp:
+                assert resp.read() == b"after"
+        finally:
+            assert server.stop() == 0
