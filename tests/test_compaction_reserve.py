@@ -12,11 +12,11 @@ import pytest
 
 from storage import compaction, compaction_reserve
 from storage.compaction_helper import HelperFailed
-from test_e2e_full_disk import tmpfs_wal
+from test_e2e_full_disk import tmpfs
 
 
 def test_the_reserve_is_made_where_the_disk_has_room_for_it_twice(tmp_path):
-    with tmpfs_wal(tmp_path, "1m") as disk:
+    with tmpfs(tmp_path / "disk", "1m") as disk:
         assert not compaction_reserve.keep(disk, 600 << 10)        # 1.2 MiB: no
         assert not list(disk.iterdir())
         assert compaction_reserve.keep(disk, 256 << 10)

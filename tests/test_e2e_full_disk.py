@@ -17,22 +17,22 @@ from storage import records, segments
 
 
 @contextlib.contextmanager
-def tmpfs_wal(tmp_path, size):
-    wal = tmp_path / "data" / "wal"
-    wal.mkdir(parents=True)
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(wal)], capture_output=True,
-                          text=True)
+def tmpfs(directory, size):
+    """A tmpfs of `size` mounted on `directory` for the block (the test needs root)."""
+    directory.mkdir(parents=True)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
+                          capture_output=True, text=True)
     assert proc.returncode == 0, f"this test mounts a tmpfs (it needs root): {proc.stderr}"
     try:
-        yield wal
+        yield directory
     finally:
-        subprocess.run(["umount", "-l", str(wal)], check=False)
+        subprocess.run(["umount", "-l", str(directory)], check=False)
 
 
 @pytest.fixture
 def small_disk(tmp_path):
     """A 2 MiB tmpfs where the write-ahead log lives (set up and torn down by the test)."""
-    with tmpfs_wal(tmp_path, "2m") as wal:
+    with tmpfs(tmp_path / "data" / "wal", "2m") as wal:
         yield wal
 
 
@@ -244,18 +244,18 @@ def test_a_write_to_a_run_on_its_way_back_from_a_full_disk_hears_507(small_disk,
 
 
 def test_a_disk_the_log_filled_with_superseded_checkpoints_frees_itself(tmp_path):
-    """A session checkpointing on a small disk fills it with checkpoints of its own that newer
-    ones supersede. Compaction drops those by writing each segment anew without them, which
-    needs room for the copy: without the log's compaction reserve (storage/compaction_reserve.py)
-    every pass failed for want of it, and the disk stayed full, every write refused, until
-    someone freed space by hand."""
+    """A session checkpointing on a small disk (the whole data directory: the logs and DuckDB)
+    fills it with checkpoints of its own that newer ones supersede. Compaction drops those by
+    writing each segment anew without them, which needs room for the copy: without the log's
+    compaction reserve (storage/compaction_reserve.py) every pass failed for want of it, and the
+    disk stayed full, every write refused, until someone freed space by hand."""
     config = {"storage": {"segment_bytes": 256 << 10, "spare_segments": 1, "compaction_interval_secs": 1}}
-    with tmpfs_wal(tmp_path, "6m") as wal:
+    with tmpfs(tmp_path / "data", "12m") as data:
         server = Server(tmp_path, config).start()
         try:
-            wait_until(lambda: any(wal.glob("*/compaction.reserve")), 15, "the logs' compaction reserves")
+            wait_until(lambda: any(data.glob("wal/*/compaction.reserve")), 15, "the logs' compaction reserves")
             kept = {}
-            for i in range(1000):   # half of it superseded (the hot session's), half not
+            for i in range(2000):   # half of it superseded (the hot session's), half not
                 hot = put(server.url, "hot", "k", b"%06d" % i + b"h" * 12000)[0]
                 cold = put(server.url, f"cold-{i}", "k", b"%06d" % i + b"c" * 12000)[0]
                 if cold == 200:
@@ -264,14 +264,16 @@ def test_a_disk_the_log_filled_with_superseded_checkpoints_frees_itself(tmp_path
                     break
             else:
                 raise AssertionError("the disk never filled")
-            assert len(kept) > 50
-            wait_until(lambda: put(server.url, "hot", "k", b"after")[0] == 200, 30,
+            assert len(kept) > 100
+            wait_until(lambda: put(server.url, "hot", "k", b"after" * 2400)[0] == 200, 30,
                        "checkpoints to be taken again, with nothing freed by hand", interval=0.5)
+            # not a page's slack: room for as much again as a tenth of what filled the disk
+            assert [put(server.url, f"after-{n}", "k", b"a" * 12000)[0] for n in range(40)] == [200] * 40
             assert "compaction reserve" in server.log()
             for sid, payload in list(kept.items())[::10]:   # what was acknowledged is all there
                 with urllib.request.urlopen(f"{server.url}/v1/sessions/{sid}/checkpoints/latest") as resp:
                     assert resp.read() == payload
             with urllib.request.urlopen(f"{server.url}/v1/sessions/hot/checkpoints/latest") as resp:
-                assert resp.read() == b"after"
+                assert resp.read() == b"after" * 2400
         finally:
             assert server.stop() == 0
