@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import uuid
 
@@ -305,8 +306,16 @@ class Gateway:
         return json_response({"ready": True, "in_flight": self.in_flight})
 
     async def metrics(self, request: web.Request) -> web.Response:
-        body = await asyncio.get_running_loop().run_in_executor(None, metrics.render)
+        body = await asyncio.get_running_loop().run_in_executor(None, self._render_metrics)
         return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    def _render_metrics(self) -> bytes:
+        try:
+            disk = os.statvfs(self.config.storage.dir)
+            metrics.disk_free_bytes.set(disk.f_bavail * disk.f_frsize)
+        except OSError:
+            pass
+        return metrics.render()
 
     # -- bus ------------------------------------------------------------------------------
 

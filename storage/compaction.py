@@ -65,8 +65,9 @@ async def compaction_loop(writer: "LogWriter") -> None:
     while True:
         await asyncio.sleep(writer.config.storage.compaction_interval_secs)
         try:
-            await asyncio.get_running_loop().run_in_executor(writer.compaction_io, compaction_reserve.keep,
-                                                             writer.directory, writer.segment_bytes)
+            kept = await asyncio.get_running_loop().run_in_executor(writer.compaction_io, compaction_reserve.keep,
+                                                                    writer.directory, writer.segment_bytes)
+            metrics.compaction_reserve_bytes.labels(str(writer.index)).set(writer.segment_bytes if kept else 0)
             await compact_once(writer)
         except Exception as exc:  # never fatal: the next pass tries again
             # A full disk (a rewrite needs room for the segment's copy; the reserve, if any, went to
@@ -299,6 +300,7 @@ async def run_job(writer: "LogWriter", job: dict) -> dict:
         freed = await loop.run_in_executor(writer.compaction_io, compaction_reserve.release, writer.directory)
         if not freed:
             raise
+        metrics.compaction_reserve_bytes.labels(str(writer.index)).set(0)
         writer.log.warning("compaction: the disk is full; the log's compaction reserve (%s bytes) goes to the "
                            "rewrite of %s", f"{freed:,}", Path(job["path"]).name)
         return await loop.run_in_executor(writer.compaction_io, writer.rewriter.call, job)

@@ -41,7 +41,7 @@ class Rewriter:
 
 
 def rewrite(directory, failures):
-    writer = SimpleNamespace(compaction_io=None, rewriter=Rewriter(failures), directory=directory,
+    writer = SimpleNamespace(index=0, compaction_io=None, rewriter=Rewriter(failures), directory=directory,
                              log=logging.getLogger("agent-os.test-reserve"))
     try:
         return asyncio.run(compaction.run_job(writer, {"op": "rewrite", "path": str(directory / "0.seg"),
@@ -70,7 +70,7 @@ def test_other_failures_do_not_take_the_reserve(tmp_path):
             self.jobs.append(job)
             raise HelperFailed("KeyError: 'count'")
 
-    writer = SimpleNamespace(compaction_io=None, rewriter=Broken(0), directory=tmp_path,
+    writer = SimpleNamespace(index=0, compaction_io=None, rewriter=Broken(0), directory=tmp_path,
                              log=logging.getLogger("agent-os.test-reserve"))
     with pytest.raises(HelperFailed):
         asyncio.run(compaction.run_job(writer, {"op": "cut", "path": str(tmp_path / "0.seg")}))

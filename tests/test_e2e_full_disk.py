@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from harness import Server, get_json, turn, wait_until
+from harness import Server, get_json, scrape, turn, wait_until
 from test_e2e_flows import result, start
 from storage import records, segments
 
@@ -243,6 +243,10 @@ def test_a_write_to_a_run_on_its_way_back_from_a_full_disk_hears_507(small_disk,
     assert marks.read_text().split() == ["step", "0", "step", "1"]   # the slow step ran once
 
 
+def reserves(server):
+    return sum(v for k, v in scrape(server.url).items() if k.startswith("agentos_compaction_reserve_bytes"))
+
+
 def test_a_disk_the_log_filled_with_superseded_checkpoints_frees_itself(tmp_path):
     """A session checkpointing on a small disk (the whole data directory: the logs and DuckDB)
     fills it with checkpoints of its own that newer ones supersede. Compaction drops those by
@@ -254,6 +258,9 @@ def test_a_disk_the_log_filled_with_superseded_checkpoints_frees_itself(tmp_path
         server = Server(tmp_path, config).start()
         try:
             wait_until(lambda: any(data.glob("wal/*/compaction.reserve")), 15, "the logs' compaction reserves")
+            wait_until(lambda: reserves(server) == len(list(data.glob("wal/*/compaction.reserve"))) * (256 << 10), 10,
+                       "the reserves' gauge")
+            assert 0 < scrape(server.url)["agentos_disk_free_bytes"] < 12 << 20
             kept = {}
             for i in range(2000):   # half of it superseded (the hot session's), half not
                 hot = put(server.url, "hot", "k", b"%06d" % i + b"h" * 12000)[0]
@@ -265,6 +272,7 @@ def test_a_disk_the_log_filled_with_superseded_checkpoints_frees_itself(tmp_path
             else:
                 raise AssertionError("the disk never filled")
             assert len(kept) > 100
+            assert scrape(server.url)["agentos_disk_free_bytes"] < 256 << 10
             wait_until(lambda: put(server.url, "hot", "k", b"after" * 2400)[0] == 200, 30,
                        "checkpoints to be taken again, with nothing freed by hand", interval=0.5)
             # not a page's slack: room for as much again as a tenth of what filled the disk
