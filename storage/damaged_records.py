@@ -28,6 +28,7 @@ LOOK_BYTES = 4 << 20
 # `torn` stops at the last byte that is not zero: a whole record after a damaged one may end in
 # zeros of its own (a payload's), so a recovery's look goes this far past it.
 ZEROS_A_RECORD_MAY_END_WITH = 64 << 10
+SECTOR_BYTES = 512   # the least a disk writes whole
 
 
 def look_past(path: Path, start: int, position: int, nxt: int | None, limit: int | None) -> int | None:
@@ -53,15 +54,44 @@ def skipping(directory: Path, position: int, past: int) -> None:
               past - position, past)
 
 
-def keep_before_clearing(directory: Path, path: Path, start: int, data: bytes, good: int, torn: int) -> None:
+def all_on_disk(data: bytes, at: int) -> bool:
+    """Whether the record at `at` (which fails to parse) reached the disk whole: it claims a length
+    that fits, and no sector of it holds only zeros. A disk writes a sector whole or not at all,
+    and a segment is zeros ahead of its records, so a write torn by a crash leaves at least one
+    sector of its record as zeros; a record all there that fails its checksum is damaged — and,
+    written before the crash, it may have been acknowledged. (One whose own bytes fill a sector
+    with zeros looks torn, as every record did before.)"""
+    claimed = records.claimed_length(data, at)
+    if claimed is None or at + claimed > len(data):
+        return False
+    end = at + claimed
+    edge = at
+    while edge < end:
+        upto = min(end, (edge // SECTOR_BYTES + 1) * SECTOR_BYTES)
+        if not data[edge:upto].strip(b"\0"):
+            return False
+        edge = upto
+    return True
+
+
+def keep_before_clearing(directory: Path, path: Path, start: int, data: bytes, good: int, torn: int) -> bool:
     """A recovery is about to clear `torn` bytes after the last whole record (at `good` in
     segment `path`, whose bytes are `data`): if whole records follow them (damage, or a batch
-    whose later pages reached the disk before its earlier ones), records that were acknowledged
-    may be among them, so the bytes are kept beside the segment first, and said."""
+    whose later pages reached the disk before its earlier ones), or the record there is all on
+    the disk (damage), records that were acknowledged may be among them, so the bytes are kept
+    beside the segment first, and said. Returns whether they were (False: a torn write)."""
     look = data[good:good + min(torn, LOOK_BYTES) + ZEROS_A_RECORD_MAY_END_WITH]
     follows = records.next_whole(look, 0)
     if follows is None and torn <= LOOK_BYTES:
-        return
+        if not all_on_disk(data, good):
+            return False
+        claimed = records.claimed_length(data, good)
+        kept = keep_aside(directory, path, start + good, data[good:good + max(claimed, torn)])
+        log.error("log %s: the last record, at position %d, is all on the disk (a torn write leaves a sector of "
+                  "it zeros) but fails its checksum: a damaged record, which may have been acknowledged. Its "
+                  "%d bytes are kept in %s before they are cleared from the log", directory, start + good,
+                  max(claimed, torn), kept)
+        return True
     upto = good + torn        # every byte not zero; a last record's own zero bytes too:
     if follows is not None:
         for _, _, _, _, end in records.scan(data, good + follows):
@@ -72,6 +102,7 @@ def keep_before_clearing(directory: Path, path: Path, start: int, data: bytes, g
               "from the log", directory, start + good,
               f"whole records (the first at {start + good + follows})" if follows is not None
               else f"{torn} bytes of data", upto - good, kept)
+    return True
 
 
 def keep_aside(directory: Path, path: Path, position: int, data: bytes) -> Path:

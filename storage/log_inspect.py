@@ -63,9 +63,10 @@ def check_segment(log: str, start: int, path: Path, sealed: bool) -> SegmentChec
             why = "unreadable"
         except records.TornRecord as exc:
             why = str(exc)
-        # whole records after it: not a write torn by a crash (its writer keeps them aside, then clears)
-        torn = not sealed and records.next_whole(data[out.data_bytes:out.data_bytes + damaged_records.LOOK_BYTES],
-                                                 0) is None
+        # whole records after it, or a record with every sector written: not a write torn by a
+        # crash (its writer keeps the bytes aside, then clears them)
+        torn = (not sealed and not damaged_records.all_on_disk(data, out.data_bytes)
+                and records.next_whole(data[out.data_bytes:out.data_bytes + damaged_records.LOOK_BYTES], 0) is None)
         what = "torn tail" if torn else "damage"
         out.problem = (f"{what}: {len(rest):,} bytes at position {start + out.data_bytes} are not a whole record "
                        f"({why})")

@@ -135,13 +135,13 @@ class SegmentLog:
         # is told where the log ends.
         os.fdatasync(self.fd)
         if torn:
-            damaged_records.keep_before_clearing(self.directory, path, self.start, data, good, torn)
+            damaged = damaged_records.keep_before_clearing(self.directory, path, self.start, data, good, torn)
             # Zeros, not a shorter file: the segment stays allocated, and a later shorter record
             # never leaves a stale tail that could read as whole.
             os.pwrite(self.fd, bytes(torn), good)
             os.fsync(self.fd)
-            log.warning("log %s: truncated a torn tail of %d bytes at position %d", self.directory, torn,
-                        self.start + good)
+            log.warning("log %s: truncated %s of %d bytes at position %d", self.directory,
+                        "the damaged tail" if damaged else "a torn tail", torn, self.start + good)
         self.size = good
         return Recovery(len(segments), self.start + good, count, torn)
 

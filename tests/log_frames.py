@@ -17,3 +17,12 @@ def flip(path, offset):
         byte = f.read(1)
         f.seek(offset)
         f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def torn(frame, at, sector=512):
+    """What a crash leaves of `frame` written at file offset `at` into a segment of zeros: the disk
+    writes a sector whole or not at all, so the frame's sectors up to one it did not write. Here,
+    the sectors before the last one it reaches (it must reach more than one)."""
+    last = (at + len(frame) - 1) // sector * sector
+    assert last > at, "a frame within one sector is written whole or not at all"
+    return frame[:last - at]

@@ -5,6 +5,7 @@ import json
 import orjson
 
 from harness import get_json, turn
+from log_frames import flip, torn
 from storage import log_inspect, records, segments
 from storage.records import RecordKind
 
@@ -48,12 +49,12 @@ def test_check_counts_whole_records_and_tells_a_torn_tail_from_damage(tmp_path):
     # writer clears at its next start. Reported, not damage.
     newest_start, newest = found[-1]
     end = max(r[4] for r in records.scan(newest.read_bytes()))
-    torn = frame(RecordKind.EVENT, 50, {"session": "a", "at": 3.0})
+    written = torn(frame(RecordKind.EVENT, 50, {"session": "a", "at": 3.0, "data": "x" * 700}), end)
     with open(newest, "r+b") as f:
         f.seek(end)
-        f.write(torn[: len(torn) // 2])
+        f.write(written)
     code, text = run(log_inspect.print_check, wal)
-    assert code == 0 and f"torn tail: {len(torn) // 2} bytes at position {newest_start + end}" in text, text
+    assert code == 0 and f"torn tail: {len(written):,} bytes at position {newest_start + end}" in text, text
 
     # One flipped byte inside a sealed segment's third record: damage, where it is.
     sealed_start, sealed = found[0]
@@ -86,6 +87,19 @@ def test_check_counts_whole_records_and_tells_a_torn_tail_from_damage(tmp_path):
     kept = f"{newest.name}.damaged-{newest_start + first[0]}"
     assert code == 0 and f"kept aside: {kept}, " in text, text
     assert f"at position {newest_start + first[0]}, {after} whole record(s) in them" in text, text
+
+
+def test_check_calls_a_last_record_with_every_sector_written_damage(tmp_path):
+    """Nothing after it, but a torn write leaves a sector of its record zeros: this one was written
+    whole, and a byte flipped since."""
+    log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=1 << 20)
+    log.write([frame(RecordKind.EVENT, n, {"session": "a", "data": "x" * 300}) for n in range(4)], sync=True)
+    at = log.end - len(frame(RecordKind.EVENT, 3, {"session": "a", "data": "x" * 300}))
+    log.close()
+    (_, path), = segments.list_segments(tmp_path / "wal" / "0")
+    flip(path, at + 20)
+    code, text = run(log_inspect.print_check, tmp_path / "wal")
+    assert code == 1 and "segment 0: damage: " in text and f"at position {at} " in text, text
 
 
 def test_dump_writes_a_json_line_per_record_narrowed_by_session_kind_and_position(tmp_path):

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from log_frames import flip, frames
+from log_frames import flip, frames, torn
 from storage import records, segments, spares
 from storage.records import RecordKind, TornRecord
 
@@ -128,13 +128,15 @@ def test_segments_rotate_and_a_torn_tail_is_cleared_on_open(tmp_path):
     segs = segments.list_segments(tmp_path)
     assert len(segs) > 3 and segs[0][0] == 0
     assert all(path.stat().st_size == 2000 for _, path in segs)     # pre-zeroed, whatever they hold
-    # A write torn half-way through its last record: its last 7 bytes never reached the disk.
+    # A write torn half-way through its last record: its last sector never reached the disk.
     last = segs[-1][1]
+    at = end - segs[-1][0] - len(data[-1])
+    big = frames(1, start=39, size=700)[0]      # the last record again, over two sectors
     with open(last, "r+b") as f:
-        f.seek(end - segs[-1][0] - 7)
-        f.write(bytes(7))
+        f.seek(at)
+        f.write(torn(big, at))
     reopened = segments.SegmentLog(tmp_path, segment_bytes=2000)
-    assert reopened.recovery.truncated_bytes == len(data[-1]) - 7
+    assert reopened.recovery.truncated_bytes == len(torn(big, at).rstrip(b"\0"))
     assert reopened.end == end - len(data[-1])
     reopened.write(data[-1], sync=True)
     reopened.close()
@@ -195,12 +197,36 @@ def test_recovery_keeps_the_bytes_it_clears_when_whole_records_follow(tmp_path, 
     kept = path.with_name(f"{path.name}.damaged-{at}")
     assert records.parse(kept.read_bytes(), len(data[6]))[1] == b"id-7"   # the records after it, whole
     assert len(kept.read_bytes()) == sum(map(len, data[6:])) and "kept in" in caplog.text
-    # a torn write (part of the last record, then zeros) keeps nothing
+    # a torn write (the first sectors of the last record, then zeros) keeps nothing
     with open(path, "r+b") as f:
         f.seek(at)
-        f.write(data[6][:20])
-    segments.SegmentLog(tmp_path, segment_bytes=1 << 20).close()
+        f.write(torn(frames(1, start=6, size=700)[0], at))
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="agent-os.storage"):
+        segments.SegmentLog(tmp_path, segment_bytes=1 << 20).close()
     assert sorted(p.name for p in tmp_path.iterdir() if "damaged" in p.name) == [kept.name]
+    assert [r.levelname for r in caplog.records] == ["WARNING"] and "a torn tail" in caplog.text
+
+
+def test_recovery_keeps_a_last_record_that_is_all_there_but_damaged(tmp_path, caplog):
+    """Nothing after it, so it looked like a write torn by a crash and went with a WARNING; but a
+    torn write leaves a sector of its record zeros, and this one has every sector: it was written
+    whole, and may have been acknowledged before its byte flipped."""
+    data = frames(10)
+    log = segments.SegmentLog(tmp_path, segment_bytes=1 << 20)
+    log.write(data, sync=True)
+    log.close()
+    path = segments.list_segments(tmp_path)[0][1]
+    at = sum(map(len, data[:9]))
+    flip(path, at + 12)
+    with caplog.at_level("WARNING", logger="agent-os.storage"):
+        reopened = segments.SegmentLog(tmp_path, segment_bytes=1 << 20)
+    reopened.close()
+    assert reopened.end == at
+    kept = path.with_name(f"{path.name}.damaged-{at}")
+    assert len(kept.read_bytes()) == len(data[9])
+    assert [r.levelname for r in caplog.records] == ["ERROR", "WARNING"]
+    assert "is all on the disk" in caplog.records[0].getMessage() and "the damaged tail" in caplog.text
 
 
 def test_zeroed_segments_end_at_their_last_whole_record(tmp_path):
