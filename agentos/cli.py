@@ -97,6 +97,8 @@ def cmd_log(args: argparse.Namespace) -> int:
     from storage import log_inspect
 
     wal_root = Path(args.data_dir or _load(args).storage.dir) / "wal"
+    if args.action == "check" and args.bucket:
+        return _check_bucket(_load(args))
     if args.action == "check":
         return log_inspect.print_check(wal_root)
     if args.action == "mend":
@@ -108,6 +110,21 @@ def cmd_log(args: argparse.Namespace) -> int:
     except BrokenPipeError:   # `| head`
         sys.stderr.close()
         return 0
+
+
+def _check_bucket(config) -> int:
+    from storage import bucket_check
+    from storage.s3 import ObjectStore, S3Unavailable
+
+    if not config.storage.s3.bucket:
+        print("agent-os log check --bucket reads the bucket's copy of the logs: it needs storage.s3 in the config",
+              file=sys.stderr)
+        return 2
+    try:
+        return bucket_check.print_check(ObjectStore(config.storage.s3), sys.stdout)
+    except S3Unavailable as exc:
+        print(f"the bucket is out of reach: {exc}", file=sys.stderr)
+        return 2
 
 
 def _mend_logs(config, wal_root: Path) -> int:
@@ -197,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="check: every record whole (exit 1 if not); dump: a JSON line per record; "
                               "mend: write the bucket's copy over damaged records (storage.s3; the server stopped)")
     inspect.add_argument("--data-dir", help="the data directory (default: storage.dir of the config)")
+    inspect.add_argument("--bucket", action="store_true",
+                         help="check: the bucket's copy of the logs instead (storage.s3): every object read back "
+                              "whole, no gap in any log (exit 1 if not); it only reads, so it may run beside the server")
     inspect.add_argument("--log", help="dump: only this log (a directory name under wal/)")
     inspect.add_argument("--from", dest="start", type=int, default=0, help="dump: from this log position")
     inspect.add_argument("--kind", action="append", default=[], choices=[k.name for k in RecordKind],

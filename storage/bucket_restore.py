@@ -65,12 +65,12 @@ def whole_part(data: bytes, batch: BatchObject) -> tuple[int, str | None]:
     return end, None
 
 
-def fetch_whole(store: ObjectStore, batch: BatchObject) -> tuple[bytes, str | None]:
+def fetch_whole(store: ObjectStore, batch: BatchObject, purpose: str = "recovery") -> tuple[bytes, str | None]:
     """The object's records (without a zero tail: the log goes on at the next object's start),
     read again while they are not whole (a body damaged on its way); or all its bytes, with why
     they are not whole, if they never were."""
     for attempt in range(1, GETS_PER_OBJECT + 1):
-        data = store.get(batch.key)
+        data = store.get(batch.key, purpose)
         end, problem = whole_part(data, batch)
         if problem is None:
             if attempt > 1:

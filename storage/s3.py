@@ -124,6 +124,24 @@ class ObjectStore:
             raise
         return sorted(out, key=lambda b: (b.start, b.end))
 
+    def logs(self, purpose: str = "check") -> list[int]:
+        """The logs the bucket holds objects of (by writer index)."""
+        prefix = f"{self.prefix}wal/"
+        found = set()
+        try:
+            for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix,
+                                                                          Delimiter="/"):
+                self._count("list", purpose)
+                for item in page.get("CommonPrefixes", ()):
+                    name = item["Prefix"][len(prefix):].rstrip("/")
+                    if name.isdigit():
+                        found.add(int(name))
+        except Exception as exc:
+            if _failed(exc):
+                raise S3Unavailable(f"LIST {prefix}: {exc}") from None
+            raise
+        return sorted(found)
+
     def chain(self, writer: int, purpose: str = "recovery") -> list[BatchObject]:
         """The batches that make up the log, in order: where two start at the same position (a
         node that lost its lease kept writing after the takeover), the higher epoch wins."""
