@@ -182,22 +182,29 @@ def test_a_reader_passes_a_damaged_record_and_says_so(tmp_path, caplog, where):
     assert f"the record at position {sum(map(len, data[:damaged]))} is damaged" in caplog.text
 
 
-def test_recovery_keeps_the_bytes_it_clears_when_whole_records_follow(tmp_path, caplog):
+def reopened_after_a_flip(directory, caplog, which):
+    """Ten records in a segment, a byte of record `which` flipped, the log opened again: (the
+    frames, the damaged record's position, the file its bytes were kept in, the open's log)."""
     data = frames(10)
-    log = segments.SegmentLog(tmp_path, segment_bytes=1 << 20)
+    log = segments.SegmentLog(directory, segment_bytes=1 << 20)
     log.write(data, sync=True)
     log.close()
-    path = segments.list_segments(tmp_path)[0][1]
-    at = sum(map(len, data[:6]))
+    path = segments.list_segments(directory)[0][1]
+    at = sum(map(len, data[:which]))
     flip(path, at + 12)
-    with caplog.at_level("ERROR", logger="agent-os.storage"):
-        reopened = segments.SegmentLog(tmp_path, segment_bytes=1 << 20)
+    with caplog.at_level("WARNING", logger="agent-os.storage"):
+        reopened = segments.SegmentLog(directory, segment_bytes=1 << 20)
     reopened.close()
     assert reopened.end == at
-    kept = path.with_name(f"{path.name}.damaged-{at}")
+    return data, at, path.with_name(f"{path.name}.damaged-{at}")
+
+
+def test_recovery_keeps_the_bytes_it_clears_when_whole_records_follow(tmp_path, caplog):
+    data, at, kept = reopened_after_a_flip(tmp_path, caplog, 6)
     assert records.parse(kept.read_bytes(), len(data[6]))[1] == b"id-7"   # the records after it, whole
     assert len(kept.read_bytes()) == sum(map(len, data[6:])) and "kept in" in caplog.text
     # a torn write (the first sectors of the last record, then zeros) keeps nothing
+    path = segments.list_segments(tmp_path)[0][1]
     with open(path, "r+b") as f:
         f.seek(at)
         f.write(torn(frames(1, start=6, size=700)[0], at))
@@ -212,18 +219,7 @@ def test_recovery_keeps_a_last_record_that_is_all_there_but_damaged(tmp_path, ca
     """Nothing after it, so it looked like a write torn by a crash and went with a WARNING; but a
     torn write leaves a sector of its record zeros, and this one has every sector: it was written
     whole, and may have been acknowledged before its byte flipped."""
-    data = frames(10)
-    log = segments.SegmentLog(tmp_path, segment_bytes=1 << 20)
-    log.write(data, sync=True)
-    log.close()
-    path = segments.list_segments(tmp_path)[0][1]
-    at = sum(map(len, data[:9]))
-    flip(path, at + 12)
-    with caplog.at_level("WARNING", logger="agent-os.storage"):
-        reopened = segments.SegmentLog(tmp_path, segment_bytes=1 << 20)
-    reopened.close()
-    assert reopened.end == at
-    kept = path.with_name(f"{path.name}.damaged-{at}")
+    data, _, kept = reopened_after_a_flip(tmp_path, caplog, 9)
     assert len(kept.read_bytes()) == len(data[9])
     assert [r.levelname for r in caplog.records] == ["ERROR", "WARNING"]
     assert "is all on the disk" in caplog.records[0].getMessage() and "the damaged tail" in caplog.text
