@@ -75,9 +75,10 @@ log_damaged = Counter("agentos_log_damaged_records_total", "Damaged records met 
                       "over them), skipped (writer/store passed over them), kept (a compaction left the segment as it "
                       "was), restored (a batch object read back damaged from the bucket, written as it was)",
                       ["outcome"])
-disk_free_bytes = Gauge("agentos_disk_free_bytes", "Free bytes on the filesystem of storage.dir (what the logs and "
-                        "DuckDB write to; at 0, durable writes answer 507), read at each scrape",
-                        multiprocess_mode="livemax")
+disk_free_bytes = Gauge("agentos_disk_free_bytes", "Free bytes on the filesystems the tree writes to, read at each "
+                        "scrape: volume data (storage.dir: DuckDB) and wal (storage.dir/wal: the logs, the same "
+                        "filesystem unless one is mounted there); at 0 on wal, durable writes answer 507",
+                        ["volume"], multiprocess_mode="livemax")
 compaction_reserve_bytes = Gauge("agentos_compaction_reserve_bytes", "Room a log keeps for a compaction's rewrite on a "
                                  "full disk (0: spent, or the disk has had no room for it)", ["log"],
                                  multiprocess_mode="livemax")

@@ -106,7 +106,30 @@ def collect(config: Config) -> dict[str, Any]:
         "active_sessions": sum(a.get("sessions", 0) for a in actors),
         "memory_total": tree_memory([r["pid"] for r in rows if r["pid"]]),
         "object_storage": object_storage(config, writers),
+        "disk": disk(config),
     }
+
+
+def disk(config: Config) -> dict[str, Any] | None:
+    """The data directory's filesystem, and each log's compaction reserve (storage/compaction_reserve.py)."""
+    from storage import compaction_reserve
+    volumes = {}
+    for volume, path in (("data", Path(config.storage.dir)), ("wal", Path(config.storage.dir, "wal"))):
+        try:
+            fs, device = os.statvfs(path), path.stat().st_dev
+        except OSError:
+            continue
+        if volume == "wal" and volumes.get("data", {}).get("device") == device:
+            continue     # one filesystem for both
+        volumes[volume] = {"free_bytes": fs.f_bavail * fs.f_frsize, "total_bytes": fs.f_blocks * fs.f_frsize,
+                           "device": device}
+    reserves = {}
+    for directory in sorted(Path(config.storage.dir, "wal").glob("[0-9]*")):
+        try:
+            reserves[directory.name] = (directory / compaction_reserve.NAME).stat().st_size
+        except OSError:
+            reserves[directory.name] = 0
+    return {"volumes": volumes, "compaction_reserves": reserves} if volumes else None
 
 
 def object_storage(config: Config, writers: list[tuple[dict, dict]]) -> dict[str, Any] | None:
@@ -160,6 +183,13 @@ def main(config: Config, as_json: bool = False, out=None) -> int:
         print(f"object storage: bucket {s3['bucket']}, {s3['puts_per_sec']} PUTs/s "
               f"({s3['batches_per_put'] or '-'} batches per PUT), est. ${s3['usd_per_hour']}/hour in requests",
               file=out)
+    room = data.get("disk")
+    if room:
+        reserves = ", ".join(f"log {name} {size / 2**20:.0f} MiB" if size else f"log {name} spent"
+                             for name, size in room["compaction_reserves"].items())
+        free = "; ".join(f"{name} {v['free_bytes'] / 2**30:.2f} GiB free of {v['total_bytes'] / 2**30:.2f}"
+                         for name, v in room["volumes"].items())
+        print(f"disk: {free}; compaction reserves: {reserves or '-'}", file=out)
     mem = data["memory_total"]
     print(f"tree: RSS {mem['rss_kib'] / 1024:.1f} MiB, Private_Dirty {mem['private_dirty_kib'] / 1024:.1f} MiB", file=out)
     return 0

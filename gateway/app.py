@@ -310,11 +310,12 @@ class Gateway:
         return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     def _render_metrics(self) -> bytes:
-        try:
-            disk = os.statvfs(self.config.storage.dir)
-            metrics.disk_free_bytes.set(disk.f_bavail * disk.f_frsize)
-        except OSError:
-            pass
+        for volume, path in (("data", self.config.storage.dir), ("wal", os.path.join(self.config.storage.dir, "wal"))):
+            try:
+                disk = os.statvfs(path)
+                metrics.disk_free_bytes.labels(volume).set(disk.f_bavail * disk.f_frsize)
+            except OSError:
+                pass
         return metrics.render()
 
     # -- bus ------------------------------------------------------------------------------

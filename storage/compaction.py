@@ -65,10 +65,7 @@ async def compaction_loop(writer: "LogWriter") -> None:
     while True:
         await asyncio.sleep(writer.config.storage.compaction_interval_secs)
         try:
-            kept = await asyncio.get_running_loop().run_in_executor(writer.compaction_io, compaction_reserve.keep,
-                                                                    writer.directory, writer.segment_bytes)
-            metrics.compaction_reserve_bytes.labels(str(writer.index)).set(writer.segment_bytes if kept else 0)
-            await compact_once(writer)
+            await _pass_with_reserve(writer)
         except Exception as exc:  # never fatal: the next pass tries again
             # A full disk (a rewrite needs room for the segment's copy; the reserve, if any, went to
             # an earlier one), a bucket out of reach (an install goes there first) and writer/store
@@ -83,6 +80,29 @@ async def compaction_loop(writer: "LogWriter") -> None:
                 writer.log.warning("compaction: writer/store did not answer (%s); the next pass asks again", exc)
             else:
                 writer.log.exception("compaction pass failed")
+
+
+async def _pass_with_reserve(writer: "LogWriter") -> None:
+    """A pass; one the disk has no room for (a segment's rewrite, or only a mark's file) is run
+    again at once with the log's compaction reserve given up (storage/compaction_reserve.py)."""
+    loop = asyncio.get_running_loop()
+    reserve = metrics.compaction_reserve_bytes.labels(str(writer.index))
+    kept = await loop.run_in_executor(writer.compaction_io, compaction_reserve.keep, writer.directory,
+                                      writer.segment_bytes)
+    reserve.set(writer.segment_bytes if kept else 0)
+    try:
+        await compact_once(writer)
+        return
+    except Exception as exc:
+        if not write_failures.disk_full(exc):
+            raise
+        freed = await loop.run_in_executor(writer.compaction_io, compaction_reserve.release, writer.directory)
+        if not freed:
+            raise
+        reserve.set(0)
+        writer.log.warning("compaction: no room on the disk for the pass (%s); the log's compaction reserve (%s "
+                           "bytes) goes to it, and it runs again", exc, f"{freed:,}")
+    await compact_once(writer)   # a pass cut short asks again what it had asked: nothing is done twice
 
 
 async def compact_once(writer: "LogWriter") -> int:
@@ -289,21 +309,8 @@ async def rewrite_segment(writer: "LogWriter", start: int, end: int, path: Path,
 
 
 async def run_job(writer: "LogWriter", job: dict) -> dict:
-    """A segment rewrite done by the log's compaction helper (storage/compaction_helper.py). One
-    the disk has no room for gets the log's compaction reserve (storage/compaction_reserve.py)."""
-    loop = asyncio.get_running_loop()
-    try:
-        return await loop.run_in_executor(writer.compaction_io, writer.rewriter.call, job)
-    except compaction_helper.HelperFailed as exc:
-        if job["op"] == "free" or not write_failures.disk_full(exc):
-            raise
-        freed = await loop.run_in_executor(writer.compaction_io, compaction_reserve.release, writer.directory)
-        if not freed:
-            raise
-        metrics.compaction_reserve_bytes.labels(str(writer.index)).set(0)
-        writer.log.warning("compaction: the disk is full; the log's compaction reserve (%s bytes) goes to the "
-                           "rewrite of %s", f"{freed:,}", Path(job["path"]).name)
-        return await loop.run_in_executor(writer.compaction_io, writer.rewriter.call, job)
+    """A segment rewrite done by the log's compaction helper (storage/compaction_helper.py)."""
+    return await asyncio.get_running_loop().run_in_executor(writer.compaction_io, writer.rewriter.call, job)
 
 
 async def install(writer: "LogWriter", start: int, end: int, path: Path) -> None:

@@ -6,13 +6,14 @@ it needs room for the copy first. A disk filled by the log itself (a session che
 faster than retention lets go) left no such room: every pass failed with ENOSPC, and the disk
 stayed full, every durable write refused with 507, until someone freed space by hand, though
 most of what filled it was records compaction would drop. So each log keeps a file of one
-segment's size (`compaction.reserve`, allocated, not written: no I/O), and a rewrite that finds
-the disk full releases it and tries once more; the rewrite's install then frees the old segment,
-and the disk is back to the log's writes. The reserve comes back at a later pass, once the disk
+segment's size (`compaction.reserve`, allocated, not written: no I/O), and a pass that finds the
+disk full — at a segment's rewrite, or only at the few bytes of its mark's file — releases it and
+runs again; the rewrites' installs then free the old segments, and the disk is back to the log's
+writes. The reserve comes back at a later pass, once the disk
 has room for it and as much again (it never takes the last room the log's writes need).
 CockroachDB keeps an "emergency ballast" file for the same reason.
 
-Owns: the reserve file's life. Never does: decide when a rewrite needs it (storage/compaction.py).
+Owns: the reserve file's life. Never does: decide when a pass needs it (storage/compaction.py).
 """
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def keep(directory: Path, size: int) -> bool:
 
 
 def release(directory: Path) -> int:
-    """Give the reserve's room to a rewrite; the bytes freed (0: there was none)."""
+    """Give the reserve's room to a compaction pass; the bytes freed (0: there was none)."""
     path = directory / NAME
     try:
         size = path.stat().st_size

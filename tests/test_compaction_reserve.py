@@ -1,6 +1,6 @@
 """The log's compaction reserve (storage/compaction_reserve.py): room for one segment's rewrite,
 made only where the disk has it twice over, and given to a rewrite the disk has no room for
-(storage/compaction.py run_job). End to end, a disk the log filled freeing itself:
+(storage/compaction.py `_pass_with_reserve`). End to end, a disk the log filled freeing itself:
 test_e2e_full_disk.py."""
 import asyncio
 import errno
@@ -11,7 +11,6 @@ from types import SimpleNamespace
 import pytest
 
 from storage import compaction, compaction_reserve
-from storage.compaction_helper import HelperFailed
 from test_e2e_full_disk import tmpfs
 
 
@@ -28,50 +27,46 @@ def test_the_reserve_is_made_where_the_disk_has_room_for_it_twice(tmp_path):
         assert compaction_reserve.release(disk) == 0 and not reserve.exists()
 
 
-class Rewriter:
-    def __init__(self, failures):
-        self.failures, self.jobs = failures, []
+def passes(monkeypatch, directory, failures):
+    """One compaction pass (compaction._pass_with_reserve) whose first `failures` runs of
+    compact_once fail for want of room; (how it ended, how many runs there were)."""
+    runs = []
 
-    def call(self, job):
-        self.jobs.append(job)
-        if self.failures:
-            self.failures -= 1
-            raise HelperFailed("OSError: [Errno 28] No space left on device", errno.ENOSPC)
-        return {"count": 3}
+    async def compact_once(writer):
+        runs.append(1)
+        if len(runs) <= failures:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return 3
 
-
-def rewrite(directory, failures):
-    writer = SimpleNamespace(index=0, compaction_io=None, rewriter=Rewriter(failures), directory=directory,
+    monkeypatch.setattr(compaction, "compact_once", compact_once)
+    writer = SimpleNamespace(index=0, compaction_io=None, directory=directory, segment_bytes=4096,
                              log=logging.getLogger("agent-os.test-reserve"))
     try:
-        return asyncio.run(compaction.run_job(writer, {"op": "rewrite", "path": str(directory / "0.seg"),
-                                                       "drop": {}})), writer.rewriter.jobs
-    except HelperFailed as exc:
-        return exc, writer.rewriter.jobs
+        asyncio.run(compaction._pass_with_reserve(writer))
+        return None, len(runs)
+    except OSError as exc:
+        return exc, len(runs)
 
 
-def test_a_rewrite_the_disk_has_no_room_for_gets_the_reserve_once(tmp_path, caplog):
-    assert compaction_reserve.keep(tmp_path, 4096)
+def test_a_pass_the_disk_has_no_room_for_gets_the_reserve_and_runs_again(monkeypatch, tmp_path, caplog):
+    """Not only a segment's rewrite: a pass once went on failing at the file of its mark (a few
+    bytes), its rewrites all done, and never took the reserve."""
     with caplog.at_level(logging.WARNING, "agent-os.test-reserve"):
-        result, jobs = rewrite(tmp_path, 1)
-    assert result == {"count": 3} and len(jobs) == 2
+        assert passes(monkeypatch, tmp_path, 1) == (None, 2)      # the reserve is made at its start
     assert not (tmp_path / compaction_reserve.NAME).exists()
-    assert "compaction reserve (4,096 bytes) goes to the rewrite of 0.seg" in caplog.text
-    # with the reserve spent, a full disk stops the rewrite (the pass says so: test_compaction_pass_failures.py)
-    result, jobs = rewrite(tmp_path, 2)
-    assert isinstance(result, HelperFailed) and len(jobs) == 1
+    assert "the log's compaction reserve (4,096 bytes) goes to it, and it runs again" in caplog.text
+    # the next pass makes it again (the disk has room), and with it spent, a full disk stops the pass
+    failed, runs = passes(monkeypatch, tmp_path, 2)
+    assert isinstance(failed, OSError) and runs == 2 and not (tmp_path / compaction_reserve.NAME).exists()
 
 
-def test_other_failures_do_not_take_the_reserve(tmp_path):
-    assert compaction_reserve.keep(tmp_path, 4096)
+def test_other_failures_do_not_take_the_reserve(monkeypatch, tmp_path):
+    async def broken(writer):
+        raise KeyError("count")
 
-    class Broken(Rewriter):
-        def call(self, job):
-            self.jobs.append(job)
-            raise HelperFailed("KeyError: 'count'")
-
-    writer = SimpleNamespace(index=0, compaction_io=None, rewriter=Broken(0), directory=tmp_path,
+    monkeypatch.setattr(compaction, "compact_once", broken)
+    writer = SimpleNamespace(index=0, compaction_io=None, directory=tmp_path, segment_bytes=4096,
                              log=logging.getLogger("agent-os.test-reserve"))
-    with pytest.raises(HelperFailed):
-        asyncio.run(compaction.run_job(writer, {"op": "cut", "path": str(tmp_path / "0.seg")}))
-    assert (tmp_path / compaction_reserve.NAME).exists() and len(writer.rewriter.jobs) == 1
+    with pytest.raises(KeyError):
+        asyncio.run(compaction._pass_with_reserve(writer))
+    assert (tmp_path / compaction_reserve.NAME).exists()

@@ -248,19 +248,24 @@ def reserves(server):
 
 
 def test_a_disk_the_log_filled_with_superseded_checkpoints_frees_itself(tmp_path):
-    """A session checkpointing on a small disk (the whole data directory: the logs and DuckDB)
-    fills it with checkpoints of its own that newer ones supersede. Compaction drops those by
-    writing each segment anew without them, which needs room for the copy: without the log's
+    """A session checkpointing fills the logs' volume (a volume of their own, as PostgreSQL's
+    pg_wal often is) with checkpoints of its own that newer ones supersede. Compaction drops those
+    by writing each segment anew without them, which needs room for the copy: without the log's
     compaction reserve (storage/compaction_reserve.py) every pass failed for want of it, and the
     disk stayed full, every write refused, until someone freed space by hand."""
     config = {"storage": {"segment_bytes": 256 << 10, "spare_segments": 1, "compaction_interval_secs": 1}}
-    with tmpfs(tmp_path / "data", "12m") as data:
+    with tmpfs(tmp_path / "data" / "wal", "8m") as wal:
         server = Server(tmp_path, config).start()
         try:
-            wait_until(lambda: any(data.glob("wal/*/compaction.reserve")), 15, "the logs' compaction reserves")
-            wait_until(lambda: reserves(server) == len(list(data.glob("wal/*/compaction.reserve"))) * (256 << 10), 10,
+            wait_until(lambda: any(wal.glob("*/compaction.reserve")), 15, "the logs' compaction reserves")
+            wait_until(lambda: reserves(server) == len(list(wal.glob("*/compaction.reserve"))) * (256 << 10), 10,
                        "the reserves' gauge")
-            assert 0 < scrape(server.url)["agentos_disk_free_bytes"] < 12 << 20
+            room = json.loads(server.cli("status", "--json").stdout)["disk"]
+            assert 256 << 10 in room["compaction_reserves"].values(), room
+            assert room["volumes"]["wal"]["total_bytes"] == 8 << 20 and "data" in room["volumes"], room
+            free = scrape(server.url)
+            assert free['agentos_disk_free_bytes{volume="wal"}'] < 8 << 20 < free['agentos_disk_free_bytes{volume="data"}']
+            assert "; wal 0.01 GiB free of 0.01; compaction reserves: log " in server.cli("status").stdout
             kept = {}
             for i in range(2000):   # half of it superseded (the hot session's), half not
                 hot = put(server.url, "hot", "k", b"%06d" % i + b"h" * 12000)[0]
@@ -272,7 +277,7 @@ def test_a_disk_the_log_filled_with_superseded_checkpoints_frees_itself(tmp_path
             else:
                 raise AssertionError("the disk never filled")
             assert len(kept) > 100
-            assert scrape(server.url)["agentos_disk_free_bytes"] < 256 << 10
+            assert scrape(server.url)['agentos_disk_free_bytes{volume="wal"}'] < 256 << 10
             wait_until(lambda: put(server.url, "hot", "k", b"after" * 2400)[0] == 200, 30,
                        "checkpoints to be taken again, with nothing freed by hand", interval=0.5)
             # not a page's slack: room for as much again as a tenth of what filled the disk
