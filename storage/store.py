@@ -294,12 +294,13 @@ class Store(StoreQueries, SessionClosing, StoreDeletions, SessionSummaries):
                 scanned[writer] = reader.position
         if not scanned:
             return 0
-        if "checkpoints" in rows:
-            rows["checkpoints"] = self._payloads_out(rows["checkpoints"])
-        for db, pending in self.summary_pending.items():
-            pending.stage(rows)   # before the commit: a reader may see the rows as soon as it is done
         started = time.monotonic()
         try:
+            # In the try: a full disk met copying the payloads leaves the batch to load again too.
+            if "checkpoints" in rows:
+                rows["checkpoints"] = self._payloads_out(rows["checkpoints"])
+            for db, pending in self.summary_pending.items():
+                pending.stage(rows)   # before the commit: a reader may see the rows as soon as it is done
             self.payloads.loader.sync()   # before the rows that point into it commit
             for db in self.conns:
                 tables = {t: r for t, r in rows.items() if schema.TABLE_DB.get(t, schema.BOOK_TABLE_DB.get(t)) == db}

@@ -18,6 +18,15 @@ from storage.log_inbox import frame
 ROLES = ["gateway/0", "actor/0", "actor/1", "scheduler", "writer/log/0", "writer/store"]
 
 
+def send_if_connected(sock, frame) -> None:
+    """Send without waiting: a refused handshake may leave the socket no connection to queue on
+    (a blocking send then waited for good, and the test for its whole timeout)."""
+    try:
+        sock.send(frame, zmq.NOBLOCK)
+    except zmq.Again:
+        pass
+
+
 def test_tcp_with_curve_serves_known_keys_and_refuses_others(make_server, make_worker, tmp_path):
     keys = tmp_path / "keys"
     made = subprocess.run([sys.executable, "-m", "agentos.cli", "keys", "--dir", str(keys), "--client", "worker1"],
@@ -44,13 +53,13 @@ def test_tcp_with_curve_serves_known_keys_and_refuses_others(make_server, make_w
         rogue.setsockopt(zmq.ROUTING_ID, b"rogue/0#1")
         rogue.setsockopt(zmq.LINGER, 0)
         rogue.connect(f"tcp://127.0.0.1:{port}")
-        rogue.send(codec.encode("broker", Kind.PEERS, {}, id=1))
+        send_if_connected(rogue, codec.encode("broker", Kind.PEERS, {}, id=1))
         assert rogue.poll(2000) == 0   # refused: no answer, ever
         plain = ctx.socket(zmq.DEALER)  # no CURVE at all
         plain.setsockopt(zmq.LINGER, 0)
         plain.setsockopt(zmq.ROUTING_ID, b"plain/0#1")
         plain.connect(f"tcp://127.0.0.1:{port}")
-        plain.send(codec.encode("broker", Kind.PEERS, {}, id=1))
+        send_if_connected(plain, codec.encode("broker", Kind.PEERS, {}, id=1))
         assert plain.poll(1000) == 0
         # A remote worker's key may name a worker (or a command-line tool), not a role of the node:
         # as the supervisor it could drain the gateway, as a log writer fence it.
