@@ -21,6 +21,7 @@ import logging
 import os
 from pathlib import Path
 
+from storage import write_failures
 from storage.freeing import fsync_dir
 
 log = logging.getLogger("agent-os.storage")
@@ -54,6 +55,20 @@ def keep(directory: Path, size: int) -> bool:
         log.debug("log %s: no compaction reserve yet (%s)", directory, exc)
         return False
     return True
+
+
+def release_to_store(wal_root: Path, exc: BaseException, log_: logging.Logger) -> int:
+    """writer/store could not load a batch for want of room (its copy of the checkpoints it keeps):
+    every log's reserve goes to it. Compaction drops only what the store has loaded, so a store
+    stuck on a full disk (the logs on the same one, and it behind them when it filled) kept every
+    pass from dropping anything, and no pass failed for want of room to take a reserve itself."""
+    if not write_failures.disk_full(exc):
+        return 0
+    freed = sum(release(directory) for directory in wal_root.glob("[0-9]*") if directory.is_dir())
+    if freed:
+        log_.warning("no room on the disk to load the log; the logs' compaction reserves (%s bytes) go to it",
+                     f"{freed:,}")
+    return freed
 
 
 def release(directory: Path) -> int:

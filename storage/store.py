@@ -18,7 +18,8 @@ from typing import Callable
 import duckdb
 
 from agentos import metrics, native_memory
-from storage import loader_version, payload_segments, records, schema, segments, session_closing, session_summary
+from storage import (compaction_reserve, loader_version, payload_segments, records, schema, segments, session_closing,
+                     session_summary)
 from storage.bloom import BloomFilter
 from storage.duck_memory import MemoryLimit
 from storage.jsonl_events import JsonlEvents
@@ -229,6 +230,7 @@ class Store(StoreQueries, SessionClosing, StoreDeletions, SessionSummaries):
             except Exception as exc:  # DuckDB trouble (a full disk, say): keep the position, try again shortly
                 self.stats["load_errors"] += 1
                 self.load_failures.failed(exc)
+                compaction_reserve.release_to_store(self.wal_root, exc, self.log)
                 self.wake.set()
                 self.stopping.wait(1.0)
 

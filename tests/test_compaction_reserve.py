@@ -70,3 +70,19 @@ def test_other_failures_do_not_take_the_reserve(monkeypatch, tmp_path):
     with pytest.raises(KeyError):
         asyncio.run(compaction._pass_with_reserve(writer))
     assert (tmp_path / compaction_reserve.NAME).exists()
+
+
+def test_a_store_that_cannot_load_for_want_of_room_gets_every_logs_reserve(tmp_path, caplog):
+    """Compaction drops only what writer/store has loaded: a store stuck on a full disk kept every
+    pass from dropping anything, and so from ever failing for room and taking a reserve itself."""
+    for name in ("0", "1"):
+        (tmp_path / name).mkdir()
+        assert compaction_reserve.keep(tmp_path / name, 4096)
+    log = logging.getLogger("agent-os.test-reserve")
+    assert compaction_reserve.release_to_store(tmp_path, MemoryError("out of memory"), log) == 0
+    assert all((tmp_path / name / compaction_reserve.NAME).exists() for name in ("0", "1"))
+    with caplog.at_level(logging.WARNING, "agent-os.test-reserve"):
+        full = OSError(errno.ENOSPC, "No space left on device")
+        assert compaction_reserve.release_to_store(tmp_path, full, log) == 8192
+    assert not list(tmp_path.glob("*/" + compaction_reserve.NAME))
+    assert "the logs' compaction reserves (8,192 bytes) go to it" in caplog.text

@@ -252,8 +252,10 @@ def test_a_disk_the_log_filled_with_superseded_checkpoints_frees_itself(tmp_path
     pg_wal often is) with checkpoints of its own that newer ones supersede. Compaction drops those
     by writing each segment anew without them, which needs room for the copy: without the log's
     compaction reserve (storage/compaction_reserve.py) every pass failed for want of it, and the
-    disk stayed full, every write refused, until someone freed space by hand."""
+    disk stayed full, every write refused, until someone freed space by hand. (On a disk shared
+    with DuckDB it frees itself only sometimes: bench/RECORD.md, forty-fifth session.)"""
     config = {"storage": {"segment_bytes": 256 << 10, "spare_segments": 1, "compaction_interval_secs": 1}}
+    size = 8 << 20
     with tmpfs(tmp_path / "data" / "wal", "8m") as wal:
         server = Server(tmp_path, config).start()
         try:
@@ -262,10 +264,10 @@ def test_a_disk_the_log_filled_with_superseded_checkpoints_frees_itself(tmp_path
                        "the reserves' gauge")
             room = json.loads(server.cli("status", "--json").stdout)["disk"]
             assert 256 << 10 in room["compaction_reserves"].values(), room
-            assert room["volumes"]["wal"]["total_bytes"] == 8 << 20 and "data" in room["volumes"], room
+            assert room["volumes"]["wal"]["total_bytes"] == size and "data" in room["volumes"], room
             free = scrape(server.url)
-            assert free['agentos_disk_free_bytes{volume="wal"}'] < 8 << 20 < free['agentos_disk_free_bytes{volume="data"}']
-            assert "; wal 0.01 GiB free of 0.01; compaction reserves: log " in server.cli("status").stdout
+            assert free['agentos_disk_free_bytes{volume="wal"}'] < size < free['agentos_disk_free_bytes{volume="data"}']
+            assert "compaction reserves: log " in server.cli("status").stdout
             kept = {}
             for i in range(2000):   # half of it superseded (the hot session's), half not
                 hot = put(server.url, "hot", "k", b"%06d" % i + b"h" * 12000)[0]
@@ -278,12 +280,13 @@ def test_a_disk_the_log_filled_with_superseded_checkpoints_frees_itself(tmp_path
                 raise AssertionError("the disk never filled")
             assert len(kept) > 100
             assert scrape(server.url)['agentos_disk_free_bytes{volume="wal"}'] < 256 << 10
-            wait_until(lambda: put(server.url, "hot", "k", b"after" * 2400)[0] == 200, 30,
-                       "checkpoints to be taken again, with nothing freed by hand", interval=0.5)
-            # not a page's slack: room for as much again as a tenth of what filled the disk
-            assert [put(server.url, f"after-{n}", "k", b"a" * 12000)[0] for n in range(40)] == [200] * 40
+            # far more than the reserves and a page's slack: a fifth of the disk, nothing freed by hand
+            wait_until(lambda: scrape(server.url)['agentos_disk_free_bytes{volume="wal"}'] > size // 5, 30,
+                       "compaction to free the disk", interval=0.5)
+            assert put(server.url, "hot", "k", b"after" * 2400)[0] == 200
+            assert [put(server.url, f"after-{n}", "k", b"a" * 12000)[0] for n in range(20)] == [200] * 20
             assert "compaction reserve" in server.log()
-            for sid, payload in list(kept.items())[::10]:   # what was acknowledged is all there
+            for sid, payload in kept.items():   # what was acknowledged is all there
                 with urllib.request.urlopen(f"{server.url}/v1/sessions/{sid}/checkpoints/latest") as resp:
                     assert resp.read() == payload
             with urllib.request.urlopen(f"{server.url}/v1/sessions/hot/checkpoints/latest") as resp:
