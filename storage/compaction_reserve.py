@@ -9,11 +9,12 @@ most of what filled it was records compaction would drop. So each log keeps a fi
 segment's size (`compaction.reserve`, allocated, not written: no I/O), and a pass that finds the
 disk full — at a segment's rewrite, or only at the few bytes of its mark's file — releases it and
 runs again; the rewrites' installs then free the old segments, and the disk is back to the log's
-writes. The reserve comes back at a later pass, once the disk
-has room for it and as much again (it never takes the last room the log's writes need).
-CockroachDB keeps an "emergency ballast" file for the same reason.
+writes. The reserve comes back at a later pass, once the disk has room for it and as much again
+(it never takes the last room the log's writes need). CockroachDB keeps an "emergency ballast"
+file for the same reason.
 
-Owns: the reserve file's life. Never does: decide when a pass needs it (storage/compaction.py).
+Owns: the reserve file's life. Never does: decide when a pass (storage/compaction.py) or
+writer/store (storage/store.py) needs it.
 """
 from __future__ import annotations
 
@@ -57,14 +58,20 @@ def keep(directory: Path, size: int) -> bool:
     return True
 
 
-def release_to_store(wal_root: Path, exc: BaseException, log_: logging.Logger) -> int:
+def release_to_store(wal_root: Path, db_dir: Path, exc: BaseException, log_: logging.Logger) -> int:
     """writer/store could not load a batch for want of room (its copy of the checkpoints it keeps):
-    every log's reserve goes to it. Compaction drops only what the store has loaded, so a store
-    stuck on a full disk (the logs on the same one, and it behind them when it filled) kept every
-    pass from dropping anything, and no pass failed for want of room to take a reserve itself."""
+    the reserve of every log on its disk goes to it. Compaction drops only what the store has
+    loaded, so a store stuck on a full disk (the logs on the same one, and it behind them when it
+    filled) kept every pass from dropping anything, and no pass failed for want of room to take a
+    reserve itself."""
     if not write_failures.disk_full(exc):
         return 0
-    freed = sum(release(directory) for directory in wal_root.glob("[0-9]*") if directory.is_dir())
+    try:
+        device = db_dir.stat().st_dev
+    except OSError:
+        return 0
+    freed = sum(release(directory) for directory in wal_root.glob("[0-9]*")
+                if directory.is_dir() and directory.stat().st_dev == device)
     if freed:
         log_.warning("no room on the disk to load the log; the logs' compaction reserves (%s bytes) go to it",
                      f"{freed:,}")

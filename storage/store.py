@@ -230,7 +230,7 @@ class Store(StoreQueries, SessionClosing, StoreDeletions, SessionSummaries):
             except Exception as exc:  # DuckDB trouble (a full disk, say): keep the position, try again shortly
                 self.stats["load_errors"] += 1
                 self.load_failures.failed(exc)
-                compaction_reserve.release_to_store(self.wal_root, exc, self.log)
+                compaction_reserve.release_to_store(self.wal_root, self.db_dir, exc, self.log)
                 self.wake.set()
                 self.stopping.wait(1.0)
 

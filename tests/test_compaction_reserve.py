@@ -79,10 +79,12 @@ def test_a_store_that_cannot_load_for_want_of_room_gets_every_logs_reserve(tmp_p
         (tmp_path / name).mkdir()
         assert compaction_reserve.keep(tmp_path / name, 4096)
     log = logging.getLogger("agent-os.test-reserve")
-    assert compaction_reserve.release_to_store(tmp_path, MemoryError("out of memory"), log) == 0
+    assert compaction_reserve.release_to_store(tmp_path, tmp_path, MemoryError("out of memory"), log) == 0
     assert all((tmp_path / name / compaction_reserve.NAME).exists() for name in ("0", "1"))
     with caplog.at_level(logging.WARNING, "agent-os.test-reserve"):
         full = OSError(errno.ENOSPC, "No space left on device")
-        assert compaction_reserve.release_to_store(tmp_path, full, log) == 8192
+        with tmpfs(tmp_path / "elsewhere", "1m") as elsewhere:     # another disk than the logs'
+            assert compaction_reserve.release_to_store(tmp_path, elsewhere, full, log) == 0
+        assert compaction_reserve.release_to_store(tmp_path, tmp_path, full, log) == 8192
     assert not list(tmp_path.glob("*/" + compaction_reserve.NAME))
     assert "the logs' compaction reserves (8,192 bytes) go to it" in caplog.text
