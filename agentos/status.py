@@ -185,7 +185,7 @@ def main(config: Config, as_json: bool = False, out=None) -> int:
               file=out)
     room = data.get("disk")
     if room:
-        reserves = ", ".join(f"log {name} {size / 2**20:.0f} MiB" if size else f"log {name} spent"
+        reserves = ", ".join(f"log {name} {size / 2**20:.0f} MiB" if size else f"log {name} none"
                              for name, size in room["compaction_reserves"].items())
         free = "; ".join(f"{name} {v['free_bytes'] / 2**30:.2f} GiB free of {v['total_bytes'] / 2**30:.2f}"
                          for name, v in room["volumes"].items())

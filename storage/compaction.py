@@ -62,6 +62,7 @@ def sealed_segments(directory: Path) -> list[tuple[int, int, Path]]:
 
 async def compaction_loop(writer: "LogWriter") -> None:
     """Every `storage.compaction_interval_secs`: drop closed runs past the retention window."""
+    await _keep_reserve(writer)   # from the start, not the first pass: `agent-os status` shows it
     while True:
         await asyncio.sleep(writer.config.storage.compaction_interval_secs)
         try:
@@ -86,10 +87,7 @@ async def _pass_with_reserve(writer: "LogWriter") -> None:
     """A pass; one the disk has no room for (a segment's rewrite, or only a mark's file) is run
     again at once with the log's compaction reserve given up (storage/compaction_reserve.py)."""
     loop = asyncio.get_running_loop()
-    reserve = metrics.compaction_reserve_bytes.labels(str(writer.index))
-    kept = await loop.run_in_executor(writer.compaction_io, compaction_reserve.keep, writer.directory,
-                                      writer.segment_bytes)
-    reserve.set(writer.segment_bytes if kept else 0)
+    await _keep_reserve(writer)
     try:
         await compact_once(writer)
         return
@@ -99,10 +97,20 @@ async def _pass_with_reserve(writer: "LogWriter") -> None:
         freed = await loop.run_in_executor(writer.compaction_io, compaction_reserve.release, writer.directory)
         if not freed:
             raise
-        reserve.set(0)
+        metrics.compaction_reserve_bytes.labels(str(writer.index)).set(0)
         writer.log.warning("compaction: no room on the disk for the pass (%s); the log's compaction reserve (%s "
                            "bytes) goes to it, and it runs again", exc, f"{freed:,}")
     await compact_once(writer)   # a pass cut short asks again what it had asked: nothing is done twice
+
+
+async def _keep_reserve(writer: "LogWriter") -> None:
+    try:
+        kept = await asyncio.get_running_loop().run_in_executor(writer.compaction_io, compaction_reserve.keep,
+                                                                writer.directory, writer.segment_bytes)
+    except OSError as exc:   # never fatal: the next pass tries again
+        writer.log.warning("compaction: could not make the log's compaction reserve (%s)", exc)
+        kept = False
+    metrics.compaction_reserve_bytes.labels(str(writer.index)).set(writer.segment_bytes if kept else 0)
 
 
 async def compact_once(writer: "LogWriter") -> int:
