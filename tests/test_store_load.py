@@ -218,13 +218,19 @@ def test_payloads_no_committed_row_names_are_cut_off_on_open_and_loaded_again(tm
     store.close()
 
 
-def test_a_batch_duckdb_refuses_is_retried_smaller_and_its_payloads_are_rewritten(tmp_path, monkeypatch):
+def five_checkpoints(tmp_path):
+    """A store opened on a log of five checkpoints of 10 bytes (s0..s4), none loaded yet."""
     log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=1 << 20)
     log.write(b"".join(records.frame(RecordKind.BLOB, f"b{i}".encode(), blob(f"s{i}", i, bytes([i]) * 10))
                        for i in range(5)), sync=True)
     log.close()
     store = Store(tmp_path, writers=1, memory_limit_mb=64)
     store.open()
+    return store
+
+
+def test_a_batch_duckdb_refuses_is_retried_smaller_and_its_payloads_are_rewritten(tmp_path, monkeypatch):
+    store = five_checkpoints(tmp_path)
     real_commit, failures = store._commit, []
 
     def refuse_once(db, tables, positions, big):
@@ -246,14 +252,9 @@ def test_a_batch_duckdb_refuses_is_retried_smaller_and_its_payloads_are_rewritte
 
 def test_a_payload_the_disk_has_no_room_for_leaves_its_batch_to_be_loaded_again(tmp_path, monkeypatch):
     """A full disk met while copying a batch's payloads (before any DuckDB commit) once left the
-    log readers past the batch: its records never reached DuckDB, and a read of the latest
-    checkpoint answered an older one (seen on a 12 MiB disk the logs shared with DuckDB)."""
-    log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=1 << 20)
-    log.write(b"".join(records.frame(RecordKind.BLOB, f"b{i}".encode(), blob(f"s{i}", i, bytes([i]) * 10))
-                       for i in range(5)), sync=True)
-    log.close()
-    store = Store(tmp_path, writers=1, memory_limit_mb=64)
-    store.open()
+    log readers past the batch: its records never reached DuckDB (found on a 12 MiB disk the logs
+    shared with DuckDB)."""
+    store = five_checkpoints(tmp_path)
     real_append, failures = store.payloads.loader.append, []
 
     def full_once(payload):
