@@ -20,6 +20,7 @@ import datetime as _dt
 import os
 import random
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -221,6 +222,10 @@ def main(argv: list[str] | None = None) -> int:
     write_report(results, rows, args)
     print(f"results: {results.path}", file=sys.stderr)
     lost = sum(r["acked_missing"] + r["acked_twice"] + r["sessions_older_than_acked"] for r in rows)
+    if lost:   # the nodes' data directories, to look into
+        print(f"kept the nodes' data directories in {work}", file=sys.stderr)
+    else:
+        shutil.rmtree(work, ignore_errors=True)
     return 0 if lost == 0 else 1
 
 
