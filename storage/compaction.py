@@ -92,7 +92,7 @@ async def _pass_with_reserve(writer: "LogWriter") -> None:
         await compact_once(writer)
         return
     except Exception as exc:
-        if not write_failures.disk_full(exc):
+        if not write_failures.disk_full(exc) or not compaction_reserve.held(writer.directory):
             raise
         freed = await loop.run_in_executor(writer.compaction_io, compaction_reserve.release, writer.directory)
         if not freed:

@@ -58,6 +58,11 @@ def keep(directory: Path, size: int) -> bool:
     return True
 
 
+def held(directory: Path) -> bool:
+    """Whether the log has its reserve (a look, no I/O to speak of: on the event loop)."""
+    return (directory / NAME).exists()
+
+
 def release_to_store(wal_root: Path, db_dir: Path, exc: BaseException, log_: logging.Logger) -> int:
     """writer/store could not load a batch for want of room (its copy of the checkpoints it keeps):
     the reserve of every log on its disk goes to it. Compaction drops only what the store has
