@@ -113,16 +113,9 @@ def collect(config: Config) -> dict[str, Any]:
 def disk(config: Config) -> dict[str, Any] | None:
     """The data directory's filesystem, and each log's compaction reserve (storage/compaction_reserve.py)."""
     from storage import compaction_reserve
-    volumes = {}
-    for volume, path in (("data", Path(config.storage.dir)), ("wal", Path(config.storage.dir, "wal"))):
-        try:
-            fs, device = os.statvfs(path), path.stat().st_dev
-        except OSError:
-            continue
-        if volume == "wal" and volumes.get("data", {}).get("device") == device:
-            continue     # one filesystem for both
-        volumes[volume] = {"free_bytes": fs.f_bavail * fs.f_frsize, "total_bytes": fs.f_blocks * fs.f_frsize,
-                           "device": device}
+    volumes = compaction_reserve.volumes(config.storage.dir)
+    if "wal" in volumes and volumes["wal"]["device"] == volumes.get("data", {}).get("device"):
+        del volumes["wal"]     # one filesystem for both
     reserves = {}
     for directory in sorted(Path(config.storage.dir, "wal").glob("[0-9]*")):
         try:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 import uuid
 
@@ -28,6 +27,7 @@ from gateway.history import LATEST_ROUTE, PUT_ROUTE, HistoryRoutes
 from gateway.peer_watch import PeerWatch
 from gateway.streams import TurnStream
 from gateway.tenancy import DEFAULT_TENANT, SESSION_ID, check_session_id, internal
+from storage import compaction_reserve
 from storage.log_client import LogClient
 from storage.log_writer import LogWriter
 
@@ -310,12 +310,8 @@ class Gateway:
         return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     def _render_metrics(self) -> bytes:
-        for volume, path in (("data", self.config.storage.dir), ("wal", os.path.join(self.config.storage.dir, "wal"))):
-            try:
-                disk = os.statvfs(path)
-                metrics.disk_free_bytes.labels(volume).set(disk.f_bavail * disk.f_frsize)
-            except OSError:
-                pass
+        for volume, room in compaction_reserve.volumes(self.config.storage.dir).items():
+            metrics.disk_free_bytes.labels(volume).set(room["free_bytes"])
         return metrics.render()
 
     # -- bus ------------------------------------------------------------------------------

@@ -84,7 +84,7 @@ def release_to_store(wal_root: Path, db_dir: Path, exc: BaseException, log_: log
 
 
 def release(directory: Path) -> int:
-    """Give the reserve's room to a compaction pass; the bytes freed (0: there was none)."""
+    """Give the reserve's room to the work that needs it; the bytes freed (0: there was none)."""
     path = directory / NAME
     try:
         size = path.stat().st_size
@@ -93,3 +93,18 @@ def release(directory: Path) -> int:
         return 0
     fsync_dir(directory)
     return size
+
+
+def volumes(storage_dir: str | Path) -> dict[str, dict]:
+    """Free and total bytes, and the device, of the filesystems the tree writes to: `data`
+    (storage.dir: DuckDB) and `wal` (storage.dir/wal: the logs; the same one unless a volume is
+    mounted there). For the metrics and `agent-os status`."""
+    out = {}
+    for volume, path in (("data", Path(storage_dir)), ("wal", Path(storage_dir, "wal"))):
+        try:
+            disk, device = os.statvfs(path), path.stat().st_dev
+        except OSError:
+            continue
+        out[volume] = {"free_bytes": disk.f_bavail * disk.f_frsize, "total_bytes": disk.f_blocks * disk.f_frsize,
+                       "device": device}
+    return out

@@ -57,8 +57,8 @@ class ClusterSide:
         local_end = self.segments.end
         while True:
             try:
-                await loop.run_in_executor(self.io, bucket_restore.restore, self.segments,
-                                                       self.object_store, chain, self.segments.end)
+                await loop.run_in_executor(self.io, bucket_restore.restore, self.segments, self.object_store,
+                                           chain, self.segments.end)
                 break
             except S3Unavailable as exc:
                 self.log.error("object storage unavailable while restoring log %d (%s); %d of %d bytes "
