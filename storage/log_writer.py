@@ -137,7 +137,8 @@ class LogWriter(ClusterSide):
         loop = asyncio.get_running_loop()
         self.segments = await loop.run_in_executor(self.io, segments.SegmentLog, self.directory, self.segment_bytes,
                                                    self.config.storage.zero_segments,
-                                                   self.config.storage.spare_segments)
+                                                   self.config.storage.spare_segments,
+                                                   self.config.storage.min_free_bytes)
         if self.object_store is not None:
             await self._level_with_bucket(loop)
         if not self.embedded:   # an embedded writer's one sender died with it: nobody retries into it

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from storage import damaged_records, freeing, records
+from storage.free_space import FreeSpaceFloor
 from storage.freeing import fsync_dir   # the log's own, and its readers' (re-exported)
 from storage.spares import IDLE_SECS, LONG_BURST_SECS, Spares
 from storage.segment_listing import list_segments, locate, segment_name, segments_from
@@ -94,10 +95,12 @@ class Recovery:
 class SegmentLog:
     """The writing end. Not thread-safe: one thread at a time."""
 
-    def __init__(self, directory: Path, segment_bytes: int, preallocate: bool = True, spares: int = 1) -> None:
+    def __init__(self, directory: Path, segment_bytes: int, preallocate: bool = True, spares: int = 1,
+                 min_free_bytes: int = 0) -> None:
         self.directory = directory
         self.segment_bytes = segment_bytes
         self.preallocate = preallocate
+        self.floor = FreeSpaceFloor(directory, min_free_bytes, segment_bytes)
         self.directory.mkdir(parents=True, exist_ok=True)
         freeing.release_leftovers(self.directory)
         self.spares = Spares(directory, segment_bytes, spares if preallocate else 0)
@@ -216,6 +219,7 @@ class SegmentLog:
         """Append whole frames (bytes, or a list of frames written as they are, without joining
         them first); fdatasync if asked. Returns the end position after them."""
         length = len(data) if isinstance(data, bytes) else sum(map(len, data))
+        self.floor.check(length)   # before anything is written: a refused batch leaves no trace
         began, cpu = time.monotonic(), time.thread_time()
         if began - self.last_write_at >= IDLE_SECS:
             self.busy_since = began

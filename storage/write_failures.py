@@ -24,13 +24,21 @@ def disk_full(exc: BaseException) -> bool:
 
 
 class WriteFailures:
+    """A disk at the log's floor of free space (storage/free_space.py) refuses a batch, takes the
+    next once compaction freed a little, refuses the one after: runs of failures a few writes
+    long, for as long as the disk stays that full. Each run said with its end made two lines a
+    run, ten a second; so a run is said only when its kind of failure was not said within the
+    last ten seconds (counted into the next line otherwise), and its end only if it was said."""
+
     def __init__(self, log: logging.Logger, repeat_secs: float = REPEAT_SECS,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.log = log
         self.clock = clock
-        self.repeats = Repeats(repeat_secs, clock)
+        self.repeat_secs = repeat_secs
+        self.repeats: dict[str, Repeats] = {}   # by code: another kind of failure is said at once
         self.count = 0       # failed batches since the last write that succeeded
         self.first = 0.0
+        self.said = False    # this run of failures was said
 
     def failed(self, size: int, exc: OSError, senders: int) -> str:
         """Says (or counts) the failure; returns its code for the senders' error."""
@@ -39,8 +47,9 @@ class WriteFailures:
         self.count += 1
         if self.count == 1:
             self.first = self.clock()
-        more = self.repeats.due()
+        more = self.repeats.setdefault(code, Repeats(self.repeat_secs, self.clock)).due()
         if more is not None:
+            self.said = True
             self.log.error("log write of %d bytes failed (%s): %s; answering %d senders with an error%s",
                            size, code, exc.strerror, senders, more)
         return code
@@ -48,10 +57,10 @@ class WriteFailures:
     def succeeded(self) -> None:
         """A batch was written (called for every one: the check is a compare)."""
         if self.count:
-            self.log.warning("log writes succeed again, after %d failed over %.1f s", self.count,
-                             self.clock() - self.first)
-            self.count = 0
-            self.repeats.reset()
+            if self.said:
+                self.log.warning("log writes succeed again, after %d failed over %.1f s", self.count,
+                                 self.clock() - self.first)
+            self.count, self.said = 0, False
 
 
 class LoadFailures:

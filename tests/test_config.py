@@ -37,6 +37,7 @@ def test_yaml_then_env_overrides(tmp_path):
     ("gateway:\n  poll_after_answer_usecs: -1\n", "gateway.poll_after_answer_usecs"),
     ("storage:\n  s3: 3\n", "storage.s3"),
     ("storage:\n  max_checkpoint_bytes: 100000000\n", "storage.max_checkpoint_bytes"),   # over a log record
+    ("storage:\n  min_free_bytes: -2\n", "storage.min_free_bytes"),
 ])
 def test_bad_keys_and_values_name_the_key(tmp_path, text, key):
     path = tmp_path / "c.yaml"

@@ -52,6 +52,29 @@ def test_a_run_of_failures_is_said_once_then_every_ten_seconds_and_its_end_once(
     assert "more since" not in lines.records[-1][1]
 
 
+def test_short_runs_of_failures_at_the_disks_floor_are_counted_not_said_each(said):
+    """At the log's floor of free space a batch is refused, the next taken, and so on."""
+    log, lines = said
+    now = [0.0]
+    failures = WriteFailures(log, clock=lambda: now[0])
+    full = OSError(errno.ENOSPC, "No space left on device")
+    for _ in range(100):            # ten seconds of runs one batch long, ten a second
+        failures.failed(4096, full, 1)
+        now[0] += 0.05
+        failures.succeeded()
+        now[0] += 0.05
+    assert lines.records == [
+        ("ERROR", "log write of 4096 bytes failed (disk_full): No space left on device; answering 1 senders "
+                  "with an error"),
+        ("WARNING", "log writes succeed again, after 1 failed over 0.1 s")]
+    failures.failed(4096, full, 1)  # ten seconds on: said, with the count
+    failures.succeeded()
+    assert lines.records[-2:] == [
+        ("ERROR", "log write of 4096 bytes failed (disk_full): No space left on device; answering 1 senders "
+                  "with an error (99 more since the last such line)"),
+        ("WARNING", "log writes succeed again, after 1 failed over 0.0 s")]
+
+
 def test_failed_loads_are_said_with_a_traceback_once_then_counted_and_their_end_once(said):
     log, lines = said
     now = [0.0]

@@ -1,0 +1,101 @@
+"""The log's floor of free space (storage/free_space.py): appends stop a margin before the disk
+is full, so writer/store and compaction keep the room to free it."""
+import errno
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from storage import free_space, segments
+from storage.free_space import FreeSpaceFloor
+
+BLOCK = 4096
+
+
+class FakeDisk:
+    def __init__(self, total: int, free: int) -> None:
+        self.total, self.free, self.reads = total, free, 0
+        self.now = 0.0
+
+    def statvfs(self, _path):
+        self.reads += 1
+        return SimpleNamespace(f_frsize=BLOCK, f_blocks=self.total // BLOCK, f_bavail=self.free // BLOCK)
+
+    def floor(self, setting: int, segment_bytes: int = 1 << 20) -> FreeSpaceFloor:
+        return FreeSpaceFloor("unused", setting, segment_bytes, clock=lambda: self.now, statvfs=self.statvfs)
+
+
+def refused(floor, length) -> bool:
+    try:
+        floor.check(length)
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC and "storage.min_free_bytes" in exc.strerror
+        return True
+    return False
+
+
+def test_an_append_that_would_leave_less_than_the_margin_is_refused_as_a_full_disk():
+    disk = FakeDisk(total=1 << 30, free=10 << 20)
+    floor = disk.floor(8 << 20)
+    assert not refused(floor, (2 << 20) - BLOCK)
+    disk.now += 1
+    assert refused(floor, 3 << 20)          # would leave 7 MiB
+    disk.free = 20 << 20                     # compaction freed some: appends go on
+    disk.now += 1
+    assert not refused(floor, 3 << 20)
+
+
+def test_the_automatic_margin_is_two_segments_or_a_twentieth_of_a_small_volume():
+    big = FakeDisk(total=100 << 30, free=1 << 30)
+    floor = big.floor(free_space.AUTO, segment_bytes=64 << 20)
+    floor.check(1)
+    assert floor.margin == 128 << 20
+    small = FakeDisk(total=12 << 20, free=4 << 20)
+    floor = small.floor(free_space.AUTO, segment_bytes=64 << 20)
+    floor.check(1)
+    assert floor.margin == (12 << 20) // 20
+    small.free, small.now = (12 << 20) // 20, 1.0
+    assert refused(floor, 1)
+
+
+def test_far_above_the_margin_free_space_is_read_now_and_then_near_it_at_every_append():
+    disk = FakeDisk(total=1 << 30, free=100 << 20)
+    floor = disk.floor(10 << 20)
+    for _ in range(100):
+        floor.check(4096)
+    assert disk.reads == 1                   # 90 MiB above it: nothing to fear from 400 KB
+    disk.now += free_space.CHECK_SECS        # …but others write to the disk too: read again in a while
+    floor.check(4096)
+    assert disk.reads == 2
+    disk.free = (10 << 20) + (16 << 10)
+    disk.now += free_space.CHECK_SECS
+    for _ in range(3):
+        floor.check(4096)
+    assert disk.reads == 2 + 3               # 16 KiB above it: every append reads the disk again…
+    assert refused(floor, 20 << 10)          # …and the one that would cross it is refused
+
+
+def test_off_and_unknown_refuse_nothing():
+    disk = FakeDisk(total=1 << 30, free=0)
+    floor = disk.floor(0)
+    assert not refused(floor, 1 << 20) and disk.reads == 0
+
+    def broken(_path):
+        raise OSError(errno.EIO, "no")
+    floor = FreeSpaceFloor("unused", free_space.AUTO, 1 << 20, statvfs=broken)
+    assert not refused(floor, 1 << 20)       # the write itself says if the disk is full
+
+
+def test_a_log_refuses_an_append_below_its_floor_and_writes_nothing(tmp_path):
+    log = segments.SegmentLog(tmp_path / "wal", segment_bytes=1 << 20, min_free_bytes=1 << 60)
+    path = tmp_path / "wal" / segments.segment_name(0)
+    before = path.read_bytes()
+    with pytest.raises(OSError) as err:
+        log.write(b"x" * 100, sync=True)
+    assert err.value.errno == errno.ENOSPC
+    assert log.end == 0 and path.read_bytes() == before
+    free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+    roomy = segments.SegmentLog(tmp_path / "wal2", segment_bytes=1 << 20, min_free_bytes=max(free // 4, 1))
+    assert roomy.write(b"x" * 100, sync=True) == 100
+    log.close()
+    roomy.close()
