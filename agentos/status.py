@@ -111,8 +111,9 @@ def collect(config: Config) -> dict[str, Any]:
 
 
 def disk(config: Config) -> dict[str, Any] | None:
-    """The data directory's filesystem, and each log's compaction reserve (storage/compaction_reserve.py)."""
-    from storage import compaction_reserve
+    """The data directory's filesystem, each log's compaction reserve (storage/compaction_reserve.py)
+    and the free space below which the logs take no appends (storage/free_space.py)."""
+    from storage import compaction_reserve, free_space
     volumes = compaction_reserve.volumes(config.storage.dir)
     if "wal" in volumes and volumes["wal"]["device"] == volumes.get("data", {}).get("device"):
         del volumes["wal"]     # one filesystem for both
@@ -122,7 +123,11 @@ def disk(config: Config) -> dict[str, Any] | None:
             reserves[directory.name] = (directory / compaction_reserve.NAME).stat().st_size
         except OSError:
             reserves[directory.name] = 0
-    return {"volumes": volumes, "compaction_reserves": reserves} if volumes else None
+    if not volumes:
+        return None
+    logs = volumes.get("wal", volumes["data"])
+    floor = free_space.margin(config.storage.min_free_bytes, config.storage.segment_bytes, logs["total_bytes"])
+    return {"volumes": volumes, "compaction_reserves": reserves, "logs_min_free_bytes": floor}
 
 
 def object_storage(config: Config, writers: list[tuple[dict, dict]]) -> dict[str, Any] | None:
@@ -182,7 +187,10 @@ def main(config: Config, as_json: bool = False, out=None) -> int:
                              for name, size in room["compaction_reserves"].items())
         free = "; ".join(f"{name} {v['free_bytes'] / 2**30:.2f} GiB free of {v['total_bytes'] / 2**30:.2f}"
                          for name, v in room["volumes"].items())
-        print(f"disk: {free}; compaction reserves: {reserves or '-'}", file=out)
+        floor = room["logs_min_free_bytes"]
+        print(f"disk: {free}; compaction reserves: {reserves or '-'}; "
+              + (f"logs take appends down to {floor / 2**20:.1f} MiB free" if floor else "logs take appends to the last byte"),
+              file=out)
     mem = data["memory_total"]
     print(f"tree: RSS {mem['rss_kib'] / 1024:.1f} MiB, Private_Dirty {mem['private_dirty_kib'] / 1024:.1f} MiB", file=out)
     return 0

@@ -74,5 +74,9 @@ class FreeSpaceFloor:
             self.free, self.margin = None, 0
             return
         self.free = disk.f_bavail * disk.f_frsize
-        self.margin = (self.setting if self.setting > 0
-                       else min(2 * self.segment_bytes, disk.f_blocks * disk.f_frsize // VOLUME_SHARE))
+        self.margin = margin(self.setting, self.segment_bytes, disk.f_blocks * disk.f_frsize)
+
+
+def margin(setting: int, segment_bytes: int, volume_bytes: int) -> int:
+    """The bytes a log leaves free on a volume of `volume_bytes` (for `agent-os status` too)."""
+    return setting if setting >= 0 else min(2 * segment_bytes, volume_bytes // VOLUME_SHARE)

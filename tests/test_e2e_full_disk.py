@@ -324,6 +324,8 @@ def test_a_disk_shared_by_the_logs_and_duckdb_frees_itself(tmp_path):
         server = Server(tmp_path, config).start()
         store = server.pid("writer/store")
         try:
+            assert json.loads(server.cli("status", "--json").stdout)["disk"]["logs_min_free_bytes"] == margin
+            assert "logs take appends down to 24.0 MiB free" in server.cli("status").stdout
             os.kill(store, signal.SIGSTOP)
             try:
                 kept = fill_with_checkpoints(server.url, hot_per_cold=4)
