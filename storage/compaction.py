@@ -106,7 +106,8 @@ async def _pass_with_reserve(writer: "LogWriter") -> None:
 async def _keep_reserve(writer: "LogWriter") -> None:
     try:
         kept = await asyncio.get_running_loop().run_in_executor(writer.compaction_io, compaction_reserve.keep,
-                                                                writer.directory, writer.segment_bytes)
+                                                                writer.directory, writer.segment_bytes,
+                                                                writer.config.storage.min_free_bytes)
     except OSError as exc:   # never fatal: the next pass tries again
         writer.log.warning("compaction: could not make the log's compaction reserve (%s)", exc)
         kept = False

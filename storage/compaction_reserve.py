@@ -22,7 +22,7 @@ import logging
 import os
 from pathlib import Path
 
-from storage import write_failures
+from storage import free_space, write_failures
 from storage.freeing import fsync_dir
 
 log = logging.getLogger("agent-os.storage")
@@ -30,8 +30,9 @@ log = logging.getLogger("agent-os.storage")
 NAME = "compaction.reserve"
 
 
-def keep(directory: Path, size: int) -> bool:
-    """The reserve exists (made now if it was missing and the disk has room for it twice over)."""
+def keep(directory: Path, size: int, min_free_bytes: int = 0) -> bool:
+    """The reserve exists (made now if it was missing and the disk has room for it twice over,
+    above the log's floor of free space: storage/free_space.py)."""
     path = directory / NAME
     try:
         if path.stat().st_size >= size:
@@ -39,7 +40,8 @@ def keep(directory: Path, size: int) -> bool:
     except FileNotFoundError:
         pass
     disk = os.statvfs(directory)
-    if disk.f_bavail * disk.f_frsize < 2 * size:
+    floor = free_space.margin(min_free_bytes, size, disk.f_blocks * disk.f_frsize)
+    if disk.f_bavail * disk.f_frsize < 2 * size + floor:
         return False
     tmp = directory / (NAME + ".tmp")
     try:

@@ -16,6 +16,9 @@ hold what the store is behind when the disk fills (its copies of the checkpoints
 segment's rewrite. A log on a volume of its own (`storage.dir/wal`) needs no margin: its
 compaction reserve frees it; `storage.min_free_bytes: 0` turns the floor off.
 
+Zeroing a spare segment ahead of use (storage/spares.py) and making the compaction reserve
+(storage/compaction_reserve.py) leave the margin too: either would otherwise take the room back.
+
 Owns: whether the log's disk has room for an append. Never does: free anything.
 """
 from __future__ import annotations
@@ -65,6 +68,18 @@ class FreeSpaceFloor:
                                         f"(storage.min_free_bytes)")
         self.slack = (max(self.free - length - self.margin, 0) // SLACK_SHARE if self.free is not None
                       else self.segment_bytes)
+
+    def leaves_margin(self, length: int) -> bool:
+        """Whether `length` more bytes on the volume (a spare segment zeroed ahead of use) leave the
+        margin free. Reads the volume now; any thread."""
+        if not self.enabled:
+            return True
+        try:
+            disk = self.statvfs(self.directory)
+        except OSError:
+            return True
+        free = disk.f_bavail * disk.f_frsize
+        return free - length >= margin(self.setting, self.segment_bytes, disk.f_blocks * disk.f_frsize)
 
     def _read(self, now: float) -> None:
         self.checked_at = now

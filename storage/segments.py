@@ -103,7 +103,7 @@ class SegmentLog:
         self.floor = FreeSpaceFloor(directory, min_free_bytes, segment_bytes)
         self.directory.mkdir(parents=True, exist_ok=True)
         freeing.release_leftovers(self.directory)
-        self.spares = Spares(directory, segment_bytes, spares if preallocate else 0)
+        self.spares = Spares(directory, segment_bytes, spares if preallocate else 0, self.floor.leaves_margin)
         self.fd = -1
         self.start = 0      # position of the current segment's first byte
         self.size = 0       # bytes of records in the current segment

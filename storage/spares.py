@@ -25,6 +25,7 @@ p99 at 10k mixed (bench/results/2026-12-03-spares-plain-10k-ab/).
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -89,9 +90,11 @@ def _zeroed(when: str) -> None:
 class Spares:
     """The spares of one log directory; `count` 0: none (segments are not zeroed)."""
 
-    def __init__(self, directory: Path, segment_bytes: int, count: int) -> None:
+    def __init__(self, directory: Path, segment_bytes: int, count: int,
+                 room: Callable[[int], bool] = lambda _: True) -> None:
         self.directory = directory
         self.segment_bytes = segment_bytes
+        self.room = room     # whether the disk takes that many bytes more above the log's floor
         self.paths = [directory / name for name in spare_names(count)] if count > 0 else []
         self.partial = directory / ZEROING
         self.thread: threading.Thread | None = None
@@ -123,6 +126,7 @@ class Spares:
             self.wait()
             spare = self.ready()
         if spare is None:
+            self._check_room()
             zero_file(self.partial, self.segment_bytes)
             spare = self.partial
             _zeroed(when)
@@ -137,7 +141,8 @@ class Spares:
     def refill(self, busy: Callable[[], bool] | None = None) -> bool:
         """Start zeroing one more spare if any is missing and none is being zeroed; held while
         `busy()` (the log is writing again) unless the spare is needed first."""
-        return bool(self.paths) and not self.zeroing() and self.zero_next("idle", busy)
+        return (bool(self.paths) and not self.zeroing() and self.room(self.segment_bytes)
+                and self.zero_next("idle", busy))
 
     def zero_next(self, when: str = "ahead", busy: Callable[[], bool] | None = None) -> bool:
         """Zero the first missing spare on a thread (one at a time); `when` labels it in
@@ -155,6 +160,7 @@ class Spares:
         def zero() -> None:
             cpu_layout.background_thread()
             try:
+                self._check_room()
                 if zero_file(self.partial, self.segment_bytes, self.cancel, hold):
                     os.replace(self.partial, target)
                     _zeroed(when)
@@ -167,6 +173,11 @@ class Spares:
         self.thread = threading.Thread(target=zero, name="wal-spare", daemon=True)
         self.thread.start()
         return True
+
+    def _check_room(self) -> None:
+        if not self.room(self.segment_bytes):
+            raise OSError(errno.ENOSPC, "a zeroed segment would take the disk below the log's floor "
+                                        "(storage.min_free_bytes)")
 
     def wait(self) -> None:
         """Until the spare being zeroed, if any, is ready (no longer held)."""

@@ -28,7 +28,7 @@ def passes_failing_with(monkeypatch, tmp_path, failure: Exception) -> int:
         raise failure
 
     monkeypatch.setattr(compaction, "compact_once", failing)
-    writer = SimpleNamespace(config=SimpleNamespace(storage=SimpleNamespace(compaction_interval_secs=0.01)),
+    writer = SimpleNamespace(config=SimpleNamespace(storage=SimpleNamespace(compaction_interval_secs=0.01, min_free_bytes=0)),
                              log=logging.getLogger("agent-os.test-compaction"), compaction_io=None,
                              directory=tmp_path, segment_bytes=1 << 60, index=0)   # no room for a reserve:
     # a full disk's pass then fails once and says so (a reserve's use is test_compaction_reserve.py's)

@@ -13,6 +13,8 @@ import pytest
 from storage import compaction, compaction_reserve
 from test_e2e_full_disk import tmpfs
 
+NO_FLOOR = SimpleNamespace(storage=SimpleNamespace(min_free_bytes=0))
+
 
 def test_the_reserve_is_made_where_the_disk_has_room_for_it_twice(tmp_path):
     with tmpfs(tmp_path / "disk", "1m") as disk:
@@ -27,6 +29,14 @@ def test_the_reserve_is_made_where_the_disk_has_room_for_it_twice(tmp_path):
         assert compaction_reserve.release(disk) == 0 and not reserve.exists()
 
 
+def test_the_reserve_leaves_the_logs_floor_of_free_space(tmp_path):
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        assert not compaction_reserve.keep(disk, 256 << 10, min_free_bytes=600 << 10)   # 512 KiB + 600: no
+        assert not list(disk.iterdir())
+        assert compaction_reserve.keep(disk, 256 << 10, min_free_bytes=256 << 10)
+        assert (disk / compaction_reserve.NAME).stat().st_size == 256 << 10
+
+
 def passes(monkeypatch, directory, failures):
     """One compaction pass (compaction._pass_with_reserve) whose first `failures` runs of
     compact_once fail for want of room; (how it ended, how many runs there were)."""
@@ -39,7 +49,7 @@ def passes(monkeypatch, directory, failures):
         return 3
 
     monkeypatch.setattr(compaction, "compact_once", compact_once)
-    writer = SimpleNamespace(index=0, compaction_io=None, directory=directory, segment_bytes=4096,
+    writer = SimpleNamespace(index=0, compaction_io=None, directory=directory, segment_bytes=4096, config=NO_FLOOR,
                              log=logging.getLogger("agent-os.test-reserve"))
     try:
         asyncio.run(compaction._pass_with_reserve(writer))
@@ -65,7 +75,7 @@ def test_other_failures_do_not_take_the_reserve(monkeypatch, tmp_path):
         raise KeyError("count")
 
     monkeypatch.setattr(compaction, "compact_once", broken)
-    writer = SimpleNamespace(index=0, compaction_io=None, directory=tmp_path, segment_bytes=4096,
+    writer = SimpleNamespace(index=0, compaction_io=None, directory=tmp_path, segment_bytes=4096, config=NO_FLOOR,
                              log=logging.getLogger("agent-os.test-reserve"))
     with pytest.raises(KeyError):
         asyncio.run(compaction._pass_with_reserve(writer))

@@ -99,3 +99,10 @@ def test_a_log_refuses_an_append_below_its_floor_and_writes_nothing(tmp_path):
     assert roomy.write(b"x" * 100, sync=True) == 100
     log.close()
     roomy.close()
+
+
+def test_a_spare_segment_zeroed_ahead_must_leave_the_margin_too():
+    disk = FakeDisk(total=1 << 30, free=10 << 20)
+    floor = disk.floor(8 << 20)
+    assert floor.leaves_margin(2 << 20) and not floor.leaves_margin((2 << 20) + BLOCK)
+    assert disk.floor(0).leaves_margin(1 << 40)

@@ -2,8 +2,11 @@
 is idle, taken by rotations without zeroing in between, cleaned up when stale or given up."""
 from __future__ import annotations
 
+import errno
 import threading
 import time
+
+import pytest
 
 from log_frames import frames
 from storage import segments, spares
@@ -188,3 +191,21 @@ def test_a_rotation_takes_a_held_spare_once_it_is_whole(tmp_path):
     assert not rotation.is_alive(), "a rotation waited on a zeroing that stayed held"
     assert (tmp_path / "next.seg").read_bytes() == bytes(4 << 20)
     pool.close()
+
+
+def test_no_spare_is_zeroed_below_the_logs_floor_of_free_space(tmp_path):
+    """A zeroed spare takes a segment of disk: at the log's floor (storage/free_space.py) that is
+    the room writer/store and compaction need to free the disk."""
+    room = [False]
+    spare = spares.Spares(tmp_path, SEGMENT, 2, room=lambda length: room[0] and length == SEGMENT)
+    assert not spare.refill()                            # idle: nothing zeroed, nothing said
+    with pytest.raises(OSError) as err:                  # a rotation: appends go to a plain file
+        spare.take(tmp_path / "next.seg")
+    assert err.value.errno == errno.ENOSPC and not (tmp_path / "next.seg").exists()
+    assert spare.zero_next("ahead")                      # half-way through a segment: given up
+    spare.wait()
+    assert _ready(tmp_path) == [] and not spare.partial.exists()
+    room[0] = True                                       # compaction freed the disk
+    assert spare.refill()
+    spare.wait()
+    assert len(_ready(tmp_path)) == 1
