@@ -77,8 +77,11 @@ log_damaged = Counter("agentos_log_damaged_records_total", "Damaged records met 
                       ["outcome"])
 disk_free_bytes = Gauge("agentos_disk_free_bytes", "Free bytes on the filesystems the tree writes to, read at each "
                         "scrape: volume data (storage.dir: DuckDB) and wal (storage.dir/wal: the logs, the same "
-                        "filesystem unless one is mounted there); at 0 on wal, durable writes answer 507",
-                        ["volume"], multiprocess_mode="livemax")
+                        "filesystem unless one is mounted there); below agentos_logs_min_free_bytes on wal, "
+                        "durable writes answer 507", ["volume"], multiprocess_mode="livemax")
+logs_min_free_bytes = Gauge("agentos_logs_min_free_bytes", "Free bytes below which the logs take no appends "
+                            "(storage.min_free_bytes, as it comes to on the logs' volume; 0: off)",
+                            multiprocess_mode="livemax")
 compaction_reserve_bytes = Gauge("agentos_compaction_reserve_bytes", "Room a log keeps for a compaction's rewrite on a "
                                  "full disk (0: spent, or the disk has had no room for it)", ["log"],
                                  multiprocess_mode="livemax")

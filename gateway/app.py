@@ -27,7 +27,7 @@ from gateway.history import LATEST_ROUTE, PUT_ROUTE, HistoryRoutes
 from gateway.peer_watch import PeerWatch
 from gateway.streams import TurnStream
 from gateway.tenancy import DEFAULT_TENANT, SESSION_ID, check_session_id, internal
-from storage import compaction_reserve
+from storage import compaction_reserve, free_space
 from storage.log_client import LogClient
 from storage.log_writer import LogWriter
 
@@ -310,8 +310,13 @@ class Gateway:
         return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     def _render_metrics(self) -> bytes:
-        for volume, room in compaction_reserve.volumes(self.config.storage.dir).items():
+        volumes = compaction_reserve.volumes(self.config.storage.dir)
+        for volume, room in volumes.items():
             metrics.disk_free_bytes.labels(volume).set(room["free_bytes"])
+        if "wal" in volumes:
+            metrics.logs_min_free_bytes.set(free_space.margin(self.config.storage.min_free_bytes,
+                                                              self.config.storage.segment_bytes,
+                                                              volumes["wal"]["total_bytes"]))
         return metrics.render()
 
     # -- bus ------------------------------------------------------------------------------

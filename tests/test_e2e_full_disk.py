@@ -326,6 +326,7 @@ def test_a_disk_shared_by_the_logs_and_duckdb_frees_itself(tmp_path):
         try:
             assert json.loads(server.cli("status", "--json").stdout)["disk"]["logs_min_free_bytes"] == margin
             assert "logs take appends down to 24.0 MiB free" in server.cli("status").stdout
+            assert scrape(server.url)["agentos_logs_min_free_bytes"] == margin
             os.kill(store, signal.SIGSTOP)
             try:
                 kept = fill_with_checkpoints(server.url, hot_per_cold=4)
