@@ -124,10 +124,7 @@ class StorageConfig:
     # log is idle once it has filled a segment, so a burst of up to this many segments of records
     # writes no zeros meanwhile. Costs this many segments of disk per log; 1: only the next one.
     spare_segments: int = 4
-    # A log stops taking appends (507, as on a full disk) while fewer bytes than this are free on
-    # its disk, keeping that room for writer/store and compaction to free what the log filled it
-    # with (storage/free_space.py). -1: the smaller of two segments and 5% of the volume; 0: off.
-    min_free_bytes: int = -1
+    min_free_bytes: int = -1   # appends stop this near a full disk (storage/free_space.py); -1 auto, 0 off
     max_checkpoint_bytes: int = 1 << 20
     log_writers: int = 1
     # The gateway group-commits its own records (checkpoint PUTs, access rows) to a log of its
@@ -361,8 +358,7 @@ def validate(config: Config) -> None:
     _positive(config.storage.snapshot_every, "storage.snapshot_every")
     _positive(config.storage.segment_bytes, "storage.segment_bytes")
     if config.storage.min_free_bytes < -1:
-        raise ConfigError(f"storage.min_free_bytes: -1 (automatic), 0 (off) or a number of bytes, "
-                          f"got {config.storage.min_free_bytes}")
+        raise ConfigError(f"storage.min_free_bytes: -1 (auto), 0 (off) or bytes, got {config.storage.min_free_bytes}")
     if not 1 <= config.storage.spare_segments <= 64:
         raise ConfigError(f"storage.spare_segments: 1..64, got {config.storage.spare_segments}")
     _positive(config.storage.max_checkpoint_bytes, "storage.max_checkpoint_bytes")
