@@ -5,9 +5,9 @@ copies each checkpoint it keeps out of the log as it loads it, and compaction dr
 store has loaded, writing each segment anew without it. A log that wrote until the disk was full
 left the store, then behind by seconds of writes, no room to load them, so no pass could drop
 anything: the disk stayed full, every durable write 507, until someone freed space by hand — in
-every by-hand run on a 128 MiB disk (bench/RECORD.md, forty-sixth session). The logs' compaction
-reserves (storage/compaction_reserve.py) were not enough: the store that took them lost that room
-to the writes still arriving. Stopping the log's appends while fewer than `storage.min_free_bytes`
+every by-hand run, on 12 and 128 MiB disks (bench/RECORD.md, forty-sixth session). The logs'
+compaction reserves (storage/compaction_reserve.py) were not enough: the store that took them
+lost that room to the writes still arriving. Stopping the log's appends while fewer than `storage.min_free_bytes`
 are free (Elasticsearch's flood stage) keeps that room for the store and compaction; they free
 what the log's superseded checkpoints took, and the appends go on.
 
@@ -72,24 +72,21 @@ class FreeSpaceFloor:
     def leaves_margin(self, length: int) -> bool:
         """Whether `length` more bytes on the volume (a spare segment zeroed ahead of use) leave the
         margin free. Reads the volume now; any thread."""
-        if not self.enabled:
-            return True
-        try:
-            disk = self.statvfs(self.directory)
-        except OSError:
-            return True
-        free = disk.f_bavail * disk.f_frsize
-        return free - length >= margin(self.setting, self.segment_bytes, disk.f_blocks * disk.f_frsize)
+        free, floor = self._volume() if self.enabled else (None, 0)
+        return free is None or free - length >= floor
 
     def _read(self, now: float) -> None:
         self.checked_at = now
+        self.free, self.margin = self._volume()
+
+    def _volume(self) -> tuple[int | None, int]:
+        """(bytes free, the margin) on the log's volume now; (None, 0) if it cannot tell: the
+        write itself will then say if the disk is full."""
         try:
             disk = self.statvfs(self.directory)
-        except OSError:   # cannot tell: the write itself will say if the disk is full
-            self.free, self.margin = None, 0
-            return
-        self.free = disk.f_bavail * disk.f_frsize
-        self.margin = margin(self.setting, self.segment_bytes, disk.f_blocks * disk.f_frsize)
+        except OSError:
+            return None, 0
+        return disk.f_bavail * disk.f_frsize, margin(self.setting, self.segment_bytes, disk.f_blocks * disk.f_frsize)
 
 
 def margin(setting: int, segment_bytes: int, volume_bytes: int) -> int:
