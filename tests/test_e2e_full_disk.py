@@ -293,7 +293,8 @@ def test_a_disk_the_log_filled_with_superseded_checkpoints_frees_itself(tmp_path
             assert room["volumes"]["wal"]["total_bytes"] == size and "data" in room["volumes"], room
             free = scrape(server.url)
             assert free['agentos_disk_free_bytes{volume="wal"}'] < size < free['agentos_disk_free_bytes{volume="data"}']
-            assert "compaction reserves: log " in server.cli("status").stdout
+            said = server.cli("status").stdout
+            assert "compaction reserves: log " in said and "logs take appends to the last byte" in said
             kept = fill_with_checkpoints(server.url)
             assert len(kept) > 100
             assert scrape(server.url)['agentos_disk_free_bytes{volume="wal"}'] < 256 << 10
