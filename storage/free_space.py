@@ -63,11 +63,12 @@ class FreeSpaceFloor:
             self.slack -= length
             return
         self._read(now)
+        # before the refusal: a refused append leaves no slack for the next to pass unread
+        self.slack = (max(self.free - length - self.margin, 0) // SLACK_SHARE if self.free is not None
+                      else self.segment_bytes)
         if self.free is not None and self.free - length < self.margin:
             raise OSError(errno.ENOSPC, f"fewer than {self.margin:,} bytes would be left free on the log's disk "
                                         f"(storage.min_free_bytes)")
-        self.slack = (max(self.free - length - self.margin, 0) // SLACK_SHARE if self.free is not None
-                      else self.segment_bytes)
 
     def leaves_margin(self, length: int) -> bool:
         """Whether `length` more bytes on the volume (a spare segment zeroed ahead of use) leave the

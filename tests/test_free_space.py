@@ -45,6 +45,18 @@ def test_an_append_that_would_leave_less_than_the_margin_is_refused_as_a_full_di
     assert not refused(floor, 3 << 20)
 
 
+def test_after_a_refusal_the_next_append_reads_the_disk_again():
+    """A refused append once left the slack of the reading before it: the appends of the next
+    50 ms went on unread, into a disk that had no room."""
+    disk = FakeDisk(total=1 << 30, free=100 << 20)
+    floor = disk.floor(8 << 20)
+    floor.check(4096)                        # lots of slack
+    disk.free, disk.now = 8 << 20, free_space.CHECK_SECS
+    assert refused(floor, 4096)
+    disk.now += 0.001
+    assert refused(floor, 100) and disk.reads == 3
+
+
 def test_the_automatic_margin_is_two_segments_or_a_twentieth_of_a_small_volume():
     big = FakeDisk(total=100 << 30, free=1 << 30)
     floor = big.floor(free_space.AUTO, segment_bytes=64 << 20)
