@@ -188,9 +188,10 @@ def main(config: Config, as_json: bool = False, out=None) -> int:
         free = "; ".join(f"{name} {v['free_bytes'] / 2**30:.2f} GiB free of {v['total_bytes'] / 2**30:.2f}"
                          for name, v in room["volumes"].items())
         floor = room["logs_min_free_bytes"]
+        store = " and what the store has yet to load" if "wal" not in room["volumes"] else ""   # on their disk
         print(f"disk: {free}; compaction reserves: {reserves or '-'}; "
-              + (f"logs take appends down to {floor / 2**20:.1f} MiB free" if floor else "logs take appends to the last byte"),
-              file=out)
+              + (f"logs take appends down to {floor / 2**20:.1f} MiB free{store}" if floor
+                 else "logs take appends to the last byte"), file=out)
     mem = data["memory_total"]
     print(f"tree: RSS {mem['rss_kib'] / 1024:.1f} MiB, Private_Dirty {mem['private_dirty_kib'] / 1024:.1f} MiB", file=out)
     return 0

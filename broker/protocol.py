@@ -78,6 +78,7 @@ class Kind(enum.StrEnum):
     LOG_APPEND = "log.append"
     LOG_ACK = "log.ack"
     LOG_FLUSHED = "log.flushed"
+    LOG_LOADED = "log.loaded"
     LOG_MEND = "log.mend"
     LOG_MENDED = "log.mended"
     # store.*: readers <-> writer/store
@@ -183,6 +184,9 @@ SPECS: dict[Kind, Spec] = {
     Kind.LOG_APPEND: _spec({"records": list}, sync=bool),  # sync: someone waits for this ack
     Kind.LOG_ACK: _spec({"position": int, "count": int}),
     Kind.LOG_FLUSHED: _spec({"writer": int, "position": int}, count=int),
+    # writer/store -> a log's writer: where it has loaded that log to, and the bytes of the other
+    # logs it has yet to load (storage/free_space.py keeps room for them on a shared disk)
+    Kind.LOG_LOADED: _spec({"position": int, "others": int}),
     # writer/store -> a log's writer: the record at `position` is damaged; write the bucket's copy
     # over it (storage/bucket_mending.py). Replied with the bytes written (0: not mended, `why`;
     # `retry`: the bucket is out of reach for now; `whole`: nothing to mend there, read it).
@@ -265,6 +269,7 @@ SENDERS: dict[Kind, str] = {
     Kind.PEER_RESTARTED: BROKER,
     Kind.UNDELIVERABLE: BROKER,
     Kind.LOG_FLUSHED: LOG_WRITER_PREFIX,
+    Kind.LOG_LOADED: STORE,
     Kind.LOG_MEND: STORE,      # bucket GETs and a write into a sealed segment: only its reader asks
     # a log's compaction asks writer/store to drop rows: only a log's owner does
     Kind.STORE_PURGE: LOG_WRITER_PREFIX,

@@ -11,10 +11,16 @@ lost that room to the writes still arriving. Stopping the log's appends while fe
 are free (Elasticsearch's flood stage) keeps that room for the store and compaction; they free
 what the log's superseded checkpoints took, and the appends go on.
 
-The margin, by default the smaller of two log segments and a twentieth of the volume, has to
-hold what the store is behind when the disk fills (its copies of the checkpoints it keeps) and a
-segment's rewrite. A log on a volume of its own (`storage.dir/wal`) needs no margin: its
-compaction reserve frees it; `storage.min_free_bytes: 0` turns the floor off.
+The margin, by default the smaller of two log segments and a twentieth of the volume, holds a
+segment's rewrite. What the store is behind is kept free on top of it: its copies of the
+checkpoints it keeps take up to that much as it loads, and on a small disk the store can be behind
+by the whole disk when it fills (12 MiB, by hand: 11 MB behind, the disk never freed itself). The
+store tells each log where it has loaded it to and what it has yet to load of the others
+(`store.loaded`, storage/store_notices.py); the log adds what it wrote since. A store that stops
+loading (stuck, or killed) so stops the appends while half the room left is still free, and the
+store has that half when it loads again. A log on a volume of its own (`storage.dir/wal`) needs no
+room for the store's copies, and its compaction reserve frees it; `storage.min_free_bytes: 0`
+turns the floor off (the store's part too).
 
 Zeroing a spare segment ahead of use (storage/spares.py) and making the compaction reserve
 (storage/compaction_reserve.py) leave the margin too: either would otherwise take the room back.
@@ -50,12 +56,30 @@ class FreeSpaceFloor:
         self.slack = 0           # bytes that may be appended before the next reading
         self.margin = 0
         self.free = None         # bytes free at the last reading (None: unknown)
+        self.store_shares_volume = False       # writer/store's files are on this volume (count_store)
+        self.store_loaded: int | None = None   # where writer/store had loaded this log to (None: not told, or
+        self.store_others = 0                  # on another volume), and the bytes of the other logs it had not
+
+    def count_store(self, store_dir: Path) -> None:
+        """Keep room for what writer/store, with its files in `store_dir`, has yet to load, if they
+        are on this log's volume."""
+        self.store_shares_volume = _device(Path(store_dir)) == _device(Path(self.directory))
+
+    def store_told(self, loaded: int, others: int) -> None:
+        if self.store_shares_volume:
+            self.store_loaded, self.store_others = loaded, others
+            self.slack = 0   # read again at the next append: the room kept may have grown
+
+    def store_behind(self, end: int) -> int:
+        """Bytes writer/store has yet to load of the logs on this volume, this one ending at `end`."""
+        return 0 if self.store_loaded is None else max(end - self.store_loaded, 0) + self.store_others
 
     @property
     def enabled(self) -> bool:
         return self.setting != 0
 
-    def check(self, length: int) -> None:
+    def check(self, length: int, end: int = 0) -> None:
+        """Raises ENOSPC if appending `length` bytes to a log ending at `end` leaves too little free."""
         if not self.enabled:
             return
         now = self.clock()
@@ -63,18 +87,22 @@ class FreeSpaceFloor:
             self.slack -= length
             return
         self._read(now)
-        # before the refusal: a refused append leaves no slack for the next to pass unread
-        self.slack = (max(self.free - length - self.margin, 0) // SLACK_SHARE if self.free is not None
-                      else self.segment_bytes)
-        if self.free is not None and self.free - length < self.margin:
-            raise OSError(errno.ENOSPC, f"fewer than {self.margin:,} bytes would be left free on the log's disk "
-                                        f"(storage.min_free_bytes)")
+        behind = self.store_behind(end + length)
+        # before the refusal: a refused append leaves no slack for the next to pass unread. An
+        # appended byte takes one from what is free and, while the store is counted, adds one to
+        # what it is behind: the headroom goes twice as fast.
+        self.slack = (max(self.free - length - self.margin - behind, 0) // (SLACK_SHARE * (2 if behind else 1))
+                      if self.free is not None else self.segment_bytes)
+        if self.free is not None and self.free - length < self.margin + behind:
+            kept = f" and {behind:,} for what writer/store has yet to load" if behind else ""
+            raise OSError(errno.ENOSPC, f"fewer than {self.margin:,} bytes (storage.min_free_bytes){kept} would be "
+                                        f"left free on the log's disk")
 
-    def leaves_margin(self, length: int) -> bool:
+    def leaves_margin(self, length: int, end: int = 0) -> bool:
         """Whether `length` more bytes on the volume (a spare segment zeroed ahead of use) leave the
-        margin free. Reads the volume now; any thread."""
+        margin, and the room writer/store needs, free. Reads the volume now; any thread."""
         free, floor = self._volume() if self.enabled else (None, 0)
-        return free is None or free - length >= floor
+        return free is None or free - length >= floor + (self.store_behind(end) if self.enabled else 0)
 
     def _read(self, now: float) -> None:
         self.checked_at = now
@@ -88,6 +116,16 @@ class FreeSpaceFloor:
         except OSError:
             return None, 0
         return disk.f_bavail * disk.f_frsize, margin(self.setting, self.segment_bytes, disk.f_blocks * disk.f_frsize)
+
+
+def _device(path: Path) -> int | None:
+    """The device of `path`, or of its nearest ancestor there is (the store's directory may not be yet)."""
+    for place in (path, *path.parents):
+        try:
+            return os.stat(place).st_dev
+        except OSError:
+            continue
+    return None
 
 
 def margin(setting: int, segment_bytes: int, volume_bytes: int) -> int:

@@ -126,7 +126,8 @@ class LogWriter(ClusterSide):
         self.segment_edits = asyncio.Lock()   # a compaction's rewrite, or a mend (storage/bucket_mending.py)
         self.damage_said: set[tuple[str, int]] = set()   # damaged records a compaction could not rewrite past
         self.bus = Bus(log_writer(index), bus_endpoint, {Kind.LOG_APPEND: self.on_append, Kind.STATS: self.on_stats,
-                                                             Kind.LEASE: self.on_lease, Kind.LOG_MEND: self.on_mend},
+                                                             Kind.LEASE: self.on_lease, Kind.LOG_MEND: self.on_mend,
+                                                             Kind.LOG_LOADED: self.on_loaded},
                        role="writer", heartbeat_secs=config.broker.heartbeat_secs, log=log,
                        spill_bytes=config.broker.spill_ring_bytes)
         self.notices = StoreNotices(self.bus, index)
@@ -139,6 +140,7 @@ class LogWriter(ClusterSide):
                                                    self.config.storage.zero_segments,
                                                    self.config.storage.spare_segments,
                                                    self.config.storage.min_free_bytes)
+        self.segments.floor.count_store(Path(self.config.storage.dir) / "db")
         if self.object_store is not None:
             await self._level_with_bucket(loop)
         if not self.embedded:   # an embedded writer's one sender died with it: nobody retries into it
@@ -150,6 +152,10 @@ class LogWriter(ClusterSide):
         self.log.info("log %s: %d segment(s), end at position %d, %d records in the last segment%s", self.directory,
                       r.segments, r.end, r.records_in_last,
                       f", truncated a torn tail of {r.truncated_bytes} bytes" if r.truncated_bytes else "")
+
+    def on_loaded(self, msg: Message) -> None:
+        if self.segments is not None:   # room for what writer/store has yet to load (storage/free_space.py)
+            self.segments.floor.store_told(msg.body["position"], msg.body["others"])
 
     def on_append(self, msg: Message) -> None:
         if self.lease_lost:

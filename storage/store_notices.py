@@ -1,19 +1,26 @@
-"""How a log writer tells writer/store where its log ends: `log.flushed` notices, coalesced.
+"""The notices between the logs and writer/store, coalesced: `log.flushed` and `log.loaded`.
 
-One notice per batch would cost two bus hops and a loader wake per fsync, and the store loads in
-big batches anyway; a `sync` query reads the log's end from the files. So a writer sends at most
-one notice per `EVERY_SECS`, carrying the newest end and the records written since the last one.
+A log writer tells the store where its log ends (`log.flushed`). One notice per batch would cost
+two bus hops and a loader wake per fsync, and the store loads in big batches anyway; a `sync`
+query reads the log's end from the files. So a writer sends at most one notice per `EVERY_SECS`,
+carrying the newest end and the records written since the last one.
+
+The store tells each log where it has loaded it to, and what it has yet to load of the others
+(`log.loaded`): a log on the store's disk keeps room for that (storage/free_space.py). At most one
+round per `LOADED_EVERY_SECS`: the log adds what it wrote since on its own.
 """
 from __future__ import annotations
 
 import asyncio
 import time
+from typing import Callable
 
 from broker.client import Bus
 from broker.protocol import Kind
-from broker.sharding import STORE
+from broker.sharding import STORE, log_writer
 
 EVERY_SECS = 0.01
+LOADED_EVERY_SECS = 0.1
 
 
 class StoreNotices:
@@ -49,3 +56,35 @@ class StoreNotices:
         if self.timer is not None:
             self.timer.cancel()
             self._send()
+
+
+class LoadedNotices:
+    """writer/store's side: `moved()` whenever it has loaded more; `behind()` gives the bytes it has
+    yet to load of each log, `loaded()` where it has loaded each to, `open()` the logs to tell."""
+
+    def __init__(self, bus: Bus, behind: Callable[[], dict[int, int]], loaded: Callable[[], dict[int, int]],
+                 open_logs: Callable[[], set[int]]) -> None:
+        self.bus, self.behind, self.loaded, self.open_logs = bus, behind, loaded, open_logs
+        self.timer: asyncio.TimerHandle | None = None
+        self.sent_at = float("-inf")
+        self.closed = False
+
+    def moved(self) -> None:
+        if self.timer is None and not self.closed:
+            wait = self.sent_at + LOADED_EVERY_SECS - time.monotonic()
+            self.timer = asyncio.get_running_loop().call_later(max(wait, 0.0), self._send)
+
+    def _send(self) -> None:
+        self.timer = None
+        self.sent_at = time.monotonic()
+        behind, loaded = self.behind(), self.loaded()
+        total = sum(behind.values())
+        for index in sorted(self.open_logs()):
+            self.bus.send(log_writer(index), Kind.LOG_LOADED,
+                          {"position": loaded.get(index, 0), "others": total - behind.get(index, 0)})
+
+    def close(self) -> None:
+        self.closed = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None

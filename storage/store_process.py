@@ -26,6 +26,7 @@ from broker.protocol import Kind, Message, ProtocolError
 from broker.sharding import LOG_WRITER_PREFIX, STORE, log_writer
 from storage import bucket_mending, payload_compaction, write_failures
 from storage.store import Store
+from storage.store_notices import LoadedNotices
 from broker.address import bus_address
 
 SYNC_TIMEOUT_SECS = 30.0
@@ -63,6 +64,7 @@ class StoreService:
                                              Kind.PEER_RESTARTED: self.on_peer_restarted},
                        role="store", heartbeat_secs=config.broker.heartbeat_secs, log=log,
                        spill_bytes=config.broker.spill_ring_bytes)
+        self.loaded_notices = LoadedNotices(self.bus, self.behind, lambda: self.loaded, lambda: self.writers_open)
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -94,6 +96,7 @@ class StoreService:
     async def stop(self) -> None:
         """Stop the loader, then load what is left: on a clean stop DuckDB has the whole log."""
         self.store.stopping.set()
+        self.loaded_notices.close()
         self.store.wake.set()
         self.store.urgent.set()
         self.loader.shutdown(wait=True)
@@ -121,6 +124,7 @@ class StoreService:
 
     def _on_loaded(self, positions: dict[int, int]) -> None:
         self.loaded = positions
+        self.loaded_notices.moved()
         while self.pending_flushes and self.pending_flushes[0][1] <= positions.get(self.pending_flushes[0][0], 0):
             writer, _, _, since = self.pending_flushes.popleft()
             metrics.event_db_write_wait.observe((time.monotonic() - since) * 1000.0)
@@ -203,11 +207,14 @@ class StoreService:
         return records, (time.monotonic() - oldest) if oldest is not None else 0.0
 
     def lag_bytes(self) -> int:
-        """Bytes of the logs not loaded yet: up to where each is durable, or where its files ended
+        return sum(self.behind().values())
+
+    def behind(self) -> dict[int, int]:
+        """Bytes of each log not loaded yet: up to where it is durable, or where its files ended
         when this process started (a restart's backlog, before the writer has said anything)."""
         ends = {w: max(self.flushed.get(w, 0), self.files_at_start.get(w, 0))
                 for w in self.flushed.keys() | self.files_at_start.keys()}
-        return sum(max(end - self.loaded.get(w, 0), 0) for w, end in ends.items())
+        return {w: max(end - self.loaded.get(w, 0), 0) for w, end in ends.items()}
 
     # -- bus ------------------------------------------------------------------------------
 
@@ -369,6 +376,7 @@ class StoreService:
             metrics.store_lag_records.set(records)
             metrics.store_lag_seconds.set(seconds)
             metrics.store_lag_bytes.set(self.lag_bytes())
+            self.loaded_notices.moved()   # also to a log restarted since, and when nothing loads
             metrics.message_store_queue.set(records)
             metrics.access_log_queue.set(records)
             metrics.payload_file_bytes.set(self.store.payloads.total_bytes)

@@ -2,6 +2,7 @@
 is full, so writer/store and compaction keep the room to free it."""
 import errno
 import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -21,13 +22,13 @@ class FakeDisk:
         self.reads += 1
         return SimpleNamespace(f_frsize=BLOCK, f_blocks=self.total // BLOCK, f_bavail=self.free // BLOCK)
 
-    def floor(self, setting: int, segment_bytes: int = 1 << 20) -> FreeSpaceFloor:
-        return FreeSpaceFloor("unused", setting, segment_bytes, clock=lambda: self.now, statvfs=self.statvfs)
+    def floor(self, setting: int, segment_bytes: int = 1 << 20, directory="unused") -> FreeSpaceFloor:
+        return FreeSpaceFloor(directory, setting, segment_bytes, clock=lambda: self.now, statvfs=self.statvfs)
 
 
-def refused(floor, length) -> bool:
+def refused(floor, length, end=0) -> bool:
     try:
-        floor.check(length)
+        floor.check(length, end)
     except OSError as exc:
         assert exc.errno == errno.ENOSPC and "storage.min_free_bytes" in exc.strerror
         return True
@@ -118,3 +119,31 @@ def test_a_spare_segment_zeroed_ahead_must_leave_the_margin_too():
     floor = disk.floor(8 << 20)
     assert floor.leaves_margin(2 << 20) and not floor.leaves_margin((2 << 20) + BLOCK)
     assert disk.floor(0).leaves_margin(1 << 40)
+
+
+def test_on_the_stores_volume_room_is_kept_for_what_it_has_yet_to_load(tmp_path):
+    """A store behind by most of a small disk had no room for its copies of the checkpoints it
+    keeps when the log wrote down to the margin alone: the disk stayed full for good."""
+    disk = FakeDisk(total=1 << 30, free=30 << 20)
+    floor = disk.floor(8 << 20, directory=tmp_path / "wal")
+    floor.count_store(tmp_path / "db")                  # not there yet: the volume it will be on
+    floor.store_told(4 << 20, 6 << 20)                  # loaded this log to 4 MiB, 6 MiB of the others not
+    assert not refused(floor, 1 << 20, end=10 << 20)    # 7 + 6 MiB behind: 29 MiB left >= 8 + 13
+    disk.now += 1
+    assert refused(floor, 1 << 20, end=20 << 20)        # 17 + 6 behind: 29 < 8 + 23
+    assert floor.leaves_margin(1 << 20, end=10 << 20) and not floor.leaves_margin(1 << 20, end=20 << 20)
+    reads = disk.reads
+    floor.store_told(20 << 20, 0)                       # it caught up: read the disk again at once
+    assert not refused(floor, 1 << 20, end=20 << 20) and disk.reads == reads + 1
+
+
+def test_a_store_on_another_volume_or_the_floor_off_keeps_no_room(tmp_path):
+    disk = FakeDisk(total=1 << 30, free=30 << 20)
+    floor = disk.floor(8 << 20, directory=tmp_path / "wal")
+    floor.count_store(Path("/proc"))                    # another file system than the log's
+    floor.store_told(0, 1 << 30)
+    assert not refused(floor, 1 << 20, end=1 << 30)
+    off = disk.floor(0, directory=tmp_path / "wal")
+    off.count_store(tmp_path / "db")
+    off.store_told(0, 1 << 30)
+    assert not refused(off, 1 << 20, end=1 << 30) and off.leaves_margin(1 << 20, end=1 << 30)

@@ -1,10 +1,10 @@
-"""A log writer's notices to writer/store (storage/store_notices.py): coalesced to one per
+"""The notices between the logs and writer/store (storage/store_notices.py): coalesced to one per
 interval, and none after close — a timer left behind would fire on a closed bus."""
 import asyncio
 
 from broker.protocol import Kind
 from storage import store_notices
-from storage.store_notices import StoreNotices
+from storage.store_notices import LoadedNotices, StoreNotices
 
 
 class FakeBus:
@@ -45,6 +45,32 @@ def test_notices_are_coalesced_and_close_sends_the_pending_one_and_stops(monkeyp
         assert bus.sent[-1][1] == Kind.LOG_FLUSHED and bus.sent[-1][2] == {"writer": 3, "position": 550, "count": 1}
         notices.written(600, 1)                 # a batch finishing after close: nothing scheduled
         await asyncio.sleep(store_notices.EVERY_SECS * 3)
+        assert len(bus.sent) == 4
+
+    asyncio.run(go())
+
+
+def test_the_store_tells_each_open_log_where_it_loaded_it_and_what_it_has_yet_to_load_of_the_others():
+    async def go():
+        bus = FakeBus()
+        behind, loaded = {0: 300, 1: 0, 2: 50}, {0: 700, 1: 900, 2: 1_000}
+        notices = LoadedNotices(bus, lambda: behind, lambda: loaded, lambda: {0, 2})
+        notices.moved()
+        notices.moved()                        # one round for both
+        await asyncio.sleep(0.01)
+        assert bus.sent == [("writer/log/0", Kind.LOG_LOADED, {"position": 700, "others": 50}),
+                            ("writer/log/2", Kind.LOG_LOADED, {"position": 1_000, "others": 300})]
+        behind[0], loaded[0] = 0, 1_000
+        notices.moved()                        # within the interval: waits for it
+        await asyncio.sleep(0.01)
+        assert len(bus.sent) == 2
+        await asyncio.sleep(store_notices.LOADED_EVERY_SECS * 1.5)
+        assert bus.sent[2] == ("writer/log/0", Kind.LOG_LOADED, {"position": 1_000, "others": 50})
+        notices.moved()
+        notices.close()                        # the store stops: its bus is about to close
+        bus.closed = True
+        notices.moved()
+        await asyncio.sleep(store_notices.LOADED_EVERY_SECS * 1.5)
         assert len(bus.sent) == 4
 
     asyncio.run(go())
