@@ -16,7 +16,7 @@ segment's rewrite. What the store is behind is kept free on top of it: its copie
 checkpoints it keeps take up to that much as it loads, and on a small disk the store can be behind
 by the whole disk when it fills (12 MiB, by hand: 11 MB behind, the disk never freed itself). The
 store tells each log where it has loaded it to and what it has yet to load of the others
-(`store.loaded`, storage/store_notices.py); the log adds what it wrote since. A store that stops
+(`log.loaded`, storage/store_notices.py); the log adds what it wrote since. A store that stops
 loading (stuck, or killed) so stops the appends while half the room left is still free, and the
 store has that half when it loads again. A log on a volume of its own (`storage.dir/wal`) needs no
 room for the store's copies, and its compaction reserve frees it; `storage.min_free_bytes: 0`
@@ -102,7 +102,7 @@ class FreeSpaceFloor:
         """Whether `length` more bytes on the volume (a spare segment zeroed ahead of use) leave the
         margin, and the room writer/store needs, free. Reads the volume now; any thread."""
         free, floor = self._volume() if self.enabled else (None, 0)
-        return free is None or free - length >= floor + (self.store_behind(end) if self.enabled else 0)
+        return free is None or free - length >= floor + self.store_behind(end)
 
     def _read(self, now: float) -> None:
         self.checked_at = now

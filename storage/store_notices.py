@@ -7,7 +7,8 @@ carrying the newest end and the records written since the last one.
 
 The store tells each log where it has loaded it to, and what it has yet to load of the others
 (`log.loaded`): a log on the store's disk keeps room for that (storage/free_space.py). At most one
-round per `LOADED_EVERY_SECS`: the log adds what it wrote since on its own.
+round per `LOADED_EVERY_SECS`: the log adds what it wrote since on its own. What a log was told
+already is told again only after `RETELL_SECS` (a log restarted meanwhile knows nothing).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from broker.sharding import STORE, log_writer
 
 EVERY_SECS = 0.01
 LOADED_EVERY_SECS = 0.1
+RETELL_SECS = 5.0
 
 
 class StoreNotices:
@@ -67,6 +69,7 @@ class LoadedNotices:
         self.bus, self.behind, self.loaded, self.open_logs = bus, behind, loaded, open_logs
         self.timer: asyncio.TimerHandle | None = None
         self.sent_at = float("-inf")
+        self.told: dict[int, tuple[dict, float]] = {}   # log -> what it was told last, and when
         self.closed = False
 
     def moved(self) -> None:
@@ -80,8 +83,11 @@ class LoadedNotices:
         behind, loaded = self.behind(), self.loaded()
         total = sum(behind.values())
         for index in sorted(self.open_logs()):
-            self.bus.send(log_writer(index), Kind.LOG_LOADED,
-                          {"position": loaded.get(index, 0), "others": total - behind.get(index, 0)})
+            body = {"position": loaded.get(index, 0), "others": total - behind.get(index, 0)}
+            last, at = self.told.get(index, (None, float("-inf")))
+            if body != last or self.sent_at - at >= RETELL_SECS:
+                self.told[index] = (body, self.sent_at)
+                self.bus.send(log_writer(index), Kind.LOG_LOADED, body)
 
     def close(self) -> None:
         self.closed = True

@@ -62,15 +62,23 @@ def test_the_store_tells_each_open_log_where_it_loaded_it_and_what_it_has_yet_to
                             ("writer/log/2", Kind.LOG_LOADED, {"position": 1_000, "others": 300})]
         behind[0], loaded[0] = 0, 1_000
         notices.moved()                        # within the interval: waits for it
-        await asyncio.sleep(0.01)
-        assert len(bus.sent) == 2
+        assert notices.timer is not None and len(bus.sent) == 2
         await asyncio.sleep(store_notices.LOADED_EVERY_SECS * 1.5)
-        assert bus.sent[2] == ("writer/log/0", Kind.LOG_LOADED, {"position": 1_000, "others": 50})
+        assert bus.sent[2:] == [("writer/log/0", Kind.LOG_LOADED, {"position": 1_000, "others": 50}),
+                                ("writer/log/2", Kind.LOG_LOADED, {"position": 1_000, "others": 0})]
+        notices.moved()                        # nothing new to tell: nothing sent…
+        await asyncio.sleep(store_notices.LOADED_EVERY_SECS * 1.5)
+        assert len(bus.sent) == 4
+        notices.sent_at -= store_notices.RETELL_SECS   # …until it is time to say it again
+        notices.told = {i: (b, at - store_notices.RETELL_SECS) for i, (b, at) in notices.told.items()}
+        notices.moved()
+        await asyncio.sleep(0.01)
+        assert len(bus.sent) == 6
         notices.moved()
         notices.close()                        # the store stops: its bus is about to close
         bus.closed = True
         notices.moved()
         await asyncio.sleep(store_notices.LOADED_EVERY_SECS * 1.5)
-        assert len(bus.sent) == 4
+        assert len(bus.sent) == 6
 
     asyncio.run(go())
