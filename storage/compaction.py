@@ -98,6 +98,8 @@ async def _pass_with_reserve(writer: "LogWriter") -> None:
         if not freed:
             raise
         metrics.compaction_reserve_bytes.labels(str(writer.index)).set(0)
+        # its room is the pass's and the next ones': the log's appends leave it until it is made again
+        writer.segments.floor.reserve(False, writer.segment_bytes)
         writer.log.warning("compaction: no room on the disk for the pass (%s); the log's compaction reserve (%s "
                            "bytes) goes to it, and it runs again", exc, f"{freed:,}")
     await compact_once(writer)   # a pass cut short asks again what it had asked: nothing is done twice
@@ -112,6 +114,8 @@ async def _keep_reserve(writer: "LogWriter") -> None:
         writer.log.warning("compaction: could not make the log's compaction reserve (%s)", exc)
         kept = False
     metrics.compaction_reserve_bytes.labels(str(writer.index)).set(writer.segment_bytes if kept else 0)
+    if kept:   # one a pass took is there again: the log's appends may have its room back
+        writer.segments.floor.reserve(True, writer.segment_bytes)
 
 
 async def compact_once(writer: "LogWriter") -> int:

@@ -24,6 +24,7 @@ turns the floor off (the store's part too).
 
 Zeroing a spare segment ahead of use (storage/spares.py) and making the compaction reserve
 (storage/compaction_reserve.py) leave the margin too: either would otherwise take the room back.
+A compaction reserve a pass took is kept free, even with the floor off, until it is made again.
 
 Owns: whether the log's disk has room for an append. Never does: free anything.
 """
@@ -59,6 +60,7 @@ class FreeSpaceFloor:
         self.store_shares_volume = False       # writer/store's files are on this volume (count_store)
         self.store_loaded: int | None = None   # where writer/store had loaded this log to (None: not told, or
         self.store_others = 0                  # on another volume), and the bytes of the other logs it had not
+        self.reserve_missing = 0   # the compaction reserve's bytes while it is not there (reserve())
 
     def count_store(self, store_dir: Path) -> None:
         """Keep room for what writer/store, with its files in `store_dir`, has yet to load, if they
@@ -74,35 +76,48 @@ class FreeSpaceFloor:
         """Bytes writer/store has yet to load of the logs on this volume, this one ending at `end`."""
         return 0 if self.store_loaded is None else max(end - self.store_loaded, 0) + self.store_others
 
+    def reserve(self, held: bool, size: int) -> None:
+        """Whether the log's compaction reserve (`size` bytes) is there: from when a pass takes it
+        until it is made again its room is kept free instead (appends took it, and the next pass
+        had no room for a rewrite: the disk stayed full for good)."""
+        self.reserve_missing = 0 if held else size
+        self.slack = 0
+
     @property
     def enabled(self) -> bool:
         return self.setting != 0
 
     def check(self, length: int, end: int = 0) -> None:
         """Raises ENOSPC if appending `length` bytes to a log ending at `end` leaves too little free."""
-        if not self.enabled:
+        if not self.enabled and not self.reserve_missing:
             return
         now = self.clock()
         if length <= self.slack and now - self.checked_at < CHECK_SECS:
             self.slack -= length
             return
         self._read(now)
-        behind = self.store_behind(end + length)
+        behind = self.store_behind(end + length) if self.enabled else 0
         # before the refusal: a refused append leaves no slack for the next to pass unread. An
         # appended byte takes one from what is free and, while the store is counted, adds one to
         # what it is behind: the headroom goes twice as fast.
-        self.slack = (max(self.free - length - self.margin - behind, 0) // (SLACK_SHARE * (2 if behind else 1))
+        kept = self.margin + behind + self.reserve_missing
+        self.slack = (max(self.free - length - kept, 0) // (SLACK_SHARE * (2 if behind else 1))
                       if self.free is not None else self.segment_bytes)
-        if self.free is not None and self.free - length < self.margin + behind:
-            kept = f" and {behind:,} for what writer/store has yet to load" if behind else ""
-            raise OSError(errno.ENOSPC, f"fewer than {self.margin:,} bytes (storage.min_free_bytes){kept} would be "
-                                        f"left free on the log's disk")
+        if self.free is not None and self.free - length < kept:
+            parts = [f"storage.min_free_bytes {self.margin:,}" if self.margin else "",
+                     f"what writer/store has yet to load {behind:,}" if behind else "",
+                     f"the missing compaction reserve {self.reserve_missing:,}" if self.reserve_missing else ""]
+            raise OSError(errno.ENOSPC, f"fewer than {kept:,} bytes would be left free on the log's disk "
+                                        f"({', '.join(p for p in parts if p)})")
 
     def leaves_margin(self, length: int, end: int = 0) -> bool:
         """Whether `length` more bytes on the volume (a spare segment zeroed ahead of use) leave the
-        margin, and the room writer/store needs, free. Reads the volume now; any thread."""
-        free, floor = self._volume() if self.enabled else (None, 0)
-        return free is None or free - length >= floor + self.store_behind(end)
+        margin, the room writer/store needs and a missing compaction reserve's free. Reads the
+        volume now; any thread."""
+        if not self.enabled and not self.reserve_missing:
+            return True
+        free, floor = self._volume()
+        return free is None or free - length >= floor + (self.store_behind(end) if self.enabled else 0) + self.reserve_missing
 
     def _read(self, now: float) -> None:
         self.checked_at = now

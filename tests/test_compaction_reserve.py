@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from storage import compaction, compaction_reserve
+from storage.free_space import FreeSpaceFloor
 from test_e2e_full_disk import tmpfs
 
 NO_FLOOR = SimpleNamespace(storage=SimpleNamespace(min_free_bytes=0))
@@ -37,7 +38,13 @@ def test_the_reserve_leaves_the_logs_floor_of_free_space(tmp_path):
         assert (disk / compaction_reserve.NAME).stat().st_size == 256 << 10
 
 
-def passes(monkeypatch, directory, failures):
+def fake_writer(directory, floor=None):
+    return SimpleNamespace(index=0, compaction_io=None, directory=directory, segment_bytes=4096, config=NO_FLOOR,
+                           log=logging.getLogger("agent-os.test-reserve"),
+                           segments=SimpleNamespace(floor=floor or FreeSpaceFloor(directory, 0, 4096)))
+
+
+def passes(monkeypatch, directory, failures, floor=None):
     """One compaction pass (compaction._pass_with_reserve) whose first `failures` runs of
     compact_once fail for want of room; (how it ended, how many runs there were)."""
     runs = []
@@ -49,8 +56,7 @@ def passes(monkeypatch, directory, failures):
         return 3
 
     monkeypatch.setattr(compaction, "compact_once", compact_once)
-    writer = SimpleNamespace(index=0, compaction_io=None, directory=directory, segment_bytes=4096, config=NO_FLOOR,
-                             log=logging.getLogger("agent-os.test-reserve"))
+    writer = fake_writer(directory, floor)
     try:
         asyncio.run(compaction._pass_with_reserve(writer))
         return None, len(runs)
@@ -61,13 +67,19 @@ def passes(monkeypatch, directory, failures):
 def test_a_pass_the_disk_has_no_room_for_gets_the_reserve_and_runs_again(monkeypatch, tmp_path, caplog):
     """Not only a segment's rewrite: a pass once went on failing at the file of its mark (a few
     bytes), its rewrites all done, and never took the reserve."""
+    floor = FreeSpaceFloor(tmp_path, 0, 4096)       # the floor off: appends to the last byte…
     with caplog.at_level(logging.WARNING, "agent-os.test-reserve"):
-        assert passes(monkeypatch, tmp_path, 1) == (None, 2)      # the reserve is made at its start
+        assert passes(monkeypatch, tmp_path, 1, floor) == (None, 2)      # the reserve is made at its start
     assert not (tmp_path / compaction_reserve.NAME).exists()
     assert "the log's compaction reserve (4,096 bytes) goes to it, and it runs again" in caplog.text
+    # …but not into the room the pass took: the writes still arriving took it, and every pass
+    # after had no room for a rewrite (under load, the disk of a test stayed full for good)
+    assert floor.reserve_missing == 4096
     # the next pass makes it again (the disk has room), and with it spent, a full disk stops the pass
-    failed, runs = passes(monkeypatch, tmp_path, 2)
+    failed, runs = passes(monkeypatch, tmp_path, 2, floor)
     assert isinstance(failed, OSError) and runs == 2 and not (tmp_path / compaction_reserve.NAME).exists()
+    assert passes(monkeypatch, tmp_path, 0, floor) == (None, 1) and (tmp_path / compaction_reserve.NAME).exists()
+    assert floor.reserve_missing == 0                # made again: the appends have the room back
 
 
 def test_other_failures_do_not_take_the_reserve(monkeypatch, tmp_path):
@@ -75,8 +87,7 @@ def test_other_failures_do_not_take_the_reserve(monkeypatch, tmp_path):
         raise KeyError("count")
 
     monkeypatch.setattr(compaction, "compact_once", broken)
-    writer = SimpleNamespace(index=0, compaction_io=None, directory=tmp_path, segment_bytes=4096, config=NO_FLOOR,
-                             log=logging.getLogger("agent-os.test-reserve"))
+    writer = fake_writer(tmp_path)
     with pytest.raises(KeyError):
         asyncio.run(compaction._pass_with_reserve(writer))
     assert (tmp_path / compaction_reserve.NAME).exists()

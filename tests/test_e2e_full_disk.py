@@ -297,7 +297,8 @@ def test_a_disk_the_log_filled_with_superseded_checkpoints_frees_itself(tmp_path
             assert "compaction reserves: log " in said and "logs take appends to the last byte" in said
             kept = fill_with_checkpoints(server.url)
             assert len(kept) > 100
-            assert scrape(server.url)['agentos_disk_free_bytes{volume="wal"}'] < 256 << 10
+            # full: to the last pages, or, if a pass took the reserve meanwhile, to the room kept for it
+            assert scrape(server.url)['agentos_disk_free_bytes{volume="wal"}'] < (256 << 10) + (32 << 10)
             # far more than the reserves and a page's slack: a fifth of the disk, nothing freed by hand
             wait_until(lambda: scrape(server.url)['agentos_disk_free_bytes{volume="wal"}'] > size // 5, 30,
                        "compaction to free the disk", interval=0.5)
@@ -334,7 +335,7 @@ def test_a_disk_shared_by_the_logs_and_duckdb_frees_itself(tmp_path):
             finally:
                 os.kill(store, signal.SIGCONT)
             assert len(kept) > 500
-            assert "(storage.min_free_bytes)" in server.log() and "would be left free on the log's disk" in server.log()
+            assert "would be left free on the log's disk (storage.min_free_bytes 25,165,824" in server.log()
             # the store catches up (the log keeps room for what it has yet to load, on top of the
             # margin) and compaction frees far more than the margin: a fifth of the disk, nothing
             # freed by hand

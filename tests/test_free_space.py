@@ -30,7 +30,7 @@ def refused(floor, length, end=0) -> bool:
     try:
         floor.check(length, end)
     except OSError as exc:
-        assert exc.errno == errno.ENOSPC and "storage.min_free_bytes" in exc.strerror
+        assert exc.errno == errno.ENOSPC and "would be left free on the log's disk" in exc.strerror
         return True
     return False
 
@@ -147,3 +147,14 @@ def test_a_store_on_another_volume_or_the_floor_off_keeps_no_room(tmp_path):
     off.count_store(tmp_path / "db")
     off.store_told(0, 1 << 30)
     assert not refused(off, 1 << 20, end=1 << 30) and off.leaves_margin(1 << 20, end=1 << 30)
+
+
+def test_while_the_compaction_reserve_is_taken_its_room_is_kept_even_with_the_floor_off():
+    disk = FakeDisk(total=1 << 30, free=1 << 20)
+    floor = disk.floor(0)                               # to the last byte…
+    assert not refused(floor, (1 << 20) - BLOCK) and floor.leaves_margin(1 << 20)
+    floor.reserve(False, 256 << 10)                     # …until a pass takes the reserve
+    assert refused(floor, (1 << 20) - (128 << 10))
+    assert not refused(floor, 512 << 10) and not floor.leaves_margin(1 << 20)
+    floor.reserve(True, 256 << 10)                      # made again
+    assert not refused(floor, (1 << 20) - BLOCK) and floor.leaves_margin(1 << 20)
