@@ -8,7 +8,7 @@ carrying the newest end and the records written since the last one.
 The store tells each log where it has loaded it to, and what it has yet to load of the others
 (`log.loaded`): a log on the store's disk keeps room for that (storage/free_space.py). At most one
 round per `LOADED_EVERY_SECS`: the log adds what it wrote since on its own. What a log was told
-already is told again only after `RETELL_SECS` (a log restarted meanwhile knows nothing).
+already is told again only after `RETELL_SECS`, or at once after it restarted (it knows nothing).
 """
 from __future__ import annotations
 
@@ -88,6 +88,10 @@ class LoadedNotices:
             if body != last or self.sent_at - at >= RETELL_SECS:
                 self.told[index] = (body, self.sent_at)
                 self.bus.send(log_writer(index), Kind.LOG_LOADED, body)
+
+    def restarted(self, index: int) -> None:
+        self.told.pop(index, None)
+        self.moved()
 
     def close(self) -> None:
         self.closed = True

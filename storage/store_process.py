@@ -176,6 +176,7 @@ class StoreService:
         index = name.removeprefix(LOG_WRITER_PREFIX)
         if name.startswith(LOG_WRITER_PREFIX) and index.isdigit():
             self.writers_open.discard(int(index))
+            self.loaded_notices.restarted(int(index))
 
     async def sync_target(self) -> dict[int, int]:
         """Where the logs are durable now, as each writer answers (not the files: they may hold a

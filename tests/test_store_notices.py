@@ -74,11 +74,14 @@ def test_the_store_tells_each_open_log_where_it_loaded_it_and_what_it_has_yet_to
         notices.moved()
         await asyncio.sleep(0.01)
         assert len(bus.sent) == 6
+        notices.restarted(2)                   # log 2 restarted: it knows nothing, told at once
+        await asyncio.sleep(store_notices.LOADED_EVERY_SECS * 1.5)
+        assert len(bus.sent) == 7 and bus.sent[-1][0] == "writer/log/2"
         notices.moved()
         notices.close()                        # the store stops: its bus is about to close
         bus.closed = True
         notices.moved()
         await asyncio.sleep(store_notices.LOADED_EVERY_SECS * 1.5)
-        assert len(bus.sent) == 6
+        assert len(bus.sent) == 7
 
     asyncio.run(go())
