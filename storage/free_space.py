@@ -15,10 +15,11 @@ The margin, by default the smaller of two log segments and a twentieth of the vo
 segment's rewrite. What the store is behind is kept free on top of it: its copies of the
 checkpoints it keeps take up to that much as it loads, and on a small disk the store can be behind
 by the whole disk when it fills (12 MiB, by hand: 11 MB behind, the disk never freed itself). The
-store tells each log where it has loaded it to and what it has yet to load of the others
-(`log.loaded`, storage/store_notices.py); the log adds what it wrote since. A store that stops
-loading (stuck, or killed) so stops the appends while half the room left is still free, and the
-store has that half when it loads again. A log on a volume of its own (`storage.dir/wal`) needs no
+store tells the logs how many bytes of them it has yet to load (`log.loaded`,
+storage/store_notices.py), and each adds what the disk lost since (the logs' appends, all of
+them, that the store has not heard of yet). A store that stops loading (stuck, or killed) so stops
+the appends while half the room left is still free, and the store has that half when it loads
+again. A log on a volume of its own (`storage.dir/wal`) needs no
 room for the store's copies, and its compaction reserve frees it; `storage.min_free_bytes: 0`
 turns the floor off (the store's part too).
 
@@ -57,9 +58,9 @@ class FreeSpaceFloor:
         self.slack = 0           # bytes that may be appended before the next reading
         self.margin = 0
         self.free = None         # bytes free at the last reading (None: unknown)
-        self.store_shares_volume = False       # writer/store's files are on this volume (count_store)
-        self.store_loaded: int | None = None   # where writer/store had loaded this log to (None: not told, or
-        self.store_others = 0                  # on another volume), and the bytes of the other logs it had not
+        self.store_shares_volume = False    # writer/store's files are on this volume (count_store)
+        self.store_told_behind = 0          # bytes of the logs writer/store had yet to load when it last said…
+        self.free_when_told: int | None = None   # …and the bytes free on the volume then (None: not told)
         self.reserve_missing = 0   # the compaction reserve's bytes while it is not there (reserve())
 
     def count_store(self, store_dir: Path) -> None:
@@ -67,14 +68,19 @@ class FreeSpaceFloor:
         are on this log's volume."""
         self.store_shares_volume = _device(Path(store_dir)) == _device(Path(self.directory))
 
-    def store_told(self, loaded: int, others: int) -> None:
+    def store_told(self, behind: int) -> None:
         if self.store_shares_volume:
-            self.store_loaded, self.store_others = loaded, others
-            self.slack = 0   # read again at the next append: the room kept may have grown
+            free = self._volume()[0]
+            if free is not None:
+                self.store_told_behind, self.free_when_told = behind, free
+                self.slack = 0   # read again at the next append: the room kept may have grown
 
-    def store_behind(self, end: int) -> int:
-        """Bytes writer/store has yet to load of the logs on this volume, this one ending at `end`."""
-        return 0 if self.store_loaded is None else max(end - self.store_loaded, 0) + self.store_others
+    def store_behind(self, free: int | None) -> int:
+        """Bytes writer/store has yet to load of the logs on this volume, `free` bytes free now:
+        what it said, and what the disk lost since."""
+        if self.free_when_told is None or free is None:
+            return 0
+        return self.store_told_behind + max(self.free_when_told - free, 0)
 
     def reserve(self, held: bool, size: int) -> None:
         """Whether the log's compaction reserve (`size` bytes) is there: from when a pass takes it
@@ -87,8 +93,8 @@ class FreeSpaceFloor:
     def enabled(self) -> bool:
         return self.setting != 0
 
-    def check(self, length: int, end: int = 0) -> None:
-        """Raises ENOSPC if appending `length` bytes to a log ending at `end` leaves too little free."""
+    def check(self, length: int) -> None:
+        """Raises ENOSPC if appending `length` bytes leaves too little free."""
         if not self.enabled and not self.reserve_missing:
             return
         now = self.clock()
@@ -96,7 +102,7 @@ class FreeSpaceFloor:
             self.slack -= length
             return
         self._read(now)
-        behind = self.store_behind(end + length) if self.enabled else 0
+        behind = self.store_behind(self.free - length if self.free is not None else None) if self.enabled else 0
         # before the refusal: a refused append leaves no slack for the next to pass unread. An
         # appended byte takes one from what is free and, while the store is counted, adds one to
         # what it is behind: the headroom goes twice as fast.
@@ -110,14 +116,15 @@ class FreeSpaceFloor:
             raise OSError(errno.ENOSPC, f"fewer than {kept:,} bytes would be left free on the log's disk "
                                         f"({', '.join(p for p in parts if p)})")
 
-    def leaves_margin(self, length: int, end: int = 0) -> bool:
+    def leaves_margin(self, length: int) -> bool:
         """Whether `length` more bytes on the volume (a spare segment zeroed ahead of use) leave the
         margin, the room writer/store needs and a missing compaction reserve's free. Reads the
         volume now; any thread."""
         if not self.enabled and not self.reserve_missing:
             return True
         free, floor = self._volume()
-        return free is None or free - length >= floor + (self.store_behind(end) if self.enabled else 0) + self.reserve_missing
+        behind = self.store_behind(free - length if free is not None else None) if self.enabled else 0
+        return free is None or free - length >= floor + behind + self.reserve_missing
 
     def _read(self, now: float) -> None:
         self.checked_at = now

@@ -103,8 +103,7 @@ class SegmentLog:
         self.floor = FreeSpaceFloor(directory, min_free_bytes, segment_bytes)
         self.directory.mkdir(parents=True, exist_ok=True)
         freeing.release_leftovers(self.directory)
-        self.spares = Spares(directory, segment_bytes, spares if preallocate else 0,
-                             lambda length: self.floor.leaves_margin(length, self.end))
+        self.spares = Spares(directory, segment_bytes, spares if preallocate else 0, self.floor.leaves_margin)
         self.fd = -1
         self.start = 0      # position of the current segment's first byte
         self.size = 0       # bytes of records in the current segment
@@ -220,7 +219,7 @@ class SegmentLog:
         """Append whole frames (bytes, or a list of frames written as they are, without joining
         them first); fdatasync if asked. Returns the end position after them."""
         length = len(data) if isinstance(data, bytes) else sum(map(len, data))
-        self.floor.check(length, self.end)   # before anything is written: a refused batch leaves no trace
+        self.floor.check(length)   # before anything is written: a refused batch leaves no trace
         began, cpu = time.monotonic(), time.thread_time()
         if began - self.last_write_at >= IDLE_SECS:
             self.busy_since = began

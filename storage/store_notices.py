@@ -5,10 +5,11 @@ two bus hops and a loader wake per fsync, and the store loads in big batches any
 query reads the log's end from the files. So a writer sends at most one notice per `EVERY_SECS`,
 carrying the newest end and the records written since the last one.
 
-The store tells each log where it has loaded it to, and what it has yet to load of the others
-(`log.loaded`): a log on the store's disk keeps room for that (storage/free_space.py). At most one
-round per `LOADED_EVERY_SECS`: the log adds what it wrote since on its own. What a log was told
-already is told again only after `RETELL_SECS`, or at once after it restarted (it knows nothing).
+The store tells each log how many bytes of the logs it has yet to load (`log.loaded`): a log on
+the store's disk keeps room for that (storage/free_space.py). At most one round per
+`LOADED_EVERY_SECS`: the log adds what the disk lost since on its own. Each load is told (what the
+disk lost before it is in the store's count now); with nothing loaded, what a log was told already
+is told again only after `RETELL_SECS`, or at once after it restarted (it knows nothing).
 """
 from __future__ import annotations
 
@@ -61,18 +62,19 @@ class StoreNotices:
 
 
 class LoadedNotices:
-    """writer/store's side: `moved()` whenever it has loaded more; `behind()` gives the bytes it has
-    yet to load of each log, `loaded()` where it has loaded each to, `open()` the logs to tell."""
+    """writer/store's side: `moved(loaded=True)` whenever it has loaded more, `moved()` now and
+    then; `behind()` gives the bytes of the logs it has yet to load, `open_logs()` the logs to tell."""
 
-    def __init__(self, bus: Bus, behind: Callable[[], dict[int, int]], loaded: Callable[[], dict[int, int]],
-                 open_logs: Callable[[], set[int]]) -> None:
-        self.bus, self.behind, self.loaded, self.open_logs = bus, behind, loaded, open_logs
+    def __init__(self, bus: Bus, behind: Callable[[], int], open_logs: Callable[[], set[int]]) -> None:
+        self.bus, self.behind, self.open_logs = bus, behind, open_logs
         self.timer: asyncio.TimerHandle | None = None
         self.sent_at = float("-inf")
-        self.told: dict[int, tuple[dict, float]] = {}   # log -> what it was told last, and when
+        self.told: dict[int, tuple[int, float]] = {}   # log -> what it was told last, and when
+        self.loaded = False   # loaded more since the last round: every log is told
         self.closed = False
 
-    def moved(self) -> None:
+    def moved(self, loaded: bool = False) -> None:
+        self.loaded |= loaded
         if self.timer is None and not self.closed:
             wait = self.sent_at + LOADED_EVERY_SECS - time.monotonic()
             self.timer = asyncio.get_running_loop().call_later(max(wait, 0.0), self._send)
@@ -80,14 +82,12 @@ class LoadedNotices:
     def _send(self) -> None:
         self.timer = None
         self.sent_at = time.monotonic()
-        behind, loaded = self.behind(), self.loaded()
-        total = sum(behind.values())
+        behind, loaded, self.loaded = self.behind(), self.loaded, False
         for index in sorted(self.open_logs()):
-            body = {"position": loaded.get(index, 0), "others": total - behind.get(index, 0)}
             last, at = self.told.get(index, (None, float("-inf")))
-            if body != last or self.sent_at - at >= RETELL_SECS:
-                self.told[index] = (body, self.sent_at)
-                self.bus.send(log_writer(index), Kind.LOG_LOADED, body)
+            if loaded or behind != last or self.sent_at - at >= RETELL_SECS:
+                self.told[index] = (behind, self.sent_at)
+                self.bus.send(log_writer(index), Kind.LOG_LOADED, {"behind": behind})
 
     def restarted(self, index: int) -> None:
         self.told.pop(index, None)

@@ -64,7 +64,7 @@ class StoreService:
                                              Kind.PEER_RESTARTED: self.on_peer_restarted},
                        role="store", heartbeat_secs=config.broker.heartbeat_secs, log=log,
                        spill_bytes=config.broker.spill_ring_bytes)
-        self.loaded_notices = LoadedNotices(self.bus, self.behind, lambda: self.loaded, lambda: self.writers_open)
+        self.loaded_notices = LoadedNotices(self.bus, self.lag_bytes, lambda: self.writers_open)
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -124,7 +124,7 @@ class StoreService:
 
     def _on_loaded(self, positions: dict[int, int]) -> None:
         self.loaded = positions
-        self.loaded_notices.moved()
+        self.loaded_notices.moved(loaded=True)
         while self.pending_flushes and self.pending_flushes[0][1] <= positions.get(self.pending_flushes[0][0], 0):
             writer, _, _, since = self.pending_flushes.popleft()
             metrics.event_db_write_wait.observe((time.monotonic() - since) * 1000.0)
@@ -208,14 +208,11 @@ class StoreService:
         return records, (time.monotonic() - oldest) if oldest is not None else 0.0
 
     def lag_bytes(self) -> int:
-        return sum(self.behind().values())
-
-    def behind(self) -> dict[int, int]:
-        """Bytes of each log not loaded yet: up to where it is durable, or where its files ended
+        """Bytes of the logs not loaded yet: up to where each is durable, or where its files ended
         when this process started (a restart's backlog, before the writer has said anything)."""
         ends = {w: max(self.flushed.get(w, 0), self.files_at_start.get(w, 0))
                 for w in self.flushed.keys() | self.files_at_start.keys()}
-        return {w: max(end - self.loaded.get(w, 0), 0) for w, end in ends.items()}
+        return sum(max(end - self.loaded.get(w, 0), 0) for w, end in ends.items())
 
     # -- bus ------------------------------------------------------------------------------
 

@@ -26,13 +26,18 @@ class FakeDisk:
         return FreeSpaceFloor(directory, setting, segment_bytes, clock=lambda: self.now, statvfs=self.statvfs)
 
 
-def refused(floor, length, end=0) -> bool:
+def refusal(floor, length) -> str:
+    """Why `floor` refuses an append of `length` bytes ("" if it does not)."""
     try:
-        floor.check(length, end)
+        floor.check(length)
     except OSError as exc:
         assert exc.errno == errno.ENOSPC and "would be left free on the log's disk" in exc.strerror
-        return True
-    return False
+        return exc.strerror
+    return ""
+
+
+def refused(floor, length) -> bool:
+    return bool(refusal(floor, length))
 
 
 def test_an_append_that_would_leave_less_than_the_margin_is_refused_as_a_full_disk():
@@ -124,29 +129,30 @@ def test_a_spare_segment_zeroed_ahead_must_leave_the_margin_too():
 def test_on_the_stores_volume_room_is_kept_for_what_it_has_yet_to_load(tmp_path):
     """A store behind by most of a small disk had no room for its copies of the checkpoints it
     keeps when the log wrote down to the margin alone: the disk stayed full for good."""
-    disk = FakeDisk(total=1 << 30, free=30 << 20)
+    disk = FakeDisk(total=1 << 30, free=40 << 20)
     floor = disk.floor(8 << 20, directory=tmp_path / "wal")
     floor.count_store(tmp_path / "db")                  # not there yet: the volume it will be on
-    floor.store_told(4 << 20, 6 << 20)                  # loaded this log to 4 MiB, 6 MiB of the others not
-    assert not refused(floor, 1 << 20, end=10 << 20)    # 7 + 6 MiB behind: 29 MiB left >= 8 + 13
-    disk.now += 1
-    assert refused(floor, 1 << 20, end=20 << 20)        # 17 + 6 behind: 29 < 8 + 23
-    assert floor.leaves_margin(1 << 20, end=10 << 20) and not floor.leaves_margin(1 << 20, end=20 << 20)
+    floor.store_told(10 << 20)                          # 10 MiB of the logs not loaded, 40 MiB free
+    assert not refused(floor, 1 << 20)                  # 11 MiB behind: 39 left >= 8 + 11
+    disk.free, disk.now = 25 << 20, 1                   # the logs wrote 15 MiB the store has not heard of
+    assert refused(floor, 1 << 20)                      # 26 behind: 24 < 8 + 26
+    assert floor.leaves_margin(0) is False and "writer/store" in refusal(floor, 1 << 20)
     reads = disk.reads
-    floor.store_told(20 << 20, 0)                       # it caught up: read the disk again at once
-    assert not refused(floor, 1 << 20, end=20 << 20) and disk.reads == reads + 1
+    floor.store_told(0)                                 # it caught up (the disk read as it says so)…
+    assert not refused(floor, 1 << 20) and disk.reads == reads + 2   # …and again at the next append
+    assert floor.leaves_margin(1 << 20)
 
 
 def test_a_store_on_another_volume_or_the_floor_off_keeps_no_room(tmp_path):
     disk = FakeDisk(total=1 << 30, free=30 << 20)
     floor = disk.floor(8 << 20, directory=tmp_path / "wal")
     floor.count_store(Path("/proc"))                    # another file system than the log's
-    floor.store_told(0, 1 << 30)
-    assert not refused(floor, 1 << 20, end=1 << 30)
+    floor.store_told(1 << 30)
+    assert not refused(floor, 1 << 20)
     off = disk.floor(0, directory=tmp_path / "wal")
     off.count_store(tmp_path / "db")
-    off.store_told(0, 1 << 30)
-    assert not refused(off, 1 << 20, end=1 << 30) and off.leaves_margin(1 << 20, end=1 << 30)
+    off.store_told(1 << 30)
+    assert not refused(off, 1 << 20) and off.leaves_margin(1 << 20)
 
 
 def test_while_the_compaction_reserve_is_taken_its_room_is_kept_even_with_the_floor_off():

@@ -50,38 +50,40 @@ def test_notices_are_coalesced_and_close_sends_the_pending_one_and_stops(monkeyp
     asyncio.run(go())
 
 
-def test_the_store_tells_each_open_log_where_it_loaded_it_and_what_it_has_yet_to_load_of_the_others():
+def test_the_store_tells_each_open_log_what_it_has_yet_to_load():
     async def go():
         bus = FakeBus()
-        behind, loaded = {0: 300, 1: 0, 2: 50}, {0: 700, 1: 900, 2: 1_000}
-        notices = LoadedNotices(bus, lambda: behind, lambda: loaded, lambda: {0, 2})
-        notices.moved()
+        behind = [350]
+        notices = LoadedNotices(bus, lambda: behind[0], lambda: {0, 2})
+        notices.moved(loaded=True)
         notices.moved()                        # one round for both
         await asyncio.sleep(0.01)
-        assert bus.sent == [("writer/log/0", Kind.LOG_LOADED, {"position": 700, "others": 50}),
-                            ("writer/log/2", Kind.LOG_LOADED, {"position": 1_000, "others": 300})]
-        behind[0], loaded[0] = 0, 1_000
-        notices.moved()                        # within the interval: waits for it
+        assert bus.sent == [("writer/log/0", Kind.LOG_LOADED, {"behind": 350}),
+                            ("writer/log/2", Kind.LOG_LOADED, {"behind": 350})]
+        behind[0] = 50
+        notices.moved(loaded=True)             # within the interval: waits for it
         assert notices.timer is not None and len(bus.sent) == 2
         await asyncio.sleep(store_notices.LOADED_EVERY_SECS * 1.5)
-        assert bus.sent[2:] == [("writer/log/0", Kind.LOG_LOADED, {"position": 1_000, "others": 50}),
-                                ("writer/log/2", Kind.LOG_LOADED, {"position": 1_000, "others": 0})]
-        notices.moved()                        # nothing new to tell: nothing sent…
+        assert bus.sent[2:] == [("writer/log/0", Kind.LOG_LOADED, {"behind": 50}),
+                                ("writer/log/2", Kind.LOG_LOADED, {"behind": 50})]
+        notices.moved()                        # nothing loaded, nothing new to tell: nothing sent…
         await asyncio.sleep(store_notices.LOADED_EVERY_SECS * 1.5)
         assert len(bus.sent) == 4
-        notices.sent_at -= store_notices.RETELL_SECS   # …until it is time to say it again
-        notices.told = {i: (b, at - store_notices.RETELL_SECS) for i, (b, at) in notices.told.items()}
-        notices.moved()
-        await asyncio.sleep(0.01)
+        notices.moved(loaded=True)             # …but a load is told though the count is the same:
+        await asyncio.sleep(store_notices.LOADED_EVERY_SECS * 1.5)   # the disk lost before it is in it now
         assert len(bus.sent) == 6
+        notices.told = {i: (b, at - store_notices.RETELL_SECS) for i, (b, at) in notices.told.items()}
+        notices.moved()                        # and the same again after a while
+        await asyncio.sleep(store_notices.LOADED_EVERY_SECS * 1.5)
+        assert len(bus.sent) == 8
         notices.restarted(2)                   # log 2 restarted: it knows nothing, told at once
         await asyncio.sleep(store_notices.LOADED_EVERY_SECS * 1.5)
-        assert len(bus.sent) == 7 and bus.sent[-1][0] == "writer/log/2"
-        notices.moved()
+        assert len(bus.sent) == 9 and bus.sent[-1][0] == "writer/log/2"
+        notices.moved(loaded=True)
         notices.close()                        # the store stops: its bus is about to close
         bus.closed = True
-        notices.moved()
+        notices.moved(loaded=True)
         await asyncio.sleep(store_notices.LOADED_EVERY_SECS * 1.5)
-        assert len(bus.sent) == 7
+        assert len(bus.sent) == 9
 
     asyncio.run(go())
