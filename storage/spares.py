@@ -176,8 +176,8 @@ class Spares:
 
     def _check_room(self) -> None:
         if not self.room(self.segment_bytes):
-            raise OSError(errno.ENOSPC, "a zeroed segment would take the disk below the log's floor "
-                                        "(storage.min_free_bytes)")
+            raise OSError(errno.ENOSPC, "a zeroed segment would take the room the log keeps free (storage.min_free_bytes, "
+                                        "what writer/store has yet to load, a missing compaction reserve)")
 
     def wait(self) -> None:
         """Until the spare being zeroed, if any, is ready (no longer held)."""
