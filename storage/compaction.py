@@ -114,8 +114,8 @@ async def _keep_reserve(writer: "LogWriter") -> None:
         writer.log.warning("compaction: could not make the log's compaction reserve (%s)", exc)
         kept = False
     metrics.compaction_reserve_bytes.labels(str(writer.index)).set(writer.segment_bytes if kept else 0)
-    if kept:   # one a pass took is there again: the log's appends may have its room back
-        writer.segments.floor.reserve(True, writer.segment_bytes)
+    # made again, the log's appends have its room back; gone (writer/store took it), they leave it
+    writer.segments.floor.reserve(kept, writer.segment_bytes)
 
 
 async def compact_once(writer: "LogWriter") -> int:

@@ -10,7 +10,7 @@ segment's size (`compaction.reserve`, allocated, not written: no I/O), and a pas
 disk full — at a segment's rewrite, or only at the few bytes of its mark's file — releases it and
 runs again; the rewrites' installs then free the old segments, and the disk is back to the log's
 writes — all but the reserve's room: until the reserve comes back, the log's appends leave that
-much free (storage/free_space.py), for the passes after (under load, the writes still arriving
+much free (storage/free_space.py; also when writer/store took it), for the passes after (under load, the writes still arriving
 took it, and every later pass failed for want of room, as before there was a reserve). The
 reserve comes back at a later pass, once the disk has room for it and as much again (it never
 takes the last room the log's writes need). CockroachDB keeps an "emergency ballast"

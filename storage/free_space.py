@@ -61,6 +61,7 @@ class FreeSpaceFloor:
         self.store_shares_volume = False    # writer/store's files are on this volume (count_store)
         self.store_told_behind = 0          # bytes of the logs writer/store had yet to load when it last said…
         self.free_when_told: int | None = None   # …and the bytes free on the volume then (None: not told)
+        self.reserve_held = False
         self.reserve_missing = 0   # the compaction reserve's bytes while it is not there (reserve())
 
     def count_store(self, store_dir: Path) -> None:
@@ -83,10 +84,13 @@ class FreeSpaceFloor:
         return self.store_told_behind + max(self.free_when_told - free, 0)
 
     def reserve(self, held: bool, size: int) -> None:
-        """Whether the log's compaction reserve (`size` bytes) is there: from when a pass takes it
-        until it is made again its room is kept free instead (appends took it, and the next pass
-        had no room for a rewrite: the disk stayed full for good)."""
-        self.reserve_missing = 0 if held else size
+        """Whether the log's compaction reserve (`size` bytes) is there. From when one that was
+        there goes (a pass, or writer/store, took it) until it is made again its room is kept free
+        instead: appends took it, and the next pass had no room for a rewrite, the disk full for
+        good. One never made (a disk too small for it) keeps nothing."""
+        if held or self.reserve_held:
+            self.reserve_missing = 0 if held else size
+        self.reserve_held = held
         self.slack = 0
 
     @property

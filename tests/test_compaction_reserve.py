@@ -82,6 +82,18 @@ def test_a_pass_the_disk_has_no_room_for_gets_the_reserve_and_runs_again(monkeyp
     assert floor.reserve_missing == 0                # made again: the appends have the room back
 
 
+def test_a_reserve_writer_store_took_keeps_its_room_until_it_is_made_again(monkeypatch, tmp_path):
+    log_dir = tmp_path / "0"
+    log_dir.mkdir()
+    floor = FreeSpaceFloor(log_dir, 0, 4096)
+    assert passes(monkeypatch, log_dir, 0, floor) == (None, 1) and floor.reserve_missing == 0
+    assert compaction_reserve.release_to_store(tmp_path, tmp_path, OSError(errno.ENOSPC, "full"),
+                                               logging.getLogger("agent-os.test-reserve")) == 4096
+    monkeypatch.setattr(compaction_reserve, "keep", lambda *args: False)     # no room to make it again
+    passes(monkeypatch, log_dir, 0, floor)
+    assert floor.reserve_missing == 4096
+
+
 def test_other_failures_do_not_take_the_reserve(monkeypatch, tmp_path):
     async def broken(writer):
         raise KeyError("count")

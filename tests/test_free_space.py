@@ -158,8 +158,11 @@ def test_a_store_on_another_volume_or_the_floor_off_keeps_no_room(tmp_path):
 def test_while_the_compaction_reserve_is_taken_its_room_is_kept_even_with_the_floor_off():
     disk = FakeDisk(total=1 << 30, free=1 << 20)
     floor = disk.floor(0)                               # to the last byte…
+    floor.reserve(False, 256 << 10)                     # (a disk too small for a reserve: nothing kept)
     assert not refused(floor, (1 << 20) - BLOCK) and floor.leaves_margin(1 << 20)
-    floor.reserve(False, 256 << 10)                     # …until a pass takes the reserve
+    floor.reserve(True, 256 << 10)
+    assert not refused(floor, (1 << 20) - BLOCK)
+    floor.reserve(False, 256 << 10)                     # …until a pass (or writer/store) takes the reserve
     assert refused(floor, (1 << 20) - (128 << 10))
     assert not refused(floor, 512 << 10) and not floor.leaves_margin(1 << 20)
     floor.reserve(True, 256 << 10)                      # made again
