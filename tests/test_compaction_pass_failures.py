@@ -17,6 +17,7 @@ import pytest
 from broker.requests import BusTimeout
 from storage import compaction
 from storage.compaction_helper import HelperFailed
+from storage.free_space import FreeSpaceFloor
 from storage.s3 import S3Unavailable
 
 
@@ -30,7 +31,8 @@ def passes_failing_with(monkeypatch, tmp_path, failure: Exception) -> int:
     monkeypatch.setattr(compaction, "compact_once", failing)
     writer = SimpleNamespace(config=SimpleNamespace(storage=SimpleNamespace(compaction_interval_secs=0.01, min_free_bytes=0)),
                              log=logging.getLogger("agent-os.test-compaction"), compaction_io=None,
-                             directory=tmp_path, segment_bytes=1 << 60, index=0)   # no room for a reserve:
+                             directory=tmp_path, segment_bytes=1 << 60, index=0,    # no room for a reserve:
+                             segments=SimpleNamespace(floor=FreeSpaceFloor(tmp_path, 0, 1 << 60)))
     # a full disk's pass then fails once and says so (a reserve's use is test_compaction_reserve.py's)
 
     async def run():
