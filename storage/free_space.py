@@ -19,9 +19,9 @@ store tells the logs how many bytes of them it has yet to load (`log.loaded`,
 storage/store_notices.py), and each adds what the disk lost since (the logs' appends, all of
 them, that the store has not heard of yet). A store that stops loading (stuck, or killed) so stops
 the appends while half the room left is still free, and the store has that half when it loads
-again. A log on a volume of its own (`storage.dir/wal`) needs no
-room for the store's copies, and its compaction reserve frees it; `storage.min_free_bytes: 0`
-turns the floor off (the store's part too).
+again. A log on a volume of its own (`storage.dir/wal`) needs no room for the store's copies, and
+its compaction reserve frees it; `storage.min_free_bytes: 0` turns the floor off (the store's
+part too).
 
 Zeroing a spare segment ahead of use (storage/spares.py) and making the compaction reserve
 (storage/compaction_reserve.py) leave the margin too: either would otherwise take the room back.
@@ -78,8 +78,8 @@ class FreeSpaceFloor:
 
     def store_behind(self, free: int | None) -> int:
         """Bytes writer/store has yet to load of the logs on this volume, `free` bytes free now:
-        what it said, and what the disk lost since."""
-        if self.free_when_told is None or free is None:
+        what it said, and what the disk lost since (0 with the floor off)."""
+        if not self.enabled or self.free_when_told is None or free is None:
             return 0
         return self.store_told_behind + max(self.free_when_told - free, 0)
 
@@ -106,7 +106,7 @@ class FreeSpaceFloor:
             self.slack -= length
             return
         self._read(now)
-        behind = self.store_behind(self.free - length if self.free is not None else None) if self.enabled else 0
+        behind = self.store_behind(self.free - length if self.free is not None else None)
         # before the refusal: a refused append leaves no slack for the next to pass unread. An
         # appended byte takes one from what is free and, while the store is counted, adds one to
         # what it is behind: the headroom goes twice as fast.
@@ -127,7 +127,7 @@ class FreeSpaceFloor:
         if not self.enabled and not self.reserve_missing:
             return True
         free, floor = self._volume()
-        behind = self.store_behind(free - length if free is not None else None) if self.enabled else 0
+        behind = self.store_behind(free - length if free is not None else None)
         return free is None or free - length >= floor + behind + self.reserve_missing
 
     def _read(self, now: float) -> None:
