@@ -135,7 +135,7 @@ class StorageConfig:
     # a pass reads only the segments sealed since the last one; a busy checkpointer writes tens
     # of MB/s, most of it superseded within seconds
     compaction_interval_secs: float = 30.0
-    # writer/store rewrites its checkpoint payload file once it is this big and half garbage
+    # writer/store rewrites half-garbage payload segments once they are this big (or 1/16 of their disk)
     payload_compaction_min_mb: float = 64.0
     # Group commit: after a batch that served k senders, wait up to this long for about k
     # messages before the next fsync (their acks just went out, they are about to send again).

@@ -20,8 +20,12 @@ after it, the old segment is named by no row and deleted when the store opens.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
+
+import duckdb
 
 from storage.payload_segments import SEGMENT_ROWS, SYNC_CHUNK, place
 
@@ -30,6 +34,7 @@ if TYPE_CHECKING:
 
 MAX_LIVE_SHARE = 0.5       # compact a segment when at most half of it is live…
 SMALL_SHARE = 0.25         # …or when it is under a quarter of a full one (bytes and rows)
+VOLUME_SHARE = 16          # passes begin once the segments hold a sixteenth of their disk, if less than the setting
 
 SEGMENT_ROWS_LIVE = """
 WITH seg AS (
@@ -52,6 +57,20 @@ class Plan:
     size: int                     # the segment's bytes
     live_bytes: int = 0
     moves: tuple[list[int], list[int], list[int]] = field(default_factory=lambda: ([], [], []))
+    mark: tuple[int, int, int] = (-1, 0, 0)   # the compaction's appender before the copies
+
+
+def threshold(setting_mb: float, directory: Path) -> int:
+    """Bytes the payload segments hold before passes compact them: `storage.payload_compaction_min_mb`,
+    or a sixteenth of the disk they are on if that is less. On a small disk the logs share, every
+    batch leaves a superseded payload per session it updates; waiting for 64 MB of them let them
+    take the free room, the logs then refused every append, and nothing was left to load or free."""
+    setting = int(setting_mb * (1 << 20))
+    try:
+        disk = os.statvfs(directory)
+    except OSError:   # cannot tell: the setting
+        return setting
+    return min(setting, disk.f_blocks * disk.f_frsize // VOLUME_SHARE)
 
 
 def order(store: "Store") -> list[int]:
@@ -81,17 +100,22 @@ def copy_live(store: "Store", segment: int) -> Plan | None:
         return None
     writers, lsns, places = plan.moves
     out = store.payloads.compactor
+    plan.mark = out.mark()
     unsynced = 0
-    for writer, lsn, at, length, _ in live:
-        new_at, _ = out.append(store.payloads.read(at, length))
-        writers.append(writer)
-        lsns.append(lsn)
-        places.append(new_at)
-        unsynced += length
-        if unsynced >= SYNC_CHUNK:
-            out.sync()
-            unsynced = 0
-    out.sync()
+    try:
+        for writer, lsn, at, length, _ in live:
+            new_at, _ = out.append(store.payloads.read(at, length))
+            writers.append(writer)
+            lsns.append(lsn)
+            places.append(new_at)
+            unsynced += length
+            if unsynced >= SYNC_CHUNK:
+                out.sync()
+                unsynced = 0
+        out.sync()
+    except Exception:   # a full disk, say: the copies give their room back (as a failed load's do)
+        out.rewind(plan.mark)
+        raise
     return plan
 
 
@@ -122,7 +146,12 @@ def swap(store: "Store", plan: Plan) -> int:
                 except Exception:  # noqa: BLE001 — a failed COMMIT already ended the transaction
                     pass
                 raise
-        store.memory["messages"].run(con, apply)   # refused for memory: once more, the limit raised
+        try:
+            store.memory["messages"].run(con, apply)   # refused for memory: once more, the limit raised
+        except Exception as exc:
+            if not isinstance(exc, duckdb.FatalException):   # which may follow a durable COMMIT
+                store.payloads.compactor.rewind(plan.mark)
+            raise
         writers, lsns, places = plan.moves
         store.newest.moved(place(plan.segment, 0), place(plan.segment + 1, 0),
                            dict(zip(zip(writers, lsns), places)))

@@ -16,7 +16,8 @@ Consistency with DuckDB: the loader appends a batch's payloads, `sync()`s them (
 commits the rows that point at them, so every committed row points at bytes on disk. A new
 segment's file and directory entry are fsync'd before anything is appended to it. Bytes past
 the last committed row of a segment (a crash between the two) are garbage: `open` cuts them off
-and deletes segments no row names, and the records are loaded again from the log.
+and deletes segments no row names, and the records are loaded again from the log. A commit that
+failed gives them back at once (`Appender.rewind`).
 
 Two appenders write: the loader's and the compaction's, each to its own segment; every process
 start begins new ones (the previous ones are sealed as they are, and compaction merges small
@@ -60,6 +61,7 @@ class Appender:
         self.size = 0                  # bytes appended to the current segment, pending included
         self.rows = 0
         self.pending: list[bytes] = []
+        self.begun: list[int] = []     # segments begun since the last `mark()`
 
     def append(self, data: bytes) -> tuple[int, int]:
         """(place, length) of `data`, written on the next `sync()`."""
@@ -105,21 +107,48 @@ class Appender:
         return at + size
 
     def mark(self) -> tuple[int, int, int]:
+        """Where a batch begins: `rewind` goes back here if its rows do not commit."""
+        self.begun = []
         return self.number, self.size, self.rows
 
     def rewind(self, mark: tuple[int, int, int]) -> None:
-        """After a failed commit: nothing appended since `mark` is named, so the next appends
-        write over it — in the segment of the mark, or, if one was begun since, from that one's
-        start (what went to the mark's segment before it filled up stays there as garbage a
-        compaction reclaims)."""
+        """After a failed commit: nothing appended since `mark` is named, and its bytes go. The
+        mark's segment is cut back to the mark and the segments begun since are deleted (the one
+        being written is emptied and written on). Kept as garbage, a batch's payloads outlived
+        every retry on a disk the logs shared: each failed load that spanned segments left them,
+        each retry had less room, and the store, stuck behind the log, never freed any (storage/
+        free_space.py; payload compaction waits for `storage.payload_compaction_min_mb`)."""
         self.pending = []
         number, size, rows = mark
-        self.size, self.rows = (size, rows) if number == self.number else (0, 0)
+        begun, self.begun = self.begun, []
+        if number == self.number and self.fd >= 0:
+            self._cut(self.fd, size)
+            self.size, self.rows = size, rows
+            return
+        if number >= 0:          # sealed when the batch filled it: back to the mark
+            self.segments.cut(number, size)
+        for other in begun:
+            if other == self.number and self.fd >= 0:
+                self._cut(self.fd, 0)
+                self.size = self.rows = 0
+            else:
+                try:
+                    self.segments.drop(other)
+                except OSError:   # no row names it: `open` deletes it
+                    pass
+
+    @staticmethod
+    def _cut(fd: int, size: int) -> None:
+        try:
+            os.ftruncate(fd, size)
+        except OSError:   # the bytes past `size` stay as garbage, written over by the next appends
+            pass
 
     def _next_segment(self) -> None:
         self.sync()
         self.close()
         self.number, self.fd = self.segments.create()
+        self.begun.append(self.number)
         self.size = self.rows = 0
 
     def close(self) -> None:
@@ -198,6 +227,17 @@ class PayloadSegments:
     def sealed(self, number: int, size: int) -> None:
         with self.lock:
             self.sizes[number] = size
+
+    def cut(self, number: int, size: int) -> None:
+        """A sealed segment's bytes past `size` go (no row names them)."""
+        with self.lock:
+            if number not in self.sizes:
+                return
+            self.sizes[number] = size
+        try:
+            os.truncate(self.path(number), size)
+        except OSError:   # garbage past every named place: `open` cuts it off
+            pass
 
     def sealed_segments(self) -> dict[int, int]:
         """{number: bytes} of the segments no appender writes to."""

@@ -312,12 +312,14 @@ class Store(StoreQueries, SessionClosing, StoreDeletions, SessionSummaries):
                         self.summary_pending[db].committed()
                     if db == "messages":   # at once: a retry after another file's failure skips these rows
                         self._note_newest(rows.get("checkpoints", ()), first_blobs)
-        except Exception:
+        except Exception as exc:
             for pending in self.summary_pending.values():
                 pending.discard()   # its file did not take the batch (those that did kept theirs)
             for writer, start in starts.items():
                 self.readers[writer].position = start  # re-read; files already committed skip by progress
-            if not self._committed(positions["messages"]):
+            # Not after a fatal one: it may follow a durable COMMIT, and the process restarts
+            # (`open` keeps what committed rows name and cuts the rest off).
+            if not self._committed(positions["messages"]) and not isinstance(exc, duckdb.FatalException):
                 self.payloads.loader.rewind(payloads_mark)
             # DuckDB may have refused the batch for want of memory: try a smaller one next time
             self.read_bytes = max(MIN_READ_BYTES, self.read_bytes // 2)

@@ -320,12 +320,13 @@ class StoreService:
                     self.log.exception("reopening %s.db failed", db)
 
     async def compact_payloads(self) -> None:
-        """Every `storage.compaction_interval_secs`: compact the payload segments worth it, for at
-        most PAYLOAD_PASS_SECS (the next pass goes on where this one stopped)."""
-        min_bytes = int(self.config.storage.payload_compaction_min_mb * (1 << 20))
+        """Every `storage.compaction_interval_secs`, once they hold enough (`payload_compaction.threshold`):
+        compact the payload segments worth it, for at most PAYLOAD_PASS_SECS (the next pass goes
+        on where this one stopped)."""
         while True:
             await asyncio.sleep(self.config.storage.compaction_interval_secs)
-            if self.store.payloads.total_bytes < min_bytes:
+            if self.store.payloads.total_bytes < payload_compaction.threshold(
+                    self.config.storage.payload_compaction_min_mb, self.store.payloads.dir):
                 continue
             deadline = time.monotonic() + PAYLOAD_PASS_SECS
             for segment in payload_compaction.order(self.store):
