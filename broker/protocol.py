@@ -186,7 +186,7 @@ SPECS: dict[Kind, Spec] = {
     Kind.LOG_FLUSHED: _spec({"writer": int, "position": int}, count=int),
     # writer/store -> a log's writer: the bytes of all the logs it has yet to load
     # (storage/free_space.py keeps room for them on a shared disk)
-    Kind.LOG_LOADED: _spec({"behind": int}),
+    Kind.LOG_LOADED: _spec({"behind": int}, counted=int),   # counted: where the store took this log to end
     # writer/store -> a log's writer: the record at `position` is damaged; write the bucket's copy
     # over it (storage/bucket_mending.py). Replied with the bytes written (0: not mended, `why`;
     # `retry`: the bucket is out of reach for now; `whole`: nothing to mend there, read it).

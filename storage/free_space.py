@@ -69,11 +69,14 @@ class FreeSpaceFloor:
         are on this log's volume."""
         self.store_shares_volume = _device(Path(store_dir)) == _device(Path(self.directory))
 
-    def store_told(self, behind: int) -> None:
+    def store_told(self, behind: int, counted: int | None = None, end: int = 0) -> None:
+        """writer/store has `behind` bytes of the logs to load, having taken this log to end at
+        `counted`; it ends at `end`: what lies between, the store had not heard of yet."""
         if self.store_shares_volume:
             free = self._volume()[0]
             if free is not None:
-                self.store_told_behind, self.free_when_told = behind, free
+                unheard = max(end - counted, 0) if counted is not None else 0
+                self.store_told_behind, self.free_when_told = behind + unheard, free
                 self.slack = 0   # read again at the next append: the room kept may have grown
 
     def store_behind(self, free: int | None) -> int:

@@ -155,7 +155,7 @@ class LogWriter(ClusterSide):
 
     def on_loaded(self, msg: Message) -> None:
         if self.segments is not None:   # room for what writer/store has yet to load (storage/free_space.py)
-            self.segments.floor.store_told(msg.body["behind"])
+            self.segments.floor.store_told(msg.body["behind"], msg.body.get("counted"), self.segments.end)
 
     def on_append(self, msg: Message) -> None:
         if self.lease_lost:

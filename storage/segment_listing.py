@@ -88,6 +88,12 @@ def list_segments(directory: Path) -> list[tuple[int, Path]]:
     return list(_listing(directory)[0])
 
 
+def newest_start(directory: Path) -> int | None:
+    """Where the newest segment in `directory` begins (None: it holds none)."""
+    listing, _ = _listing(directory)
+    return listing[-1][0] if listing else None
+
+
 def locate(directory: Path, position: int) -> tuple[list[tuple[int, Path]], int]:
     """The listing and the index of the segment holding `position` (0 if it precedes the first).
     The listing is shared with later calls: read it, never change it. For a reader that looks at

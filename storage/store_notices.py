@@ -5,8 +5,10 @@ two bus hops and a loader wake per fsync, and the store loads in big batches any
 query reads the log's end from the files. So a writer sends at most one notice per `EVERY_SECS`,
 carrying the newest end and the records written since the last one.
 
-The store tells each log how many bytes of the logs it has yet to load (`log.loaded`): a log on
-the store's disk keeps room for that (storage/free_space.py). At most one round per
+The store tells each log how many bytes of the logs it has yet to load (`log.loaded`), and where
+it took that log to end: a log on the store's disk keeps room for that and for what it wrote
+past there (storage/free_space.py). The store counts a log at least to its newest segment's
+start, whatever notices it has read: a store that was stopped or starved read them late. At most one round per
 `LOADED_EVERY_SECS`: the log adds what the disk lost since on its own. Each load is told (what the
 disk lost before it is in the store's count now); with nothing loaded, what a log was told already
 is told again only after `RETELL_SECS`, or at once after it restarted (it knows nothing).
@@ -63,9 +65,11 @@ class StoreNotices:
 
 class LoadedNotices:
     """writer/store's side: `moved(loaded=True)` whenever it has loaded more, `moved()` now and
-    then; `behind()` gives the bytes of the logs it has yet to load, `open_logs()` the logs to tell."""
+    then; `behind()` gives the bytes of the logs it has yet to load and where it took each log to
+    end (a log adds what it wrote past that: `counted`), `open_logs()` the logs to tell."""
 
-    def __init__(self, bus: Bus, behind: Callable[[], int], open_logs: Callable[[], set[int]]) -> None:
+    def __init__(self, bus: Bus, behind: Callable[[], tuple[int, dict[int, int]]],
+                 open_logs: Callable[[], set[int]]) -> None:
         self.bus, self.behind, self.open_logs = bus, behind, open_logs
         self.timer: asyncio.TimerHandle | None = None
         self.sent_at = float("-inf")
@@ -82,12 +86,12 @@ class LoadedNotices:
     def _send(self) -> None:
         self.timer = None
         self.sent_at = time.monotonic()
-        behind, loaded, self.loaded = self.behind(), self.loaded, False
+        (behind, ends), loaded, self.loaded = self.behind(), self.loaded, False
         for index in sorted(self.open_logs()):
             last, at = self.told.get(index, (None, float("-inf")))
             if loaded or behind != last or self.sent_at - at >= RETELL_SECS:
                 self.told[index] = (behind, self.sent_at)
-                self.bus.send(log_writer(index), Kind.LOG_LOADED, {"behind": behind})
+                self.bus.send(log_writer(index), Kind.LOG_LOADED, {"behind": behind, "counted": ends.get(index, 0)})
 
     def restarted(self, index: int) -> None:
         self.told.pop(index, None)

@@ -24,7 +24,7 @@ from agentos.rundir import RunDir
 from broker.client import Bus, BusError
 from broker.protocol import Kind, Message, ProtocolError
 from broker.sharding import LOG_WRITER_PREFIX, STORE, log_writer
-from storage import bucket_mending, payload_compaction, write_failures
+from storage import bucket_mending, payload_compaction, segment_listing, write_failures
 from storage.store import Store
 from storage.store_notices import LoadedNotices
 from broker.address import bus_address
@@ -64,7 +64,7 @@ class StoreService:
                                              Kind.PEER_RESTARTED: self.on_peer_restarted},
                        role="store", heartbeat_secs=config.broker.heartbeat_secs, log=log,
                        spill_bytes=config.broker.spill_ring_bytes)
-        self.loaded_notices = LoadedNotices(self.bus, self.lag_bytes, lambda: self.writers_open)
+        self.loaded_notices = LoadedNotices(self.bus, self.lag_ends, lambda: self.writers_open)
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -208,11 +208,19 @@ class StoreService:
         return records, (time.monotonic() - oldest) if oldest is not None else 0.0
 
     def lag_bytes(self) -> int:
-        """Bytes of the logs not loaded yet: up to where each is durable, or where its files ended
-        when this process started (a restart's backlog, before the writer has said anything)."""
-        ends = {w: max(self.flushed.get(w, 0), self.files_at_start.get(w, 0))
-                for w in self.flushed.keys() | self.files_at_start.keys()}
-        return sum(max(end - self.loaded.get(w, 0), 0) for w, end in ends.items())
+        """Bytes of the logs not loaded yet."""
+        return self.lag_ends()[0]
+
+    def lag_ends(self) -> tuple[int, dict[int, int]]:
+        """Bytes of the logs not loaded yet, and where each log was taken to end: where it is
+        durable, where its files ended at this start (a restart's backlog), or where its newest
+        segment begins. Notices lag: a store stopped for seconds told the logs an old count before
+        it read them, and the logs took appends into the room it needed."""
+        starts = {w: start for w in range(self.config.logs)
+                  if (start := segment_listing.newest_start(self.store.wal_root / str(w))) is not None}
+        ends = {w: max(self.flushed.get(w, 0), self.files_at_start.get(w, 0), starts.get(w, 0))
+                for w in self.flushed.keys() | self.files_at_start.keys() | starts.keys()}
+        return sum(max(end - self.loaded.get(w, 0), 0) for w, end in ends.items()), ends
 
     # -- bus ------------------------------------------------------------------------------
 

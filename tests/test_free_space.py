@@ -143,6 +143,21 @@ def test_on_the_stores_volume_room_is_kept_for_what_it_has_yet_to_load(tmp_path)
     assert floor.leaves_margin(1 << 20)
 
 
+def test_what_the_log_wrote_past_where_the_store_counted_it_is_kept_too(tmp_path):
+    """A store stopped for seconds told the logs an old count when it ran again, before it read
+    the writers' notices: the log took appends into the room the store needed. The store says
+    where it took the log to end; the log adds what it wrote past there."""
+    disk = FakeDisk(total=1 << 30, free=40 << 20)
+    floor = disk.floor(8 << 20, directory=tmp_path / "wal")
+    floor.count_store(tmp_path / "db")
+    floor.store_told(1 << 20, counted=5 << 20, end=40 << 20)   # 35 MiB it had not heard of
+    assert refused(floor, 1 << 20)                      # 36 behind: 39 < 8 + 36
+    floor.store_told(1 << 20, counted=40 << 20, end=40 << 20)
+    assert not refused(floor, 1 << 20)
+    floor.store_told(1 << 20, counted=45 << 20, end=40 << 20)   # past its end (a segment's start): no more
+    assert not refused(floor, 1 << 20)
+
+
 def test_a_store_on_another_volume_or_the_floor_off_keeps_no_room(tmp_path):
     disk = FakeDisk(total=1 << 30, free=30 << 20)
     floor = disk.floor(8 << 20, directory=tmp_path / "wal")

@@ -1,10 +1,13 @@
 """The notices between the logs and writer/store (storage/store_notices.py): coalesced to one per
 interval, and none after close — a timer left behind would fire on a closed bus."""
 import asyncio
+from types import SimpleNamespace
 
 from broker.protocol import Kind
-from storage import store_notices
+from log_frames import frames
+from storage import segments, store_notices
 from storage.store_notices import LoadedNotices, StoreNotices
+from storage.store_process import StoreService
 
 
 class FakeBus:
@@ -54,18 +57,19 @@ def test_the_store_tells_each_open_log_what_it_has_yet_to_load():
     async def go():
         bus = FakeBus()
         behind = [350]
-        notices = LoadedNotices(bus, lambda: behind[0], lambda: {0, 2})
+        ends = {0: 900, 2: 40}                 # where it took each log to end: each hears its own
+        notices = LoadedNotices(bus, lambda: (behind[0], ends), lambda: {0, 2})
         notices.moved(loaded=True)
         notices.moved()                        # one round for both
         await asyncio.sleep(0.01)
-        assert bus.sent == [("writer/log/0", Kind.LOG_LOADED, {"behind": 350}),
-                            ("writer/log/2", Kind.LOG_LOADED, {"behind": 350})]
+        assert bus.sent == [("writer/log/0", Kind.LOG_LOADED, {"behind": 350, "counted": 900}),
+                            ("writer/log/2", Kind.LOG_LOADED, {"behind": 350, "counted": 40})]
         behind[0] = 50
         notices.moved(loaded=True)             # within the interval: waits for it
         assert notices.timer is not None and len(bus.sent) == 2
         await asyncio.sleep(store_notices.LOADED_EVERY_SECS * 1.5)
-        assert bus.sent[2:] == [("writer/log/0", Kind.LOG_LOADED, {"behind": 50}),
-                                ("writer/log/2", Kind.LOG_LOADED, {"behind": 50})]
+        assert bus.sent[2:] == [("writer/log/0", Kind.LOG_LOADED, {"behind": 50, "counted": 900}),
+                                ("writer/log/2", Kind.LOG_LOADED, {"behind": 50, "counted": 40})]
         notices.moved()                        # nothing loaded, nothing new to tell: nothing sent…
         await asyncio.sleep(store_notices.LOADED_EVERY_SECS * 1.5)
         assert len(bus.sent) == 4
@@ -87,3 +91,20 @@ def test_the_store_tells_each_open_log_what_it_has_yet_to_load():
         assert len(bus.sent) == 9
 
     asyncio.run(go())
+
+
+def test_the_store_counts_a_log_at_least_to_where_its_newest_segment_begins(tmp_path):
+    """A store stopped for seconds read the writers' notices late: its count, from them alone, was
+    seconds old, and the logs took appends into the room it needed. What the log's directory lists
+    is written whatever the notices said."""
+    log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=4096)
+    for frame in frames(40):
+        log.write(frame, sync=True)
+    newest = segments.list_segments(tmp_path / "wal" / "0")[-1][0]
+    log.close()
+    assert newest > 1000
+    store = SimpleNamespace(config=SimpleNamespace(logs=2), flushed={0: 1000}, files_at_start={}, loaded={0: 600},
+                            store=SimpleNamespace(wal_root=tmp_path / "wal"))
+    assert StoreService.lag_ends(store) == (newest - 600, {0: newest})
+    store.flushed[0] = newest + 10         # the notices are ahead of the listing
+    assert StoreService.lag_ends(store) == (newest + 10 - 600, {0: newest + 10})
