@@ -8,8 +8,8 @@ carrying the newest end and the records written since the last one.
 The store tells each log how many bytes of the logs it has yet to load (`log.loaded`), and where
 it took that log to end: a log on the store's disk keeps room for that and for what it wrote
 past there (storage/free_space.py). The store counts a log at least to its newest segment's
-start, whatever notices it has read: a store that was stopped or starved read them late. At most one round per
-`LOADED_EVERY_SECS`: the log adds what the disk lost since on its own. Each load is told (what the
+start, whatever notices it has read: a store that was stopped or starved reads them late. At
+most one round per `LOADED_EVERY_SECS`: the log adds what the disk lost since on its own. Each load is told (what the
 disk lost before it is in the store's count now); with nothing loaded, what a log was told already
 is told again only after `RETELL_SECS`, or at once after it restarted (it knows nothing).
 """

@@ -208,7 +208,6 @@ class StoreService:
         return records, (time.monotonic() - oldest) if oldest is not None else 0.0
 
     def lag_bytes(self) -> int:
-        """Bytes of the logs not loaded yet."""
         return self.lag_ends()[0]
 
     def lag_ends(self) -> tuple[int, dict[int, int]]:
