@@ -221,7 +221,12 @@ class PayloadSegments:
             number = self.next_number
             self.next_number += 1
         fd = os.open(self.path(number), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        fsync_dir(self.dir)
+        try:
+            fsync_dir(self.dir)
+        except OSError:   # a full disk, say: no segment, and no file or descriptor left behind
+            os.close(fd)
+            self.path(number).unlink(missing_ok=True)
+            raise
         return number, fd
 
     def sealed(self, number: int, size: int) -> None:

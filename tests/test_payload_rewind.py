@@ -152,3 +152,31 @@ def test_a_payload_compaction_that_could_not_commit_gives_its_copies_room_back(t
     assert sum(on_disk(directory).values()) == store.payloads.total_bytes == 200_000
     assert [store.query("blob_latest", f"s{i}")[0][0]["payload"] for i in range(20)] == payloads
     store.close()
+
+
+def test_a_segment_the_disk_had_no_room_to_begin_leaves_nothing_behind(tmp_path, monkeypatch):
+    from storage import payload_segments
+
+    payloads = PayloadSegments(tmp_path, segment_bytes=100)
+    payloads.open({})
+    loader = payloads.loader
+    loader.append(b"k" * 90)
+    loader.sync()
+    mark = loader.mark()
+    fds = len(os.listdir("/proc/self/fd"))
+    real_fsync_dir = payload_segments.fsync_dir
+
+    def full(directory):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(payload_segments, "fsync_dir", full)
+    loader.append(b"x" * 50)                  # the rest of segment 0
+    with pytest.raises(OSError):
+        loader.append(b"y" * 50)              # segment 1 cannot be begun
+    loader.rewind(mark)
+    assert on_disk(tmp_path) == {"00000000": 90} and len(os.listdir("/proc/self/fd")) == fds - 1   # 0's closed
+    monkeypatch.setattr(payload_segments, "fsync_dir", real_fsync_dir)
+    at = loader.append(b"z" * 50)
+    loader.sync()
+    assert payloads.read(*at) == b"z" * 50 and payloads.sealed_segments() == {0: 90}
+    loader.close()
