@@ -7,7 +7,7 @@ import os
 import duckdb
 import pytest
 
-from storage import payload_compaction, records, segments
+from storage import payload_compaction, payload_segments, records, segments
 from storage.payload_segments import PayloadSegments
 from storage.records import RecordKind
 from storage.store import Store
@@ -18,10 +18,15 @@ def on_disk(directory):
     return {p.name: p.stat().st_size for p in directory.iterdir()}
 
 
-def test_a_rewound_batch_that_spanned_segments_leaves_only_what_was_there(tmp_path):
-    payloads = PayloadSegments(tmp_path, segment_bytes=100)
+def opened(directory, segment_bytes):
+    """An empty payload directory, opened, and its loader's appender."""
+    payloads = PayloadSegments(directory, segment_bytes=segment_bytes)
     payloads.open({})
-    loader = payloads.loader
+    return payloads, payloads.loader
+
+
+def test_a_rewound_batch_that_spanned_segments_leaves_only_what_was_there(tmp_path):
+    payloads, loader = opened(tmp_path, 100)
     kept = loader.append(b"k" * 40)
     loader.sync()
     before = on_disk(tmp_path)
@@ -42,9 +47,7 @@ def test_a_rewound_batch_that_spanned_segments_leaves_only_what_was_there(tmp_pa
 
 
 def test_a_rewound_batch_within_one_segment_is_cut_off(tmp_path):
-    payloads = PayloadSegments(tmp_path, segment_bytes=1000)
-    payloads.open({})
-    loader = payloads.loader
+    payloads, loader = opened(tmp_path, 1000)
     loader.append(b"k" * 40)
     loader.sync()
     mark = loader.mark()
@@ -56,9 +59,7 @@ def test_a_rewound_batch_within_one_segment_is_cut_off(tmp_path):
 
 
 def test_a_mark_before_any_segment_rewinds_to_nothing(tmp_path):
-    payloads = PayloadSegments(tmp_path, segment_bytes=100)
-    payloads.open({})
-    loader = payloads.loader
+    payloads, loader = opened(tmp_path, 100)
     mark = loader.mark()
     for i in range(3):
         loader.append(bytes([i]) * 80)
@@ -155,11 +156,7 @@ def test_a_payload_compaction_that_could_not_commit_gives_its_copies_room_back(t
 
 
 def test_a_segment_the_disk_had_no_room_to_begin_leaves_nothing_behind(tmp_path, monkeypatch):
-    from storage import payload_segments
-
-    payloads = PayloadSegments(tmp_path, segment_bytes=100)
-    payloads.open({})
-    loader = payloads.loader
+    payloads, loader = opened(tmp_path, 100)
     loader.append(b"k" * 90)
     loader.sync()
     mark = loader.mark()
