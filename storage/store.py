@@ -38,6 +38,8 @@ PAYLOAD_COLUMN = 7            # of a checkpoints row as projected: its bytes go 
 # Bulk loading: a batch is loaded once this much time passed since the previous one, unless a
 # reader is waiting for it (`urgent`). Each load costs three DuckDB transactions whatever its size.
 BATCH_INTERVAL_SECS = 1.0
+LOAD_RETRY_SECS = 1.0           # a batch that failed is tried again after this long…
+SMALLER_RETRY_SECS = 0.1        # …or this, when the next one is smaller (down to MIN_READ_BYTES)
 MIN_DB_MEMORY_MB = 16
 BIG_RECORD_BYTES = 512 << 10   # past this a value takes blocks of its own size in DuckDB
 CHECKPOINT_THRESHOLD = "4MB"
@@ -212,6 +214,7 @@ class Store(StoreQueries, SessionClosing, StoreDeletions, SessionSummaries):
                 self.urgent.wait(pause)
             self.urgent.clear()
             last = time.monotonic()
+            before = self.read_bytes
             try:
                 # Keep loading without a pause only while a backlog remains (reads came back full).
                 while self.load_once() >= 0 and self.backlog and not self.stopping.is_set():
@@ -232,7 +235,10 @@ class Store(StoreQueries, SessionClosing, StoreDeletions, SessionSummaries):
                 self.load_failures.failed(exc)
                 compaction_reserve.release_to_store(self.wal_root, self.db_dir, exc, self.log)
                 self.wake.set()
-                self.stopping.wait(1.0)
+                smaller = self.read_bytes < before   # then soon: a full disk's room may take it
+                if smaller:
+                    self.urgent.set()
+                self.stopping.wait(SMALLER_RETRY_SECS if smaller else LOAD_RETRY_SECS)
 
     def load_all(self) -> None:
         while self.load_once():
