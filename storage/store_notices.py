@@ -12,12 +12,19 @@ start, whatever notices it has read: a store that was stopped or starved reads t
 most one round per `LOADED_EVERY_SECS`: the log adds what the disk lost since on its own. Each load is told (what the
 disk lost before it is in the store's count now); with nothing loaded, what a log was told already
 is told again only after `RETELL_SECS`, or at once after it restarted (it knows nothing).
+
+A `log.flushed` notice can be lost: the broker bounces what is sent to a peer it has not heard
+from for `broker.peer_timeout_secs` (a store stopped or starved that long), and one that dies
+drops what it held. A log that then goes quiet sends no other, and the store loaded no further
+than the lost notice's end for good: on a disk the logs share with it, they kept the room for
+what it would not load and refused every append (by hand: the store had heard of 509 bytes
+of the 5.6 MB written). So the store asks a log it has not heard from for `ASK_QUIET_SECS` where it ends.
 """
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable
+from typing import Awaitable, Callable
 
 from broker.client import Bus
 from broker.protocol import Kind
@@ -26,6 +33,7 @@ from broker.sharding import STORE, log_writer
 EVERY_SECS = 0.01
 LOADED_EVERY_SECS = 0.1
 RETELL_SECS = 5.0
+ASK_QUIET_SECS = 1.0
 
 
 class StoreNotices:
@@ -102,3 +110,14 @@ class LoadedNotices:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+
+
+async def ask_quiet_logs(logs: int, heard_at: dict[int, float], ask: Callable[[int], Awaitable[None]]) -> None:
+    """writer/store's side, forever: every ASK_QUIET_SECS, `ask(log)` (where it ends) of each of
+    the `logs` not heard from (`heard_at`, by `time.monotonic`) for as long. A log that writes
+    sends a notice every few milliseconds and is not asked; a quiet one is, once a second."""
+    while True:
+        await asyncio.sleep(ASK_QUIET_SECS)
+        now = time.monotonic()
+        quiet = [w for w in range(logs) if now - heard_at.get(w, float("-inf")) >= ASK_QUIET_SECS]
+        await asyncio.gather(*(ask(w) for w in quiet))

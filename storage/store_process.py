@@ -1,8 +1,9 @@
 """The writer/store role: the DuckDB projection of the log, and read queries over the bus.
 
 Loading runs on its own thread (`Store.run_loader`), queries on another. The event loop only
-routes: it learns how far each log is durable from `log.flushed` notices, and the loader reads no
-further (a file may hold a batch whose fdatasync has not returned, or failed and is zeroed back).
+routes: it learns how far each log is durable from `log.flushed` notices (and asks a quiet log:
+a notice can be lost), and the loader reads no further (a file may hold a batch whose fdatasync
+has not returned, or failed and is zeroed back).
 A `sync` query asks every writer where its log is durable now and is held until the loader has
 passed that point, which gives readers read-your-writes. A writer joins the bus only once its log
 is open (restored from the bucket on a fresh node), so a `sync` query waits for every writer:
@@ -26,7 +27,7 @@ from broker.protocol import Kind, Message, ProtocolError
 from broker.sharding import LOG_WRITER_PREFIX, STORE, log_writer
 from storage import bucket_mending, payload_compaction, segment_listing, write_failures
 from storage.store import Store
-from storage.store_notices import LoadedNotices
+from storage.store_notices import LoadedNotices, ask_quiet_logs
 from broker.address import bus_address
 
 SYNC_TIMEOUT_SECS = 30.0
@@ -51,6 +52,7 @@ class StoreService:
         self.flushed: dict[int, int] = {}
         self.loaded: dict[int, int] = {}
         self.files_at_start: dict[int, int] = {}
+        self.heard_at: dict[int, float] = {}   # log -> when its last `log.flushed` came (time.monotonic)
         self.writers_open: set[int] = set()   # heard from since it (or this process) last started
         self.pending_flushes: collections.deque[tuple[int, int, int, float]] = collections.deque()
         self.waiters: list[tuple[dict[int, int], asyncio.Future]] = []
@@ -117,6 +119,7 @@ class StoreService:
         if msg.src != log_writer(writer):
             raise ProtocolError(f"{msg.src} reported the end of {log_writer(writer)}'s log")
         self.writers_open.add(writer)
+        self.heard_at[writer] = time.monotonic()
         if position > self.flushed.get(writer, 0):
             self.flushed[writer] = position
             self.pending_flushes.append((writer, position, int(msg.body.get("count") or 0), time.monotonic()))
@@ -165,6 +168,13 @@ class StoreService:
         reply = await self.bus.request(log_writer(writer), Kind.STATS, {"only_end": True}, timeout=timeout)
         self.writers_open.add(writer)
         return int(reply.body.get("stats", {}).get("end") or 0)
+
+    async def ask_quiet(self, writer: int) -> None:
+        """Where a log that sent no notice for a while is durable (storage/store_notices.py)."""
+        try:
+            self._durable(writer, await self._ask_end(writer, KNOWN_WRITER_SECS))
+        except (BusError, asyncio.TimeoutError, ValueError, TypeError):
+            pass   # restarting, gone or a bad answer: asked again in a second
 
     def _durable(self, writer: int, end: int) -> None:
         if end > self.flushed.get(writer, 0):
@@ -405,6 +415,7 @@ def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> in
         await service_.start()
         await service_.bus.start()
         learner = service.lifelong(service_.learn_ends())
+        asker = service.lifelong(ask_quiet_logs(config.logs, service_.heard_at, service_.ask_quiet))
         reporter = service.lifelong(service_.report())
         recycler = service.lifelong(service_.recycle_files())
         compactor = service.lifelong(service_.compact_payloads())
@@ -413,6 +424,7 @@ def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> in
         await asyncio.wait([asyncio.create_task(stop.wait()), fatal], return_when=asyncio.FIRST_COMPLETED)
         expirer.cancel()
         learner.cancel()
+        asker.cancel()
         reporter.cancel()
         recycler.cancel()
         compactor.cancel()

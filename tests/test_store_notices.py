@@ -108,3 +108,47 @@ def test_the_store_counts_a_log_at_least_to_where_its_newest_segment_begins(tmp_
     assert StoreService.lag_ends(store) == (newest - 600, {0: newest})
     store.flushed[0] = newest + 10         # the notices are ahead of the listing
     assert StoreService.lag_ends(store) == (newest + 10 - 600, {0: newest + 10})
+
+
+def test_the_store_asks_each_log_it_has_not_heard_from_for_a_while_where_it_ends(monkeypatch):
+    """The broker bounces what is sent to a store stalled past its peer timeout: a quiet log's
+    last `log.flushed` was lost, and the store loaded no further than the one before, for good."""
+    clock = [1000.0]
+    monkeypatch.setattr(store_notices, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(store_notices, "ASK_QUIET_SECS", 0.01)
+    heard_at = {0: 1000.0, 2: 990.0}        # log 0 just now, log 1 never, log 2 ten seconds ago
+    rounds: list[list[int]] = [[]]
+
+    async def ask(log):
+        rounds[-1].append(log)
+
+    async def go():
+        task = asyncio.ensure_future(store_notices.ask_quiet_logs(3, heard_at, ask))
+        while not rounds[0]:
+            await asyncio.sleep(0.005)
+        rounds.append([])
+        clock[0] += 1.0                      # log 0 went quiet too
+        while not rounds[1]:
+            await asyncio.sleep(0.005)
+        task.cancel()
+
+    asyncio.run(go())
+    assert sorted(rounds[0]) == [1, 2]
+    assert sorted(rounds[1]) == [0, 1, 2]
+
+
+def test_an_answer_moves_how_far_the_store_loads_and_a_log_that_does_not_answer_is_skipped():
+    from broker.requests import BusTimeout
+    answers = {0: 5_595_226, 1: BusTimeout("restarting"), 2: "not a number"}
+
+    async def ask_end(writer, timeout):
+        answer = answers[writer]
+        if isinstance(answer, Exception):
+            raise answer
+        return int(answer)
+
+    durable = {}
+    store = SimpleNamespace(_ask_end=ask_end, _durable=lambda w, end: durable.__setitem__(w, end))
+    for writer in answers:
+        asyncio.run(StoreService.ask_quiet(store, writer))
+    assert durable == {0: 5_595_226}
