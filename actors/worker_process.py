@@ -231,9 +231,15 @@ class WorkerRuntime:
                                                            "attempt": attempt, "ok": ok, **fields}, ctx.run_id)
 
     def step_result_nowait(self, ctx: FlowContext, seq: int, attempt: int, ok: bool, **fields: Any) -> None:
-        self.bus.send(ctx._actor, Kind.STEP_RESULT, {"run_id": ctx.run_id, "exec": ctx._exec, "seq": seq,
-                                                     "attempt": attempt, "ok": ok, "sync": False, **fields},
-                      session=ctx.run_id)
+        """An ASYNC step's result: the flow goes on at once, but it is sent until the actor takes
+        it. Sent once, the broker bounced it to an actor stalled past its peer timeout: the run's
+        journal kept a hole there, and its next execution ran the step again."""
+        def done(_reply: Message | None, exc: BaseException | None) -> None:
+            if exc is not None:
+                self.log.warning("the result of step %d of run %s not acknowledged: %s", seq, ctx.run_id, exc)
+        self.bus.request_callback(ctx._actor, Kind.STEP_RESULT, {"run_id": ctx.run_id, "exec": ctx._exec, "seq": seq,
+                                                                 "attempt": attempt, "ok": ok, "sync": False, **fields},
+                                  done, timeout=REQUEST_TIMEOUT_SECS, attempt_secs=5.0, session=ctx.run_id)
 
     def heartbeat(self, ctx: FlowContext, seq: int, attempt: int, value: Any) -> None:
         self.bus.send(ctx._actor, Kind.STEP_HEARTBEAT, {"run_id": ctx.run_id, "exec": ctx._exec, "seq": seq,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import aiohttp
 
+from agentos.config import BrokerConfig
 from broker.sharding import actor_name
 from gateway import openapi
 from harness import Server, Worker, get_json, wait_until
@@ -72,6 +73,30 @@ def test_a_sync_step_is_in_the_log_before_the_next_step_starts(make_server, make
     _, _, run = start(server.url, "async_steps", 20)
     done = result(server.url, run["run_id"])
     assert done["status"] == "completed" and done["result"] == sum(i * 2 for i in range(20))
+
+
+def test_an_async_result_sent_while_its_actor_was_stalled_is_journaled_and_not_run_again(make_server, make_worker,
+                                                                                           tmp_path):
+    """The broker bounces what is sent to a peer silent past `broker.peer_timeout_secs`: an ASYNC
+    step's result, sent once, was lost to an actor stalled that long, the run's journal kept a
+    hole, and its execution after the sleep ran the step again."""
+    server = make_server()
+    make_worker(server)
+    effects, gate = tmp_path / "effects.txt", tmp_path / "gate"
+    _, _, run = start(server.url, "async_then_sleep", {"file": str(effects), "gate": str(gate), "secs": 3})
+    wait_until(lambda: lines(Path(f"{effects}.starts")), 30, "the ASYNC step to start")
+    actor = server.pid(actor_name(run["run_id"], 2))
+    os.kill(actor, signal.SIGSTOP)
+    try:
+        time.sleep(BrokerConfig().peer_timeout_secs + 0.5)
+        gate.touch()                       # the step ends, its result goes to the stalled actor
+        wait_until(lambda: lines(effects), 30, "the ASYNC step's effect")
+        time.sleep(1.0)                    # the flow asks for its sleep (3 s: still due after this)
+    finally:
+        os.kill(actor, signal.SIGCONT)
+    body = result(server.url, run["run_id"])
+    assert body["status"] == "completed", body
+    assert lines(effects) == ["step 0", "step 1"]       # the slow step once, then the quick one
 
 
 def test_a_durable_sleep_survives_a_full_restart(tmp_path):
