@@ -157,6 +157,32 @@ def test_a_resent_request_runs_once_and_gets_the_same_reply(broker):
     assert {r.body["rows"][0] for r in replies} == {1}
 
 
+def test_a_resent_update_whose_reply_is_big_runs_once(broker):
+    """An attribute's update answers with its value: its reply, too big to keep, let a request sent
+    again (its reply bounced to a stalled requester, or crossing the resend) run the update twice."""
+    calls, replies, bus = resend_three_times(broker, Kind.ATTR_UPDATE, {"run_id": "r1", "tenant": "t", "key": "n", "handler": "incr"},
+                                             Kind.ATTR_VALUES, lambda n: {"found": True, "values": {"n": "x" * 8000 + str(n)}})
+    assert len(calls) == 1
+    assert [r.body["values"]["n"][-1] for r in replies] == ["1", "1", "1"]
+    assert bus._replies.big_bytes > 8000
+
+
+def test_big_replies_are_kept_up_to_their_budget_and_expiry_gives_it_back(monkeypatch):
+    from broker import replies as replies_module
+    monkeypatch.setattr(replies_module, "CACHE_BIG_BYTES", 12_000)
+    kept = replies_module.Replies()
+    for key in (("a", 1), ("a", 2)):
+        assert kept.first_time(key) is None
+        kept.answered(key, b"r" * 10_000)
+    assert kept.first_time(("a", 1)) == b"r" * 10_000        # the first is sent again as it was
+    assert kept.first_time(("a", 2)) is replies_module.RERUN  # past the budget: runs again
+    kept.expire(float("inf"), keep=0)
+    assert kept.big_bytes == 0 and not kept._seen
+    assert kept.first_time(("a", 3)) is None
+    kept.answered(("a", 3), b"r" * 10_000)
+    assert kept.first_time(("a", 3)) == b"r" * 10_000
+
+
 def test_a_resent_read_runs_again_and_its_reply_is_not_kept(broker):
     """A read changes nothing, so its reply is not held for a duplicate: writer/store asks each log
     writer's end for every new session's first read, and the gateway's log held ~1.7 MB of them."""
