@@ -66,6 +66,7 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks):
         self.exec_counter = 0
         self.task_counter = 0
         self.tasks: dict[str, list] = {}       # task id -> [future, submit body, last sign of life, worker]
+        self.unknown_tasks: dict[str, float] = {}   # task id a worker runs and this actor does not know -> first told
         self.run_workers: dict[str, str] = {}  # run id -> the worker that reported running it
         self.adopted: set[str] = set()         # runs reloaded after a restart, execution not yet seen
         self.on_open_turn = None               # the actor finishes interrupted turns (flow "turn")

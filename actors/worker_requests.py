@@ -20,6 +20,10 @@ from broker.protocol import Kind, Message, ProtocolError
 from broker.sharding import actor_name
 
 
+UNKNOWN_TASK_GRACE_SECS = 2.0
+UNKNOWN_TASK_FORGET_SECS = 60.0   # a task not reported for this long is forgotten (it ended)
+
+
 class WorkerRequests:
     async def on_step_start(self, msg: Message) -> None:
         await self.ready.wait()
@@ -242,6 +246,18 @@ class WorkerRequests:
             if entry is not None:
                 entry[2] = now
                 entry[3] = msg.src
+            elif self.ready.is_set():
+                self._unknown_task(msg.src, task_id, now)
+        if self.unknown_tasks:
+            self.unknown_tasks = {t: at for t, at in self.unknown_tasks.items() if now - at < UNKNOWN_TASK_FORGET_SECS}
+
+    def _unknown_task(self, worker: str, task_id: str, now: float) -> None:
+        """A worker runs a task this actor no longer waits for: the cancel was lost (the broker
+        bounces what is sent to a worker stalled past its peer timeout), and a tool that never
+        returned held the worker's slot for good. Cancelled again at each of its reports, after a
+        grace for one whose result has just come (the worker lists it until its reply is back)."""
+        if now - self.unknown_tasks.setdefault(task_id, now) >= UNKNOWN_TASK_GRACE_SECS:
+            self.bus.send(worker, Kind.TASK_CANCEL, {"task_id": task_id})
 
 
 def _park(run: Run) -> str:

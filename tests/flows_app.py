@@ -259,8 +259,12 @@ async def search(q):
     marker = os.environ.get("FLOWS_APP_TOOL_MARKER")
     if marker:
         effect(marker, f"search {q}")
-        await asyncio.sleep(float(os.environ.get("FLOWS_APP_TOOL_DELAY", "0")))
-        await through_gate(os.environ.get("FLOWS_APP_TOOL_GATE"))
+        try:
+            await asyncio.sleep(float(os.environ.get("FLOWS_APP_TOOL_DELAY", "0")))
+            await through_gate(os.environ.get("FLOWS_APP_TOOL_GATE"))
+        except asyncio.CancelledError:
+            effect(marker, f"search cancelled {q}")
+            raise
         effect(marker, f"search done {q}")
     return {"results": [f"result for {q}"]}
 

@@ -1,9 +1,13 @@
 """End-to-end: the agent loop on durable steps — tool calls run by a worker, journaled, and a
 turn that finishes after its actor was killed mid-turn."""
 import asyncio
+import os
+import signal
+import time
 
 import aiohttp
 
+from agentos.config import BrokerConfig
 from harness import get_json, run_turn, turn, turn_killing_its_actor, wait_until
 
 TOOLS = "[[mock tool_calls=get_weather,search ttft_ms=20]]"
@@ -59,7 +63,6 @@ def test_a_turn_survives_kill9_of_its_actor_mid_turn(make_server, make_worker, t
 
 
 def test_cancelling_a_turn_stops_its_running_tool(make_server, make_worker, tmp_path):
-    import time
     marker = tmp_path / "tools.txt"
     server = make_server()
     make_worker(server, env={"FLOWS_APP_TOOL_MARKER": str(marker), "FLOWS_APP_TOOL_DELAY": "3"})
@@ -81,6 +84,41 @@ def test_cancelling_a_turn_stops_its_running_tool(make_server, make_worker, tmp_
     assert result.terminal == "turn.cancelled"
     time.sleep(3.5)  # past the tool's own 3 s: had it not been stopped, it would have finished by now
     assert "search done cancel me" not in marker.read_text()
+
+
+def test_a_cancel_a_stalled_worker_missed_still_stops_its_tool(make_server, make_worker, tmp_path):
+    """The broker bounces what is sent to a peer silent past `broker.peer_timeout_secs`: the turn's
+    cancel, sent to a worker stalled that long, was lost, and its tool (one that does not return)
+    kept the worker's slot for good. The actor cancels a task the worker still reports again."""
+    marker = tmp_path / "tools.txt"
+    server = make_server()
+    worker = make_worker(server, env={"FLOWS_APP_TOOL_MARKER": str(marker), "FLOWS_APP_TOOL_DELAY": "600"})
+    sid = "agent-stalled-cancel"
+    stopped = []
+
+    async def go():
+        async def on_event(name, result):
+            if name == "tool" and result.events[-1][1] == {**result.events[-1][1], "phase": "call", "name": "search"}:
+                await asyncio.get_running_loop().run_in_executor(None, lambda: wait_until(
+                    lambda: marker.exists() and "search stall me" in marker.read_text(), 10, "the tool to start"))
+                os.kill(worker.pid, signal.SIGSTOP)
+                stopped.append(worker.pid)
+                await asyncio.sleep(BrokerConfig().peer_timeout_secs + 0.5)
+                async with aiohttp.ClientSession() as other:
+                    async with other.delete(f"{server.url}/v1/sessions/{sid}/turns/current") as resp:
+                        assert resp.status == 200
+
+        async with aiohttp.ClientSession() as s:
+            return await run_turn(s, server.url, sid, f"stall me {TOOLS}", on_event=on_event, timeout=30)
+
+    try:
+        result = asyncio.run(go())
+        assert result.terminal == "turn.cancelled"
+        time.sleep(0.5)          # the cancels bounced meanwhile
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+    wait_until(lambda: "search cancelled stall me" in marker.read_text(), 20, "the tool to be cancelled")
 
 
 def test_a_tool_call_that_cannot_be_answered_is_an_error_the_model_reads_at_once(make_server, make_worker):
