@@ -33,6 +33,12 @@ from storage.log_writer import LogWriter
 
 KEEPALIVE_SECS = 15.0
 MAX_FAILED_PROBES = 6
+DISCONNECT_CANCEL_SECS = 60.0   # a disconnected client's cancel is sent for this long
+
+
+def _unanswered_cancel(_reply, _exc) -> None:
+    """Nothing more is done for a cancel no actor took in DISCONNECT_CANCEL_SECS: its turn runs
+    to its end, as one did whenever a cancel was lost."""
 
 
 class SseResponse(web.StreamResponse):
@@ -265,9 +271,12 @@ class Gateway:
             return response
         except (asyncio.CancelledError, ConnectionError) as exc:
             if stream.terminal is None:
-                self.bus.send(stream.actor, Kind.TURN_CANCEL, {
+                # sent until the actor takes it: sent once, an actor stalled past the broker's peer
+                # timeout lost it, and a turn nobody reads ran (and paid for tokens) to its end
+                self.bus.request_callback(stream.actor, Kind.TURN_CANCEL, {
                     "session": stream.session, "turn_id": stream.turn_id, "reason": "disconnect",
-                    "after_secs": self.config.kernel.disconnect_grace_secs}, session=stream.session)
+                    "after_secs": self.config.kernel.disconnect_grace_secs}, _unanswered_cancel,
+                    timeout=DISCONNECT_CANCEL_SECS, attempt_secs=2.0, session=stream.session)
             if isinstance(exc, asyncio.CancelledError):
                 raise
             # The client went away between two writes (its connection was found closed before

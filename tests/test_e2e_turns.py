@@ -1,6 +1,8 @@
 """End-to-end: turns through the real process tree (supervisor, broker, gateway, scheduler,
 two actors, the bundled mock model), asserting on what a client receives."""
 import asyncio
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -8,7 +10,9 @@ import time
 import aiohttp
 import pytest
 
+from agentos.config import BrokerConfig
 from bench.mock_llm import expected_text
+from broker.sharding import actor_name
 from harness import REPO, get_json, run_turn, scrape, start_turn, turn, wait_until
 
 
@@ -83,6 +87,40 @@ def test_client_disconnect_cancels_the_turn(shared_server):
     wait_until(lambda: scrape(shared_server.url).get('agentos_turns_total{outcome="cancelled"}', 0) > before, 10,
                "the turn to be cancelled")
     wait_until(lambda: get_json(shared_server.mock_url + "/stats")[2]["current"] == 0, 10, "mock streams to close")
+
+
+def test_a_disconnect_while_the_actor_was_stalled_still_cancels_the_turn(make_server):
+    """The broker bounces what is sent to a peer silent past `broker.peer_timeout_secs`: a gone
+    client's cancel, sent to an actor stalled that long, was lost, and the turn nobody reads ran
+    (its tokens paid for) to its end. The gateway now sends it until the actor takes it."""
+    server = make_server({"kernel": {"disconnect_grace_secs": 0}})
+    sid = "e2e-stalled-disconnect"
+    actor = server.pid(actor_name(sid, 2))
+    stopped = []
+
+    class Disconnect(Exception):
+        pass
+
+    async def go():
+        async def on_event(name, result):
+            if name == "turn.started":
+                os.kill(actor, signal.SIGSTOP)
+                stopped.append(actor)
+                await asyncio.sleep(BrokerConfig().peer_timeout_secs + 0.5)
+                raise Disconnect        # the client goes; the gateway's cancel meets a stalled actor
+
+        async with aiohttp.ClientSession() as s:
+            with pytest.raises(Disconnect):
+                await run_turn(s, server.url, sid, "slow [[mock ttft_ms=30000]]", on_event=on_event)
+
+    try:
+        asyncio.run(go())
+        time.sleep(0.5)
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+    wait_until(lambda: scrape(server.url).get('agentos_turns_total{outcome="cancelled"}', 0) == 1, 15,
+               "the turn to be cancelled")
 
 
 def test_provider_concurrency_never_exceeds_the_limit(shared_server):

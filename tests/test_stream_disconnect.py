@@ -29,7 +29,7 @@ def test_a_client_gone_mid_stream_ends_the_pump_quietly_and_asks_for_the_cancel(
     monkeypatch.setattr(app, "SseResponse", ClosingResponse)
     sent = []
     gateway = SimpleNamespace(
-        bus=SimpleNamespace(send=lambda to, kind, body, session=None: sent.append((to, kind, body))),
+        bus=SimpleNamespace(request_callback=lambda to, kind, body, done, **_: sent.append((to, kind, body))),
         config=SimpleNamespace(kernel=SimpleNamespace(disconnect_grace_secs=7.0)),
         log=SimpleNamespace(debug=lambda *a, **k: None))
     stream = TurnStream("t1", "s1", "actor/0", "default")
