@@ -319,7 +319,10 @@ def test_a_disk_the_log_filled_with_superseded_checkpoints_frees_itself(tmp_path
                        "compaction to free the disk", interval=0.5)
             assert put(server.url, "hot", "k", b"after" * 2400)[0] == 200
             assert [put(server.url, f"after-{n}", "k", b"a" * 12000)[0] for n in range(20)] == [200] * 20
-            assert "compaction reserve" in server.log()
+            # Not asserted: that the reserve went to a pass. The fill stops at an append that did
+            # not fit, up to 12 KB short of full, and a pass that came at once (0.3 s after, in
+            # one full-suite run) found room there for a first rewrite that was nearly all
+            # superseded checkpoints, and needed no reserve.
             read_back(server.url, kept)
         finally:
             assert server.stop() == 0
