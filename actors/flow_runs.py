@@ -290,10 +290,13 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks):
     # -- the watchdog ---------------------------------------------------------------------------
 
     async def watchdog(self) -> None:
-        last_resync = time.monotonic()
+        last_resync = last_tick = time.monotonic()
         while True:
             await asyncio.sleep(1.0)
             now, wall = time.monotonic(), time.time()
+            if now - last_tick > EXEC_GRACE_SECS / 2:
+                self._stalled(now)
+            last_tick = now
             resync = now - last_resync > RESYNC_SECS
             if resync:
                 last_resync = now
@@ -319,6 +322,18 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks):
                 if now - entry[2] > EXEC_GRACE_SECS:
                     entry[2] = now
                     self.bus.send(SCHEDULER, Kind.TASK_SUBMIT, entry[1], session=entry[1].get("run_id", ""))
+
+    def _stalled(self, now: float) -> None:
+        """This actor did not run for a while (stopped, starved): its workers' reports meanwhile
+        waited or bounced (the broker bounces what is sent to a peer silent past its timeout), so
+        their silence says nothing. Each execution and task gets its grace again. Without this a
+        stalled actor took every execution it had for dead, and dispatched the run anew before
+        the results sent again reached it: an ASYNC step, done, ran again."""
+        for run in self.runs.values():
+            if not run.ended:
+                run.last_alive = now
+        for entry in self.tasks.values():
+            entry[2] = now
 
     def on_task_lost(self, msg: Message) -> None:
         """The worker running this execution died with it. Again and again with no step between,

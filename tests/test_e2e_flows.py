@@ -79,11 +79,13 @@ def test_an_async_result_sent_while_its_actor_was_stalled_is_journaled_and_not_r
                                                                                            tmp_path):
     """The broker bounces what is sent to a peer silent past `broker.peer_timeout_secs`: an ASYNC
     step's result, sent once, was lost to an actor stalled that long, the run's journal kept a
-    hole, and its execution after the sleep ran the step again."""
+    hole, and its execution after the sleep ran the step again. Sent until taken, it still came
+    too late under load: the actor, back from a stall longer than its watchdog's grace, took the
+    execution for dead and dispatched the run anew first (here every time, with the 5.5 s stall)."""
     server = make_server()
     make_worker(server)
     effects, gate = tmp_path / "effects.txt", tmp_path / "gate"
-    _, _, run = start(server.url, "async_then_sleep", {"file": str(effects), "gate": str(gate), "secs": 3})
+    _, _, run = start(server.url, "async_then_sleep", {"file": str(effects), "gate": str(gate), "secs": 4})
     wait_until(lambda: lines(Path(f"{effects}.starts")), 30, "the ASYNC step to start")
     actor = server.pid(actor_name(run["run_id"], 2))
     os.kill(actor, signal.SIGSTOP)
@@ -91,7 +93,7 @@ def test_an_async_result_sent_while_its_actor_was_stalled_is_journaled_and_not_r
         time.sleep(BrokerConfig().peer_timeout_secs + 0.5)
         gate.touch()                       # the step ends, its result goes to the stalled actor
         wait_until(lambda: lines(effects), 30, "the ASYNC step's effect")
-        time.sleep(1.0)                    # the flow asks for its sleep (3 s: still due after this)
+        time.sleep(2.0)                    # the flow asks for its sleep (4 s: still due after this)
     finally:
         os.kill(actor, signal.SIGCONT)
     body = result(server.url, run["run_id"])
