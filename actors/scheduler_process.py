@@ -121,9 +121,13 @@ class Scheduler:
         self.bus.reply(msg, Kind.STATS_REPLY, {"role": "scheduler", "stats": stats})
 
     async def ticker(self) -> None:
+        last_tick = time.monotonic()
         while True:
             await asyncio.sleep(0.1)
             now = time.monotonic()
+            if now - last_tick > self.board.worker_timeout / 2:
+                self.board.stalled(now)
+            last_tick = now
             self._send(self.pool.tick(now))
             for gone in self.board.expire(now):
                 self.log.warning("worker %s stopped answering; its tasks go back to their actors", gone)

@@ -81,6 +81,12 @@ class TaskBoard:
                 self.tasks.pop(task_id, None)
         return self._match(now)
 
+    def stalled(self, now: float) -> None:
+        """The scheduler did not run for a while: its workers' hellos meanwhile waited or bounced,
+        and their silence says nothing (each would have been taken for dead, its tasks lost)."""
+        for info in self.workers.values():
+            info.last_seen = now
+
     def expire(self, now: float) -> list[str]:
         """Workers silent too long are gone; returns their names (`lost` then holds the tasks
         they had been given, as (worker, task))."""

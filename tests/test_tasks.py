@@ -47,6 +47,17 @@ def test_silent_workers_expire_and_lost_offers_come_back_to_the_slot_count():
     assert [(w, t["task_id"]) for w, t in board.lost] == [("w", "t2")]   # what the scheduler reports lost
 
 
+def test_a_stall_of_the_scheduler_itself_takes_no_worker_for_dead():
+    """Workers' hellos wait unread (or bounce) while the scheduler is stopped or starved: after 5 s
+    of that, every worker looked silent past its timeout, and its tasks went back as lost."""
+    board = TaskBoard(worker_timeout_secs=3)
+    board.hello("w", ["tool:x"], 1, [], 1, 0)
+    board.submit(task(1, "tool", "x"), 0)
+    board.stalled(5)                 # the ticker's first tick after the stall
+    assert board.expire(5.1) == [] and not board.lost
+    assert board.expire(8.5) == ["w"] and [t["task_id"] for _, t in board.lost] == ["t1"]   # silent since
+
+
 def test_a_task_is_offered_only_while_a_live_worker_has_its_capability():
     board = TaskBoard(worker_timeout_secs=3)
     incr = task(1, "update", "incr")
