@@ -159,6 +159,13 @@ class Broker:
             return None
         return identity
 
+    def _stalled(self, now: float) -> None:
+        """The broker did not run for a while (stopped, starved): its peers' messages meanwhile
+        wait unread, so their silence says nothing. Taken for dead, each would have had what was
+        sent to it bounced until its next heartbeat was read."""
+        for identity in self.last_seen:
+            self.last_seen[identity] = now
+
     def _expire(self, now: float) -> None:
         for identity, seen in list(self.last_seen.items()):
             if now - seen > self.peer_timeout * 10:
@@ -350,8 +357,13 @@ class Broker:
         recv = frames.router_recv
         keyed = self.local_key is not None
         next_housekeeping = time.monotonic() + 1.0
+        last_wake = time.monotonic()
         while not (self.stopping or should_stop()):
             events = dict(poller.poll(200))
+            woke = time.monotonic()
+            if woke - last_wake > self.peer_timeout / 2:
+                self._stalled(woke)
+            last_wake = woke
             if self.router in events:
                 now = time.monotonic()
                 for _ in range(_DRAIN_BATCH):
