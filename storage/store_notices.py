@@ -18,7 +18,8 @@ from for `broker.peer_timeout_secs` (a store stopped or starved that long), and 
 drops what it held. A log that then goes quiet sends no other, and the store loaded no further
 than the lost notice's end for good: on a disk the logs share with it, they kept the room for
 what it would not load and refused every append (by hand: the store had heard of 509 bytes
-of the 5.6 MB written). So the store asks a log it has not heard from for `ASK_QUIET_SECS` where it ends.
+of the 5.6 MB written). So the store asks a log it has not heard from for `ASK_QUIET_SECS`
+where it ends.
 """
 from __future__ import annotations
 
