@@ -72,8 +72,11 @@ class LeaseKeeper:
     async def keep(self, on_renewed: Callable[[int, float], None], on_lost: Callable[[], Awaitable[None]]) -> None:
         """Renew until the lease is lost (then `on_lost`) or this task is cancelled."""
         cluster = self.config.cluster
+        again = False
         while True:
-            await asyncio.sleep(cluster.lease_renew_secs)
+            if not again:
+                await asyncio.sleep(cluster.lease_renew_secs)
+            again = False
             began = time.monotonic()
             try:
                 self.lease = await asyncio.to_thread(self.store.write_lease, self.node, self.lease.epoch,
@@ -88,7 +91,17 @@ class LeaseKeeper:
                 log.warning("lease renewal failed (%s); writers pause when the lease runs out", exc)
                 continue
             metrics.lease_renewals.inc()
-            on_renewed(self.lease.epoch, cluster.lease_ttl_secs - (time.monotonic() - began) - SAFETY_SECS)
+            took = time.monotonic() - began
+            valid = cluster.lease_ttl_secs - took - SAFETY_SECS
+            if valid <= 0:
+                # Renewed, but so slowly (a starved machine, a slow bucket) that it leaves no
+                # permission: renewed again at once. Told as 0 s, the writers took the lease for
+                # lost and refused every append for good (a renewal after a 5 s stall, under load).
+                log.warning("the lease renewal took %.1f s, leaving no time to acknowledge in; renewing again",
+                            took)
+                again = True
+                continue
+            on_renewed(self.lease.epoch, valid)
 
     async def release(self) -> None:
         if self.lease is not None:
