@@ -53,12 +53,18 @@ class Actor:
             self.bus.on(kind, handler)
         for kind, handler in {Kind.TURN_START: self.on_turn_start, Kind.TURN_CANCEL: self.on_turn_cancel,
                               Kind.TURN_RESUME: self.on_turn_resume, Kind.SESSION_CLOSE: self.on_session_close,
-                              Kind.SESSION_CLOSED: lambda msg: self.closing.end(msg.body["session"]),
+                              Kind.SESSION_CLOSED: self.on_session_closed,
                               Kind.PERMIT_GRANT: self.permits.on_grant,
                               Kind.STATS: self.on_stats}.items():
             self.bus.on(kind, handler)
 
     # -- bus handlers ---------------------------------------------------------------------
+
+    def on_session_closed(self, msg: Message) -> None:
+        """The gateway is done with a close (actors/closing.py). A resent notice the bus client
+        has seen is answered from its cache and ends no second close."""
+        self.closing.end(msg.body["session"])
+        self.bus.reply(msg, Kind.TURN_STATUS, {"turn_id": "", "state": "closed"})
 
     def on_turn_start(self, msg: Message) -> None:
         b = msg.body

@@ -5,7 +5,9 @@ appends the CLOSE record that names where the logs end (gateway/history.py). A t
 between the two would load the old history and write records on both sides of those ends: half of
 it deleted with the session, half left to the id's next life. So from SESSION_CLOSE until the
 gateway's SESSION_CLOSED a new turn on the session waits, and starts after the close, on an empty
-session. Should the gateway die in between, the hold ends by itself after `HOLD_SECS`.
+session. The gateway sends SESSION_CLOSED until the actor takes it (one sent once was lost to an
+actor stalled past the broker's peer timeout); should the gateway die in between, the hold ends by
+itself after `HOLD_SECS`.
 """
 from __future__ import annotations
 

@@ -174,12 +174,14 @@ SPECS: dict[Kind, Spec] = {
     # records acknowledged (storage/session_closing.py); replied as TURN_STATUS, state "closed".
     Kind.SESSION_CLOSE: _spec({"session": str}),
     # gateway -> actor, once the CLOSE record is durable (or the close gave up): the session's
-    # held turns may start (actors/closing.py). No reply.
+    # held turns may start (actors/closing.py). Replied as TURN_STATUS, state "closed": it is sent
+    # until the actor takes it, since a lost one held the session's next turns for HOLD_SECS.
     Kind.SESSION_CLOSED: _spec({"session": str}),
     Kind.PERMIT_REQUEST: _spec({"permit_id": str, "tenant": str}),
     Kind.PERMIT_GRANT: _spec({"permit_id": str}),
     Kind.PERMIT_RELEASE: _spec({"permit_id": str}, backoff_secs=_NUM),
-    Kind.PERMIT_SYNC: _spec({"held": list, "waiting": list, "incarnation": int}),
+    # backoff_secs: what is left of the holder's last provider back-off (actors/permit_client.py)
+    Kind.PERMIT_SYNC: _spec({"held": list, "waiting": list, "incarnation": int}, backoff_secs=_NUM),
     # Each record is [kind, id, body]: framed and written by the writer without decoding the body.
     Kind.LOG_APPEND: _spec({"records": list}, sync=bool),  # sync: someone waits for this ack
     Kind.LOG_ACK: _spec({"position": int, "count": int}),
@@ -302,6 +304,7 @@ REQUESTS: dict[Kind, Kind] = {
     Kind.TURN_RESUME: Kind.TURN_STATUS,
     Kind.TURN_CANCEL: Kind.TURN_STATUS,
     Kind.SESSION_CLOSE: Kind.TURN_STATUS,
+    Kind.SESSION_CLOSED: Kind.TURN_STATUS,
     Kind.LOG_APPEND: Kind.LOG_ACK,
     Kind.LOG_MEND: Kind.LOG_MENDED,
     Kind.STORE_QUERY: Kind.STORE_ROWS,

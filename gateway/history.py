@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable
 
 from aiohttp import web
 
+from actors.closing import HOLD_SECS
 from broker.client import BusError
 from broker.protocol import Kind
 from broker.sharding import STORE, actor_name
@@ -34,6 +35,10 @@ PUT_ROUTE = "/v1/sessions/{sid}/checkpoints/{key}"
 LATEST_ROUTE = "/v1/sessions/{sid}/checkpoints/latest"
 CHECKPOINT_KEY = re.compile(r"^[A-Za-z0-9._:\-]{1,200}$")
 WRITE_ERRORS = {**LOG_WRITE_ERRORS, "not_found": (404, "not_found")}
+
+
+def _hold_ends_by_itself(_reply, _exc) -> None:
+    """A close's notice its actor did not take within HOLD_SECS: the hold has ended by then."""
 
 
 def _int_param(request: web.Request, name: str, default: int, low: int, high: int) -> int:
@@ -195,7 +200,8 @@ class HistoryRoutes:
         try:
             await self._close(tenant, sid, actor)
         finally:   # the actor holds the session's new turns until now (actors/closing.py)
-            self.gw.bus.send(actor, Kind.SESSION_CLOSED, {"session": sid}, session=sid)
+            self.gw.bus.request_callback(actor, Kind.SESSION_CLOSED, {"session": sid}, _hold_ends_by_itself,
+                                         timeout=HOLD_SECS, session=sid)
         return web.Response(status=204)
 
     async def _close(self, tenant: str, sid: str, actor: str) -> None:

@@ -1,6 +1,9 @@
 """Closing a session while other requests for it are under way: a turn posted during the close,
 a checkpoint PUT racing it, the actor's hold on the session's new turns (actors/closing.py)."""
 import asyncio
+import os
+import signal
+import threading
 import time
 
 
@@ -44,6 +47,51 @@ def test_a_turn_posted_while_its_session_closes_lands_wholly_before_or_wholly_af
         assert [m["content"] for m in messages] == ["new", result.text], i
         outcomes.append("after")
     assert "after" in outcomes, outcomes
+
+
+def test_a_close_whose_actor_was_stalled_at_its_end_still_lets_the_next_turn_start(make_server):
+    """The gateway tells the actor a close is done (SESSION_CLOSED) so that its held turns start.
+    Told once, an actor stalled past the broker's peer timeout lost it, and the session's next
+    turn waited out the hold's 15 s. It is now sent until the actor takes it."""
+    import urllib.request
+
+    from actors.closing import HOLD_SECS
+    from agentos.config import BrokerConfig
+    from broker.sharding import actor_name
+    from harness import turn
+
+    server = make_server()
+    sid = "close-stalled-actor"
+    assert turn(server.url, sid, "old").terminal == "turn.completed"
+    store, actor = server.pid("writer/store"), server.pid(actor_name(sid, 2))
+    closed = {}
+
+    def close():
+        request = urllib.request.Request(f"{server.url}/v1/sessions/{sid}", method="DELETE")
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            closed["status"] = resp.status
+
+    began = time.monotonic()
+    closer = threading.Thread(target=close)
+    os.kill(store, signal.SIGSTOP)      # the close waits on the store for where the logs end ...
+    try:
+        closer.start()
+        time.sleep(1.0)                 # ... after its actor has stopped the session
+        os.kill(actor, signal.SIGSTOP)
+        time.sleep(BrokerConfig().peer_timeout_secs + 0.5)
+        os.kill(store, signal.SIGCONT)  # the close ends while the broker takes the actor for dead
+        closer.join(40)
+        assert closed.get("status") == 204
+    finally:
+        os.kill(store, signal.SIGCONT)
+        os.kill(actor, signal.SIGCONT)
+        closer.join(40)
+    result = turn(server.url, sid, "new")
+    assert result.terminal == "turn.completed"
+    # Without the notice the hold ends by itself, HOLD_SECS after the actor began it (after `began`).
+    assert time.monotonic() - began < HOLD_SECS - 2, "the next turn waited out the close's hold"
+    prompt = result.data("turn.completed")["usage"]["prompt_tokens"]
+    assert prompt == turn(server.url, "close-stalled-fresh", "new").data("turn.completed")["usage"]["prompt_tokens"]
 
 
 def test_a_closing_sessions_hold_ends_with_its_last_close_or_by_itself(monkeypatch):
