@@ -2,8 +2,9 @@
 
 A request is re-sent until granted (the scheduler de-duplicates by permit id), and a periodic
 sync tells the scheduler what this incarnation holds and waits for, which is how permits of a
-crashed or cancelled holder come back. A grant that arrives for a permit nobody waits for any
-more (its turn was cancelled meanwhile) is released at once.
+crashed or cancelled holder come back, and what is left of a provider's back-off. A grant that
+arrives for a permit nobody waits for any more (its turn was cancelled meanwhile) is released at
+once.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ class PermitClient:
         self.bus = bus
         self.waiting: dict[str, tuple[asyncio.Future, str, float]] = {}
         self.held: set[str] = set()
+        self.paused_until = 0.0   # monotonic: the end of the provider's last back-off
         self._counter = 0
 
     async def acquire(self, tenant: str, session: str = "", turn: str = "") -> str:
@@ -50,6 +52,7 @@ class PermitClient:
         body: dict = {"permit_id": permit_id}
         if backoff_secs > 0:
             body["backoff_secs"] = backoff_secs
+            self.paused_until = max(self.paused_until, time.monotonic() + backoff_secs)
         self.bus.send(SCHEDULER, Kind.PERMIT_RELEASE, body, session=session, turn=turn)
 
     def on_grant(self, msg: Message) -> None:
@@ -73,5 +76,8 @@ class PermitClient:
             self._sync()
 
     def _sync(self) -> None:
-        self.bus.send(SCHEDULER, Kind.PERMIT_SYNC, {"held": list(self.held), "waiting": list(self.waiting),
-                                                    "incarnation": self.bus.incarnation})
+        body = {"held": list(self.held), "waiting": list(self.waiting), "incarnation": self.bus.incarnation}
+        left = self.paused_until - time.monotonic()
+        if left > 0:   # the release that carried it is one-way and may have been lost
+            body["backoff_secs"] = left
+        self.bus.send(SCHEDULER, Kind.PERMIT_SYNC, body)

@@ -62,7 +62,12 @@ class PermitPool:
             self.paused_until = max(self.paused_until, now + backoff_secs)
         return self._grant(now)
 
-    def sync(self, holder: str, incarnation: int, held: list[str], waiting: list[str], now: float) -> list[Grant]:
+    def sync(self, holder: str, incarnation: int, held: list[str], waiting: list[str], now: float,
+             backoff_secs: float = 0.0) -> list[Grant]:
+        """`backoff_secs`: what is left of the holder's last back-off, repeated until it ends, so a
+        release that carried it and was lost (or a scheduler restart) does not cut the pause short."""
+        if backoff_secs > 0:
+            self.paused_until = max(self.paused_until, now + backoff_secs)
         previous = self.incarnations.get(holder)
         self.incarnations[holder] = incarnation
         self.last_sync[holder] = now

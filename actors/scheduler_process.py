@@ -22,6 +22,11 @@ from broker.address import bus_address
 
 
 
+def _backoff_secs(body: dict) -> float:
+    backoff = float(body.get("backoff_secs") or 0.0)
+    return min(backoff, 300.0) if backoff == backoff else 0.0   # NaN: no pause; inf is capped like any long one
+
+
 class Scheduler:
     def __init__(self, config: Config, log: logging.Logger) -> None:
         self.pool = PermitPool(limit=config.kernel.concurrency_limit)
@@ -99,18 +104,17 @@ class Scheduler:
 
     def on_release(self, msg: Message) -> None:
         self.trace_ids.pop(msg.body["permit_id"], None)
-        backoff = float(msg.body.get("backoff_secs") or 0.0)
-        backoff = backoff if backoff == backoff else 0.0   # NaN: no pause (inf is capped below like any long one)
+        backoff = _backoff_secs(msg.body)
         if backoff > 0:
             self.backoffs += 1
             metrics.provider_backoffs.inc()
             self.log.warning("provider asked to back off for %.1fs; pausing grants", backoff)
-        self._send(self.pool.release(msg.body["permit_id"], time.monotonic(), min(backoff, 300.0)))
+        self._send(self.pool.release(msg.body["permit_id"], time.monotonic(), backoff))
 
     def on_sync(self, msg: Message) -> None:
         b = msg.body
         self._send(self.pool.sync(msg.src, b["incarnation"], [str(p) for p in b["held"]],
-                                  [str(p) for p in b["waiting"]], time.monotonic()))
+                                  [str(p) for p in b["waiting"]], time.monotonic(), _backoff_secs(b)))
 
     def on_stats(self, msg: Message) -> None:
         stats = self.pool.stats(time.monotonic())

@@ -64,3 +64,48 @@ def test_sync_adopts_permits_after_a_scheduler_restart_and_silent_holders_expire
     assert pool.request("y", "actor/1", "t", 0) == []  # "x" still counts against the limit
     pool.sync("actor/1", 1, [], ["y"], 14)
     assert pool.tick(16) == [("actor/1", "y")]        # actor/0 went silent: its permit returns
+
+
+def test_a_back_off_whose_release_was_lost_still_pauses_grants_through_the_holders_sync():
+    """The release that carries a provider's back-off is one-way: lost (a scheduler stalled past
+    the broker's peer timeout, or restarted), the pause was skipped until the next 429. The
+    holder's sync repeats what is left of it until it ends."""
+    import asyncio
+    import time
+
+    from actors.permit_client import PermitClient
+    from broker.protocol import Kind
+
+    class Bus:
+        name, incarnation = "actor/0", 7
+
+        def __init__(self):
+            self.sent = []
+
+        def send(self, dest, kind, body, **_):
+            self.sent.append((kind, body))
+
+    async def go():
+        bus = Bus()
+        client = PermitClient(bus)
+        acquiring = asyncio.ensure_future(client.acquire("t"))
+        await asyncio.sleep(0)
+        permit_id = bus.sent[0][1]["permit_id"]
+        client.on_grant(type("Grant", (), {"body": {"permit_id": permit_id}})())
+        await acquiring
+        client.release(permit_id, backoff_secs=30.0)
+        assert bus.sent[-1][0] == Kind.PERMIT_RELEASE      # ... and the broker loses it
+        client._sync()
+        return bus.sent[-1]
+
+    kind, body = asyncio.run(go())
+    assert kind == Kind.PERMIT_SYNC and 29.0 < body["backoff_secs"] <= 30.0
+    pool = PermitPool(limit=1, holder_timeout_secs=60)
+    pool.sync("actor/0", 7, [], [], 100.0)
+    assert pool.sync("actor/0", 7, body["held"], body["waiting"], 100.0, body["backoff_secs"]) == []
+    assert pool.request("b", "actor/1", "u", 101.0) == []   # paused though no release said so
+    assert pool.tick(100.0 + body["backoff_secs"] + 0.1) == [("actor/1", "b")]
+    later = PermitClient(Bus())
+    later.paused_until = time.monotonic() - 1.0              # over: the sync stops repeating it
+    later._sync()
+    assert "backoff_secs" not in later.bus.sent[-1][1]
