@@ -185,6 +185,7 @@ class FlowContext:
         self._journal = journal
         self._seq = 0
         self._attrs = dict(attrs)
+        self._results_due: set[int] = set()   # ASYNC results sent and not yet answered (the runtime's)
 
     @property
     def attrs(self) -> dict[str, Any]:

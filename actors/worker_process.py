@@ -177,6 +177,8 @@ class WorkerRuntime:
             return
         except Exception as exc:  # the flow raised: the run fails with its error
             body = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        if ctx._results_due:
+            body["results_due"] = sorted(ctx._results_due)
         await self._request(task["actor"], Kind.FLOW_COMPLETE, {"run_id": task["run_id"], "exec": task["exec"], **body},
                             task["run_id"])
 
@@ -222,6 +224,8 @@ class WorkerRuntime:
     # -- what FlowContext calls -----------------------------------------------------------------
 
     async def step_start(self, ctx: FlowContext, fields: dict[str, Any]) -> dict[str, Any]:
+        if ctx._results_due:
+            fields = {**fields, "results_due": sorted(ctx._results_due)}
         reply = await self._request(ctx._actor, Kind.STEP_START, {"run_id": ctx.run_id, "exec": ctx._exec, **fields},
                                     ctx.run_id)
         return reply.body
@@ -235,8 +239,10 @@ class WorkerRuntime:
         it. Sent once, the broker bounced it to an actor stalled past its peer timeout: the run's
         journal kept a hole there, and its next execution ran the step again."""
         def done(_reply: Message | None, exc: BaseException | None) -> None:
+            ctx._results_due.discard(seq)
             if exc is not None:
                 self.log.warning("the result of step %d of run %s not acknowledged: %s", seq, ctx.run_id, exc)
+        ctx._results_due.add(seq)   # named in the run's next requests: it must not park or end before this
         self.bus.request_callback(ctx._actor, Kind.STEP_RESULT, {"run_id": ctx.run_id, "exec": ctx._exec, "seq": seq,
                                                                  "attempt": attempt, "ok": ok, "sync": False, **fields},
                                   done, timeout=REQUEST_TIMEOUT_SECS, attempt_secs=5.0, session=ctx.run_id)

@@ -21,6 +21,7 @@ from broker.sharding import actor_name
 
 
 UNKNOWN_TASK_GRACE_SECS = 2.0
+RESULTS_DUE_SECS = 12.0   # two of the worker's resends of an ASYNC result (actors/worker_process.py)
 UNKNOWN_TASK_FORGET_SECS = 60.0   # a task not reported for this long is forgotten (it ended)
 
 
@@ -47,7 +48,26 @@ class WorkerRequests:
         if handler is None:
             self.bus.reply(msg, Kind.STEP_GO, {"action": "fail", "error": f"unknown operation {kind!r}"})
             return
+        if kind in ("sleep", "wait", "child") and not await self._results_in(run, msg):   # it may park
+            self.bus.reply(msg, Kind.STEP_GO, {"action": "abort"})
+            return
         await handler(msg, run, seq, op)
+
+    async def _results_in(self, run: Run, msg: Message) -> bool:
+        """Before the run parks or ends: wait for the ASYNC results its worker sent before this
+        request and has no answer for (`results_due`). They are normally here already, on the one
+        ordered path from that worker; one the broker bounced (this actor was stalled past its
+        peer timeout) comes again seconds later, after this request. Parked or ended without it,
+        the run's journal kept a hole there, and its next execution ran the step again. False:
+        the execution was superseded meanwhile."""
+        due = [seq for seq in msg.body.get("results_due") or () if type(seq) is int]
+        exec_ = run.exec
+        deadline = time.monotonic() + RESULTS_DUE_SECS
+        while any(seq not in run.ops or not run.ops[seq].done for seq in due) and time.monotonic() < deadline:
+            if run.ended or run.exec != exec_:
+                break
+            await asyncio.sleep(0.05)
+        return not run.ended and run.exec == exec_
 
     async def _start_step(self, msg: Message, run: Run, seq: int, op: Op | None) -> None:
         b = msg.body
@@ -165,6 +185,9 @@ class WorkerRequests:
         await self.ready.wait()
         run = self._current(msg)
         if run is None:
+            self.bus.reply(msg, Kind.FLOW_ACK, {"ok": False, "code": "superseded"})
+            return
+        if not await self._results_in(run, msg):
             self.bus.reply(msg, Kind.FLOW_ACK, {"ok": False, "code": "superseded"})
             return
         if run.pending:  # the run's own end waits for its records in flight (its ASYNC steps')

@@ -224,13 +224,15 @@ SPECS: dict[Kind, Spec] = {
     Kind.FLOW_CANCEL: _spec({"run_id": str, "tenant": str}, why=str),  # why: the reason its end records
     Kind.FLOW_RUN: _spec({"run_id": str, "status": str}, flow=str, created=bool, result=object, error=str,
                          code=str),
-    Kind.FLOW_COMPLETE: _spec({"run_id": str, "exec": int, "ok": bool}, result=object, error=str),
+    # results_due (here and in STEP_START): seqs of the ASYNC results the worker has sent and has no
+    # answer for; the run does not park or end before they are in (actors/worker_requests.py)
+    Kind.FLOW_COMPLETE: _spec({"run_id": str, "exec": int, "ok": bool}, result=object, error=str, results_due=list),
     Kind.FLOW_ACK: _spec({"ok": bool}, error=str, code=str),
     Kind.FLOW_CHILD_DONE: _spec({"run_id": str, "seq": int, "child": str, "ok": bool}, result=object, error=str),
     # op: step, sleep, wait, child, attr_set; with the op's own fields (see actors/flow_runs.py)
     Kind.STEP_START: _spec({"run_id": str, "exec": int, "seq": int, "op": str, "name": str}, sync=bool,
                            max_attempts=int, due=_NUM, channel=str, timeout=_NUM, flow=str, input=object,
-                           child=str, key=str, value=object),
+                           child=str, key=str, value=object, results_due=list),
     # action: run (attempt), replay (recorded outcome), suspend (wait for a timer, message or child),
     # continue (a wait/sleep already satisfied), fail (retries spent), abort (execution superseded)
     Kind.STEP_GO: _spec({"action": str}, attempt=int, ok=bool, result=object, error=str, heartbeat=object),

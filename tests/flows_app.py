@@ -59,6 +59,15 @@ async def async_then_sleep(ctx, args):
     return first + await ctx.step(slow_effect, args["file"], 1, 0.0, name="quick")
 
 
+async def async_gate_sleep(ctx, args):
+    """An ASYNC step, then work that is no operation (until `then` exists), then a short durable
+    sleep: the sleep's request can reach the actor before a resent result of the step."""
+    first = await ctx.step(slow_effect, args["file"], 0, 0.0, args["gate"], name="slow", durability="async")
+    await through_gate(args["then"])
+    await ctx.sleep(args["secs"])
+    return first + await ctx.step(slow_effect, args["file"], 1, 0.0, name="quick")
+
+
 async def stamp(path: str, label: str) -> float:
     effect(path, label)
     return time.time()
@@ -274,7 +283,7 @@ def read_raw(q):
     return {"name": q, "bytes": b"\x00\x01"}   # msgpack carries bytes; JSON, what the model reads, does not
 
 
-app = App(flows=[five_steps, async_then_sync, async_then_sleep, sync_then_check, sleeper, waiter, async_steps, with_attrs, parent, child, failing,
+app = App(flows=[five_steps, async_then_sync, async_then_sleep, async_gate_sleep, sync_then_check, sleeper, waiter, async_steps, with_attrs, parent, child, failing,
                  flaky, branchy, unencodable, returns_bytes, big_steps, sleeps_an_hour, parent_of_sleeper,
                  parent_of_waiter, one_blocking_step, kills_its_worker,
                  stuck_step_then_retry],
