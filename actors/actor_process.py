@@ -28,6 +28,9 @@ from storage.log_client import LogWriteError
 from broker.address import bus_address
 
 CLOSE_WAIT_SECS = 5.0   # for a closing session's turn to end, and for the log to take its records
+# A start older than this is not run: its gateway answers 503 at TURN_START_TIMEOUT_SECS, and the
+# second between leaves room for the answer to reach it first.
+START_AGE_LIMIT_SECS = TURN_START_TIMEOUT_SECS - 1.0
 
 
 class Actor:
@@ -39,6 +42,7 @@ class Actor:
         self.turns: dict[str, Turn] = {}
         self.finished: collections.deque[Turn] = collections.deque()
         self.closing = ClosingSessions()
+        self.unstarted_cancels: dict[str, float] = {}   # turn id -> when forgotten: cancelled before its start came
         self.bus = Bus(self.name, bus_endpoint, {}, heartbeat_secs=config.broker.heartbeat_secs, log=log,
                        spill_bytes=config.broker.spill_ring_bytes)
         self.provider = Provider(config.provider)
@@ -73,6 +77,8 @@ class Actor:
         if known is not None:  # a re-sent start: answer as the first time
             self.bus.reply(msg, Kind.TURN_STARTED, known.events[0][1])
             return
+        if self.unstarted_cancels.pop(turn_id, None) is not None or time.time() - msg.sent_at > START_AGE_LIMIT_SECS:
+            return   # its client left, or its gateway answered 503 (this actor was stalled): nobody streams it
         if session_id in self.closing:   # it starts once the close is done, on an empty session
             self.bus.spawn(self._start_after_close(msg))
             return
@@ -89,7 +95,7 @@ class Actor:
 
     async def _start_after_close(self, msg: Message) -> None:
         await self.closing.wait(msg.body["session"])
-        if time.time() - msg.sent_at > TURN_START_TIMEOUT_SECS:
+        if time.time() - msg.sent_at > START_AGE_LIMIT_SECS:
             return    # a slow close: the gateway has answered 503, and the client may try again
         self.on_turn_start(msg)
 
@@ -98,6 +104,11 @@ class Actor:
         turn = session.active if session is not None else None
         wanted = msg.body.get("turn_id") or ""
         cancelled = False
+        if wanted and wanted not in self.turns:   # its start, overtaken by this cancel, must not run
+            now = time.monotonic()
+            if len(self.unstarted_cancels) > 10_000:
+                self.unstarted_cancels = {t: until for t, until in self.unstarted_cancels.items() if until > now}
+            self.unstarted_cancels[wanted] = now + TURN_START_TIMEOUT_SECS
         if turn is not None and (not wanted or wanted == turn.turn_id):
             reason = msg.body.get("reason") or "cancelled"
             grace = float(msg.body.get("after_secs") or 0.0)

@@ -200,8 +200,12 @@ class Gateway:
                                                  {"turn_id": turn_id, "session": sid, "tenant": tenant, "input": text},
                                                  timeout=TURN_START_TIMEOUT_SECS, session=sid, turn=turn_id)
             except BusError as exc:
+                self._cancel_unstarted(stream, "start_timeout")
                 raise ApiError(503, "actor_unavailable", f"the session's actor did not answer: {exc}",
                                {"Retry-After": self.retry_after}) from None
+            except asyncio.CancelledError:   # the client left before its turn started
+                self._cancel_unstarted(stream, "disconnect")
+                raise
             stream.push(Kind.TURN_STARTED, started.body)
             return await self._pump(request, stream)
         finally:
@@ -242,6 +246,14 @@ class Gateway:
             return await self._pump(request, stream)
         finally:
             self._unsubscribe(stream)
+
+    def _cancel_unstarted(self, stream: TurnStream, reason: str) -> None:
+        """A start nobody will stream (the client left, or was answered 503) may still reach a
+        stalled actor, in its queue or resent, and the turn ran for nobody. The actor cancels it,
+        or, if the cancel comes first, never starts it (actors/actor_process.py)."""
+        self.bus.request_callback(stream.actor, Kind.TURN_CANCEL, {
+            "session": stream.session, "turn_id": stream.turn_id, "reason": reason}, _unanswered_cancel,
+            timeout=DISCONNECT_CANCEL_SECS, attempt_secs=2.0, session=stream.session)
 
     def _subscribe(self, stream: TurnStream) -> TurnStream:
         self.streams.setdefault(stream.turn_id, []).append(stream)

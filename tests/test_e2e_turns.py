@@ -123,6 +123,45 @@ def test_a_disconnect_while_the_actor_was_stalled_still_cancels_the_turn(make_se
                "the turn to be cancelled")
 
 
+def test_a_start_its_gateway_gave_up_on_or_whose_client_left_does_not_run(make_server):
+    """A start queued at a stalled actor: its gateway answered 503 after TURN_START_TIMEOUT_SECS,
+    and the turn ran all the same once the actor came back, its input in a transcript the client
+    was told nothing reached. And a client that left while its start waited: the turn ran (its
+    tokens paid for) with nobody to read it."""
+    from broker.protocol import TURN_START_TIMEOUT_SECS
+
+    server = make_server()
+    sid = "e2e-stalled-start"
+    actor = server.pid(actor_name(sid, 2))
+
+    async def leave(text, after):
+        async with aiohttp.ClientSession() as s:
+            with pytest.raises(asyncio.TimeoutError):
+                await run_turn(s, server.url, sid, text, timeout=after)
+
+    os.kill(actor, signal.SIGSTOP)      # the starts below wait in the actor's queue
+    try:
+        refused = turn(server.url, sid, "refused [[mock ttft_ms=20]]")
+    finally:
+        os.kill(actor, signal.SIGCONT)
+    assert refused.status == 503 and refused.error["code"] == "actor_unavailable"
+    os.kill(actor, signal.SIGSTOP)
+    try:
+        asyncio.run(leave("left [[mock ttft_ms=1000]]", 1.0))
+        time.sleep(1.0)
+    finally:
+        os.kill(actor, signal.SIGCONT)
+    time.sleep(2.5)                     # the time either would have taken to complete
+    after = turn(server.url, sid, "after")
+    assert after.terminal == "turn.completed"
+    status, _, body = get_json(f"{server.url}/v1/sessions/{sid}/messages")
+    assert status == 200 and [m["content"] for m in body["messages"]] == ["after", after.text]
+    completed = 'agentos_turns_total{outcome="completed"}'
+    wait_until(lambda: scrape(server.url).get(completed, 0) >= 1, 10, "the last turn to be counted")
+    time.sleep(1.5)                     # each process flushes its counts once a second
+    assert scrape(server.url).get(completed, 0) == 1, f"a turn nobody streams ran ({TURN_START_TIMEOUT_SECS} s)"
+
+
 def test_provider_concurrency_never_exceeds_the_limit(shared_server):
     status, _, _ = get_json(shared_server.mock_url + "/stats/reset", method="POST")
     assert status == 200

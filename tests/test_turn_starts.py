@@ -1,0 +1,33 @@
+"""Turn starts nobody will stream are not run, unit-tested on an actor without processes (the
+end-to-end case, a start queued at a stalled actor, is in test_e2e_turns.py)."""
+import asyncio
+import logging
+import time
+
+from actors.actor_process import START_AGE_LIMIT_SECS, Actor
+from agentos.config import Config
+from broker.protocol import Kind, Message
+
+
+def test_a_start_overtaken_by_its_cancel_or_older_than_its_gateway_waited_is_not_run(monkeypatch):
+    async def go():
+        config = Config()
+        config.provider.base_url = "http://127.0.0.1:9/v1"
+        actor = Actor(config, 0, "ipc:///nonexistent/bus.sock", logging.getLogger("test"))
+        replies = []
+        monkeypatch.setattr(actor.bus, "reply", lambda msg, kind, body: replies.append((kind, body)))
+
+        def message(kind, turn_id, age=0.0, **body):
+            return Message("gateway/0#1", kind, len(replies) + 100, time.time() - age, 0, "s", turn_id,
+                           {"session": "s", "turn_id": turn_id, **body})
+
+        # the client left; its cancel, resent, reached the actor before the start it cancels
+        actor.on_turn_cancel(message(Kind.TURN_CANCEL, "t-left", reason="disconnect"))
+        assert replies == [(Kind.TURN_STATUS, {"turn_id": "t-left", "state": "idle"})]
+        actor.on_turn_start(message(Kind.TURN_START, "t-left", tenant="", input="hi"))
+        # a start that waited at a stalled actor until its gateway had answered 503
+        actor.on_turn_start(message(Kind.TURN_START, "t-old", START_AGE_LIMIT_SECS + 0.5, tenant="", input="hi"))
+        assert actor.turns == {} and len(replies) == 1
+        assert "t-left" not in actor.unstarted_cancels      # a cancel is used once
+
+    asyncio.run(go())
