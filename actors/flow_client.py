@@ -5,6 +5,7 @@ owning actor directly (no worker involved in reads).
 """
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
@@ -13,6 +14,9 @@ from actors.flow_state import WAITABLE  # noqa: F401 â€” callers of get(until=â€
 from broker.client import Bus, BusError
 from broker.protocol import Kind
 from broker.sharding import actor_name
+
+
+WRITES = frozenset({Kind.FLOW_START, Kind.FLOW_CANCEL, Kind.CHANNEL_PUBLISH, Kind.ATTR_UPDATE})
 
 
 class FlowError(RuntimeError):
@@ -30,9 +34,12 @@ class FlowClient:
         self.timeout = timeout
 
     async def _ask(self, run_id: str, kind: Kind, body: dict[str, Any], timeout: float | None = None) -> dict:
+        timeout = timeout or self.timeout
+        if kind in WRITES:   # not acted on once this has given up (broker/protocol.py past_deadline)
+            body = {**body, "deadline": time.time() + timeout}
         try:
             reply = await self.bus.request(actor_name(run_id, self.shards), kind, body,
-                                           timeout=timeout or self.timeout, attempt_secs=5.0, session=run_id)
+                                           timeout=timeout, attempt_secs=5.0, session=run_id)
         except BusError as exc:
             raise FlowError("unavailable", f"the run's actor did not answer: {exc}") from None
         code = reply.body.get("code")

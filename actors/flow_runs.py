@@ -74,20 +74,24 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks):
         self.reloading: dict[str, Reload] = {}   # run id -> its way back from its journal
         self.reloads_said = Repeats()
         self.store_away_said = Repeats()     # requests writer/store's silence kept from being served
+        self.given_up_said = Repeats()       # writes dropped: they came after their caller gave up
         self.reloaded: dict[str, tuple[float, float]] = {}   # run id -> (last reload, its wait)
 
     def handlers(self) -> dict:
         away = self.store_away    # what callers ask may need a run's journal read back from writer/store
-        return {Kind.FLOW_START: away(self.on_start, Kind.FLOW_RUN), Kind.FLOW_GET: away(self.on_get, Kind.FLOW_RUN),
-                Kind.FLOW_CANCEL: away(self.on_cancel, Kind.FLOW_RUN),
+        timed = self.in_time      # writes whose caller gave up are not acted on
+        return {Kind.FLOW_START: timed(away(self.on_start, Kind.FLOW_RUN)),
+                Kind.FLOW_GET: away(self.on_get, Kind.FLOW_RUN),
+                Kind.FLOW_CANCEL: timed(away(self.on_cancel, Kind.FLOW_RUN)),
                 Kind.FLOW_COMPLETE: self.refusable(self.on_complete, Kind.FLOW_ACK, SUPERSEDED),
                 Kind.FLOW_CHILD_DONE: self.refusable(self.on_child_done),   # no answer: the child asks again
                 Kind.STEP_START: self.refusable(self.on_step_start, Kind.STEP_GO, {"action": "abort"}),
                 Kind.STEP_RESULT: self.refusable(self.on_step_result, Kind.FLOW_ACK, SUPERSEDED),
                 Kind.STEP_HEARTBEAT: self.on_heartbeat, Kind.TIMER_FIRE: self.on_timer_fire,
-                Kind.CHANNEL_PUBLISH: away(self.on_publish, Kind.FLOW_ACK),
+                Kind.CHANNEL_PUBLISH: timed(away(self.on_publish, Kind.FLOW_ACK)),
                 Kind.ATTR_GET: away(self.on_attr_get, Kind.ATTR_VALUES),
-                Kind.ATTR_UPDATE: away(self.on_attr_update, Kind.ATTR_VALUES), Kind.TASK_RESULT: self.on_task_result,
+                Kind.ATTR_UPDATE: timed(away(self.on_attr_update, Kind.ATTR_VALUES)),
+                Kind.TASK_RESULT: self.on_task_result,
                 Kind.WORKER_ALIVE: self.on_alive, Kind.TASK_LOST: self.on_task_lost}
 
     # -- the journal ---------------------------------------------------------------------------

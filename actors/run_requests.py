@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from typing import Awaitable, Callable
 
 from actors.flow_state import WAITABLE, Op, Run
 from actors.persistence import StorageUnavailable
-from broker.protocol import Kind, Message
+from broker.protocol import Kind, Message, past_deadline
 from broker.sharding import SCHEDULER, is_actor_name
 from storage.log_client import LogWriteError
 
@@ -58,6 +59,18 @@ class RunRequests:
                     self.log.warning("%s for run %s not served: %s%s", msg.kind.value, msg.body.get("run_id"), exc,
                                      more)
                 self.bus.reply(msg, kind, _unavailable(kind, msg.body, exc))
+        return handle
+
+    def in_time(self, handler: Callable[[Message], Awaitable[None]]) -> Callable[[Message], Awaitable[None]]:
+        """`handler`, for writes whose caller names when it gives up: one that arrives past that
+        is dropped unanswered (broker/protocol.py past_deadline)."""
+        async def handle(msg: Message) -> None:
+            if past_deadline(msg.body, time.time()):
+                if (more := self.given_up_said.due()) is not None:
+                    self.log.warning("%s for run %s came after its caller gave up; not done%s", msg.kind.value,
+                                     msg.body.get("run_id"), more)
+                return
+            await handler(msg)
         return handle
 
     async def on_start(self, msg: Message) -> None:
@@ -268,6 +281,8 @@ class RunRequests:
         """One read-modify-write under the run's lock (the loop in on_attr_update)."""
         b = msg.body
         key = b["key"]
+        if past_deadline(b, time.time()):   # it waited for the run's lock until its caller gave up
+            return
         if run.ended:   # as a publish to it is: nothing reads or locks its attributes for it any more
             self.bus.reply(msg, Kind.ATTR_VALUES, {"found": True, "code": "ended", "error": f"the run is {run.status}"})
             return
@@ -284,6 +299,8 @@ class RunRequests:
             self.cancel_task(self.task_id_of(task))
             self.bus.reply(msg, Kind.ATTR_VALUES, {"found": True, "code": "unavailable", "error":
                            f"no worker ran update handler {b['handler']!r} within {UPDATE_WAIT_SECS:g}s"})
+            return
+        if past_deadline(b, time.time()):   # its caller has answered 503: the handler's value is dropped
             return
         had, old = key in run.attrs, run.attrs.get(key)
         try:

@@ -85,3 +85,4 @@ def test_a_completion_naming_results_already_in_or_never_coming_is_not_held_for_
         assert run.status == "completed" and time.monotonic() - began >= 0.25   # 1 never came, 0 was in
 
     asyncio.run(main())
+
