@@ -2,13 +2,10 @@
 up are not done: the caller answered 503, and a client then sends them again (unit, with the fakes
 of test_flow_results_due.py)."""
 import asyncio
-import logging
 import time
 
-from actors.flow_runs import Flows
-from actors.flow_state import Run, apply
 from broker.protocol import Kind, Message
-from test_flow_results_due import Bus, Log
+from test_flow_results_due import Bus, running_flows
 
 
 def test_a_write_that_comes_after_its_caller_gave_up_is_not_done_and_one_in_time_is():
@@ -31,13 +28,7 @@ def test_a_write_that_comes_after_its_caller_gave_up_is_not_done_and_one_in_time
         (_, _, publish), (_, _, read) = asking.sent
         assert 29.0 < publish["deadline"] - time.time() <= 30.0 and "deadline" not in read
 
-        bus, log = Bus(), Log()
-        flows = Flows(bus=bus, log=log, query=None, index=0, shards=1, logger=logging.getLogger("test"))
-        flows.ready.set()
-        run = Run("r-1", "steps", "t")
-        apply(run, {"run": "r-1", "tenant": "t", "at": time.time(), "type": "run.started", "flow": "steps",
-                    "exec": 7, "input": {}})
-        flows.runs[run.run_id] = run
+        flows, bus, log, run = running_flows()
         publish = flows.handlers()[Kind.CHANNEL_PUBLISH]
         body = {"run_id": "r-1", "tenant": "t", "channel": "inbox"}
         late = time.time() + DEADLINE_MARGIN_SECS - 0.5        # its caller gives up in half a second

@@ -35,19 +35,25 @@ class Log:
         self.appended.append(body)
 
 
+def running_flows() -> tuple[Flows, Bus, Log, Run]:
+    """An actor's flows (call from a running loop) holding run r-1, in its execution 7."""
+    bus, log = Bus(), Log()
+    flows = Flows(bus=bus, log=log, query=None, index=0, shards=1, logger=logging.getLogger("test"))
+    flows.ready.set()
+    run = Run("r-1", "steps", "t")
+    apply(run, {"run": "r-1", "tenant": "t", "at": time.time(), "type": "run.started", "flow": "steps",
+                "exec": 7, "input": {}})
+    flows.runs[run.run_id] = run
+    return flows, bus, log, run
+
+
 def from_worker(kind: Kind, msg_id: int, **body) -> Message:
     return Message("worker/0#1", kind, msg_id, time.time(), 0, "r-1", "", {"run_id": "r-1", "exec": 7, **body})
 
 
 def test_a_completion_naming_a_result_not_yet_in_waits_for_it_and_the_journal_has_the_step():
     async def main():
-        bus, log = Bus(), Log()
-        flows = Flows(bus=bus, log=log, query=None, index=0, shards=1, logger=logging.getLogger("test"))
-        flows.ready.set()
-        run = Run("r-1", "steps", "t")
-        apply(run, {"run": "r-1", "tenant": "t", "at": time.time(), "type": "run.started", "flow": "steps",
-                    "exec": 7, "input": {}})
-        flows.runs[run.run_id] = run
+        flows, bus, log, run = running_flows()
         # the step's result went first and was bounced; the completion overtook its resend
         complete = asyncio.ensure_future(flows.on_complete(from_worker(Kind.FLOW_COMPLETE, 2, ok=True, result=10,
                                                                        results_due=[0])))
@@ -70,13 +76,7 @@ def test_a_completion_naming_results_already_in_or_never_coming_is_not_held_for_
     monkeypatch.setattr(worker_requests, "RESULTS_DUE_SECS", 0.3)
 
     async def main():
-        bus, log = Bus(), Log()
-        flows = Flows(bus=bus, log=log, query=None, index=0, shards=1, logger=logging.getLogger("test"))
-        flows.ready.set()
-        run = Run("r-1", "steps", "t")
-        apply(run, {"run": "r-1", "tenant": "t", "at": time.time(), "type": "run.started", "flow": "steps",
-                    "exec": 7, "input": {}})
-        flows.runs[run.run_id] = run
+        flows, bus, log, run = running_flows()
         await flows.on_step_result(from_worker(Kind.STEP_RESULT, 1, seq=0, attempt=1, ok=True, result=1,
                                                sync=False, name="a"))
         began = time.monotonic()
