@@ -21,7 +21,7 @@ from broker.sharding import actor_name
 
 
 UNKNOWN_TASK_GRACE_SECS = 2.0
-RESULTS_DUE_SECS = 12.0   # two of the worker's resends of an ASYNC result (actors/worker_process.py)
+RESULTS_DUE_SECS = 12.0   # two of the worker's 5 s attempts at an ASYNC result (actors/worker_process.py)
 UNKNOWN_TASK_FORGET_SECS = 60.0   # a task not reported for this long is forgotten (it ended)
 
 
