@@ -23,7 +23,7 @@ from actors.provider import Provider, ProviderError
 from actors.session import Session, SessionTable
 from actors.turn import Turn
 from broker.client import Bus
-from broker.protocol import TURN_START_TIMEOUT_SECS, Kind, Message
+from broker.protocol import TURN_START_TIMEOUT_SECS, Kind, Message, past_deadline
 from storage.log_client import LogWriteError
 from broker.address import bus_address
 
@@ -142,6 +142,8 @@ class Actor:
         leaves memory (its next use starts from what the store then has: nothing), and whatever
         this actor appended for it is acknowledged, so the log's ends cover it."""
         sid = msg.body["session"]
+        if past_deadline(msg.body, time.time()):
+            return   # its gateway answered 503 (this actor was stalled): a hold now would only delay turns
         self.closing.begin(sid)         # before any await: a turn start after this one waits
         await self.flows.ready.wait()   # a turn our predecessor was running is known by then
         running = [t for t in self.turns.values() if t.session_id == sid and not t.ended]

@@ -184,7 +184,8 @@ SPECS: dict[Kind, Spec] = {
     Kind.TURN_STATUS: _spec({"turn_id": str, "state": str}, last=int),   # last: an ended turn's terminal event id
     # Before a session's CLOSE record: its turn cancelled, the session out of memory, the actor's
     # records acknowledged (storage/session_closing.py); replied as TURN_STATUS, state "closed".
-    Kind.SESSION_CLOSE: _spec({"session": str}),
+    # deadline: see past_deadline (a close the gateway answered 503 must not hold the session later)
+    Kind.SESSION_CLOSE: _spec({"session": str}, deadline=_NUM),
     # gateway -> actor, once the CLOSE record is durable (or the close gave up): the session's
     # held turns may start (actors/closing.py). Replied as TURN_STATUS, state "closed": it is sent
     # until the actor takes it, since a lost one held the session's next turns for HOLD_SECS.

@@ -206,7 +206,8 @@ class HistoryRoutes:
 
     async def _close(self, tenant: str, sid: str, actor: str) -> None:
         try:
-            status = await self.gw.bus.request(actor, Kind.SESSION_CLOSE, {"session": sid}, timeout=15.0, session=sid)
+            status = await self.gw.bus.request(actor, Kind.SESSION_CLOSE, {"session": sid, "deadline": time.time() + 15.0},
+                                               timeout=15.0, session=sid)
         except BusError as exc:
             raise ApiError(503, "actor_unavailable", f"the session's actor did not answer: {exc}") from None
         if status.body["state"] != "closed":

@@ -31,3 +31,20 @@ def test_a_start_overtaken_by_its_cancel_or_older_than_its_gateway_waited_is_not
         assert "t-left" not in actor.unstarted_cancels      # a cancel is used once
 
     asyncio.run(go())
+
+
+def test_a_close_that_comes_after_its_gateway_gave_up_holds_nothing(monkeypatch):
+    """The gateway answered the close 503; had the actor begun it later, the session's turns would
+    have waited out a hold nobody ends (the gateway's end of it came first, or never)."""
+    async def go():
+        config = Config()
+        config.provider.base_url = "http://127.0.0.1:9/v1"
+        actor = Actor(config, 0, "ipc:///nonexistent/bus.sock", logging.getLogger("test"))
+        replies = []
+        monkeypatch.setattr(actor.bus, "reply", lambda msg, kind, body: replies.append((kind, body)))
+        late = Message("gateway/0#1", Kind.SESSION_CLOSE, 1, time.time() - 15, 0, "s", "",
+                       {"session": "s", "deadline": time.time() - 0.1})
+        await asyncio.wait_for(actor.on_session_close(late), 5.0)   # (begun, it waits for the runs' load)
+        assert "s" not in actor.closing and replies == []
+
+    asyncio.run(go())
