@@ -1,5 +1,6 @@
-"""Turn starts nobody will stream are not run, unit-tested on an actor without processes (the
-end-to-end case, a start queued at a stalled actor, is in test_e2e_turns.py)."""
+"""A turn start nobody will stream is not run, and a close its gateway gave up on holds nothing:
+unit-tested on an actor without processes (the end-to-end case, a start queued at a stalled
+actor, is in test_e2e_turns.py)."""
 import asyncio
 import logging
 import time
@@ -9,13 +10,19 @@ from agentos.config import Config
 from broker.protocol import Kind, Message
 
 
+def answering_actor(monkeypatch) -> tuple[Actor, list]:
+    """An actor (no processes; call from a running loop) and the replies it sends."""
+    config = Config()
+    config.provider.base_url = "http://127.0.0.1:9/v1"
+    actor = Actor(config, 0, "ipc:///nonexistent/bus.sock", logging.getLogger("test"))
+    replies: list = []
+    monkeypatch.setattr(actor.bus, "reply", lambda msg, kind, body: replies.append((kind, body)))
+    return actor, replies
+
+
 def test_a_start_overtaken_by_its_cancel_or_older_than_its_gateway_waited_is_not_run(monkeypatch):
     async def go():
-        config = Config()
-        config.provider.base_url = "http://127.0.0.1:9/v1"
-        actor = Actor(config, 0, "ipc:///nonexistent/bus.sock", logging.getLogger("test"))
-        replies = []
-        monkeypatch.setattr(actor.bus, "reply", lambda msg, kind, body: replies.append((kind, body)))
+        actor, replies = answering_actor(monkeypatch)
 
         def message(kind, turn_id, age=0.0, **body):
             return Message("gateway/0#1", kind, len(replies) + 100, time.time() - age, 0, "s", turn_id,
@@ -37,11 +44,7 @@ def test_a_close_that_comes_after_its_gateway_gave_up_holds_nothing(monkeypatch)
     """The gateway answered the close 503; had the actor begun it later, the session's turns would
     have waited out a hold nobody ends (the gateway's end of it came first, or never)."""
     async def go():
-        config = Config()
-        config.provider.base_url = "http://127.0.0.1:9/v1"
-        actor = Actor(config, 0, "ipc:///nonexistent/bus.sock", logging.getLogger("test"))
-        replies = []
-        monkeypatch.setattr(actor.bus, "reply", lambda msg, kind, body: replies.append((kind, body)))
+        actor, replies = answering_actor(monkeypatch)
         late = Message("gateway/0#1", Kind.SESSION_CLOSE, 1, time.time() - 15, 0, "s", "",
                        {"session": "s", "deadline": time.time() - 0.1})
         await asyncio.wait_for(actor.on_session_close(late), 5.0)   # (begun, it waits for the runs' load)
