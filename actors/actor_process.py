@@ -28,9 +28,6 @@ from storage.log_client import LogWriteError
 from broker.address import bus_address
 
 CLOSE_WAIT_SECS = 5.0   # for a closing session's turn to end, and for the log to take its records
-# A start older than this is not run: its gateway answers 503 at TURN_START_TIMEOUT_SECS, and the
-# second between leaves room for the answer to reach it first.
-START_AGE_LIMIT_SECS = TURN_START_TIMEOUT_SECS - 1.0
 
 
 class Actor:
@@ -77,7 +74,7 @@ class Actor:
         if known is not None:  # a re-sent start: answer as the first time
             self.bus.reply(msg, Kind.TURN_STARTED, known.events[0][1])
             return
-        if self.unstarted_cancels.pop(turn_id, None) is not None or time.time() - msg.sent_at > START_AGE_LIMIT_SECS:
+        if self.unstarted_cancels.pop(turn_id, None) is not None or past_deadline(b, time.time()):
             return   # its client left, or its gateway answered 503 (this actor was stalled): nobody streams it
         if session_id in self.closing:   # it starts once the close is done, on an empty session
             self.bus.spawn(self._start_after_close(msg))
@@ -95,7 +92,7 @@ class Actor:
 
     async def _start_after_close(self, msg: Message) -> None:
         await self.closing.wait(msg.body["session"])
-        if time.time() - msg.sent_at > START_AGE_LIMIT_SECS:
+        if past_deadline(msg.body, time.time()):
             return    # a slow close: the gateway has answered 503, and the client may try again
         self.on_turn_start(msg)
 

@@ -14,11 +14,12 @@ from broker.sharding import ACTOR_PREFIX, LOG_WRITER_PREFIX, SCHEDULER, STORE
 # A peer's socket identity: NAME#INCARNATION (hex), which the broker and the log inboxes check.
 IDENTITY = re.compile(rb"^[a-z][a-z0-9_.\-/]{0,62}#[0-9a-f]{1,16}$")
 
-# A gateway gives up on a turn start not answered within this (503 to its client); an actor starts
-# no turn whose start is older, for nobody would stream it.
+# A gateway gives up on a turn start not answered within this (503 to its client); the start names
+# that deadline, and an actor starts no turn past it (past_deadline), for nobody would stream it.
 TURN_START_TIMEOUT_SECS = 10.0
 
-# A write to a run (its start, a publish, an update, a cancel) names when its caller gives up
+# A write to a run (its start, a publish, an update, a cancel), a turn's start and a session's close
+# name when their caller gives up
 # (`deadline`, wall-clock seconds). One that reached the run's actor later (it waited in a stalled
 # actor's queue, or was resent) is not acted on: its caller has answered 503, which must mean that
 # nothing was done, for a client then sends it again. The margin leaves room for an answer sent
@@ -169,7 +170,7 @@ SPECS: dict[Kind, Spec] = {
     Kind.LEASE: _spec({"epoch": int, "valid_secs": _NUM}),
     # turn.* bodies all carry the turn id; events also carry their sequence number, so a
     # receiver can detect a gap and ask for a replay (turn.resume).
-    Kind.TURN_START: _spec({"turn_id": str, "session": str, "tenant": str, "input": str}),
+    Kind.TURN_START: _spec({"turn_id": str, "session": str, "tenant": str, "input": str}, deadline=_NUM),
     Kind.TURN_STARTED: _spec({"turn_id": str, "seq": int}, data=dict),
     Kind.TURN_DELTA: _spec({"turn_id": str, "seq": int, "text": str}),
     Kind.TURN_DONE: _spec({"turn_id": str, "seq": int}, data=dict),

@@ -197,7 +197,8 @@ class Gateway:
         try:
             try:
                 started = await self.bus.request(actor, Kind.TURN_START,
-                                                 {"turn_id": turn_id, "session": sid, "tenant": tenant, "input": text},
+                                                 {"turn_id": turn_id, "session": sid, "tenant": tenant, "input": text,
+                                                  "deadline": time.time() + TURN_START_TIMEOUT_SECS},
                                                  timeout=TURN_START_TIMEOUT_SECS, session=sid, turn=turn_id)
             except BusError as exc:
                 self._cancel_unstarted(stream, "start_timeout")

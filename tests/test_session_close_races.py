@@ -186,9 +186,11 @@ def test_a_turn_held_behind_a_close_longer_than_its_gateway_waited_is_not_starte
         started = []
         monkeypatch.setattr(actor, "on_turn_start", started.append)
 
-        def start(turn_id, age):
-            body = {"turn_id": turn_id, "session": "s", "tenant": "", "input": "hi"}
-            return Message("gateway/0#1", Kind.TURN_START, 1, time.time() - age, 0, "s", turn_id, body)
+        def start(turn_id, age):   # sent `age` seconds ago, with the deadline a gateway gives it
+            sent = time.time() - age
+            body = {"turn_id": turn_id, "session": "s", "tenant": "", "input": "hi",
+                    "deadline": sent + TURN_START_TIMEOUT_SECS}
+            return Message("gateway/0#1", Kind.TURN_START, 1, sent, 0, "s", turn_id, body)
 
         late, fresh = start("t-late", TURN_START_TIMEOUT_SECS + 1), start("t-fresh", 0)
         actor.closing.begin("s")

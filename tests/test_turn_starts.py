@@ -5,7 +5,7 @@ import asyncio
 import logging
 import time
 
-from actors.actor_process import START_AGE_LIMIT_SECS, Actor
+from actors.actor_process import Actor
 from agentos.config import Config
 from broker.protocol import Kind, Message
 
@@ -33,7 +33,7 @@ def test_a_start_overtaken_by_its_cancel_or_older_than_its_gateway_waited_is_not
         assert replies == [(Kind.TURN_STATUS, {"turn_id": "t-left", "state": "idle"})]
         actor.on_turn_start(message(Kind.TURN_START, "t-left", tenant="", input="hi"))
         # a start that waited at a stalled actor until its gateway had answered 503
-        actor.on_turn_start(message(Kind.TURN_START, "t-old", START_AGE_LIMIT_SECS + 0.5, tenant="", input="hi"))
+        actor.on_turn_start(message(Kind.TURN_START, "t-old", 9.5, tenant="", input="hi", deadline=time.time() + 0.5))
         assert actor.turns == {} and len(replies) == 1
         assert "t-left" not in actor.unstarted_cancels      # a cancel is used once
 
