@@ -65,13 +65,21 @@ class RunRequests:
         """`handler`, for writes whose caller names when it gives up: one that arrives past that
         is dropped unanswered (broker/protocol.py past_deadline)."""
         async def handle(msg: Message) -> None:
-            if past_deadline(msg.body, time.time()):
-                if (more := self.given_up_said.due()) is not None:
-                    self.log.warning("%s for run %s came after its caller gave up; not done%s", msg.kind.value,
-                                     msg.body.get("run_id"), more)
-                return
-            await handler(msg)
+            if not self.given_up(msg, "came"):
+                await handler(msg)
         return handle
+
+    def given_up(self, msg: Message, when: str) -> bool:
+        """Whether `msg`'s caller has given up on it (broker/protocol.py past_deadline), said in a
+        WARNING. Asked on arrival (in_time) and again once the run is found, before anything is
+        committed: finding it can wait on writer/store's read of its journal, or on a stall, past
+        the deadline, and a write done then would be done again by the client's retry."""
+        if not past_deadline(msg.body, time.time()):
+            return False
+        if (more := self.given_up_said.due()) is not None:
+            self.log.warning("%s for run %s %s after its caller gave up; not done%s", msg.kind.value,
+                             msg.body.get("run_id"), when, more)
+        return True
 
     async def on_start(self, msg: Message) -> None:
         await self.ready.wait()
@@ -100,6 +108,8 @@ class RunRequests:
                     try:
                         run = await self._load_run(run_id, write=True) if not b.get("new") else None
                         if run is None:
+                            if self.given_up(msg, "was found new"):
+                                return
                             run = await self._create(b)
                             self.bus.reply(msg, Kind.FLOW_RUN, {**run.summary(), "created": True})
                             return
@@ -169,6 +179,8 @@ class RunRequests:
                                                 "error": "no such run"})
             return
         if not run.ended:
+            if self.given_up(msg, "found its run"):
+                return
             try:
                 await self.cancel(run, msg.body.get("why") or "cancelled by request")
             except LogWriteError as exc:
@@ -212,6 +224,8 @@ class RunRequests:
             return
         if run.ended:
             self.bus.reply(msg, Kind.FLOW_ACK, {"ok": False, "code": "ended", "error": f"the run is {run.status}"})
+            return
+        if self.given_up(msg, "found its run"):
             return
         # The message and, if a wait is for it, its taking go in one batch (one fsync, not two):
         # both come from this actor to one writer, in order, so the taking is never durable alone.
@@ -281,7 +295,7 @@ class RunRequests:
         """One read-modify-write under the run's lock (the loop in on_attr_update)."""
         b = msg.body
         key = b["key"]
-        if past_deadline(b, time.time()):   # it waited for the run's lock until its caller gave up
+        if self.given_up(msg, "got the run's lock"):
             return
         if run.ended:   # as a publish to it is: nothing reads or locks its attributes for it any more
             self.bus.reply(msg, Kind.ATTR_VALUES, {"found": True, "code": "ended", "error": f"the run is {run.status}"})
@@ -300,7 +314,7 @@ class RunRequests:
             self.bus.reply(msg, Kind.ATTR_VALUES, {"found": True, "code": "unavailable", "error":
                            f"no worker ran update handler {b['handler']!r} within {UPDATE_WAIT_SECS:g}s"})
             return
-        if past_deadline(b, time.time()):   # its caller has answered 503: the handler's value is dropped
+        if self.given_up(msg, "had its handler's value"):   # the value is dropped
             return
         had, old = key in run.attrs, run.attrs.get(key)
         try:
