@@ -14,6 +14,7 @@ import time
 from agentos import metrics, service
 from agentos.config import Config
 from agentos.rundir import RunDir
+from agentos.running_time import wait_running
 from actors.agent_loop import AgentLoop
 from actors.closing import ClosingSessions
 from actors.flow_runs import Flows
@@ -148,8 +149,7 @@ class Actor:
             turn.cancel_reason = "session_closed"   # one still loading to resume sees it and stops
             turn.cancel("session_closed")
         tasks = [t.task for t in running if t.task is not None]
-        if tasks:
-            await asyncio.wait(tasks, timeout=CLOSE_WAIT_SECS)
+        await wait_running(lambda: all(t.done() for t in tasks), CLOSE_WAIT_SECS)   # (a stall not counted)
         self.sessions.drop(sid)
         drained = await self.persistence.log.drain(CLOSE_WAIT_SECS)
         self.bus.reply(msg, Kind.TURN_STATUS, {"turn_id": running[0].turn_id if running else "",

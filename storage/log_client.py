@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Callable
 
 from agentos import metrics
 from agentos.log_repeats import Repeats
+from agentos.running_time import wait_running
 from broker.address import direct_log_endpoint
 from broker.client import Bus, BusTimeout
 from broker.protocol import Kind, Message
@@ -118,7 +119,7 @@ class LogClient:
         self.refusals = Repeats()   # a full disk refuses every batch: one line per 10 s, not per batch
         self._retries: dict[int, tuple[asyncio.TimerHandle, Callable[[], None]]] = {}   # refused ASYNC records
         self._retry_token = 0
-        self.draining = False
+        self.draining = 0   # drains under way (a shutdown's, closes')
         bus.restart_hooks.append(self._peer_restarted)
 
     def new_id(self) -> bytes:
@@ -291,12 +292,17 @@ class LogClient:
         self.room.set()
 
     async def drain(self, timeout: float) -> bool:
-        """Wait until every record in the outbox is acknowledged (for a clean shutdown)."""
-        self.draining = True
+        """Wait until every record in the outbox is acknowledged (a clean shutdown, a session's
+        close), for at most `timeout` seconds of this process's running time (a stall meanwhile
+        does not use it up: agentos/running_time.py)."""
+        self.draining += 1
         for handle, again in list(self._retries.values()):
             handle.cancel()
             again()
-        deadline = time.monotonic() + timeout
-        while (self.outstanding or self._batches) and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        try:
+            await wait_running(lambda: not (self.outstanding or self._batches), timeout)
+        finally:
+            # a close's drain is over: refused records back off as before (they went again
+            # every half second for the rest of the actor's life, hammering a full disk)
+            self.draining -= 1
         return not self.outstanding

@@ -2,6 +2,7 @@
 appends wait for room when it is full, and ASYNC records a writer refused are sent again."""
 import asyncio
 import logging
+import time
 import types
 
 from broker.protocol import Kind
@@ -128,5 +129,40 @@ def test_a_kept_record_is_sent_again_until_written_and_its_appender_waits_for_th
         held.ack_all()                        # space is back
         assert await asyncio.wait_for(kept, 2) == 1 and await drain is True
         assert held.written == [sent] and log.outstanding == 0
+
+    asyncio.run(go())
+
+
+def test_a_drain_does_not_count_a_stall_and_leaves_the_backoff_as_it_was():
+    """A session's close drains its actor's outbox. The actor stopped longer than the drain's
+    timeout (SIGSTOP, a paused VM) woke to its acks unread and a drain already expired: the close
+    answered "busy, try again". And once drained, refused records kept going again every half
+    second for the rest of the actor's life."""
+    async def held_soon(held, secs):
+        for _ in range(int(secs / 0.05)):
+            if held.held:
+                return True
+            await asyncio.sleep(0.05)
+        return bool(held.held)
+
+    async def go():
+        held = HeldLog()
+        log = client(held, max_outstanding=100)
+        await log.append(RecordKind.ACCESS, event(0), "s", sync=False)
+        assert await held_soon(held, 1.0)
+        drain = asyncio.create_task(log.drain(0.5))
+        await settle()
+        time.sleep(1.0)                                            # the whole process stopped…
+        asyncio.get_running_loop().call_later(0.05, held.ack_all)  # …its ack read a little after
+        assert await drain is True and log.outstanding == 0
+
+        await log.append(RecordKind.ACCESS, event(1), "s", sync=False)
+        assert await held_soon(held, 1.0)
+        held.refuse_all()                      # a full disk: tried again in half a second…
+        assert await held_soon(held, 1.0)
+        held.refuse_all()                      # …then in a second, not half of one again
+        await settle()
+        assert not await held_soon(held, 0.7)
+        assert await held_soon(held, 2.0)
 
     asyncio.run(go())
