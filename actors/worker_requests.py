@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from actors.flow_state import Op, Run
+from agentos.running_time import wait_running
 from broker.client import BusError
 from broker.protocol import Kind, Message, ProtocolError
 from broker.sharding import actor_name
@@ -62,11 +63,9 @@ class WorkerRequests:
         the execution was superseded meanwhile."""
         due = [seq for seq in msg.body.get("results_due") or () if type(seq) is int]
         exec_ = run.exec
-        deadline = time.monotonic() + RESULTS_DUE_SECS
-        while any(seq not in run.ops or not run.ops[seq].done for seq in due) and time.monotonic() < deadline:
-            if run.ended or run.exec != exec_:
-                break
-            await asyncio.sleep(0.05)
+        # (of running time: an actor stopped for longer would wake to the results unread and not wait)
+        await wait_running(lambda: run.ended or run.exec != exec_
+                           or all(seq in run.ops and run.ops[seq].done for seq in due), RESULTS_DUE_SECS)
         return not run.ended and run.exec == exec_
 
     async def _start_step(self, msg: Message, run: Run, seq: int, op: Op | None) -> None:

@@ -86,3 +86,25 @@ def test_a_completion_naming_results_already_in_or_never_coming_is_not_held_for_
 
     asyncio.run(main())
 
+
+
+def test_the_wait_for_a_result_does_not_count_a_stall_of_the_actor(monkeypatch):
+    """An actor stopped (SIGSTOP, a paused VM) longer than the wait woke to the result unread in
+    its socket and a wait already expired: the run ended without the step in its journal."""
+    from actors import worker_requests
+
+    monkeypatch.setattr(worker_requests, "RESULTS_DUE_SECS", 0.5)
+
+    async def main():
+        flows, bus, log, run = running_flows()
+        complete = asyncio.ensure_future(flows.on_complete(from_worker(Kind.FLOW_COMPLETE, 2, ok=True, result=10,
+                                                                       results_due=[0])))
+        await asyncio.sleep(0.1)
+        time.sleep(1.0)                    # the whole actor stopped; the result came meanwhile…
+        result = from_worker(Kind.STEP_RESULT, 1, seq=0, attempt=1, ok=True, result=10, sync=False, name="slow")
+        asyncio.get_running_loop().call_later(0.05, lambda: asyncio.ensure_future(flows.on_step_result(result)))
+        await asyncio.wait_for(complete, 2.0)   # …and is read a little after it woke
+        types = [body["type"] for body in log.appended]
+        assert "step.done" in types and types.index("step.done") < types.index("run.ended"), types
+
+    asyncio.run(main())
