@@ -5,6 +5,10 @@ import os
 import signal
 import threading
 import time
+import urllib.error
+import urllib.request
+
+from harness import get_json
 
 
 def test_a_turn_posted_while_its_session_closes_lands_wholly_before_or_wholly_after_the_close(make_server):
@@ -102,6 +106,51 @@ def test_a_close_whose_actor_was_stalled_at_its_end_still_lets_the_next_turn_sta
     assert time.monotonic() - began < HOLD_SECS, "the next turn waited out the close's hold"
     prompt = result.data("turn.completed")["usage"]["prompt_tokens"]
     assert prompt == turn(server.url, "close-stalled-fresh", "new").data("turn.completed")["usage"]["prompt_tokens"]
+
+
+def test_a_close_whose_actor_was_stopped_while_it_drained_is_done_not_busy(make_server):
+    """A close waits (CLOSE_WAIT_SECS) for the session's records to be acknowledged. An actor
+    stopped longer than that while it waited (SIGSTOP, a paused VM) woke to the acks unread in its
+    socket and a wait already expired, and answered "busy": a 503 for a close that was done."""
+    from actors.actor_process import CLOSE_WAIT_SECS
+    from broker.sharding import actor_name
+    from harness import turn
+
+    server = make_server()
+    sid = "close-stopped-draining"
+    assert turn(server.url, sid, "old").terminal == "turn.completed"
+    log, actor = server.pid("writer/log/0"), server.pid(actor_name(sid, 2))
+    running = threading.Thread(target=turn, args=(server.url, sid, "long [[mock ttft_ms=60000]]"))
+    running.start()
+    closed = {}
+
+    def close():
+        request = urllib.request.Request(f"{server.url}/v1/sessions/{sid}", method="DELETE")
+        try:
+            with urllib.request.urlopen(request, timeout=60) as resp:
+                closed["status"] = resp.status
+        except urllib.error.HTTPError as exc:
+            closed.update(status=exc.code, body=exc.read())
+
+    closer = threading.Thread(target=close)
+    try:
+        time.sleep(1.0)                 # the turn runs: its records are acknowledged
+        os.kill(log, signal.SIGSTOP)    # the turn's last records, on its cancel, are not
+        closer.start()
+        time.sleep(1.0)                 # the actor has cancelled the turn and waits for their acks
+        os.kill(actor, signal.SIGSTOP)
+        os.kill(log, signal.SIGCONT)    # the acks come, and wait in the stopped actor's socket
+        time.sleep(CLOSE_WAIT_SECS + 1.0)
+        os.kill(actor, signal.SIGCONT)
+        closer.join(40)
+        assert closed.get("status") == 204, closed
+    finally:
+        os.kill(log, signal.SIGCONT)
+        os.kill(actor, signal.SIGCONT)
+        if closer.ident is not None:
+            closer.join(40)
+        running.join(40)
+    assert get_json(f"{server.url}/v1/sessions/{sid}/messages")[0] == 404
 
 
 def test_a_closing_sessions_hold_ends_with_its_last_close_or_by_itself(monkeypatch):
