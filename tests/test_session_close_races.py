@@ -11,6 +11,16 @@ import urllib.request
 from harness import get_json
 
 
+def close_session(base: str, sid: str, closed: dict) -> None:
+    """DELETE the session (in a thread of its own); its status, and its body if an error, in `closed`."""
+    request = urllib.request.Request(f"{base}/v1/sessions/{sid}", method="DELETE")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            closed["status"] = resp.status
+    except urllib.error.HTTPError as exc:
+        closed.update(status=exc.code, body=exc.read())
+
+
 def test_a_turn_posted_while_its_session_closes_lands_wholly_before_or_wholly_after_the_close(make_server):
     """Real processes: turns posted a few milliseconds apart from a DELETE of their session. A turn
     the close overtook is gone with the session; one that came after starts the id's new life,
@@ -57,13 +67,10 @@ def test_a_close_whose_actor_was_stalled_at_its_end_still_lets_the_next_turn_sta
     """The gateway tells the actor a close is done (SESSION_CLOSED) so that its held turns start.
     Told once, an actor stalled past the broker's peer timeout lost it, and the session's next
     turn waited out the hold's 15 s. It is now sent until the actor takes it."""
-    import urllib.error
-    import urllib.request
-
     from actors.closing import HOLD_SECS
     from agentos.config import BrokerConfig
     from broker.sharding import actor_name
-    from harness import get_json, scrape, turn, wait_until
+    from harness import scrape, turn, wait_until
 
     server = make_server()
     sid = "close-stalled-actor"
@@ -75,17 +82,8 @@ def test_a_close_whose_actor_was_stalled_at_its_end_still_lets_the_next_turn_sta
     closed = {}
     answers = 'agentos_bus_messages_total{kind="turn.status"}'   # the actor's answer to the close's first step
     before = scrape(server.url).get(answers, 0)
-
-    def close():
-        request = urllib.request.Request(f"{server.url}/v1/sessions/{sid}", method="DELETE")
-        try:
-            with urllib.request.urlopen(request, timeout=60) as resp:
-                closed["status"] = resp.status
-        except urllib.error.HTTPError as exc:
-            closed.update(status=exc.code, body=exc.read())
-
     began = time.monotonic()
-    closer = threading.Thread(target=close)
+    closer = threading.Thread(target=close_session, args=(server.url, sid, closed))
     os.kill(store, signal.SIGSTOP)      # the close waits on the store for where the logs end ...
     try:
         closer.start()                  # ... after its actor has stopped the session
@@ -123,16 +121,7 @@ def test_a_close_whose_actor_was_stopped_while_it_drained_is_done_not_busy(make_
     running = threading.Thread(target=turn, args=(server.url, sid, "long [[mock ttft_ms=60000]]"))
     running.start()
     closed = {}
-
-    def close():
-        request = urllib.request.Request(f"{server.url}/v1/sessions/{sid}", method="DELETE")
-        try:
-            with urllib.request.urlopen(request, timeout=60) as resp:
-                closed["status"] = resp.status
-        except urllib.error.HTTPError as exc:
-            closed.update(status=exc.code, body=exc.read())
-
-    closer = threading.Thread(target=close)
+    closer = threading.Thread(target=close_session, args=(server.url, sid, closed))
     try:
         time.sleep(1.0)                 # the turn runs: its records are acknowledged
         os.kill(log, signal.SIGSTOP)    # the turn's last records, on its cancel, are not
