@@ -91,6 +91,7 @@ class Gateway:
             web.put(PUT_ROUTE, self.history.put_checkpoint),
             web.get(LATEST_ROUTE, self.history.get_latest_checkpoint),
             web.post("/v1/flows/{flow}/runs", self.flow_routes.start),
+            web.get("/v1/runs", self.history.list_runs),
             web.get("/v1/runs/{run_id:[^/:]+}", self.flow_routes.get),
             web.post("/v1/runs/{run_id:[^/:]+}:cancel", self.flow_routes.cancel),
             web.get("/v1/runs/{run_id:[^/:]+}/attributes", self.flow_routes.attributes),

@@ -1,4 +1,5 @@
-"""Routes over what is durable: transcripts, events, and checkpoints of external runtimes.
+"""Routes over what is durable: transcripts, events, checkpoints of external runtimes, and the
+listing of sessions and of flow runs (a run itself is read from its actor: gateway/flows.py).
 
 Reads of transcripts and events go to writer/store with `sync`, so they include everything
 acknowledged before the request. A checkpoint PUT is appended to the log by the gateway itself
@@ -20,11 +21,13 @@ from broker.client import BusError
 from broker.protocol import Kind
 from broker.sharding import STORE, actor_name
 from gateway.errors import LOG_WRITE_ERRORS, ApiError, json_response
+from gateway.flows import NAME as FLOW_NAME
 from gateway.latest_checkpoints import UNPLACED, Checkpoint, LatestCheckpoints
 from gateway.tenancy import check_session_id, external, internal
 from storage.bloom import BloomFilter
 from storage.log_client import LogWriteError
 from storage.records import RecordKind
+from storage.store_queries import RUN_STATUSES
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
@@ -122,6 +125,28 @@ class HistoryRoutes:
         nxt = body.get("next_after")
         return json_response({"sessions": [{**row, "session_id": external(tenant, row["session_id"])}
                                            for row in body["rows"]],
+                              "next_after": external(tenant, nxt) if nxt else None})
+
+    async def list_runs(self, request: web.Request) -> web.Response:
+        """The tenant's flow runs, a page at a time by id, optionally of one flow and one status
+        (open: not ended). A page filtered so may hold fewer runs than `limit` and still name
+        the next (storage/store_queries.py q_runs): the listing ends where `next_after` is null."""
+        tenant = self.gw.tenant_of(request)
+        after, flow, status = (request.query.get(k) for k in ("after", "flow", "status"))
+        for name, value in (("after", after), ("flow", flow)):
+            if value is not None and not FLOW_NAME.match(value):
+                raise ApiError(400, "invalid_parameter", f"{name} must be 1-200 characters of letters, digits "
+                                                         "and . _ : -")
+        if status is not None and status not in RUN_STATUSES:
+            raise ApiError(400, "invalid_parameter", f"status must be one of: {', '.join(RUN_STATUSES)}")
+        query = {"query": "runs", "session": internal(tenant, after) if after else "", "tenant": tenant,
+                 "sync": True, "limit": _int_param(request, "limit", 100, 1, 1000)}
+        query.update({k: v for k, v in (("flow", flow), ("status", status)) if v is not None})
+        body = await self._query(query)
+        nxt = body.get("next_after")
+        return json_response({"runs": [{**row, "run_id": external(tenant, row["run_id"]),
+                                        **({"parent": external(tenant, row["parent"])} if row.get("parent") else {})}
+                                       for row in body["rows"]],
                               "next_after": external(tenant, nxt) if nxt else None})
 
     async def get_messages(self, request: web.Request) -> web.Response:

@@ -104,6 +104,15 @@ SCHEMAS: dict[str, Any] = {
     "Run": {"type": "object", "required": ["run_id", "status"],
             "properties": {"run_id": {"type": "string"}, "status": {"type": "string"}, "flow": {"type": "string"},
                            "created": {"type": "boolean"}, "result": ANY, "error": {"type": "string"}}},
+    "Runs": {"type": "object", "required": ["runs", "next_after"],
+             "properties": {"next_after": {"type": ["string", "null"]},
+                            "runs": {"type": "array", "items": {
+                                "type": "object", "required": ["run_id", "flow", "status", "started_at", "ended_at"],
+                                "properties": {"run_id": {"type": "string"}, "flow": {"type": ["string", "null"]},
+                                               "status": {"enum": ["open", "completed", "failed", "cancelled"]},
+                                               "started_at": {"type": ["number", "null"]},
+                                               "ended_at": {"type": ["number", "null"]},
+                                               "parent": {"type": "string"}}}}}},
     "Attributes": {"type": "object", "required": ["run_id", "attributes"],
                    "properties": {"run_id": {"type": "string"}, "attributes": {"type": "object"}}},
     "Update": {"type": "object", "required": ["handler"], "properties": {"handler": NAME, "arg": ANY},
@@ -178,6 +187,15 @@ PATHS: dict[str, dict] = {
         "responses": {"201": {"description": "started", "content": _json(_ref("Run"))},
                       "200": {"description": "already started", "content": _json(_ref("Run"))},
                       **_errors(400, 401, 409, 413, 503, 507)}}},
+    "/v1/runs": {"get": {
+        "summary": "The flow runs, by id (a page filtered by flow or by an end's status may hold fewer than limit "
+                   "and still name the next: the listing ends where next_after is null)",
+        "parameters": [_param("after", NAME, "query", False, "cursor: the runs after this id"),
+                       _param("flow", NAME, "query", False, "only runs of this flow"),
+                       _param("status", {"type": "string", "enum": ["open", "completed", "failed", "cancelled"]},
+                              "query", False, "only runs in this state (open: not ended)"), LIMIT],
+        "responses": {"200": {"description": "a page of runs", "content": _json(_ref("Runs"))},
+                      **_errors(400, 401, 503)}}},
     "/v1/runs/{run_id}": {"get": {
         "summary": "A run's status and result",
         "parameters": [RUN, _param("wait", {"type": "number", "minimum": 0, "maximum": 60}, "query", False,

@@ -17,6 +17,8 @@ from storage.newest_blobs import Newest
 
 MAX_LIMIT = 1000
 EXPIRED_PER_ANSWER = 5000     # runs per `expired_runs` answer (see q_expired_runs)
+RUNS_SCAN = 1000              # runs a page of `runs` filtered by flow or by an end's status reads at most
+RUN_STATUSES = ("open", "completed", "failed", "cancelled")   # open: not ended (running or suspended)
 T = TypeVar("T")
 
 
@@ -26,11 +28,16 @@ class StoreQueries:
 
     def query(self, name: str, session: str, tenant: str | None = None, turn: str | None = None,
               after: int = -1, limit: int = 100, before: int | None = None,
-              desc: bool = False) -> tuple[list[dict[str, Any]], int | None]:
+              desc: bool = False, flow: str | None = None, status: str | None = None,
+              ) -> tuple[list[dict[str, Any]], int | str | None]:
         """(rows, cursor for the next page or None). A transcript or events page may also be bounded
         above (`before`, exclusive) and come newest first (`desc`; its cursor is then the oldest
-        row's, for the page before it)."""
+        row's, for the page before it). A page of runs may be of one `flow` and one `status`."""
         limit = max(1, min(limit, MAX_LIMIT))
+        if name == "runs":
+            if not tenant or (status is not None and status not in RUN_STATUSES):
+                raise ValueError(f"runs: a tenant, and a status of {', '.join(RUN_STATUSES)}")
+            return self.roomy(StoreQueries.q_runs, self, session, tenant, limit, flow, status)
         handler = QUERIES.get(name)
         if handler is None:
             raise ValueError(f"unknown query {name!r}")
@@ -224,6 +231,36 @@ class StoreQueries:
             "SELECT run FROM flow_records WHERE type IN ('run.started', 'run.ended') GROUP BY run "
             "HAVING count(*) FILTER (WHERE type = 'run.ended') = 0").fetchall()
         return [{"run_id": run} for (run,) in rows], None
+
+    def q_runs(self, after_run: str, tenant: str, limit: int, flow: str | None,
+               status: str | None) -> tuple[list[dict[str, Any]], str | None]:
+        """The tenant's flow runs by id after `after_run` ('' = from the first), not the agent
+        turns' own (their ids hold a '/'): each with its flow, status ('open' until it ends), times
+        and parent if a child. Of one `flow` or an end's `status`, a page reads at most RUNS_SCAN
+        runs, so it may hold fewer than `limit`, even none, and still name the next: the listing
+        ends where the cursor is None. (The flow and the status are inside the records' bodies.)"""
+        ended = "count(*) FILTER (WHERE type = 'run.ended')"
+        having = "" if status is None else f" HAVING {ended} = 0" if status == "open" else f" HAVING {ended} > 0"
+        picky = flow is not None or status not in (None, "open")
+        rows = self.cursors["flows"].execute(
+            "SELECT run, any_value(body) FILTER (WHERE type = 'run.started'), "
+            "any_value(body) FILTER (WHERE type = 'run.ended') FROM flow_records "
+            "WHERE tenant = ? AND run > ? AND type IN ('run.started', 'run.ended') AND NOT contains(run, '/') "
+            f"GROUP BY run{having} ORDER BY run LIMIT ?",
+            [tenant, after_run, RUNS_SCAN if picky else limit + 1]).fetchall()
+        out: list[dict[str, Any]] = []
+        for run, started, end in rows:
+            first = msgpack.unpackb(started) if started is not None else {}
+            last = msgpack.unpackb(end) if end is not None else None
+            row = {"run_id": run, "flow": first.get("flow"), "status": last.get("status") if last else "open",
+                   "started_at": first.get("at"), "ended_at": last.get("at") if last else None}
+            if first.get("parent"):
+                row["parent"] = first["parent"]
+            if (flow is None or row["flow"] == flow) and (status is None or row["status"] == status):
+                out.append(row)
+                if len(out) > limit:
+                    return out[:limit], out[limit - 1]["run_id"]
+        return out, (rows[-1][0] if picky and len(rows) == RUNS_SCAN else None)
 
     def q_expired_runs(self, session, tenant, turn, after, limit):
         """Runs that ended before `after` (UNIX seconds) as [run, log, position of its first record,

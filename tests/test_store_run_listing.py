@@ -1,0 +1,73 @@
+"""The store's listing of a tenant's flow runs (GET /v1/runs): by id, a page at a time, of one
+flow or one status, never another tenant's runs nor the agent turns' own, on a journal loaded
+from a real log."""
+import pytest
+
+from storage import records, segments, store_queries
+from storage.records import RecordKind
+from storage.store import Store
+
+
+def flow_record(run, tenant, kind, at, **body):
+    return records.frame(RecordKind.FLOW, f"{run}:{kind}".encode(), records.encode_body(
+        {"run": run, "tenant": tenant, "type": kind, "seq": 0, "at": at, "exec": 1, **body}))
+
+
+@pytest.fixture
+def store(tmp_path):
+    log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=8 << 20)
+    frames = []
+    for n in range(30):   # r00..r29 of tenant t: three flows; every third open, the rest ended
+        run, flow = f"r{n:02d}", ("a", "b", "c")[n % 3]
+        frames.append(flow_record(run, "t", "run.started", 100.0 + n, flow=flow, input={"n": n}))
+        frames.append(flow_record(run, "t", "step.done", 101.0 + n, ok=True, result=n))
+        if n % 3:
+            frames.append(flow_record(run, "t", "run.ended", 200.0 + n,
+                                      status="completed" if n % 2 else "failed", result=n))
+    frames.append(flow_record("r05.0", "t", "run.started", 150.0, flow="a", input=None, parent="r05", parent_seq=0))
+    frames.append(flow_record("s1/turn-1", "t", "run.started", 160.0, flow="turn", input={}))   # an agent turn
+    frames.append(flow_record("r99", "other", "run.started", 170.0, flow="a", input=None))     # another tenant
+    log.write(frames, sync=True)
+    log.close()
+    s = Store(tmp_path, writers=1, memory_limit_mb=64)
+    s.open()
+    s.load_all()
+    yield s
+    s.close()
+
+
+def listing(store, **filters):
+    """Every page of the listing, followed to its end: (runs, pages)."""
+    runs, pages, after = [], 0, ""
+    while True:
+        rows, after = store.query("runs", after, tenant="t", limit=4, **filters)
+        runs += rows
+        pages += 1
+        if after is None:
+            return runs, pages
+
+
+def test_runs_are_listed_by_id_with_their_flow_status_and_times_a_page_at_a_time(store):
+    runs, pages = listing(store)
+    assert [r["run_id"] for r in runs] == sorted([f"r{n:02d}" for n in range(30)] + ["r05.0"])
+    assert pages == 8     # 31 runs, 4 a page
+    by_id = {r["run_id"]: r for r in runs}
+    assert by_id["r00"] == {"run_id": "r00", "flow": "a", "status": "open", "started_at": 100.0, "ended_at": None}
+    assert by_id["r01"] == {"run_id": "r01", "flow": "b", "status": "completed", "started_at": 101.0,
+                            "ended_at": 201.0}
+    assert by_id["r02"]["status"] == "failed" and by_id["r05.0"]["parent"] == "r05"
+
+
+def test_a_listing_of_one_flow_or_one_status_reads_a_bounded_share_a_page(store, monkeypatch):
+    monkeypatch.setattr(store_queries, "RUNS_SCAN", 5)   # a page reads at most five runs
+    failed, pages = listing(store, status="failed")
+    assert [r["run_id"] for r in failed] == [f"r{n:02d}" for n in range(30) if n % 3 and n % 2 == 0]
+    assert pages == 5     # of the 20 ended runs, five read a page: pages of fewer than four, and the listing went on
+    of_c, _ = listing(store, flow="c")
+    assert [r["run_id"] for r in of_c] == [f"r{n:02d}" for n in range(2, 30, 3)]
+    open_a, _ = listing(store, flow="a", status="open")
+    assert [r["run_id"] for r in open_a] == sorted([f"r{n:02d}" for n in range(0, 30, 3)] + ["r05.0"])
+    assert listing(store, status="open")[0] == [r for r in listing(store)[0] if r["status"] == "open"]
+    with pytest.raises(ValueError):
+        store.query("runs", "", tenant="t", status="running")
+    assert store.query("runs", "", tenant="nobody")[0] == []
