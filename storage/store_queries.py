@@ -17,7 +17,8 @@ from storage.newest_blobs import Newest
 
 MAX_LIMIT = 1000
 EXPIRED_PER_ANSWER = 5000     # runs per `expired_runs` answer (see q_expired_runs)
-RUNS_SCAN = 1000              # runs a page of `runs` filtered by flow or by an end's status reads at most
+RUNS_SCAN = 1000              # runs a page of `runs` filtered by flow or by status reads at most
+HEAD_BYTES = 1024             # of a run's start or end record body: what a listing reads (see q_runs)
 RUN_STATUSES = ("open", "completed", "failed", "cancelled")   # open: not ended (running or suspended)
 T = TypeVar("T")
 
@@ -236,22 +237,25 @@ class StoreQueries:
                status: str | None) -> tuple[list[dict[str, Any]], str | None]:
         """The tenant's flow runs by id after `after_run` ('' = from the first), not the agent
         turns' own (their ids hold a '/'): each with its flow, status ('open' until it ends), times
-        and parent if a child. Of one `flow` or an end's `status`, a page reads at most RUNS_SCAN
-        runs, so it may hold fewer than `limit`, even none, and still name the next: the listing
-        ends where the cursor is None. (The flow and the status are inside the records' bodies.)"""
-        ended = "count(*) FILTER (WHERE type = 'run.ended')"
-        having = "" if status is None else f" HAVING {ended} = 0" if status == "open" else f" HAVING {ended} > 0"
-        picky = flow is not None or status not in (None, "open")
+        and parent if a child. Of one `flow` or one `status`, a page reads at most RUNS_SCAN runs,
+        so it may hold fewer than `limit`, even none, and still name the next: the listing ends
+        where the cursor is None. (The flow and the status are inside the records' bodies.)"""
+        # The page's starts first (a top-N of one record type), then the ends in its range of ids
+        # only: a GROUP BY of every run's start and end went past the store's memory limit at
+        # 100,000 runs (and ran again with it raised). Only the head of each body is read: what
+        # is listed comes before the input and the result, which may be megabytes.
+        picky = flow is not None or status is not None
         rows = self.cursors["flows"].execute(
-            "SELECT run, any_value(body) FILTER (WHERE type = 'run.started'), "
-            "any_value(body) FILTER (WHERE type = 'run.ended') FROM flow_records "
-            "WHERE tenant = ? AND run > ? AND type IN ('run.started', 'run.ended') AND NOT contains(run, '/') "
-            f"GROUP BY run{having} ORDER BY run LIMIT ?",
-            [tenant, after_run, RUNS_SCAN if picky else limit + 1]).fetchall()
+            f"WITH page AS (SELECT run, body[1:{HEAD_BYTES}] AS head FROM flow_records WHERE tenant = ? AND run > ? "
+            "AND type = 'run.started' AND NOT contains(run, '/') ORDER BY run LIMIT ?), "
+            f"ends AS (SELECT run, any_value(body[1:{HEAD_BYTES}]) AS head FROM flow_records "
+            "WHERE type = 'run.ended' AND run > ? AND run <= (SELECT max(run) FROM page) GROUP BY run) "
+            "SELECT page.run, page.head, ends.head FROM page LEFT JOIN ends USING (run) ORDER BY page.run",
+            [tenant, after_run, RUNS_SCAN if picky else limit + 1, after_run]).fetchall()
         out: list[dict[str, Any]] = []
         for run, started, end in rows:
-            first = msgpack.unpackb(started) if started is not None else {}
-            last = msgpack.unpackb(end) if end is not None else None
+            first = _head_fields(started, ("flow", "at", "parent"))
+            last = _head_fields(end, ("status", "at")) if end is not None else None
             row = {"run_id": run, "flow": first.get("flow"), "status": last.get("status") if last else "open",
                    "started_at": first.get("at"), "ended_at": last.get("at") if last else None}
             if first.get("parent"):
@@ -293,6 +297,25 @@ class StoreQueries:
             sql = f"SELECT count(*) FROM {table}" + (" WHERE session = ?" if session else "")
             out[table] = self.cursors[db].execute(sql, [session] if session else []).fetchone()[0]
         return [out], None
+
+
+def _head_fields(head: bytes, wanted: tuple[str, ...]) -> dict[str, Any]:
+    """The `wanted` fields of a record body's map found in its first bytes (`head`): a field past
+    them (after a big input, in a run's start recorded before 2026-12-06 put its parent first)
+    is simply not found."""
+    unpacker = msgpack.Unpacker(raw=False)
+    unpacker.feed(head)
+    out: dict[str, Any] = {}
+    try:
+        for _ in range(unpacker.read_map_header()):
+            key = unpacker.unpack()
+            if key in wanted:
+                out[key] = unpacker.unpack()
+            else:
+                unpacker.skip()
+    except (msgpack.OutOfData, ValueError):
+        pass
+    return out
 
 
 def _page(position: str, before: int | None, desc: bool, limit: int) -> tuple[str, list]:

@@ -25,6 +25,9 @@ def store(tmp_path):
             frames.append(flow_record(run, "t", "run.ended", 200.0 + n,
                                       status="completed" if n % 2 else "failed", result=n))
     frames.append(flow_record("r05.0", "t", "run.started", 150.0, flow="a", input=None, parent="r05", parent_seq=0))
+    big = "x" * 300_000   # a listing reads only the head of a body: the flow, the parent, the state
+    frames.append(flow_record("r07.1", "t", "run.started", 155.0, flow="d", parent="r07", parent_seq=1, input=big))
+    frames.append(flow_record("r07.1", "t", "run.ended", 255.0, status="completed", result=big))
     frames.append(flow_record("s1/turn-1", "t", "run.started", 160.0, flow="turn", input={}))   # an agent turn
     frames.append(flow_record("r99", "other", "run.started", 170.0, flow="a", input=None))     # another tenant
     log.write(frames, sync=True)
@@ -49,20 +52,22 @@ def listing(store, **filters):
 
 def test_runs_are_listed_by_id_with_their_flow_status_and_times_a_page_at_a_time(store):
     runs, pages = listing(store)
-    assert [r["run_id"] for r in runs] == sorted([f"r{n:02d}" for n in range(30)] + ["r05.0"])
-    assert pages == 8     # 31 runs, 4 a page
+    assert [r["run_id"] for r in runs] == sorted([f"r{n:02d}" for n in range(30)] + ["r05.0", "r07.1"])
+    assert pages == 8     # 32 runs, 4 a page
     by_id = {r["run_id"]: r for r in runs}
     assert by_id["r00"] == {"run_id": "r00", "flow": "a", "status": "open", "started_at": 100.0, "ended_at": None}
     assert by_id["r01"] == {"run_id": "r01", "flow": "b", "status": "completed", "started_at": 101.0,
                             "ended_at": 201.0}
     assert by_id["r02"]["status"] == "failed" and by_id["r05.0"]["parent"] == "r05"
+    assert by_id["r07.1"] == {"run_id": "r07.1", "flow": "d", "status": "completed", "started_at": 155.0,
+                              "ended_at": 255.0, "parent": "r07"}
 
 
 def test_a_listing_of_one_flow_or_one_status_reads_a_bounded_share_a_page(store, monkeypatch):
     monkeypatch.setattr(store_queries, "RUNS_SCAN", 5)   # a page reads at most five runs
     failed, pages = listing(store, status="failed")
     assert [r["run_id"] for r in failed] == [f"r{n:02d}" for n in range(30) if n % 3 and n % 2 == 0]
-    assert pages == 5     # of the 20 ended runs, five read a page: pages of fewer than four, and the listing went on
+    assert pages == 7     # 32 runs, five read a page: pages of fewer than four, and the listing went on
     of_c, _ = listing(store, flow="c")
     assert [r["run_id"] for r in of_c] == [f"r{n:02d}" for n in range(2, 30, 3)]
     open_a, _ = listing(store, flow="a", status="open")
