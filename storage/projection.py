@@ -73,8 +73,13 @@ def project(kind: int, body: dict[str, Any], writer: int, lsn: int) -> Iterator[
         yield "checkpoints", (session, tenant, "blob", _text(body.get("key", "")), _i64(body["seq"]), True, 0,
                               _blob(body.get("payload", b"")), at, writer, lsn)
     elif kind == RecordKind.FLOW:
-        yield "flow_records", (_text(body.get("run", "")), tenant, _text(body.get("type", "")),
-                               _i32(body.get("seq", -1)), _pack(body), at, writer, lsn)
+        kind_of = _text(body.get("type", ""))
+        # for the listing of runs (storage/store_queries.py q_runs); never a reason to refuse the record
+        name = body.get("flow") if kind_of == "run.started" else body.get("status") if kind_of == "run.ended" else None
+        parent = body.get("parent") if kind_of == "run.started" else None
+        yield "flow_records", (_text(body.get("run", "")), tenant, kind_of, _i32(body.get("seq", -1)), _pack(body),
+                               at, writer, lsn, name if type(name) is str else None,
+                               parent if type(parent) is str and parent else None)
     elif kind == RecordKind.CLOSE:
         if not session or not isinstance(session, str):   # '' names the progress rows
             raise ValueError("a CLOSE record must name a session")

@@ -18,7 +18,7 @@ from storage.newest_blobs import Newest
 MAX_LIMIT = 1000
 EXPIRED_PER_ANSWER = 5000     # runs per `expired_runs` answer (see q_expired_runs)
 RUNS_SCAN = 1000              # runs a page of `runs` filtered by flow or by status reads at most
-HEAD_BYTES = 1024             # of a run's start or end record body: what a listing reads (see q_runs)
+HEAD_BYTES = 1024             # of an older run's start or end body: what a listing reads (see q_runs)
 RUN_STATUSES = ("open", "completed", "failed", "cancelled")   # open: not ended (running or suspended)
 T = TypeVar("T")
 
@@ -239,32 +239,47 @@ class StoreQueries:
         turns' own (their ids hold a '/'): each with its flow, status ('open' until it ends), times
         and parent if a child. Of one `flow` or one `status`, a page reads at most RUNS_SCAN runs,
         so it may hold fewer than `limit`, even none, and still name the next: the listing ends
-        where the cursor is None. (The flow and the status are inside the records' bodies.)"""
-        # The page's starts first (a top-N of one record type), then the ends in its range of ids
-        # only: a GROUP BY of every run's start and end went past the store's memory limit at
-        # 100,000 runs (and ran again with it raised). Only the head of each body is read: what
-        # is listed comes before the input and the result, which may be megabytes.
+        where the cursor is None."""
+        # The page's starts first (a top-N of one record type), then the ends in its range of ids,
+        # from the columns the loader fills for this (schema.py `name`, `parent`): no body is read
+        # (a GROUP BY of every run's start and end, whole bodies, went past the store's memory
+        # limit at 100,000 runs; the heads of the bodies alone took 130-250 ms a page there).
         picky = flow is not None or status is not None
-        rows = self.cursors["flows"].execute(
-            f"WITH page AS (SELECT run, body[1:{HEAD_BYTES}] AS head FROM flow_records WHERE tenant = ? AND run > ? "
-            "AND type = 'run.started' AND NOT contains(run, '/') ORDER BY run LIMIT ?), "
-            f"ends AS (SELECT run, any_value(body[1:{HEAD_BYTES}]) AS head FROM flow_records "
-            "WHERE type = 'run.ended' AND run > ? AND run <= (SELECT max(run) FROM page) GROUP BY run) "
-            "SELECT page.run, page.head, ends.head FROM page LEFT JOIN ends USING (run) ORDER BY page.run",
-            [tenant, after_run, RUNS_SCAN if picky else limit + 1, after_run]).fetchall()
+        cursor = self.cursors["flows"]
+        page = cursor.execute(
+            "SELECT run, name, parent, ts FROM flow_records WHERE tenant = ? AND run > ? AND type = 'run.started' "
+            "AND NOT contains(run, '/') ORDER BY run LIMIT ?",
+            [tenant, after_run, RUNS_SCAN if picky else limit + 1]).fetchall()
+        if not page:
+            return [], None
+        ends = {run: (name, ts) for run, name, ts in cursor.execute(
+            "SELECT run, any_value(name), max(ts) FROM flow_records WHERE type = 'run.ended' AND run > ? "
+            "AND run <= ? GROUP BY run", [after_run, page[-1][0]]).fetchall()}
+        older = [run for run, name, _, _ in page if name is None or (run in ends and ends[run][0] is None)]
+        heads = self._older_heads(older) if older else {}
         out: list[dict[str, Any]] = []
-        for run, started, end in rows:
-            first = _head_fields(started, ("flow", "at", "parent"))
-            last = _head_fields(end, ("status", "at")) if end is not None else None
-            row = {"run_id": run, "flow": first.get("flow"), "status": last.get("status") if last else "open",
-                   "started_at": first.get("at"), "ended_at": last.get("at") if last else None}
-            if first.get("parent"):
-                row["parent"] = first["parent"]
+        for run, name, parent, at in page:
+            end = ends.get(run)
+            first, last = heads.get((run, "run.started"), {}), heads.get((run, "run.ended"), {})
+            row = {"run_id": run, "flow": name or first.get("flow"),
+                   "status": "open" if end is None else end[0] or last.get("status"),
+                   "started_at": at, "ended_at": end[1] if end else None}
+            if parent or first.get("parent"):
+                row["parent"] = parent or first["parent"]
             if (flow is None or row["flow"] == flow) and (status is None or row["status"] == status):
                 out.append(row)
                 if len(out) > limit:
                     return out[:limit], out[limit - 1]["run_id"]
-        return out, (rows[-1][0] if picky and len(rows) == RUNS_SCAN else None)
+        return out, (page[-1][0] if picky and len(page) == RUNS_SCAN else None)
+
+    def _older_heads(self, runs: list[str]) -> dict[tuple[str, str], dict[str, Any]]:
+        """The flow, parent and status of runs whose starts or ends were loaded before the
+        columns that name them: from the heads of their bodies (what is listed comes before the
+        input and the result, which may be megabytes)."""
+        rows = self.cursors["flows"].execute(
+            f"SELECT run, type, body[1:{HEAD_BYTES}] FROM flow_records WHERE run IN (SELECT unnest(?)) "
+            "AND type IN ('run.started', 'run.ended')", [runs]).fetchall()
+        return {(run, kind): _head_fields(head, ("flow", "parent", "status")) for run, kind, head in rows}
 
     def q_expired_runs(self, session, tenant, turn, after, limit):
         """Runs that ended before `after` (UNIX seconds) as [run, log, position of its first record,

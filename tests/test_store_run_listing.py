@@ -76,3 +76,29 @@ def test_a_listing_of_one_flow_or_one_status_reads_a_bounded_share_a_page(store,
     with pytest.raises(ValueError):
         store.query("runs", "", tenant="t", status="running")
     assert store.query("runs", "", tenant="nobody")[0] == []
+
+
+def test_runs_loaded_before_the_listing_columns_are_listed_from_their_bodies(store, tmp_path):
+    """Rows a store loaded before `name` and `parent` existed have NULLs there (the columns are
+    added to an older file as it opens): their flow, parent and state come from their bodies."""
+    full = listing(store)[0]
+    store.conns["flows"].execute("UPDATE flow_records SET name = NULL, parent = NULL")
+    assert store.cursors["flows"].execute("SELECT count(*) FROM flow_records WHERE name IS NOT NULL").fetchone() == (0,)
+    assert listing(store)[0] == full
+    assert [r["run_id"] for r in listing(store, flow="d")[0]] == ["r07.1"]
+
+    import duckdb
+    older = tmp_path / "older" / "db"
+    older.mkdir(parents=True)
+    con = duckdb.connect(str(older / "flows.db"))
+    con.execute("CREATE TABLE flow_records (run VARCHAR, tenant VARCHAR, type VARCHAR, seq INTEGER, body BLOB, "
+                "ts DOUBLE, writer SMALLINT, lsn BIGINT)")
+    con.close()
+    reopened = Store(tmp_path / "older", writers=1, memory_limit_mb=64)
+    reopened.open()
+    try:
+        columns = [c for (c,) in reopened.conns["flows"].execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'flow_records'").fetchall()]
+        assert columns[-2:] == ["name", "parent"]
+    finally:
+        reopened.close()
