@@ -134,10 +134,9 @@ class RunRequests:
         self.bus.reply(msg, Kind.FLOW_RUN, {**run.summary(), "created": False})
 
     async def _create(self, b: dict) -> Run:
-        fields = {"flow": b["flow"]}
+        fields = {"flow": b["flow"], "input": b.get("input")}
         if b.get("parent"):
             fields.update(parent=b["parent"], parent_seq=b["parent_seq"], parent_actor=b.get("parent_actor", ""))
-        fields["input"] = b.get("input")   # last: a listing of runs reads only the head of this record
         run = Run(b["run_id"], b["flow"], b["tenant"])
         self.runs[run.run_id] = run
         try:

@@ -188,7 +188,7 @@ PATHS: dict[str, dict] = {
                       "200": {"description": "already started", "content": _json(_ref("Run"))},
                       **_errors(400, 401, 409, 413, 503, 507)}}},
     "/v1/runs": {"get": {
-        "summary": "The flow runs, by id (a page filtered by flow or by an end's status may hold fewer than limit "
+        "summary": "The flow runs, by id (a page filtered by flow or by status may hold fewer than limit "
                    "and still name the next: the listing ends where next_after is null)",
         "parameters": [_param("after", NAME, "query", False, "cursor: the runs after this id"),
                        _param("flow", NAME, "query", False, "only runs of this flow"),

@@ -316,8 +316,7 @@ class StoreQueries:
 
 def _head_fields(head: bytes, wanted: tuple[str, ...]) -> dict[str, Any]:
     """The `wanted` fields of a record body's map found in its first bytes (`head`): a field past
-    them (after a big input, in a run's start recorded before 2026-12-06 put its parent first)
-    is simply not found."""
+    them (a child's parent, after a big input) is simply not found."""
     unpacker = msgpack.Unpacker(raw=False)
     unpacker.feed(head)
     out: dict[str, Any] = {}
