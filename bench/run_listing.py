@@ -10,7 +10,10 @@ with the store's retry at a raised memory limit as `Store.query` has it.
 
 Never does: start a server (it times the store's query, in this process).
 
-    python -m bench.run_listing [--runs 10000,100000] [--pages 20] [--name NAME]
+Run ids as the server makes them (in the order runs began) and as Idempotency-Keys make them (in
+no order), each in a journal of its own.
+
+    python -m bench.run_listing [--runs 10000,100000] [--ids made,keyed] [--pages 20] [--name NAME]
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from pathlib import Path
 
 import msgpack
 
+from actors.flow_runs import run_id_for_key
 from agentos.config import StorageConfig
 from bench.results import ResultsDir, markdown_table, pyplot
 from storage import records, segments
@@ -37,13 +41,17 @@ FILTERS = {"all": {}, "status=open": {"status": "open"}, "status=failed": {"stat
 BIG = "x" * (64 << 10)
 
 
-def journal(directory: Path, runs: int, seed: int = 7) -> None:
+def journal(directory: Path, runs: int, ids: str, seed: int = 7) -> None:
+    """`ids`: "made" as the server makes them (actors/flow_client.py new_run_id: in the order runs
+    began), or "keyed" (from an Idempotency-Key: in no order)."""
     rng = random.Random(seed)
     log = segments.SegmentLog(directory / "wal" / "0", segment_bytes=64 << 20)
     frames, at = [], 1.7e9
     for n in range(runs):
-        run, flow, big = f"r{rng.getrandbits(64):016x}", FLOWS[n % len(FLOWS)], n % 20 == 0
+        flow, big = FLOWS[n % len(FLOWS)], n % 20 == 0
         at += 0.01
+        run = (f"r{int(at * 1000):012x}{rng.getrandbits(80):020x}" if ids == "made"
+               else run_id_for_key(flow, "t", f"order-{n}"))
 
         def add(kind: str, **body) -> None:
             frames.append(records.frame(RecordKind.FLOW, f"{run}:{len(frames)}".encode(), records.encode_body(
@@ -126,14 +134,14 @@ def plot(rows: list[dict], path: Path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 3.6))
     labels = list(FILTERS)
-    for i, form in enumerate(("now", "first form")):
-        for runs in sorted({r["runs"] for r in rows}):
-            values = [next(r["p50_ms"] for r in rows if r["runs"] == runs and r["form"] == form and r["query"] == q)
-                      for q in labels]
+    for form in ("now", "first form"):
+        for runs, ids in sorted({(r["runs"], r["ids"]) for r in rows}):
+            point = {(r["query"]): r["p50_ms"] for r in rows if (r["runs"], r["ids"], r["form"]) == (runs, ids, form)}
+            values = [point[q] for q in labels]
             ax.plot(labels, values, marker="o" if form == "now" else "x", linestyle="-" if form == "now" else "--",
-                    label=f"{form}, {runs:,} runs")
+                    label=f"{form}, {runs:,} runs, {ids} ids")
     ax.set_ylabel("page p50 ms")
-    ax.set_ylim(bottom=0)
+    ax.set_yscale("log")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     fig.tight_layout()
@@ -145,26 +153,28 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run_listing", description=__doc__.split("\n")[0])
     parser.add_argument("--runs", default="10000,100000", help="journal sizes, comma-separated")
     parser.add_argument("--pages", type=int, default=20, help="pages timed per query and form")
+    parser.add_argument("--ids", default="made,keyed", help="run ids as the server makes them (in the order runs "
+                                                            "began), from Idempotency-Keys (in no order), or both")
     parser.add_argument("--name", default="run-listing")
     args = parser.parse_args(argv)
     results = ResultsDir(args.name)
     config = {"command": "bench.run_listing", "args": vars(args)}
     results.write_config(config)
     rows = []
-    for runs in [int(n) for n in args.runs.split(",")]:
+    for runs, ids in [(int(n), kind) for n in args.runs.split(",") for kind in args.ids.split(",")]:
         scratch = Path(tempfile.mkdtemp(prefix="run-listing-"))
         try:
-            journal(scratch, runs)
+            journal(scratch, runs, ids)
             store = Store(scratch, writers=1, memory_limit_mb=StorageConfig().duckdb_memory_limit_mb)
             store.open()
             try:
                 began = time.perf_counter()
                 store.load_all()
                 loaded = time.perf_counter() - began
-                ids = [run for (run,) in store.cursors["flows"].execute(
+                run_ids = [run for (run,) in store.cursors["flows"].execute(
                     "SELECT DISTINCT run FROM flow_records WHERE type = 'run.started'").fetchall()]
-                for row in measure(store, ids, args.pages, random.Random(runs)):
-                    rows.append({"runs": runs, "load_s": round(loaded, 2), **row})
+                for row in measure(store, run_ids, args.pages, random.Random(runs)):
+                    rows.append({"runs": runs, "ids": ids, "load_s": round(loaded, 2), **row})
                     print(rows[-1], flush=True)
             finally:
                 store.close()
@@ -172,12 +182,15 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(scratch, ignore_errors=True)
     results.write_rows(rows)
     plot(rows, results.figure_path("page_ms.png"))
-    table = markdown_table(["runs", "query", "form", "page p50 ms", "max ms", "rows a page", "refused for memory"],
-                           [(r["runs"], r["query"], r["form"], r["p50_ms"], r["max_ms"], r["mean_rows"],
+    table = markdown_table(["runs", "ids", "query", "form", "page p50 ms", "max ms", "rows a page",
+                            "refused for memory"],
+                           [(r["runs"], r["ids"], r["query"], r["form"], r["p50_ms"], r["max_ms"], r["mean_rows"],
                              f"{r['refused_for_memory']} of {r['pages']}") for r in rows])
     results.write_summary(f"# A page of GET /v1/runs\n\nPages of 100 from random cursors, through the store's query "
                           f"thread's cursor at its own memory limit (a refusal for memory is run again raised, as "
-                          f"`Store.query` does). `first form`: the listing as first written.\n\n{table}\n")
+                          f"`Store.query` does). `first form`: the listing as first written. Ids `made` as the "
+                          f"server makes them (in the order runs began), `keyed` from Idempotency-Keys (in no "
+                          f"order).\n\n{table}\n")
     print(f"results: {results.path}")
     return 0
 
