@@ -31,6 +31,9 @@ def past_deadline(body: dict[str, Any], now: float) -> bool:
     deadline = body.get("deadline")
     return isinstance(deadline, (int, float)) and now > deadline - DEADLINE_MARGIN_SECS
 
+# What a run is in the listing of runs (the store query `runs`, GET /v1/runs): open until it ends.
+RUN_STATUSES = ("open", "completed", "failed", "cancelled")
+
 # The largest value a run records (a step's, tool's, handler's or flow's result, a flow's input,
 # an attribute, a channel message), as msgpack. Each travels the bus in one message and lands in
 # the log in one record, which carry at most 64 MB (the broker's MAXMSGSIZE, the log's
@@ -210,7 +213,8 @@ SPECS: dict[Kind, Spec] = {
     Kind.LOG_MENDED: _spec({"bytes": int}, why=str, retry=bool, whole=bool),
     # query: messages, events, sessions (`session`: the cursor, the id to list after), checkpoint_chain,
     # blob_latest, blob_filter, flow_records, open_runs, expired_runs, count, log_ends (see
-    # storage/store_queries.py `QUERIES`);
+    # storage/store_queries.py `QUERIES`), runs (`session`: the run id to list after; `flow`,
+    # `status`: one of RUN_STATUSES);
     # `sync`: answer once the store has loaded everything in the logs now; `sync_to` ([[log, position],
     # ...]): once it has loaded that far (a reader that knows what it has not seen yet).
     Kind.STORE_QUERY: _spec({"query": str, "session": str}, tenant=str, turn=str, after=int, limit=int,

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from actors.closing import HOLD_SECS
 from broker.client import BusError
-from broker.protocol import Kind
+from broker.protocol import RUN_STATUSES, Kind
 from broker.sharding import STORE, actor_name
 from gateway.errors import LOG_WRITE_ERRORS, ApiError, json_response
 from gateway.flows import NAME as FLOW_NAME
@@ -27,7 +27,6 @@ from gateway.tenancy import check_session_id, external, internal
 from storage.bloom import BloomFilter
 from storage.log_client import LogWriteError
 from storage.records import RecordKind
-from storage.store_queries import RUN_STATUSES
 
 if TYPE_CHECKING:
     from gateway.app import Gateway

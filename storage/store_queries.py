@@ -12,6 +12,7 @@ import duckdb
 import msgpack
 import orjson
 
+from broker.protocol import RUN_STATUSES
 from storage import duck_memory, schema, session_summary
 from storage.newest_blobs import Newest
 
@@ -19,7 +20,6 @@ MAX_LIMIT = 1000
 EXPIRED_PER_ANSWER = 5000     # runs per `expired_runs` answer (see q_expired_runs)
 RUNS_SCAN = 1000              # runs a page of `runs` filtered by flow or by status reads at most
 HEAD_BYTES = 1024             # of an older run's start or end body: what a listing reads (see q_runs)
-RUN_STATUSES = ("open", "completed", "failed", "cancelled")   # open: not ended (running or suspended)
 T = TypeVar("T")
 
 
