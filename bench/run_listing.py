@@ -3,10 +3,11 @@
 Owns: a write-ahead log of flow runs built in a scratch directory (real FLOW records, as actors
 write them: a start, a few steps, and for most runs an end; one in ten open, one in twenty with an
 input and a result of 64 KiB), loaded by writer/store's own loader (`storage.store.Store`), and
-then pages of the listing timed through `Store.query` — unfiltered, of one status, of one flow —
-from random cursors, beside the same page read as the listing was first written: one GROUP BY of
-every run's start and end, whole bodies (kept here as `first_form`), on the same file and cursor,
-with the store's retry at a raised memory limit as `Store.query` has it.
+then pages of the listing timed through `Store.query` — unfiltered, of one status, of one flow,
+newest first — from random cursors, beside the same page read as the listing was first written
+(but newest first, which it had no form of): one GROUP BY of every run's start and end, whole
+bodies (kept here as `first_form`), on the same file and cursor, with the store's retry at a
+raised memory limit as `Store.query` has it.
 
 Never does: start a server (it times the store's query, in this process).
 
@@ -37,7 +38,7 @@ from storage.store_queries import StoreQueries
 
 FLOWS = ("checkout", "refund", "onboard", "report")
 FILTERS = {"all": {}, "status=open": {"status": "open"}, "status=failed": {"status": "failed"},
-           "flow=refund": {"flow": "refund"}}
+           "flow=refund": {"flow": "refund"}, "order=desc": {"desc": True}}   # desc: no first form of it
 BIG = "x" * (64 << 10)
 
 
@@ -107,14 +108,14 @@ def timed(call) -> tuple[float, int, bool]:
 def measure(store: Store, ids: list[str], pages: int, rng: random.Random) -> list[dict]:
     rows = []
     for label, filters in FILTERS.items():
-        for form in ("now", "first form"):
+        for form in ("now",) if filters.get("desc") else ("now", "first form"):
             times, refusals, counts = [], 0, []
             for _ in range(pages):
                 after = rng.choice(ids)
                 if form == "now":
                     def call(raised, after=after):
                         run = lambda: StoreQueries.q_runs(store, after, "t", 100, filters.get("flow"),  # noqa: E731
-                                                          filters.get("status"))[0]
+                                                          filters.get("status"), filters.get("desc", False))[0]
                         return store.roomy(run) if raised else run()
                 else:
                     def call(raised, after=after):
@@ -137,9 +138,9 @@ def plot(rows: list[dict], path: Path) -> None:
     for form in ("now", "first form"):
         for runs, ids in sorted({(r["runs"], r["ids"]) for r in rows}):
             point = {(r["query"]): r["p50_ms"] for r in rows if (r["runs"], r["ids"], r["form"]) == (runs, ids, form)}
-            values = [point[q] for q in labels]
-            ax.plot(labels, values, marker="o" if form == "now" else "x", linestyle="-" if form == "now" else "--",
-                    label=f"{form}, {runs:,} runs, {ids} ids")
+            shown = [q for q in labels if q in point]
+            ax.plot(shown, [point[q] for q in shown], marker="o" if form == "now" else "x",
+                    linestyle="-" if form == "now" else "--", label=f"{form}, {runs:,} runs, {ids} ids")
     ax.set_ylabel("page p50 ms")
     ax.set_yscale("log")
     ax.grid(alpha=0.3)

@@ -128,25 +128,33 @@ class HistoryRoutes:
 
     async def list_runs(self, request: web.Request) -> web.Response:
         """The tenant's flow runs, a page at a time by id, optionally of one flow and one status
-        (open: not ended). A page filtered so may hold fewer runs than `limit` and still name
-        the next (storage/store_queries.py q_runs): the listing ends where `next_after` is null."""
+        (open: not ended): after a cursor, or with `order=desc` from the last down, before one
+        (the ids the server makes begin with their start time: the newest first). A page
+        filtered so may hold fewer runs than `limit` and still name the next (storage/
+        store_queries.py q_runs): the listing ends where `next_after` (`next_before`) is null."""
         tenant = self.gw.tenant_of(request)
-        after, flow, status = (request.query.get(k) for k in ("after", "flow", "status"))
-        for name, value in (("after", after), ("flow", flow)):
+        order = request.query.get("order", "asc")
+        if order not in ("asc", "desc"):
+            raise ApiError(400, "invalid_parameter", "order must be asc or desc")
+        cursor_name, other = ("before", "after") if order == "desc" else ("after", "before")
+        if other in request.query:
+            raise ApiError(400, "invalid_parameter", f"with order={order} the cursor is {cursor_name}, not {other}")
+        cursor, flow, status = (request.query.get(k) for k in (cursor_name, "flow", "status"))
+        for name, value in ((cursor_name, cursor), ("flow", flow)):
             if value is not None and not FLOW_NAME.match(value):
                 raise ApiError(400, "invalid_parameter", f"{name} must be 1-200 characters of letters, digits "
                                                          "and . _ : -")
         if status is not None and status not in RUN_STATUSES:
             raise ApiError(400, "invalid_parameter", f"status must be one of: {', '.join(RUN_STATUSES)}")
-        query = {"query": "runs", "session": internal(tenant, after) if after else "", "tenant": tenant,
-                 "sync": True, "limit": _int_param(request, "limit", 100, 1, 1000)}
+        query = {"query": "runs", "session": internal(tenant, cursor) if cursor else "", "tenant": tenant,
+                 "sync": True, "limit": _int_param(request, "limit", 100, 1, 1000), "desc": order == "desc"}
         query.update({k: v for k, v in (("flow", flow), ("status", status)) if v is not None})
         body = await self._query(query)
         nxt = body.get("next_after")
         return json_response({"runs": [{**row, "run_id": external(tenant, row["run_id"]),
                                         **({"parent": external(tenant, row["parent"])} if row.get("parent") else {})}
                                        for row in body["rows"]],
-                              "next_after": external(tenant, nxt) if nxt else None})
+                              f"next_{cursor_name}": external(tenant, nxt) if nxt else None})
 
     async def get_messages(self, request: web.Request) -> web.Response:
         return await self._page(request, "messages", "no such session (it has no messages)")

@@ -104,8 +104,8 @@ SCHEMAS: dict[str, Any] = {
     "Run": {"type": "object", "required": ["run_id", "status"],
             "properties": {"run_id": {"type": "string"}, "status": {"type": "string"}, "flow": {"type": "string"},
                            "created": {"type": "boolean"}, "result": ANY, "error": {"type": "string"}}},
-    "Runs": {"type": "object", "required": ["runs", "next_after"],
-             "properties": {"next_after": {"type": ["string", "null"]},
+    "Runs": {"type": "object", "required": ["runs"],
+             "properties": {"next_after": {"type": ["string", "null"]}, "next_before": {"type": ["string", "null"]},
                             "runs": {"type": "array", "items": {
                                 "type": "object", "required": ["run_id", "flow", "status", "started_at", "ended_at"],
                                 "properties": {"run_id": {"type": "string"}, "flow": {"type": ["string", "null"]},
@@ -189,8 +189,13 @@ PATHS: dict[str, dict] = {
                       **_errors(400, 401, 409, 413, 503, 507)}}},
     "/v1/runs": {"get": {
         "summary": "The flow runs, by id (a page filtered by flow or by status may hold fewer than limit "
-                   "and still name the next: the listing ends where next_after is null)",
+                   "and still name the next: the listing ends where next_after, or next_before, is null)",
         "parameters": [_param("after", NAME, "query", False, "cursor: the runs after this id"),
+                       _param("before", NAME, "query", False, "cursor, with order=desc: the runs before this id"),
+                       _param("order", {"enum": ["asc", "desc"]}, "query", False,
+                              "asc (default): by id, the next page after `next_after`; desc: from the last id "
+                              "down (the newest first, of ids the server made), the next page before "
+                              "`next_before`"),
                        _param("flow", NAME, "query", False, "only runs of this flow"),
                        _param("status", {"type": "string", "enum": ["open", "completed", "failed", "cancelled"]},
                               "query", False, "only runs in this state (open: not ended)"), LIMIT],

@@ -33,12 +33,14 @@ class StoreQueries:
               ) -> tuple[list[dict[str, Any]], int | str | None]:
         """(rows, cursor for the next page or None). A transcript or events page may also be bounded
         above (`before`, exclusive) and come newest first (`desc`; its cursor is then the oldest
-        row's, for the page before it). A page of runs may be of one `flow` and one `status`."""
+        row's, for the page before it). A page of runs may be of one `flow` and one `status`, and
+        newest first too (`desc`: `session` is then the cursor below which it starts)."""
         limit = max(1, min(limit, MAX_LIMIT))
         if name == "runs":
-            if not tenant or (status is not None and status not in RUN_STATUSES):
-                raise ValueError(f"runs: a tenant, and a status of {', '.join(RUN_STATUSES)}")
-            return self.roomy(StoreQueries.q_runs, self, session, tenant, limit, flow, status)
+            if not tenant or (status is not None and status not in RUN_STATUSES) or before is not None:
+                raise ValueError(f"runs: a tenant, a status of {', '.join(RUN_STATUSES)}, and no before "
+                                 "(the cursor is `session`)")
+            return self.roomy(StoreQueries.q_runs, self, session, tenant, limit, flow, status, desc)
         handler = QUERIES.get(name)
         if handler is None:
             raise ValueError(f"unknown query {name!r}")
@@ -233,28 +235,32 @@ class StoreQueries:
             "HAVING count(*) FILTER (WHERE type = 'run.ended') = 0").fetchall()
         return [{"run_id": run} for (run,) in rows], None
 
-    def q_runs(self, after_run: str, tenant: str, limit: int, flow: str | None,
-               status: str | None) -> tuple[list[dict[str, Any]], str | None]:
-        """The tenant's flow runs by id after `after_run` ('' = from the first), not the agent
-        turns' own (their ids hold a '/'): each with its flow, status ('open' until it ends), times
-        and parent if a child. Of one `flow` or one `status`, a page reads at most RUNS_SCAN runs,
-        so it may hold fewer than `limit`, even none, and still name the next: the listing ends
-        where the cursor is None."""
+    def q_runs(self, cursor_run: str, tenant: str, limit: int, flow: str | None, status: str | None,
+               desc: bool = False) -> tuple[list[dict[str, Any]], str | None]:
+        """The tenant's flow runs by id after `cursor_run` ('' = from the first), or with `desc`
+        from the last down, before `cursor_run` ('' = from the last); not the agent turns' own
+        (their ids hold a '/'). Each with its flow, status ('open' until it ends), times and parent
+        if a child. Of one `flow` or one `status`, a page reads at most RUNS_SCAN runs, so it may
+        hold fewer than `limit`, even none, and still name the next: the listing ends where the
+        cursor is None."""
         # The page's starts first (a top-N of one record type), then the ends in its range of ids,
         # from the columns the loader fills for this (schema.py `name`, `parent`): no body is read
         # (a GROUP BY of every run's start and end, whole bodies, went past the store's memory
         # limit at 100,000 runs; the heads of the bodies alone took 130-250 ms a page there).
         picky = flow is not None or status is not None
+        bound, bound_args = ("run > ?", [cursor_run]) if not desc else ("run < ?", [cursor_run]) if cursor_run \
+            else ("true", [])
         cursor = self.cursors["flows"]
         page = cursor.execute(
-            "SELECT run, name, parent, ts FROM flow_records WHERE tenant = ? AND run > ? AND type = 'run.started' "
-            "AND NOT contains(run, '/') ORDER BY run LIMIT ?",
-            [tenant, after_run, RUNS_SCAN if picky else limit + 1]).fetchall()
+            f"SELECT run, name, parent, ts FROM flow_records WHERE tenant = ? AND {bound} AND type = 'run.started' "
+            f"AND NOT contains(run, '/') ORDER BY run{' DESC' if desc else ''} LIMIT ?",
+            [tenant, *bound_args, RUNS_SCAN if picky else limit + 1]).fetchall()
         if not page:
             return [], None
         ends = {run: (name, ts) for run, name, ts in cursor.execute(
-            "SELECT run, any_value(name), max(ts) FROM flow_records WHERE type = 'run.ended' AND run > ? "
-            "AND run <= ? GROUP BY run", [after_run, page[-1][0]]).fetchall()}
+            "SELECT run, any_value(name), max(ts) FROM flow_records WHERE type = 'run.ended' AND run >= ? "
+            "AND run <= ? AND tenant = ? GROUP BY run",
+            [min(page[0][0], page[-1][0]), max(page[0][0], page[-1][0]), tenant]).fetchall()}
         older = [run for run, name, _, _ in page if name is None or (run in ends and ends[run][0] is None)]
         heads = self._older_heads(older) if older else {}
         out: list[dict[str, Any]] = []

@@ -20,14 +20,14 @@ def ended(base, run_id, headers):
     return get_json(f"{base}/v1/runs/{run_id}?wait=30", headers=headers)[2]["status"]
 
 
-def listing(base, headers, query=""):
-    """Every page, followed to the end."""
+def listing(base, headers, query="", cursor="after"):
+    """Every page, followed to the end (`cursor` "before": with order=desc)."""
     runs, after = [], None
     for _ in range(50):
-        status, _, body = get_json(f"{base}/v1/runs?{query}{'&after=' + after if after else ''}", headers=headers)
+        status, _, body = get_json(f"{base}/v1/runs?{query}{f'&{cursor}=' + after if after else ''}", headers=headers)
         assert status == 200, body
         runs += body["runs"]
-        after = body["next_after"]
+        after = body[f"next_{cursor}"]
         if after is None:
             return runs
     raise AssertionError("the listing did not end")
@@ -66,8 +66,14 @@ def test_a_tenant_lists_its_runs_by_state_and_flow_a_page_at_a_time(make_server,
     # ids the server makes sort in the order their runs began: a listing shows them so
     made = [start(base, "waiter", {}, ACME) for _ in range(6)]   # (random ids: in this order 1 time in 720)
     assert [r["run_id"] for r in listing(base, ACME, "flow=waiter&status=open")] == made
+    # …and newest first with order=desc, a page at a time down to the first run
+    assert [r["run_id"] for r in listing(base, ACME, "order=desc&flow=waiter&status=open&limit=4", "before")] == \
+        made[::-1]
+    newest_first = listing(base, ACME, "order=desc&limit=2", "before")
+    assert newest_first == listing(base, ACME)[::-1] and len(newest_first) == 12
 
-    for bad in ("status=running", "flow=bad%20name", "limit=0", "after=a%2Fb", "limit=x"):
+    for bad in ("status=running", "flow=bad%20name", "limit=0", "after=a%2Fb", "limit=x", "order=newest",
+                "order=desc&after=steps-1", "before=steps-1", "order=desc&before=a%2Fb"):
         status, _, body = get_json(f"{base}/v1/runs?{bad}", headers=ACME)
         assert status == 400 and body["error"]["code"] == "invalid_parameter", (bad, body)
     assert get_json(f"{base}/v1/runs")[0] == 401

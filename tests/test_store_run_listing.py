@@ -39,11 +39,11 @@ def store(tmp_path):
     s.close()
 
 
-def listing(store, **filters):
+def listing(store, desc=False, **filters):
     """Every page of the listing, followed to its end: (runs, pages)."""
     runs, pages, after = [], 0, ""
     while True:
-        rows, after = store.query("runs", after, tenant="t", limit=4, **filters)
+        rows, after = store.query("runs", after, tenant="t", limit=4, desc=desc, **filters)
         runs += rows
         pages += 1
         if after is None:
@@ -76,6 +76,21 @@ def test_a_listing_of_one_flow_or_one_status_reads_a_bounded_share_a_page(store,
     with pytest.raises(ValueError):
         store.query("runs", "", tenant="t", status="running")
     assert store.query("runs", "", tenant="nobody")[0] == []
+
+
+def test_runs_are_listed_from_the_last_down_with_the_same_states_and_filters(store, monkeypatch):
+    ascending = listing(store)[0]
+    runs, pages = listing(store, desc=True)
+    assert runs == ascending[::-1] and pages == 8
+    # each page's ends are those of its own runs, when the cursor runs down through ended runs
+    assert [(r["run_id"], r["status"]) for r in store.query("runs", "r06", tenant="t", limit=3, desc=True)[0]] == \
+        [("r05.0", "open"), ("r05", "completed"), ("r04", "failed")]
+    monkeypatch.setattr(store_queries, "RUNS_SCAN", 5)
+    assert listing(store, desc=True, status="failed")[0] == listing(store, status="failed")[0][::-1]
+    assert listing(store, desc=True, flow="a", status="open")[0] == listing(store, flow="a", status="open")[0][::-1]
+    assert store.query("runs", "r00", tenant="t", desc=True) == ([], None)
+    with pytest.raises(ValueError):
+        store.query("runs", "", tenant="t", before=3)
 
 
 def test_runs_loaded_before_the_listing_columns_are_listed_from_their_bodies(store, tmp_path):
