@@ -7,6 +7,8 @@ first of those files, each read the HTTP API makes, timed through `Store.query` 
 read as it was before the summary, on the same file and cursor: the listing's old aggregate
 (kept here), the other reads with no bounds on `ts`:
 - `sessions`: a page of 100 of `GET /v1/sessions` (from a random session id on);
+- `recent`: a page of 100 of `GET /v1/sessions?order=recent` (the most recently active first, from
+  a random session's place on), `before` being the listing's old aggregate by last activity;
 - `messages`: a page of `GET /v1/sessions/{sid}/messages` of a random session;
 - `checkpoint_chain`: what a session actor reads to load a session (after TTL eviction or a restart);
 - `events`: a page of `GET /v1/sessions/{sid}/events` (events.db, which has its own summary);
@@ -50,7 +52,7 @@ from storage.store import Store
 READS = 60                 # of each kind, per scale and path
 MEMORY_LIMIT_MB = 64       # writer/store's default (storage.duckdb_memory_limit_mb)
 PAGE = 100
-KINDS = ("sessions", "messages", "checkpoint_chain", "events", "long_chain", "close")
+KINDS = ("sessions", "recent", "messages", "checkpoint_chain", "events", "long_chain", "close")
 LONG = 20                  # sessions that live through the whole log
 SNAPSHOT_EVERY = 16        # storage.snapshot_every's default
 
@@ -61,6 +63,11 @@ LIST_BEFORE = ("SELECT session, sum(n), min(first), max(last) FROM ("
                "AND tenant = ? GROUP BY session UNION ALL "
                "SELECT session, 0, min(ts), max(ts) FROM checkpoints WHERE session > ? AND tenant = ? GROUP BY session"
                ") GROUP BY session ORDER BY session LIMIT ?")
+RECENT_BEFORE = ("SELECT session, sum(n), min(first), max(last) FROM ("
+                 "SELECT session, count(*) AS n, min(ts) AS first, max(ts) AS last FROM messages WHERE tenant = ? "
+                 "GROUP BY session UNION ALL "
+                 "SELECT session, 0, min(ts), max(ts) FROM checkpoints WHERE tenant = ? GROUP BY session"
+                 ") GROUP BY session HAVING max(last) < ? ORDER BY max(last) DESC, session DESC LIMIT ?")
 
 
 @contextlib.contextmanager
@@ -177,6 +184,7 @@ def reads(store: Store, sessions: int, rng: random.Random) -> list[dict]:
     picks = [session_id(rng.randrange(sessions)) for _ in range(READS)]
     others = [session_id(n) for n in rng.sample(range(sessions), 2 * READS)]   # closed, so none read twice
     closing = {"summary": others[:READS], "before": others[READS:]}
+    last_at = dict(cursor.execute("SELECT session, last_at FROM session_summary").fetchall())
     rows = []
     for kind in KINDS:
         times: dict[str, list[float]] = {"summary": [], "before": []}
@@ -186,6 +194,10 @@ def reads(store: Store, sessions: int, rng: random.Random) -> list[dict]:
             for path in (("summary", "before") if i % 2 else ("before", "summary")):
                 if kind == "sessions" and path == "before":
                     call = lambda: cursor.execute(LIST_BEFORE, [sid, "t", sid, "t", PAGE + 1]).fetchall()   # noqa: E731
+                elif kind == "recent" and path == "before":
+                    call = lambda: cursor.execute(RECENT_BEFORE, ["t", "t", last_at[sid], PAGE + 1]).fetchall()  # noqa: E731
+                elif kind == "recent":
+                    call = lambda: store.query("sessions", sid, "t", limit=PAGE, desc=True, at=last_at[sid])[0]  # noqa: E731
                 elif kind == "long_chain":
                     sid = long_id(i % LONG)
                     call = lambda: store.query("checkpoint_chain", sid, "t")[0]   # noqa: E731
@@ -225,7 +237,8 @@ def summary_text(rows: list[dict], loads: list[dict], config: dict) -> str:
             f"(storage/session_summary.py); `before`: as they were before it, on the same file and cursor (the "
             f"listing's aggregate of every row of the tenant; the others with no bounds on `ts`). "
             f"{READS} reads of each, of random sessions (a `sessions` read is a page of {PAGE} from a random "
-            f"id on).\n\n{reads_table}\n\nThe loader, with the summary (each batch's sums kept, merged once a second "
+            f"id on, a `recent` read a page of {PAGE} most recently active first from a random session's "
+            f"place on).\n\n{reads_table}\n\nThe loader, with the summary (each batch's sums kept, merged once a second "
             f"and once at the end) and without "
             f"(the whole log from an empty file, open included):\n\n{loads_table}\n")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 import time
 from typing import TYPE_CHECKING, Callable
@@ -41,6 +42,18 @@ WRITE_ERRORS = {**LOG_WRITE_ERRORS, "not_found": (404, "not_found")}
 
 def _hold_ends_by_itself(_reply, _exc) -> None:
     """A close's notice its actor did not take within HOLD_SECS: the hold has ended by then."""
+
+
+def _recent_cursor(value: str) -> tuple[float, str]:
+    """A `next_before` of the sessions listed by recent activity: "<last_at>/<session id>"."""
+    at, sep, sid = value.partition("/")
+    try:
+        when = float(at)
+    except ValueError:
+        when = float("nan")
+    if not sep or not math.isfinite(when):
+        raise ApiError(400, "invalid_parameter", "before must be a next_before this listing gave")
+    return when, check_session_id(sid)
 
 
 def _int_param(request: web.Request, name: str, default: int, low: int, high: int) -> int:
@@ -115,16 +128,32 @@ class HistoryRoutes:
         return reply.body
 
     async def list_sessions(self, request: web.Request) -> web.Response:
-        """The tenant's sessions that hold a transcript or a checkpoint, a page at a time by id."""
+        """The tenant's sessions that hold a transcript or a checkpoint, a page at a time: by id,
+        or with `order=recent` the most recently active first (as a chat app lists them), the
+        next page `before` the cursor named (`next_before`: the last one's time and id)."""
         tenant = self.gw.tenant_of(request)
-        after = request.query.get("after", "")
-        cursor = internal(tenant, check_session_id(after)) if after else ""
-        body = await self._query({"query": "sessions", "session": cursor, "tenant": tenant, "sync": True,
-                                  "limit": _int_param(request, "limit", 100, 1, 1000)})
+        order = request.query.get("order", "id")
+        if order not in ("id", "recent"):
+            raise ApiError(400, "invalid_parameter", "order must be id or recent")
+        cursor_name, other = ("before", "after") if order == "recent" else ("after", "before")
+        if other in request.query:
+            raise ApiError(400, "invalid_parameter", f"with order={order} the cursor is {cursor_name}, not {other}")
+        query = {"query": "sessions", "session": "", "tenant": tenant, "sync": True,
+                 "limit": _int_param(request, "limit", 100, 1, 1000)}
+        if order == "id" and request.query.get("after"):
+            query["session"] = internal(tenant, check_session_id(request.query["after"]))
+        elif order == "recent":
+            query["desc"] = True
+            if "before" in request.query:
+                query["at"], sid = _recent_cursor(request.query["before"])
+                query["session"] = internal(tenant, sid)
+        body = await self._query(query)
         nxt = body.get("next_after")
-        return json_response({"sessions": [{**row, "session_id": external(tenant, row["session_id"])}
-                                           for row in body["rows"]],
-                              "next_after": external(tenant, nxt) if nxt else None})
+        rows = [{**row, "session_id": external(tenant, row["session_id"])} for row in body["rows"]]
+        if order == "recent":
+            return json_response({"sessions": rows, "next_before": f"{rows[-1]['last_at']!r}/{rows[-1]['session_id']}"
+                                  if nxt and rows else None})
+        return json_response({"sessions": rows, "next_after": external(tenant, nxt) if nxt else None})
 
     async def list_runs(self, request: web.Request) -> web.Response:
         """The tenant's flow runs, a page at a time by id, optionally of one flow and one status

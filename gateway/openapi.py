@@ -80,8 +80,8 @@ SCHEMAS: dict[str, Any] = {
                   "properties": {"input": {"type": "string", "minLength": 1, "maxLength": 200000}}},
     "Cancelled": {"type": "object", "required": ["cancelled", "turn_id"],
                   "properties": {"cancelled": {"const": True}, "turn_id": {"type": "string"}}},
-    "Sessions": {"type": "object", "required": ["sessions", "next_after"],
-                 "properties": {"next_after": {"type": ["string", "null"]},
+    "Sessions": {"type": "object", "required": ["sessions"],
+                 "properties": {"next_after": {"type": ["string", "null"]}, "next_before": {"type": ["string", "null"]},
                                 "sessions": {"type": "array", "items": {
                                     "type": "object", "required": ["session_id", "messages", "first_at", "last_at"],
                                     "properties": {"session_id": {"type": "string"}, "messages": {"type": "integer"},
@@ -129,9 +129,16 @@ SCHEMAS: dict[str, Any] = {
 PATHS: dict[str, dict] = {
     "/v1/sessions": {"post": {"summary": "A new session id", "responses": {
         "201": {"description": "created", "content": _json(_ref("Session"))}, **_errors(401)}},
-                     "get": {"summary": "The sessions that hold a transcript or a checkpoint, by id",
+                     "get": {"summary": "The sessions that hold a transcript or a checkpoint, by id or the most "
+                                        "recently active first",
                              "parameters": [_param("after", ID, "query", False,
-                                                   "cursor: the sessions after this id"), LIMIT],
+                                                   "cursor: the sessions after this id"),
+                                            _param("order", {"enum": ["id", "recent"]}, "query", False,
+                                                   "id (default): by id, the next page after `next_after`; recent: "
+                                                   "the most recently active first, the next page before "
+                                                   "`next_before`"),
+                                            _param("before", {"type": "string", "maxLength": 200}, "query", False,
+                                                   "cursor, with order=recent: a `next_before`"), LIMIT],
                              "responses": {"200": {"description": "a page of sessions",
                                                    "content": _json(_ref("Sessions"))},
                                            **_errors(400, 401, 503)}}},

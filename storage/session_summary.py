@@ -290,3 +290,30 @@ def page(cursor: duckdb.DuckDBPyConnection, pending: Pending, after: str, tenant
     for session, (tenant_, counted, first, last) in extra.items():
         _add(sums, session, tenant_, counted, first, last)
     return [(s, sums[s][1], sums[s][2], sums[s][3]) for s in sorted(sums)[:limit]]
+
+
+def recent_page(cursor: duckdb.DuckDBPyConnection, pending: Pending, before: tuple[float, str] | None,
+                tenant: str | None, limit: int) -> list[tuple]:
+    """(session, counted, first_at, last_at) of up to `limit` sessions, the most recently active
+    first (`last_at`, then the id, descending), below `before` ((last_at, session)). A session
+    active since a page was read is listed again at its new place, as a chat's list moves it up."""
+    clause, args = (" AND tenant = ?", [tenant]) if tenant else ("", [])
+    below, below_args = ((" AND (last_at < ? OR (last_at = ? AND session < ?))", [before[0], before[0], before[1]])
+                         if before else ("", []))
+    with pending.lock:   # no merge between the reads: its sums would count twice
+        extra = {s: e for s, e in pending.after("", tenant).items() if s}
+        # The sessions with sums not merged yet are placed by their whole sums, not by the table's
+        # older time: there they would take a place on the page and leave it short.
+        rows = cursor.execute(f"SELECT session, tenant, counted, first_at, last_at FROM {TABLE} WHERE session <> '' "
+                              "AND session NOT IN (SELECT unnest(?))" + clause + below +
+                              " ORDER BY last_at DESC, session DESC LIMIT ?",
+                              [list(extra), *args, *below_args, limit]).fetchall()
+        if extra:
+            rows += cursor.execute(f"SELECT session, tenant, counted, first_at, last_at FROM {TABLE} "
+                                   "WHERE session IN (SELECT unnest(?))", [list(extra)]).fetchall()
+    sums = {session: [tenant_, counted, first, last] for session, tenant_, counted, first, last in rows}
+    for session, (tenant_, counted, first, last) in extra.items():
+        _add(sums, session, tenant_, counted, first, last)
+    ranked = sorted(((entry[3], session) for session, entry in sums.items()
+                     if before is None or (entry[3], session) < before), reverse=True)[:limit]
+    return [(session, sums[session][1], sums[session][2], last) for last, session in ranked]

@@ -30,17 +30,23 @@ class StoreQueries:
     def query(self, name: str, session: str, tenant: str | None = None, turn: str | None = None,
               after: int = -1, limit: int = 100, before: int | None = None,
               desc: bool = False, flow: str | None = None, status: str | None = None,
-              ) -> tuple[list[dict[str, Any]], int | str | None]:
+              at: float | None = None) -> tuple[list[dict[str, Any]], int | str | None]:
         """(rows, cursor for the next page or None). A transcript or events page may also be bounded
         above (`before`, exclusive) and come newest first (`desc`; its cursor is then the oldest
         row's, for the page before it). A page of runs may be of one `flow` and one `status`, and
-        newest first too (`desc`: `session` is then the cursor below which it starts)."""
+        newest first too (`desc`: `session` is then the cursor below which it starts). Sessions
+        with `desc` come the most recently active first, below the cursor (`at`, `session`)."""
         limit = max(1, min(limit, MAX_LIMIT))
         if name == "runs":
             if not tenant or (status is not None and status not in RUN_STATUSES) or before is not None:
                 raise ValueError(f"runs: a tenant, a status of {', '.join(RUN_STATUSES)}, and no before "
                                  "(the cursor is `session`)")
             return self.roomy(StoreQueries.q_runs, self, session, tenant, limit, flow, status, desc)
+        if name == "sessions" and desc:
+            if before is not None or (session and at is None):
+                raise ValueError("sessions, most recent first: the cursor is a session and its time (at)")
+            return self.roomy(StoreQueries.q_recent_sessions, self, (float(at), session) if session else None, tenant,
+                              limit)
         handler = QUERIES.get(name)
         if handler is None:
             raise ValueError(f"unknown query {name!r}")
@@ -147,6 +153,15 @@ class StoreQueries:
         `session` ('' = from the first): how many messages each has, its first and last record's time."""
         rows = session_summary.page(self.cursors["messages"], self.summary_pending["messages"], session, tenant,
                                     limit + 1)
+        out = [{"session_id": sid, "messages": int(n), "first_at": first, "last_at": last}
+               for sid, n, first, last in rows[:limit]]
+        return out, (out[-1]["session_id"] if len(rows) > limit else None)
+
+    def q_recent_sessions(self, before: tuple[float, str] | None, tenant: str | None, limit: int):
+        """As `q_sessions`, the most recently active first, below `before` ((last_at, session));
+        the next page's cursor is the last session's id (and its `last_at`)."""
+        rows = session_summary.recent_page(self.cursors["messages"], self.summary_pending["messages"], before,
+                                           tenant, limit + 1)
         out = [{"session_id": sid, "messages": int(n), "first_at": first, "last_at": last}
                for sid, n, first, last in rows[:limit]]
         return out, (out[-1]["session_id"] if len(rows) > limit else None)

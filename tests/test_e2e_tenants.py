@@ -95,6 +95,26 @@ def test_a_tenant_lists_its_own_sessions_a_page_at_a_time(make_server):
     assert get_json(f"{base}/v1/sessions?limit=0", headers=ACME)[0] == 400
     assert get_json(f"{base}/v1/sessions")[0] == 401
 
+    # the most recently active first, a page at a time; a session active again moves up
+    assert turn(base, "d-chat", "hi", headers=ACME).terminal == "turn.completed"
+    assert turn(base, "a-chat", "again", headers=ACME).terminal == "turn.completed"
+
+    def recent(limit):
+        ids, cursor = [], None
+        for _ in range(10):
+            page = listed(ACME, f"?order=recent&limit={limit}" + (f"&before={cursor}" if cursor else ""))
+            ids += [s["session_id"] for s in page["sessions"]]
+            cursor = page["next_before"]
+            if cursor is None:
+                return ids
+        raise AssertionError("the listing did not end")
+    assert recent(1) == recent(10) == ["a-chat", "d-chat", "c-ckpt"]
+    assert [s["session_id"] for s in listed(GLOBEX, "?order=recent")["sessions"]] == ["z-globex", "a-chat"]
+    for bad in ("order=newest", "order=recent&after=a-chat", "before=1.0/a-chat", "order=recent&before=a-chat",
+                "order=recent&before=nan/a-chat", "order=recent&before=1.0/no%20spaces"):
+        status, _, body = get_json(f"{base}/v1/sessions?{bad}", headers=ACME)
+        assert status == 400 and body["error"]["code"] in ("invalid_parameter", "invalid_session_id"), (bad, body)
+
 
 def test_a_tenants_share_of_the_gate_does_not_starve_others(make_server):
     server = make_server({"auth": {"api_keys": {"key-acme": "acme", "key-globex": "globex"}},

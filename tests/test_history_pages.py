@@ -35,7 +35,7 @@ def test_a_transcript_and_its_events_page_both_ways(tmp_path):
     assert len(forward) == 4 and forward == sorted(forward)
     assert sum(pages(store, "events", "cursor", desc=True), []) == forward[::-1]
     with pytest.raises(ValueError, match="forward only"):
-        store.query("sessions", "", "t", desc=True)
+        store.query("checkpoint_chain", "a", "t", desc=True)
     store.close()
     for log in (actors, gateway):
         log.close()

@@ -56,6 +56,54 @@ def test_the_summary_counts_every_batch_once_across_restarts_and_lists_a_tenants
         log.close()
 
 
+def recent(store, tenant, limit):
+    """Every page of the sessions the most recently active first: [(session, last_at)], pages."""
+    out, pages, cursor = [], 0, ("", None)
+    while True:
+        rows, nxt = store.query("sessions", cursor[0], tenant, limit=limit, desc=True, at=cursor[1])
+        out += [(r["session_id"], r["last_at"]) for r in rows]
+        pages += 1
+        if nxt is None:
+            return out, pages
+        assert nxt == rows[-1]["session_id"]
+        cursor = (nxt, rows[-1]["last_at"])
+
+
+def test_sessions_list_the_most_recently_active_first_with_sums_not_yet_merged(tmp_path, monkeypatch):
+    monkeypatch.setattr(session_summary, "MERGE_EVERY_SECS", 3600.0)   # merged only when the test says
+    actors, gateway = logs(tmp_path)
+    for n in range(7):      # s0..s6, the later the more recent; s2 and s3 at the same time
+        grow(actors, f"s{n}", 1, 100.0 + n - (n == 3))
+    write(gateway, [(RecordKind.BLOB, blob("ext", 1, at=104.5))])
+    write(actors, [(RecordKind.CHECKPOINT, records.encode_body({
+        "session": "theirs", "tenant": "u", "turn": "x", "seq": 1, "full": True, "first": 0,
+        "messages": hello(1), "at": 999.0}))])
+    store = opened(tmp_path)
+    store.merge_summaries(force=True)
+    want = [("s6", 106.0), ("s5", 105.0), ("ext", 104.5), ("s4", 104.0), ("s3", 102.0), ("s2", 102.0),
+            ("s1", 101.0), ("s0", 100.0)]
+    for limit in (1, 3, 8, 100):
+        assert recent(store, "t", limit)[0] == want
+    assert recent(store, "t", 3)[1] == 3 and recent(store, "u", 3)[0] == [("theirs", 999.0)]
+
+    grow(actors, "s1", 1, 200.0, first_seq=2)    # s1 active again: first, from sums not merged yet
+    store.load_all()
+    assert store.summary_pending["messages"].kept
+    moved = [("s1", 200.0)] + [row for row in want if row[0] != "s1"]
+    for limit in (1, 2, 100):
+        assert recent(store, "t", limit)[0] == moved
+    # a page read before it moved: the next ones list it no more below the cursor
+    assert store.query("sessions", "s4", "t", limit=10, desc=True, at=104.0)[0][-2:] == [
+        {"session_id": "s2", "messages": 2, "first_at": 102.0, "last_at": 102.0},
+        {"session_id": "s0", "messages": 2, "first_at": 100.0, "last_at": 100.0}]
+    store.merge_summaries(force=True)
+    assert recent(store, "t", 2)[0] == moved
+    assert listed(store, "t")["s1"] == (4, 101.0, 200.0)
+    store.close()
+    for log in (actors, gateway):
+        log.close()
+
+
 def test_a_close_leaves_only_what_the_id_holds_after_it(tmp_path):
     actors, gateway = logs(tmp_path)
     grow(actors, "gone", 2, 10.0)

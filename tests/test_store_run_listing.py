@@ -117,3 +117,49 @@ def test_runs_loaded_before_the_listing_columns_are_listed_from_their_bodies(sto
         assert columns[-2:] == ["name", "parent"]
     finally:
         reopened.close()
+
+
+def test_every_page_size_order_and_filter_lists_what_a_model_of_the_journal_says(tmp_path, monkeypatch):
+    """Random journals: runs of two tenants and agent turns, ids in no order, some open, and the
+    listing followed page by page in both orders against a model of what it should list."""
+    import random
+    rng = random.Random(11)
+    log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=8 << 20)
+    frames, model = [], {}
+    for n in range(120):
+        tenant = "t" if n % 5 else "u"
+        run = f"{rng.choice('abcdefgh')}{rng.getrandbits(24):06x}"
+        if rng.random() < 0.1:
+            run = f"s{n}/turn"          # an agent turn's run: never listed
+        flow = rng.choice(("a", "b", "c"))
+        frames.append(flow_record(run, tenant, "run.started", 100.0 + n, flow=flow, input=n))
+        status = rng.choice(("open", "completed", "failed", "cancelled"))
+        if status != "open":
+            frames.append(flow_record(run, tenant, "run.ended", 300.0 + n, status=status))
+        if tenant == "t" and "/" not in run:
+            model[run] = (flow, status)
+    log.write(frames, sync=True)
+    log.close()
+    s = Store(tmp_path, writers=1, memory_limit_mb=64)
+    s.open()
+    try:
+        s.load_all()
+        for scan in (3, 1000):
+            monkeypatch.setattr(store_queries, "RUNS_SCAN", scan)
+            for limit in (2, 7, 50):
+                for flow, status in ((None, None), ("a", None), (None, "open"), ("b", "failed")):
+                    want = [run for run in sorted(model) if flow in (None, model[run][0])
+                            and status in (None, model[run][1])]
+                    for desc in (False, True):
+                        got, cursor = [], ""
+                        for _ in range(500):
+                            rows, cursor = s.query("runs", cursor, tenant="t", limit=limit, flow=flow,
+                                                   status=status, desc=desc)
+                            assert len(rows) <= limit
+                            got += [(r["run_id"], r["flow"], r["status"]) for r in rows]
+                            if cursor is None:
+                                break
+                        expected = [(run, *model[run]) for run in (want[::-1] if desc else want)]
+                        assert got == expected, (scan, limit, flow, status, desc)
+    finally:
+        s.close()
