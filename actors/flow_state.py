@@ -117,7 +117,11 @@ class Run:
             seq += 1
 
     def summary(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"run_id": self.run_id, "status": self.status, "flow": self.flow}
+        """What a client is told of the run (GET /v1/runs/{id}): times as its journal has them."""
+        body: dict[str, Any] = {"run_id": self.run_id, "status": self.status, "flow": self.flow,
+                                "started_at": self.created_at, "ended_at": self.ended_at if self.ended else None}
+        if self.parent:
+            body["parent"] = self.parent
         if self.status == "completed":
             body["result"] = self.result
         elif self.error:

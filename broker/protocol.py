@@ -242,7 +242,7 @@ SPECS: dict[Kind, Spec] = {
     Kind.FLOW_GET: _spec({"run_id": str, "tenant": str}, wait=_NUM),  # wait: seconds to wait for the end
     Kind.FLOW_CANCEL: _spec({"run_id": str, "tenant": str}, why=str, deadline=_NUM),  # why: the reason its end records
     Kind.FLOW_RUN: _spec({"run_id": str, "status": str}, flow=str, created=bool, result=object, error=str,
-                         code=str),
+                         code=str, started_at=_NUM, ended_at=_NUM, parent=str),
     # results_due (here and in STEP_START): seqs of the ASYNC results the worker has sent and has no
     # answer for; the run does not park or end before they are in (actors/worker_requests.py)
     Kind.FLOW_COMPLETE: _spec({"run_id": str, "exec": int, "ok": bool}, result=object, error=str, results_due=list),

@@ -50,7 +50,8 @@ def _error(exc: FlowError) -> ApiError:
 
 
 def _outward(run: dict, tenant: str) -> dict:
-    return {**run, "run_id": external(tenant, run["run_id"])}
+    return {**run, "run_id": external(tenant, run["run_id"]),
+            **({"parent": external(tenant, run["parent"])} if run.get("parent") else {})}
 
 
 class FlowRoutes:

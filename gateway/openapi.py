@@ -103,7 +103,9 @@ SCHEMAS: dict[str, Any] = {
     "RunStart": {"type": "object", "properties": {"input": ANY, "run_id": NAME}},
     "Run": {"type": "object", "required": ["run_id", "status"],
             "properties": {"run_id": {"type": "string"}, "status": {"type": "string"}, "flow": {"type": "string"},
-                           "created": {"type": "boolean"}, "result": ANY, "error": {"type": "string"}}},
+                           "created": {"type": "boolean"}, "result": ANY, "error": {"type": "string"},
+                           "started_at": {"type": "number"}, "ended_at": {"type": ["number", "null"]},
+                           "parent": {"type": "string"}}},
     "Runs": {"type": "object", "required": ["runs"],
              "properties": {"next_after": {"type": ["string", "null"]}, "next_before": {"type": ["string", "null"]},
                             "runs": {"type": "array", "items": {

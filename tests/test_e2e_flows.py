@@ -269,7 +269,9 @@ def test_big_values_are_refused_and_a_run_holds_at_most_its_journal_limit(make_s
     kept = start(base, "big_steps", {"steps": 7, "n": 3 << 20})[2]["run_id"]
     assert get_json(f"{base}/v1/runs/{kept}?wait=60&until=suspended")[2]["status"] == "suspended"
     assert get_json(f"{base}/v1/runs/{kept}/channels/go", method="POST", body=b'{"message": 1}')[0] == 202
-    assert result(base, kept) == {"run_id": kept, "status": "completed", "flow": "big_steps", "result": 7 * (3 << 20)}
+    done = result(base, kept)
+    assert done["started_at"] <= done.pop("ended_at") and done.pop("started_at") > 0
+    assert done == {"run_id": kept, "status": "completed", "flow": "big_steps", "result": 7 * (3 << 20)}
     # 12 × 3 MB: past it, the run fails once its journal is full
     over = result(base, start(base, "big_steps", {"steps": 12, "n": 3 << 20})[2]["run_id"])
     assert over["status"] == "failed" and "the run's journal passed 33,554,432 bytes" in over["error"]

@@ -53,6 +53,10 @@ def test_a_tenant_lists_its_runs_by_state_and_flow_a_page_at_a_time(make_server,
         "parent-1.1": "completed", "waits-1": "open"}
     assert runs["parent-1.0"]["parent"] == "parent-1" and runs["steps-1"]["flow"] == "async_steps"
     assert runs["steps-1"]["started_at"] <= runs["steps-1"]["ended_at"] and runs["waits-1"]["ended_at"] is None
+    for run_id, row in runs.items():   # a run read alone says what the listing says of it
+        one = get_json(f"{base}/v1/runs/{run_id}", headers=ACME)[2]
+        assert {k: one.get(k) for k in ("flow", "started_at", "ended_at", "parent")} == \
+            {k: row.get(k) for k in ("flow", "started_at", "ended_at", "parent")}, (one, row)
     assert [r["run_id"] for r in listing(base, ACME, "limit=1")] == sorted(runs)   # one a page, in id order
     assert [r["run_id"] for r in listing(base, ACME, "status=failed")] == ["fails-1"]
     assert [r["run_id"] for r in listing(base, ACME, "flow=child&limit=1")] == ["parent-1.0", "parent-1.1"]
