@@ -87,6 +87,14 @@ class FlowClient:
             body["until"] = until
         return await self._ask(run_id, Kind.FLOW_GET, body, timeout=self.timeout + wait)
 
+    async def steps(self, run_id: str, after: int = -1, limit: int = 100,
+                    tenant: str | None = None) -> tuple[list[dict], int | None]:
+        """A page of the run's operations after seq `after`, and the seq to ask after next (None:
+        none are left now)."""
+        reply = await self._ask(run_id, Kind.FLOW_STEPS, {"run_id": run_id, "tenant": tenant or self.tenant,
+                                                          "after": after, "limit": limit})
+        return reply.get("ops") or [], reply.get("next_after")
+
     async def cancel(self, run_id: str, tenant: str | None = None) -> dict:
         return await self._ask(run_id, Kind.FLOW_CANCEL, {"run_id": run_id, "tenant": tenant or self.tenant})
 

@@ -82,6 +82,7 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks):
         timed = self.in_time      # writes whose caller gave up are not acted on
         return {Kind.FLOW_START: timed(away(self.on_start, Kind.FLOW_RUN)),
                 Kind.FLOW_GET: away(self.on_get, Kind.FLOW_RUN),
+                Kind.FLOW_STEPS: away(self.on_steps, Kind.FLOW_OPS),
                 Kind.FLOW_CANCEL: timed(away(self.on_cancel, Kind.FLOW_RUN)),
                 Kind.FLOW_COMPLETE: self.refusable(self.on_complete, Kind.FLOW_ACK, SUPERSEDED),
                 Kind.FLOW_CHILD_DONE: self.refusable(self.on_child_done),   # no answer: the child asks again

@@ -39,7 +39,7 @@ WAITABLE = ("suspended",)   # besides its end, what a caller of FLOW_GET may wai
 
 class Op:
     __slots__ = ("seq", "op", "name", "attempts", "done", "ok", "result", "error", "heartbeat", "due", "channel",
-                 "child")
+                 "child", "started_at", "ended_at")
 
     def __init__(self, seq: int, op: str, name: str) -> None:
         self.seq = seq
@@ -54,6 +54,29 @@ class Op:
         self.due = 0.0
         self.channel = ""
         self.child = ""
+        self.started_at = 0.0   # its first record's time, and its outcome's (GET /v1/runs/{id}/steps)
+        self.ended_at = 0.0
+
+    def view(self, run_ended: bool) -> dict[str, Any]:
+        """What a client is shown of it (GET /v1/runs/{id}/steps): `status` is completed or
+        failed once done, else running (a step) or waiting (a sleep, a wait, a child), or
+        abandoned if the run ended without it."""
+        status = ("completed" if self.ok else "failed") if self.done else "abandoned" if run_ended else \
+            "running" if self.op == "step" else "waiting"
+        out: dict[str, Any] = {"seq": self.seq, "op": self.op, "name": self.name, "status": status,
+                               "started_at": self.started_at, "ended_at": self.ended_at if self.done else None}
+        if self.op == "step":
+            out["attempts"] = self.attempts
+        if self.done and self.ok:
+            out["result"] = self.result
+        elif self.error:   # a failed outcome, or the last failed attempt of a step still retried
+            out["error"] = self.error
+        for field in ("child", "channel", "due"):
+            if getattr(self, field):
+                out[field] = getattr(self, field)
+        if self.heartbeat is not None:
+            out["heartbeat"] = self.heartbeat
+        return out
 
     def outcome(self) -> dict[str, Any]:
         out: dict[str, Any] = {"seq": self.seq, "op": self.op, "name": self.name, "ok": self.ok}
@@ -134,6 +157,7 @@ def _op(run: Run, record: dict[str, Any], kind: str) -> Op:
     op = run.ops.get(seq)
     if op is None:
         op = run.ops[seq] = Op(seq, kind, record.get("name", ""))
+        op.started_at = float(record.get("at", 0.0))
     return op
 
 
@@ -182,6 +206,7 @@ def apply(run: Run, record: dict[str, Any]) -> None:
     elif kind in ("step.done", "op.done"):
         op = _op(run, record, "step" if kind == "step.done" else record.get("op", "step"))
         op.done = True
+        op.ended_at = float(record.get("at", 0.0))
         op.ok = bool(record.get("ok", True))
         op.result = record.get("result")
         op.error = record.get("error", "")

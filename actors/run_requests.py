@@ -14,9 +14,9 @@ import collections
 import time
 from typing import Awaitable, Callable
 
-from actors.flow_state import WAITABLE, Op, Run
+from actors.flow_state import WAITABLE, Op, Run, value_bytes
 from actors.persistence import StorageUnavailable
-from broker.protocol import Kind, Message, past_deadline
+from broker.protocol import STEPS_PAGE_BYTES, Kind, Message, past_deadline
 from broker.sharding import SCHEDULER, is_actor_name
 from storage.log_client import LogWriteError
 
@@ -34,7 +34,7 @@ def _refused(exc: LogWriteError, what: str) -> dict:
 
 def _unavailable(kind: Kind, body: dict, exc: StorageUnavailable) -> dict:
     head = {Kind.FLOW_RUN: {"run_id": body.get("run_id"), "status": "error"}, Kind.FLOW_ACK: {"ok": False},
-            Kind.ATTR_VALUES: {"found": False}}[kind]
+            Kind.ATTR_VALUES: {"found": False}, Kind.FLOW_OPS: {"found": False}}[kind]
     return {**head, "code": "unavailable", "error": f"the run's journal could not be read: {exc}"}
 
 
@@ -166,6 +166,26 @@ class RunRequests:
             finally:
                 run.waiters = [w for w in run.waiters if w[1] is not waiter]
         self.bus.reply(msg, Kind.FLOW_RUN, run.summary())
+
+    async def on_steps(self, msg: Message) -> None:
+        """A page of the run's operations in order, after seq `after`: at most `limit`, and past
+        the first no more than STEPS_PAGE_BYTES of their values."""
+        run = await self.find(msg.body["run_id"], msg.body["tenant"], read=True)
+        if run is None:
+            self.bus.reply(msg, Kind.FLOW_OPS, {"found": False, "code": "not_found", "error": "no such run"})
+            return
+        after, limit = int(msg.body.get("after", -1)), max(1, min(int(msg.body.get("limit") or 100), 1000))
+        seqs = sorted(seq for seq in run.ops if seq > after)
+        ops: list[dict] = []
+        size = 0
+        for seq in seqs:
+            op = run.ops[seq]
+            size += value_bytes({"result": op.result, "value": op.heartbeat})
+            if len(ops) == limit or (ops and size > STEPS_PAGE_BYTES):
+                self.bus.reply(msg, Kind.FLOW_OPS, {"found": True, "ops": ops, "next_after": ops[-1]["seq"]})
+                return
+            ops.append(op.view(run.ended))
+        self.bus.reply(msg, Kind.FLOW_OPS, {"found": True, "ops": ops})
 
     async def on_cancel(self, msg: Message) -> None:
         try:

@@ -45,6 +45,9 @@ MAX_VALUE_BYTES = 4 << 20
 # execution's offer carries them all in one message, and an actor loads them in one answer. A
 # run that passes it fails, rather than cut its actor off the bus at its next execution.
 MAX_RUN_BYTES = 32 << 20
+# The most of those values one page of a run's operations carries (FLOW_STEPS), past its first:
+# a page of 100 steps of 4 MB results would be a message of 400 MB.
+STEPS_PAGE_BYTES = 4 << 20
 
 PROTO = b"AOS/1"          # protocol id and major version, the first frame of every message
 PROTO_FAMILY = b"AOS/"
@@ -108,6 +111,8 @@ class Kind(enum.StrEnum):
     # flow.*: runs of durable flows (clients <-> owning actor; worker -> actor on completion)
     FLOW_START = "flow.start"
     FLOW_GET = "flow.get"
+    FLOW_STEPS = "flow.steps"
+    FLOW_OPS = "flow.ops"
     FLOW_CANCEL = "flow.cancel"
     FLOW_RUN = "flow.run"
     FLOW_COMPLETE = "flow.complete"
@@ -240,6 +245,10 @@ SPECS: dict[Kind, Spec] = {
     Kind.FLOW_START: _spec({"flow": str, "run_id": str, "tenant": str}, input=object, parent=str, parent_seq=int,
                            parent_actor=str, new=bool, deadline=_NUM),
     Kind.FLOW_GET: _spec({"run_id": str, "tenant": str}, wait=_NUM),  # wait: seconds to wait for the end
+    # A run's operations (steps, sleeps, waits, children, attribute writes) after seq `after`, in
+    # order; a page holds at most `limit` of them and about STEPS_PAGE_BYTES of their values.
+    Kind.FLOW_STEPS: _spec({"run_id": str, "tenant": str}, after=int, limit=int),
+    Kind.FLOW_OPS: _spec({"found": bool}, ops=list, next_after=int, error=str, code=str),
     Kind.FLOW_CANCEL: _spec({"run_id": str, "tenant": str}, why=str, deadline=_NUM),  # why: the reason its end records
     Kind.FLOW_RUN: _spec({"run_id": str, "status": str}, flow=str, created=bool, result=object, error=str,
                          code=str, started_at=_NUM, ended_at=_NUM, parent=str),
@@ -337,6 +346,7 @@ REQUESTS: dict[Kind, Kind] = {
     Kind.TOOLS_LIST: Kind.TOOLS,
     Kind.FLOW_START: Kind.FLOW_RUN,
     Kind.FLOW_GET: Kind.FLOW_RUN,
+    Kind.FLOW_STEPS: Kind.FLOW_OPS,
     Kind.FLOW_CANCEL: Kind.FLOW_RUN,
     Kind.FLOW_COMPLETE: Kind.FLOW_ACK,
     Kind.FLOW_CHILD_DONE: Kind.FLOW_ACK,
@@ -349,7 +359,8 @@ REQUESTS: dict[Kind, Kind] = {
 }
 # Requests that change nothing: a re-sent one is simply run again, so its reply is not kept for it
 # (writer/store asks every log writer's end for each `sync` read: a new session's first load).
-READS = frozenset({Kind.PEERS, Kind.STATS, Kind.STORE_QUERY, Kind.TOOLS_LIST, Kind.FLOW_GET, Kind.ATTR_GET})
+READS = frozenset({Kind.PEERS, Kind.STATS, Kind.STORE_QUERY, Kind.TOOLS_LIST, Kind.FLOW_GET, Kind.FLOW_STEPS,
+                   Kind.ATTR_GET})
 
 KIND_BYTES: dict[Kind, bytes] = {k: k.value.encode() for k in Kind}
 TURN_EVENTS = frozenset({Kind.TURN_STARTED, Kind.TURN_DELTA, Kind.TURN_TOOL, Kind.TURN_DONE, Kind.TURN_FAILED,

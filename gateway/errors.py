@@ -43,6 +43,20 @@ def json_response(data, status: int = 200, headers: dict[str, str] | None = None
     return web.Response(status=status, body=orjson.dumps(data), content_type="application/json", headers=headers)
 
 
+def int_param(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+    """Query parameter `name` as an integer in [low, high], `default` if absent; else a 400."""
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(400, "invalid_parameter", f"{name} must be an integer") from None
+    if not low <= value <= high:
+        raise ApiError(400, "invalid_parameter", f"{name} must be between {low} and {high}")
+    return value
+
+
 async def errors_middleware(request: web.Request, handler):
     """Run the handler; every error becomes the JSON error shape (called by the access middleware)."""
     try:

@@ -1,16 +1,17 @@
-"""Routes over durable flows: start a run, read it, its attributes, update one, publish to a
-channel, cancel it. Each is one request to the run's owning actor (`actors.flow_client`)."""
+"""Routes over durable flows: start a run, read it, its steps, its attributes, update one, publish
+to a channel, cancel it. Each is one request to the run's owning actor (`actors.flow_client`)."""
 from __future__ import annotations
 
 import re
 from typing import TYPE_CHECKING
 
 import msgpack
+import orjson
 from aiohttp import web
 
 from actors.flow_client import WAITABLE, FlowClient, FlowError
 from broker.protocol import MAX_VALUE_BYTES
-from gateway.errors import LOG_WRITE_ERRORS, ApiError, json_response
+from gateway.errors import LOG_WRITE_ERRORS, ApiError, int_param, json_response
 from gateway.tenancy import external, internal
 
 if TYPE_CHECKING:
@@ -47,6 +48,17 @@ def _error(exc: FlowError) -> ApiError:
         status, code = LOG_WRITE_ERRORS[exc.code]
         return ApiError(status, code, exc.message)
     return ApiError(STATUS_OF.get(exc.code, 502), exc.code, exc.message)
+
+
+def _readable(value: object) -> object:
+    """A step's value as JSON carries it: a step may return what msgpack carries and JSON does
+    not (bytes, a map with bytes keys); such a value is shown by its type and size, not dropped
+    silently nor answered with a 500."""
+    try:
+        orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+        return value
+    except TypeError:
+        return {"unreadable": type(value).__name__, "msgpack_bytes": len(msgpack.packb(value, use_bin_type=True))}
 
 
 def _outward(run: dict, tenant: str) -> dict:
@@ -100,6 +112,23 @@ class FlowRoutes:
                                           tenant))
         except FlowError as exc:
             raise _error(exc) from None
+
+    async def steps(self, request: web.Request) -> web.Response:
+        """The run's operations in order (steps, sleeps, waits, children, attribute writes), each
+        with its state, attempts, times and outcome, a page at a time by seq (`after`, `limit`)."""
+        tenant, run_id, outward_id = self._run(request)
+        after, limit = int_param(request, "after", -1, -1, 2**31), int_param(request, "limit", 100, 1, 1000)
+        try:
+            ops, nxt = await self.client.steps(run_id, after, limit, tenant=tenant)
+        except FlowError as exc:
+            raise _error(exc) from None
+        for op in ops:
+            for field in ("result", "heartbeat"):
+                if field in op:
+                    op[field] = _readable(op[field])
+            if op.get("child"):
+                op["child"] = external(tenant, op["child"])
+        return json_response({"run_id": outward_id, "steps": ops, "next_after": nxt})
 
     async def attributes(self, request: web.Request) -> web.Response:
         tenant, run_id, outward_id = self._run(request)

@@ -21,7 +21,7 @@ from actors.closing import HOLD_SECS
 from broker.client import BusError
 from broker.protocol import RUN_STATUSES, Kind
 from broker.sharding import STORE, actor_name
-from gateway.errors import LOG_WRITE_ERRORS, ApiError, json_response
+from gateway.errors import LOG_WRITE_ERRORS, ApiError, int_param, json_response
 from gateway.flows import NAME as FLOW_NAME
 from gateway.latest_checkpoints import UNPLACED, Checkpoint, LatestCheckpoints
 from gateway.tenancy import check_session_id, external, internal
@@ -54,19 +54,6 @@ def _recent_cursor(value: str) -> tuple[float, str]:
     if not sep or not math.isfinite(when):
         raise ApiError(400, "invalid_parameter", "before must be a next_before this listing gave")
     return when, check_session_id(sid)
-
-
-def _int_param(request: web.Request, name: str, default: int, low: int, high: int) -> int:
-    raw = request.query.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ApiError(400, "invalid_parameter", f"{name} must be an integer") from None
-    if not low <= value <= high:
-        raise ApiError(400, "invalid_parameter", f"{name} must be between {low} and {high}")
-    return value
 
 
 log = logging.getLogger("agent-os.gateway")
@@ -139,7 +126,7 @@ class HistoryRoutes:
         if other in request.query:
             raise ApiError(400, "invalid_parameter", f"with order={order} the cursor is {cursor_name}, not {other}")
         query = {"query": "sessions", "session": "", "tenant": tenant, "sync": True,
-                 "limit": _int_param(request, "limit", 100, 1, 1000)}
+                 "limit": int_param(request, "limit", 100, 1, 1000)}
         if order == "id" and request.query.get("after"):
             query["session"] = internal(tenant, check_session_id(request.query["after"]))
         elif order == "recent":
@@ -176,7 +163,7 @@ class HistoryRoutes:
         if status is not None and status not in RUN_STATUSES:
             raise ApiError(400, "invalid_parameter", f"status must be one of: {', '.join(RUN_STATUSES)}")
         query = {"query": "runs", "session": internal(tenant, cursor) if cursor else "", "tenant": tenant,
-                 "sync": True, "limit": _int_param(request, "limit", 100, 1, 1000), "desc": order == "desc"}
+                 "sync": True, "limit": int_param(request, "limit", 100, 1, 1000), "desc": order == "desc"}
         query.update({k: v for k, v in (("flow", flow), ("status", status)) if v is not None})
         body = await self._query(query)
         nxt = body.get("next_after")
@@ -199,11 +186,11 @@ class HistoryRoutes:
         order = request.query.get("order", "asc")
         if order not in ("asc", "desc"):
             raise ApiError(400, "invalid_parameter", "order must be asc or desc")
-        after = _int_param(request, "after", -1, -1, 2**62)
+        after = int_param(request, "after", -1, -1, 2**62)
         query = {"query": what, "session": sid, "tenant": tenant, "sync": True, "after": after,
-                 "limit": _int_param(request, "limit", 100, 1, 1000), "desc": order == "desc"}
+                 "limit": int_param(request, "limit", 100, 1, 1000), "desc": order == "desc"}
         if "before" in request.query:
-            query["before"] = _int_param(request, "before", 0, 0, 2**62)
+            query["before"] = int_param(request, "before", 0, 0, 2**62)
         if what == "events" and request.query.get("turn"):
             query["turn"] = request.query["turn"]
         body = await self._query(query)

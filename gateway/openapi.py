@@ -115,6 +115,21 @@ SCHEMAS: dict[str, Any] = {
                                                "started_at": {"type": ["number", "null"]},
                                                "ended_at": {"type": ["number", "null"]},
                                                "parent": {"type": "string"}}}}}},
+    "Steps": {"type": "object", "required": ["run_id", "steps", "next_after"],
+              "properties": {"run_id": {"type": "string"}, "next_after": {"type": ["integer", "null"]},
+                             "steps": {"type": "array", "items": {
+                                 "type": "object", "required": ["seq", "op", "name", "status", "started_at", "ended_at"],
+                                 "properties": {"seq": {"type": "integer"},
+                                                "op": {"type": "string", "description": "step, sleep, wait, "
+                                                                                        "child or attr_set"},
+                                                "name": {"type": "string"},
+                                                "status": {"enum": ["completed", "failed", "running", "waiting",
+                                                                    "abandoned"]},
+                                                "attempts": {"type": "integer"}, "started_at": {"type": "number"},
+                                                "ended_at": {"type": ["number", "null"]}, "result": ANY,
+                                                "error": {"type": "string"}, "child": {"type": "string"},
+                                                "channel": {"type": "string"}, "due": {"type": "number"},
+                                                "heartbeat": ANY}}}}},
     "Attributes": {"type": "object", "required": ["run_id", "attributes"],
                    "properties": {"run_id": {"type": "string"}, "attributes": {"type": "object"}}},
     "Update": {"type": "object", "required": ["handler"], "properties": {"handler": NAME, "arg": ANY},
@@ -223,6 +238,13 @@ PATHS: dict[str, dict] = {
         "summary": "Cancel a run", "parameters": [RUN],
         "responses": {"200": {"description": "the run", "content": _json(_ref("Run"))},
                       **_errors(400, 401, 404, 503, 507)}}},
+    "/v1/runs/{run_id}/steps": {"get": {
+        "summary": "The run's operations in order (steps, sleeps, waits, children, attribute writes) with their "
+                   "state, attempts, times and outcome",
+        "parameters": [RUN, _param("after", {"type": "integer", "minimum": -1, "maximum": 2 ** 31}, "query", False,
+                                   "cursor: the operations after this seq"), LIMIT],
+        "responses": {"200": {"description": "a page of the run's operations", "content": _json(_ref("Steps"))},
+                      **_errors(400, 401, 404, 503)}}},
     "/v1/runs/{run_id}/attributes": {"get": {
         "summary": "Read attributes (no worker involved)",
         "parameters": [RUN, _param("keys", {"type": "string"}, "query", False, "comma-separated")],

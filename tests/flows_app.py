@@ -183,6 +183,16 @@ async def returns_bytes(ctx, args):
     return {"raw": b"\x00\xff"}
 
 
+async def bytes_step(ctx, args):
+    """A step may return what msgpack carries and JSON does not: its run ends fine."""
+    raw = await ctx.step(raw_bytes)
+    return len(raw)
+
+
+def raw_bytes():
+    return b"\x00\xff"
+
+
 def chunk(i, n):
     return str(i % 10) * n
 
@@ -286,7 +296,7 @@ def read_raw(q):
 app = App(flows=[five_steps, async_then_sync, async_then_sleep, async_gate_sleep, sync_then_check, sleeper, waiter, async_steps, with_attrs, parent, child, failing,
                  flaky, branchy, unencodable, returns_bytes, big_steps, sleeps_an_hour, parent_of_sleeper,
                  parent_of_waiter, one_blocking_step, kills_its_worker,
-                 stuck_step_then_retry],
+                 stuck_step_then_retry, bytes_step],
           tools=[get_weather, search, read_raw], updates={"incr": incr, "unencodable": unencodable_update})
 
 _ = NO_RETRY
