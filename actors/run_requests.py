@@ -174,7 +174,8 @@ class RunRequests:
         if run is None:
             self.bus.reply(msg, Kind.FLOW_OPS, {"found": False, "code": "not_found", "error": "no such run"})
             return
-        after, limit = int(msg.body.get("after", -1)), max(1, min(int(msg.body.get("limit") or 100), 1000))
+        after = -1 if msg.body.get("after") is None else msg.body["after"]
+        limit = max(1, min(msg.body.get("limit") or 100, 1000))
         seqs = sorted(seq for seq in run.ops if seq > after)
         ops: list[dict] = []
         size = 0

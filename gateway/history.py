@@ -44,6 +44,18 @@ def _hold_ends_by_itself(_reply, _exc) -> None:
     """A close's notice its actor did not take within HOLD_SECS: the hold has ended by then."""
 
 
+def _order(request: web.Request, orders: tuple[str, str]) -> tuple[bool, str]:
+    """(whether a listing is asked in its second order, `orders[1]`, and the name of its cursor
+    then: `before`, else `after`); a 400 for another order, or for the other order's cursor."""
+    order = request.query.get("order", orders[0])
+    if order not in orders:
+        raise ApiError(400, "invalid_parameter", f"order must be {orders[0]} or {orders[1]}")
+    cursor_name, other = ("before", "after") if order == orders[1] else ("after", "before")
+    if other in request.query:
+        raise ApiError(400, "invalid_parameter", f"with order={order} the cursor is {cursor_name}, not {other}")
+    return order == orders[1], cursor_name
+
+
 def _recent_cursor(value: str) -> tuple[float, str]:
     """A `next_before` of the sessions listed by recent activity: "<last_at>/<session id>"."""
     at, sep, sid = value.partition("/")
@@ -119,17 +131,12 @@ class HistoryRoutes:
         or with `order=recent` the most recently active first (as a chat app lists them), the
         next page `before` the cursor named (`next_before`: the last one's time and id)."""
         tenant = self.gw.tenant_of(request)
-        order = request.query.get("order", "id")
-        if order not in ("id", "recent"):
-            raise ApiError(400, "invalid_parameter", "order must be id or recent")
-        cursor_name, other = ("before", "after") if order == "recent" else ("after", "before")
-        if other in request.query:
-            raise ApiError(400, "invalid_parameter", f"with order={order} the cursor is {cursor_name}, not {other}")
+        recent, _ = _order(request, ("id", "recent"))
         query = {"query": "sessions", "session": "", "tenant": tenant, "sync": True,
                  "limit": int_param(request, "limit", 100, 1, 1000)}
-        if order == "id" and request.query.get("after"):
+        if not recent and request.query.get("after"):
             query["session"] = internal(tenant, check_session_id(request.query["after"]))
-        elif order == "recent":
+        elif recent:
             query["desc"] = True
             if "before" in request.query:
                 query["at"], sid = _recent_cursor(request.query["before"])
@@ -137,7 +144,7 @@ class HistoryRoutes:
         body = await self._query(query)
         nxt = body.get("next_after")
         rows = [{**row, "session_id": external(tenant, row["session_id"])} for row in body["rows"]]
-        if order == "recent":
+        if recent:
             return json_response({"sessions": rows, "next_before": f"{rows[-1]['last_at']!r}/{rows[-1]['session_id']}"
                                   if nxt and rows else None})
         return json_response({"sessions": rows, "next_after": external(tenant, nxt) if nxt else None})
@@ -149,12 +156,7 @@ class HistoryRoutes:
         filtered so may hold fewer runs than `limit` and still name the next (storage/
         store_queries.py q_runs): the listing ends where `next_after` (`next_before`) is null."""
         tenant = self.gw.tenant_of(request)
-        order = request.query.get("order", "asc")
-        if order not in ("asc", "desc"):
-            raise ApiError(400, "invalid_parameter", "order must be asc or desc")
-        cursor_name, other = ("before", "after") if order == "desc" else ("after", "before")
-        if other in request.query:
-            raise ApiError(400, "invalid_parameter", f"with order={order} the cursor is {cursor_name}, not {other}")
+        desc, cursor_name = _order(request, ("asc", "desc"))
         cursor, flow, status = (request.query.get(k) for k in (cursor_name, "flow", "status"))
         for name, value in ((cursor_name, cursor), ("flow", flow)):
             if value is not None and not FLOW_NAME.match(value):
@@ -163,7 +165,7 @@ class HistoryRoutes:
         if status is not None and status not in RUN_STATUSES:
             raise ApiError(400, "invalid_parameter", f"status must be one of: {', '.join(RUN_STATUSES)}")
         query = {"query": "runs", "session": internal(tenant, cursor) if cursor else "", "tenant": tenant,
-                 "sync": True, "limit": int_param(request, "limit", 100, 1, 1000), "desc": order == "desc"}
+                 "sync": True, "limit": int_param(request, "limit", 100, 1, 1000), "desc": desc}
         query.update({k: v for k, v in (("flow", flow), ("status", status)) if v is not None})
         body = await self._query(query)
         nxt = body.get("next_after")

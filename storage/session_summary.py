@@ -301,7 +301,7 @@ def recent_page(cursor: duckdb.DuckDBPyConnection, pending: Pending, before: tup
     below, below_args = ((" AND (last_at < ? OR (last_at = ? AND session < ?))", [before[0], before[0], before[1]])
                          if before else ("", []))
     with pending.lock:   # no merge between the reads: its sums would count twice
-        extra = {s: e for s, e in pending.after("", tenant).items() if s}
+        extra = pending.after("", tenant)   # ('' names no session)
         # The sessions with sums not merged yet are placed by their whole sums, not by the table's
         # older time: there they would take a place on the page and leave it short.
         rows = cursor.execute(f"SELECT session, tenant, counted, first_at, last_at FROM {TABLE} WHERE session <> '' "

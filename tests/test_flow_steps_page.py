@@ -68,3 +68,15 @@ def test_an_operations_times_and_state_are_the_journals_read_back_or_live():
     apply(run, {"run": "r", "tenant": "t", "type": "run.ended", "status": "cancelled", "at": 15.0})
     assert [op.view(run.ended)["status"] for op in run.ops.values()] == ["abandoned", "abandoned"]
     assert run.summary()["started_at"] == 10.0 and run.summary()["ended_at"] == 15.0
+
+
+def test_a_peers_ask_with_its_optional_fields_null_is_answered_from_the_first():
+    async def main():
+        flows, bus, _, run = running_flows()
+        apply(run, {"run": "r-1", "type": "step.started", "seq": 0, "name": "a", "attempt": 1, "at": 1.0})
+        await flows.handlers()[Kind.FLOW_STEPS](Message("gateway/0#1", Kind.FLOW_STEPS, 1, time.time(), 0, "r-1", "",
+                                                        {"run_id": "r-1", "tenant": "t", "after": None,
+                                                         "limit": None}))
+        assert [op["seq"] for op in bus.sent[-1][2]["ops"]] == [0]
+
+    asyncio.run(main())
