@@ -4,10 +4,11 @@ Owns: a write-ahead log of flow runs built in a scratch directory (real FLOW rec
 write them: a start, a few steps, and for most runs an end; one in ten open, one in twenty with an
 input and a result of 64 KiB), loaded by writer/store's own loader (`storage.store.Store`), and
 then pages of the listing timed through `Store.query` — unfiltered, of one status, of one flow,
-newest first — from random cursors, beside the same page read as the listing was first written
-(but newest first, which it had no form of): one GROUP BY of every run's start and end, whole
-bodies (kept here as `first_form`), on the same file and cursor, with the store's retry at a
-raised memory limit as `Store.query` has it.
+newest first, of the runs started in the last tenth of the journal's time — from random cursors,
+beside the same page read as the listing was first written (but newest first and a window of
+time, which it had no forms of): one GROUP BY of every run's start and end, whole bodies (kept
+here as `first_form`), on the same file and cursor, with the store's retry at a raised memory
+limit as `Store.query` has it.
 
 Never does: start a server (it times the store's query, in this process).
 
@@ -38,7 +39,8 @@ from storage.store_queries import StoreQueries
 
 FLOWS = ("checkout", "refund", "onboard", "report")
 FILTERS = {"all": {}, "status=open": {"status": "open"}, "status=failed": {"status": "failed"},
-           "flow=refund": {"flow": "refund"}, "order=desc": {"desc": True}}   # desc: no first form of it
+           "flow=refund": {"flow": "refund"}, "order=desc": {"desc": True},
+           "started_after (the last tenth)": {"window": True}}   # no first form of desc nor of a window
 BIG = "x" * (64 << 10)
 
 
@@ -107,15 +109,20 @@ def timed(call) -> tuple[float, int, bool]:
 
 def measure(store: Store, ids: list[str], pages: int, rng: random.Random) -> list[dict]:
     rows = []
+    # the window: runs started in the last tenth of the journal's time
+    (tenth,) = store.cursors["flows"].execute(
+        "SELECT quantile_disc(ts, 0.9) FROM flow_records WHERE type = 'run.started'").fetchone()
     for label, filters in FILTERS.items():
-        for form in ("now",) if filters.get("desc") else ("now", "first form"):
+        since = tenth if filters.get("window") else None
+        for form in ("now",) if filters.get("desc") or since else ("now", "first form"):
             times, refusals, counts = [], 0, []
             for _ in range(pages):
                 after = rng.choice(ids)
                 if form == "now":
                     def call(raised, after=after):
                         run = lambda: StoreQueries.q_runs(store, after, "t", 100, filters.get("flow"),  # noqa: E731
-                                                          filters.get("status"), filters.get("desc", False))[0]
+                                                          filters.get("status"), filters.get("desc", False),
+                                                          since)[0]
                         return store.roomy(run) if raised else run()
                 else:
                     def call(raised, after=after):

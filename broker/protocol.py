@@ -223,7 +223,8 @@ SPECS: dict[Kind, Spec] = {
     # `sync`: answer once the store has loaded everything in the logs now; `sync_to` ([[log, position],
     # ...]): once it has loaded that far (a reader that knows what it has not seen yet).
     Kind.STORE_QUERY: _spec({"query": str, "session": str}, tenant=str, turn=str, after=int, limit=int,
-                            before=int, desc=bool, sync=bool, sync_to=list, flow=str, status=str, at=_NUM),
+                            before=int, desc=bool, sync=bool, sync_to=list, flow=str, status=str, at=_NUM,
+                            since=_NUM, until=_NUM),
     Kind.STORE_ROWS: _spec({"rows": list}, next_after=(int, str), error=str),   # a position, or a session id
     # Delete the rows of these runs (their retention is over and the log no longer has them).
     Kind.STORE_PURGE: _spec({"runs": list}),

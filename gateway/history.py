@@ -56,14 +56,29 @@ def _order(request: web.Request, orders: tuple[str, str]) -> tuple[bool, str]:
     return order == orders[1], cursor_name
 
 
+def _seconds(raw: str) -> float | None:
+    """`raw` as a finite time in UNIX seconds, None if it is not one."""
+    try:
+        when = float(raw)
+    except ValueError:
+        return None
+    return when if math.isfinite(when) else None
+
+
+def _time_param(request: web.Request, name: str) -> float | None:
+    """Query parameter `name` as a time (UNIX seconds), None if absent; else a 400."""
+    raw = request.query.get(name)
+    if raw is None:
+        return None
+    if (when := _seconds(raw)) is None:
+        raise ApiError(400, "invalid_parameter", f"{name} must be a time in UNIX seconds")
+    return when
+
+
 def _recent_cursor(value: str) -> tuple[float, str]:
     """A `next_before` of the sessions listed by recent activity: "<last_at>/<session id>"."""
     at, sep, sid = value.partition("/")
-    try:
-        when = float(at)
-    except ValueError:
-        when = float("nan")
-    if not sep or not math.isfinite(when):
+    if not sep or (when := _seconds(at)) is None:
         raise ApiError(400, "invalid_parameter", "before must be a next_before this listing gave")
     return when, check_session_id(sid)
 
@@ -150,8 +165,8 @@ class HistoryRoutes:
         return json_response({"sessions": rows, "next_after": external(tenant, nxt) if nxt else None})
 
     async def list_runs(self, request: web.Request) -> web.Response:
-        """The tenant's flow runs, a page at a time by id, optionally of one flow and one status
-        (open: not ended): after a cursor, or with `order=desc` from the last down, before one
+        """The tenant's flow runs, a page at a time by id, optionally of one flow, one status
+        (open: not ended) and those started in a window of time: after a cursor, or with `order=desc` from the last down, before one
         (the ids the server makes begin with their start time: the newest first). A page
         filtered so may hold fewer runs than `limit` and still name the next (storage/
         store_queries.py q_runs): the listing ends where `next_after` (`next_before`) is null."""
@@ -166,7 +181,9 @@ class HistoryRoutes:
             raise ApiError(400, "invalid_parameter", f"status must be one of: {', '.join(RUN_STATUSES)}")
         query = {"query": "runs", "session": internal(tenant, cursor) if cursor else "", "tenant": tenant,
                  "sync": True, "limit": int_param(request, "limit", 100, 1, 1000), "desc": desc}
-        query.update({k: v for k, v in (("flow", flow), ("status", status)) if v is not None})
+        since, until = _time_param(request, "started_after"), _time_param(request, "started_before")
+        query.update({k: v for k, v in (("flow", flow), ("status", status), ("since", since), ("until", until))
+                      if v is not None})
         body = await self._query(query)
         nxt = body.get("next_after")
         return json_response({"runs": [{**row, "run_id": external(tenant, row["run_id"]),

@@ -221,6 +221,10 @@ PATHS: dict[str, dict] = {
                               "down (the newest first, of ids the server made), the next page before "
                               "`next_before`"),
                        _param("flow", NAME, "query", False, "only runs of this flow"),
+                       _param("started_after", {"type": "number"}, "query", False,
+                              "only runs started at or after this time (UNIX seconds)"),
+                       _param("started_before", {"type": "number"}, "query", False,
+                              "only runs started before this time (UNIX seconds)"),
                        _param("status", {"type": "string", "enum": ["open", "completed", "failed", "cancelled"]},
                               "query", False, "only runs in this state (open: not ended)"), LIMIT],
         "responses": {"200": {"description": "a page of runs", "content": _json(_ref("Runs"))},

@@ -30,18 +30,20 @@ class StoreQueries:
     def query(self, name: str, session: str, tenant: str | None = None, turn: str | None = None,
               after: int = -1, limit: int = 100, before: int | None = None,
               desc: bool = False, flow: str | None = None, status: str | None = None,
-              at: float | None = None) -> tuple[list[dict[str, Any]], int | str | None]:
+              at: float | None = None, since: float | None = None,
+              until: float | None = None) -> tuple[list[dict[str, Any]], int | str | None]:
         """(rows, cursor for the next page or None). A transcript or events page may also be bounded
         above (`before`, exclusive) and come newest first (`desc`; its cursor is then the oldest
-        row's, for the page before it). A page of runs may be of one `flow` and one `status`, and
-        newest first too (`desc`: `session` is then the cursor below which it starts). Sessions
+        row's, for the page before it). A page of runs may be of one `flow` and one `status`, of
+        runs started in [`since`, `until`), and newest first too (`desc`: `session` is then the
+        cursor below which it starts). Sessions
         with `desc` come the most recently active first, below the cursor (`at`, `session`)."""
         limit = max(1, min(limit, MAX_LIMIT))
         if name == "runs":
             if not tenant or (status is not None and status not in RUN_STATUSES) or before is not None:
                 raise ValueError(f"runs: a tenant, a status of {', '.join(RUN_STATUSES)}, and no before "
                                  "(the cursor is `session`)")
-            return self.roomy(StoreQueries.q_runs, self, session, tenant, limit, flow, status, desc)
+            return self.roomy(StoreQueries.q_runs, self, session, tenant, limit, flow, status, desc, since, until)
         if name == "sessions" and desc:
             if before is not None or (session and at is None):
                 raise ValueError("sessions, most recent first: the cursor is a session and its time (at)")
@@ -251,13 +253,14 @@ class StoreQueries:
         return [{"run_id": run} for (run,) in rows], None
 
     def q_runs(self, cursor_run: str, tenant: str, limit: int, flow: str | None, status: str | None,
-               desc: bool = False) -> tuple[list[dict[str, Any]], str | None]:
+               desc: bool = False, since: float | None = None,
+               until: float | None = None) -> tuple[list[dict[str, Any]], str | None]:
         """The tenant's flow runs by id after `cursor_run` ('' = from the first), or with `desc`
         from the last down, before `cursor_run` ('' = from the last); not the agent turns' own
-        (their ids hold a '/'). Each with its flow, status ('open' until it ends), times and parent
-        if a child. Of one `flow` or one `status`, a page reads at most RUNS_SCAN runs, so it may
-        hold fewer than `limit`, even none, and still name the next: the listing ends where the
-        cursor is None."""
+        (their ids hold a '/'); only those started in [`since`, `until`) if given. Each with its
+        flow, status ('open' until it ends), times and parent if a child. Of one `flow` or one
+        `status`, a page reads at most RUNS_SCAN runs, so it may hold fewer than `limit`, even
+        none, and still name the next: the listing ends where the cursor is None."""
         # The page's starts first (a top-N of one record type), then the ends in its range of ids,
         # from the columns the loader fills for this (schema.py `name`, `parent`): no body is read
         # (a GROUP BY of every run's start and end, whole bodies, went past the store's memory
@@ -265,11 +268,16 @@ class StoreQueries:
         picky = flow is not None or status is not None
         bound, bound_args = ("run > ?", [cursor_run]) if not desc else ("run < ?", [cursor_run]) if cursor_run \
             else ("true", [])
+        # A window on the start's time is cheap whatever the ids: the log's order is the time's, so
+        # DuckDB skips the row groups from outside it.
+        window = [(" AND ts >= ?", since), (" AND ts < ?", until)]
         cursor = self.cursors["flows"]
         page = cursor.execute(
             f"SELECT run, name, parent, ts FROM flow_records WHERE tenant = ? AND {bound} AND type = 'run.started' "
-            f"AND NOT contains(run, '/') ORDER BY run{' DESC' if desc else ''} LIMIT ?",
-            [tenant, *bound_args, RUNS_SCAN if picky else limit + 1]).fetchall()
+            f"AND NOT contains(run, '/'){''.join(c for c, v in window if v is not None)} "
+            f"ORDER BY run{' DESC' if desc else ''} LIMIT ?",
+            [tenant, *bound_args, *(float(v) for _, v in window if v is not None),
+             RUNS_SCAN if picky else limit + 1]).fetchall()
         if not page:
             return [], None
         ends = {run: (name, ts) for run, name, ts in cursor.execute(

@@ -73,11 +73,16 @@ def test_a_tenant_lists_its_runs_by_state_and_flow_a_page_at_a_time(make_server,
     # …and newest first with order=desc, a page at a time down to the first run
     assert [r["run_id"] for r in listing(base, ACME, "order=desc&flow=waiter&status=open&limit=4", "before")] == \
         made[::-1]
+    # …or those started in a window of time
+    began = [r["started_at"] for r in listing(base, ACME, "flow=waiter&status=open")]
+    assert [r["run_id"] for r in listing(base, ACME, f"flow=waiter&started_after={began[2]!r}"
+                                                     f"&started_before={began[4]!r}")] == made[2:4]
     newest_first = listing(base, ACME, "order=desc&limit=2", "before")
     assert newest_first == listing(base, ACME)[::-1] and len(newest_first) == 12
 
     for bad in ("status=running", "flow=bad%20name", "limit=0", "after=a%2Fb", "limit=x", "order=newest",
-                "order=desc&after=steps-1", "before=steps-1", "order=desc&before=a%2Fb"):
+                "order=desc&after=steps-1", "before=steps-1", "order=desc&before=a%2Fb", "started_after=yesterday",
+                "started_before=inf"):
         status, _, body = get_json(f"{base}/v1/runs?{bad}", headers=ACME)
         assert status == 400 and body["error"]["code"] == "invalid_parameter", (bad, body)
     assert get_json(f"{base}/v1/runs")[0] == 401

@@ -93,6 +93,15 @@ def test_runs_are_listed_from_the_last_down_with_the_same_states_and_filters(sto
         store.query("runs", "", tenant="t", before=3)
 
 
+def test_runs_started_in_a_window_of_time_are_listed_in_either_order(store):
+    # r00..r29 started at 100..129, r05.0 at 150, r07.1 at 155
+    assert [r["run_id"] for r in listing(store, since=110.0, until=113.0)[0]] == ["r10", "r11", "r12"]
+    assert [r["run_id"] for r in listing(store, desc=True, since=126.0)[0]] == [
+        "r29", "r28", "r27", "r26", "r07.1", "r05.0"]
+    assert [r["run_id"] for r in listing(store, since=120.0, status="failed")[0]] == ["r20", "r22", "r26", "r28"]
+    assert listing(store, until=100.0)[0] == []
+
+
 def test_runs_loaded_before_the_listing_columns_are_listed_from_their_bodies(store, tmp_path):
     """Rows a store loaded before `name` and `parent` existed have NULLs there (the columns are
     added to an older file as it opens): their flow, parent and state come from their bodies."""
