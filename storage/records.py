@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import enum
 import struct
-from typing import Iterator
+from typing import Any, Iterator
 
 import crc32c
 import msgpack
@@ -134,3 +134,24 @@ def decode_body(raw: bytes) -> dict:
     if not isinstance(body, dict):
         raise ValueError("record body is not a map")
     return body
+
+
+def head_fields(head: bytes, wanted: tuple[str, ...]) -> dict[str, Any]:
+    """The `wanted` fields of a record body's map found in its first bytes (`head`), read until
+    all are found: a field past them (after a big input or payload) is simply not found, and
+    bytes that do not decode as a map's first entries give what was found before them."""
+    unpacker = msgpack.Unpacker(raw=False)
+    unpacker.feed(head)
+    found: dict[str, Any] = {}
+    try:
+        for _ in range(unpacker.read_map_header()):
+            key = unpacker.unpack()
+            if key in wanted:
+                found[key] = unpacker.unpack()
+                if len(found) == len(wanted):
+                    break
+            else:
+                unpacker.skip()
+    except (msgpack.UnpackException, ValueError, TypeError):
+        pass
+    return found

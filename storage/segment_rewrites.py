@@ -269,22 +269,8 @@ def blob_end(fd: int, size: int, offset: int, session: str, seq: int) -> int | N
 def head_names(head: bytes) -> tuple[object, object] | None:
     """(session, seq) of a BLOB frame whose first bytes are `head`, if those name both; None if
     they do not (or do not decode as a map's first entries)."""
-    body = head[records.HEADER_BYTES + head[9]:]
-    unpacker = msgpack.Unpacker(raw=False)
-    unpacker.feed(body)
-    found: dict[str, object] = {}
-    try:
-        for _ in range(unpacker.read_map_header()):
-            key = unpacker.unpack()
-            if key in ("session", "seq"):
-                found[key] = unpacker.unpack()
-                if len(found) == 2:
-                    return found["session"], found["seq"]
-            else:
-                unpacker.skip()
-    except (msgpack.exceptions.UnpackException, ValueError, TypeError):
-        return None
-    return None
+    found = records.head_fields(head[records.HEADER_BYTES + head[9]:], ("session", "seq"))
+    return (found["session"], found["seq"]) if len(found) == 2 else None
 
 
 class InProcess:

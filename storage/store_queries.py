@@ -13,7 +13,7 @@ import msgpack
 import orjson
 
 from broker.protocol import RUN_STATUSES
-from storage import duck_memory, schema, session_summary
+from storage import duck_memory, records, schema, session_summary
 from storage.newest_blobs import Newest
 
 MAX_LIMIT = 1000
@@ -308,7 +308,7 @@ class StoreQueries:
         rows = self.cursors["flows"].execute(
             f"SELECT run, type, body[1:{HEAD_BYTES}] FROM flow_records WHERE run IN (SELECT unnest(?)) "
             "AND type IN ('run.started', 'run.ended')", [runs]).fetchall()
-        return {(run, kind): _head_fields(head, ("flow", "parent", "status")) for run, kind, head in rows}
+        return {(run, kind): records.head_fields(head, ("flow", "parent", "status")) for run, kind, head in rows}
 
     def q_expired_runs(self, session, tenant, turn, after, limit):
         """Runs that ended before `after` (UNIX seconds) as [run, log, position of its first record,
@@ -341,24 +341,6 @@ class StoreQueries:
             sql = f"SELECT count(*) FROM {table}" + (" WHERE session = ?" if session else "")
             out[table] = self.cursors[db].execute(sql, [session] if session else []).fetchone()[0]
         return [out], None
-
-
-def _head_fields(head: bytes, wanted: tuple[str, ...]) -> dict[str, Any]:
-    """The `wanted` fields of a record body's map found in its first bytes (`head`): a field past
-    them (a child's parent, after a big input) is simply not found."""
-    unpacker = msgpack.Unpacker(raw=False)
-    unpacker.feed(head)
-    out: dict[str, Any] = {}
-    try:
-        for _ in range(unpacker.read_map_header()):
-            key = unpacker.unpack()
-            if key in wanted:
-                out[key] = unpacker.unpack()
-            else:
-                unpacker.skip()
-    except (msgpack.OutOfData, ValueError):
-        pass
-    return out
 
 
 def _page(position: str, before: int | None, desc: bool, limit: int) -> tuple[str, list]:
