@@ -1,10 +1,11 @@
-"""Flows from Python code: start, read, update, publish to and cancel runs over the bus.
+"""Flows from Python code: start, fork, read, update, publish to and cancel runs over the bus.
 
 The gateway's HTTP routes and the step benchmark both use this client; it talks to each run's
 owning actor directly (no worker involved in reads).
 """
 from __future__ import annotations
 
+import hashlib
 import secrets
 import time
 from typing import Any
@@ -73,6 +74,30 @@ class FlowClient:
 
     async def start_run(self, flow: str, input: Any, run_id: str, new: bool, tenant: str) -> dict:
         body = {"flow": flow, "run_id": run_id, "tenant": tenant, "input": input}
+        if new:
+            body["new"] = True
+        return await self._ask(run_id, Kind.FLOW_START, body)
+
+    async def fork(self, source: str, from_seq: int | None = None, run_id: str | None = None, key: str | None = None,
+                   tenant: str | None = None) -> dict:
+        """A new run of `source`'s flow and input that begins with the recorded outcomes of its
+        operations before `from_seq` (default: its first that did not succeed) and goes on from
+        there (actors/run_forks.py). With `run_id` or an idempotency `key`, a repeated fork
+        returns the same run."""
+        tenant = tenant or self.tenant
+        chosen, new = self.fork_id(source, tenant, run_id, key)
+        return await self.fork_run(source, from_seq, chosen, new, tenant)
+
+    @staticmethod
+    def fork_id(source: str, tenant: str, run_id: str | None, key: str | None) -> tuple[str, bool]:
+        """As `run_id`, with a key's id derived from the run forked (a fork has no flow of its own
+        to name)."""
+        if key and not run_id:
+            return f"fork-{hashlib.sha1(f'{tenant}|fork|{source}|{key}'.encode()).hexdigest()[:20]}", False
+        return FlowClient.run_id("", tenant, run_id, None)
+
+    async def fork_run(self, source: str, from_seq: int | None, run_id: str, new: bool, tenant: str) -> dict:
+        body: dict[str, Any] = {"fork_of": source, "fork_seq": from_seq, "run_id": run_id, "tenant": tenant}
         if new:
             body["new"] = True
         return await self._ask(run_id, Kind.FLOW_START, body)

@@ -11,6 +11,7 @@ operations in the same order; the names recorded here are how a mismatch is dete
 
 Record types (body field `type`; every body has run, tenant, at, exec):
   run.started    flow, input, parent, parent_seq, parent_actor
+                 (a fork's, actors/run_forks.py: forked_from, fork_seq, copied, attrs, messages)
   step.started   seq, name, attempt
   step.failed    seq, attempt, error            (an attempt failed; another may follow)
   step.done      seq, name, ok, result | error  (the step's outcome, final)
@@ -91,7 +92,7 @@ class Run:
     __slots__ = ("run_id", "flow", "tenant", "input", "status", "result", "error", "exec", "last_alive", "ops",
                  "attrs", "channels", "waiting", "parent", "parent_seq", "parent_actor", "pending", "updates",
                  "updating", "created_at", "ended_at", "msg_counter", "waiters", "journal_bytes", "over_limit", "lost",
-                 "stale", "link_checked")
+                 "stale", "link_checked", "forked_from", "fork_seq")
 
     def __init__(self, run_id: str, flow: str, tenant: str) -> None:
         self.run_id = run_id
@@ -122,6 +123,8 @@ class Run:
         self.lost = 0                          # executions in a row whose worker died with them
         self.stale = False                     # left memory for its journal (actors/run_reloads.py)
         self.link_checked = self.last_alive    # when it last asked after its parent or child (actors/run_links.py)
+        self.forked_from = ""                  # the run this one is a fork of (actors/run_forks.py), and where
+        self.fork_seq = -1
 
     @property
     def ended(self) -> bool:
@@ -145,6 +148,8 @@ class Run:
                                 "started_at": self.created_at, "ended_at": self.ended_at if self.ended else None}
         if self.parent:
             body["parent"] = self.parent
+        if self.forked_from:
+            body["forked_from"], body["fork_seq"] = self.forked_from, self.fork_seq
         if self.status == "completed":
             body["result"] = self.result
         elif self.error:
@@ -196,6 +201,8 @@ def apply(run: Run, record: dict[str, Any]) -> None:
         run.created_at = float(record.get("at", run.created_at))
         if run.status == "pending":
             run.status = "running"
+        if record.get("forked_from"):
+            _begin_fork(run, record)
     elif kind == "step.started":
         op = _op(run, record, "step")
         op.attempts = max(op.attempts, int(record.get("attempt", 1)))
@@ -243,6 +250,27 @@ def apply(run: Run, record: dict[str, Any]) -> None:
         run.error = record.get("error", "")
         run.ended_at = float(record.get("at", time.time()))
         run.waiting = None
+
+
+def _begin_fork(run: Run, record: dict[str, Any]) -> None:
+    """A fork begins with the original's first outcomes, attributes and untaken messages."""
+    run.forked_from = record["forked_from"]
+    run.fork_seq = int(record.get("fork_seq", 0))
+    for copied in record.get("copied") or ():
+        op = run.ops[int(copied["seq"])] = Op(int(copied["seq"]), copied["op"], copied.get("name", ""))
+        op.done, op.ok = True, bool(copied.get("ok", True))
+        op.result, op.error = copied.get("result"), copied.get("error", "")
+        op.attempts = int(copied.get("attempts", 0))
+        op.started_at, op.ended_at = float(copied.get("started_at", 0.0)), float(copied.get("ended_at", 0.0))
+        op.child, op.channel, op.due = copied.get("child", ""), copied.get("channel", ""), float(copied.get("due", 0.0))
+        run.journal_bytes += value_bytes(copied)
+    for key, value in (record.get("attrs") or {}).items():
+        run.attrs[key] = value
+        run.journal_bytes += value_bytes({"value": value})
+    for channel, msg_seq, message in record.get("messages") or ():
+        run.channels.setdefault(channel, collections.deque()).append((int(msg_seq), message))
+        run.msg_counter = max(run.msg_counter, int(msg_seq))
+        run.journal_bytes += value_bytes({"message": message})
 
 
 def replay(run_id: str, records: list[dict[str, Any]]) -> Run:

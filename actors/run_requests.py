@@ -1,5 +1,5 @@
 """What callers ask of the runs an actor owns: start one (a repeated start returns the same run),
-read its status (optionally waiting for its end or its suspension), cancel it, publish to one of
+or a fork of one (actors/run_forks.py), read its status (optionally waiting for its end or its suspension), cancel it, publish to one of
 its channels, read its attributes, and lock-and-update one attribute.
 
 A mixin of `actors.flow_runs.Flows`, which owns the runs, their journal and their executions;
@@ -16,6 +16,7 @@ from typing import Awaitable, Callable
 
 from actors.flow_state import WAITABLE, Op, Run, value_bytes
 from actors.persistence import StorageUnavailable
+from actors.run_forks import ForkRefused, fork_fields
 from broker.protocol import STEPS_PAGE_BYTES, Kind, Message, past_deadline
 from broker.sharding import SCHEDULER, is_actor_name
 from storage.log_client import LogWriteError
@@ -92,6 +93,12 @@ class RunRequests:
                                                 "error": "a child's start names its place in its parent (parent_seq) "
                                                          "and, if any, its parent's actor (parent_actor: actor/<n>)"})
             return
+        if not (b.get("fork_of") or b.get("flow")) or (b.get("fork_of") and not (
+                b.get("fork_seq") is None or (type(b["fork_seq"]) is int and b["fork_seq"] >= 0))):
+            self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": run_id, "status": "error", "code": "conflict",
+                                                "error": "a start names its flow; a fork, its run (fork_of) and, "
+                                                         "if any, a seq >= 0 (fork_seq)"})
+            return
         run = self.runs.get(run_id)
         if run is None:
             pending = self.starting.get(run_id)
@@ -117,6 +124,10 @@ class RunRequests:
                         self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": run_id, "status": "error",
                                                             **_refused(exc, "run not started")})
                         return
+                    except ForkRefused as exc:
+                        self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": run_id, "status": "error", "code": exc.code,
+                                                            "error": exc.message})
+                        return
                 finally:
                     del self.starting[run_id]
                     fut.set_result(None)
@@ -124,7 +135,12 @@ class RunRequests:
             self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": run_id, "status": "error", "code": "conflict",
                                                 "error": "this run id belongs to another tenant"})
             return
-        if run.flow != b["flow"] or (run.input != b.get("input") and not b.get("parent")):   # a parent re-asks as it replays
+        if b.get("fork_of"):
+            if run.forked_from != b["fork_of"] or b.get("fork_seq") not in (None, run.fork_seq):
+                self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": run_id, "status": "error", "code": "conflict", "error":
+                               "this run is not that fork (the same Idempotency-Key or run_id names the same request)"})
+                return
+        elif run.flow != b["flow"] or (run.input != b.get("input") and not b.get("parent")):   # a parent re-asks as it replays
             # the same key or run id with another request: a mistake the caller should hear of, not
             # an answer about a run it did not ask for
             self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": run_id, "status": "error", "code": "conflict", "error":
@@ -134,10 +150,14 @@ class RunRequests:
         self.bus.reply(msg, Kind.FLOW_RUN, {**run.summary(), "created": False})
 
     async def _create(self, b: dict) -> Run:
-        fields = {"flow": b["flow"], "input": b.get("input")}
+        if b.get("fork_of"):   # read from writer/store: the original may be another actor's
+            rows = (await self.query("flow_records", b["fork_of"], sync=True))["rows"]
+            fields = fork_fields(b["fork_of"], rows, b["tenant"], b.get("fork_seq"))
+        else:
+            fields = {"flow": b["flow"], "input": b.get("input")}
         if b.get("parent"):
             fields.update(parent=b["parent"], parent_seq=b["parent_seq"], parent_actor=b.get("parent_actor", ""))
-        run = Run(b["run_id"], b["flow"], b["tenant"])
+        run = Run(b["run_id"], fields["flow"], b["tenant"])
         self.runs[run.run_id] = run
         try:
             await self.record(run, "run.started", **fields)

@@ -94,6 +94,7 @@ class Gateway:
             web.get("/v1/runs", self.history.list_runs),
             web.get("/v1/runs/{run_id:[^/:]+}", self.flow_routes.get),
             web.post("/v1/runs/{run_id:[^/:]+}:cancel", self.flow_routes.cancel),
+            web.post("/v1/runs/{run_id:[^/:]+}:fork", self.flow_routes.fork),
             web.get("/v1/runs/{run_id:[^/:]+}/steps", self.flow_routes.steps),
             web.get("/v1/runs/{run_id:[^/:]+}/attributes", self.flow_routes.attributes),
             web.post("/v1/runs/{run_id:[^/:]+}/attributes/{key:[^/:]+}:update", self.flow_routes.update),

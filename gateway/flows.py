@@ -1,4 +1,4 @@
-"""Routes over durable flows: start a run, read it, its steps, its attributes, update one, publish
+"""Routes over durable flows: start a run, fork one, read it, its steps, its attributes, update one, publish
 to a channel, cancel it. Each is one request to the run's owning actor (`actors.flow_client`)."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from gateway.app import Gateway
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,199}$")
-STATUS_OF = {"not_found": 404, "conflict": 409, "ended": 409, "handler_failed": 422, "unavailable": 503}
+STATUS_OF = {"not_found": 404, "conflict": 409, "not_forkable": 409, "ended": 409, "handler_failed": 422, "unavailable": 503}
 
 
 def _name(request: web.Request, key: str, what: str) -> str:
@@ -63,7 +63,18 @@ def _readable(value: object) -> object:
 
 def _outward(run: dict, tenant: str) -> dict:
     return {**run, "run_id": external(tenant, run["run_id"]),
-            **({"parent": external(tenant, run["parent"])} if run.get("parent") else {})}
+            **{field: external(tenant, run[field]) for field in ("parent", "forked_from") if run.get(field)}}
+
+
+def _new_run(request: web.Request, body: dict) -> tuple[str | None, str | None]:
+    """The id a start or a fork asks for (`run_id` in its body), and its `Idempotency-Key`."""
+    run_id = body.get("run_id")
+    if run_id is not None and (not isinstance(run_id, str) or not NAME.match(run_id)):
+        raise ApiError(400, "invalid_run_id", "run_id must be 1-200 characters of letters, digits and . _ : -")
+    key = request.headers.get("Idempotency-Key")
+    if key is not None and not 0 < len(key) <= 200:
+        raise ApiError(400, "invalid_idempotency_key", "Idempotency-Key must be 1-200 characters")
+    return run_id, key
 
 
 class FlowRoutes:
@@ -83,15 +94,25 @@ class FlowRoutes:
         body = await self.gw.json_body(request)
         _only(body, ("input", "run_id"), '{"input": ..., "run_id": ...}')
         _check_size(body.get("input"), "input")
-        run_id = body.get("run_id")
-        if run_id is not None and (not isinstance(run_id, str) or not NAME.match(run_id)):
-            raise ApiError(400, "invalid_run_id", "run_id must be 1-200 characters of letters, digits and . _ : -")
-        key = request.headers.get("Idempotency-Key")
-        if key is not None and not 0 < len(key) <= 200:
-            raise ApiError(400, "invalid_idempotency_key", "Idempotency-Key must be 1-200 characters")
-        chosen, new = self.client.run_id(flow, tenant, run_id, key)
+        chosen, new = self.client.run_id(flow, tenant, *_new_run(request, body))
         try:
             run = await self.client.start_run(flow, body.get("input"), internal(tenant, chosen), new, tenant)
+        except FlowError as exc:
+            raise _error(exc) from None
+        return json_response(_outward(run, tenant), status=201 if run.get("created") else 200)
+
+    async def fork(self, request: web.Request) -> web.Response:
+        """A new run of this run's flow and input that replays its operations before `from_seq`
+        (default: its first that did not succeed) and goes on from there (actors/run_forks.py)."""
+        tenant, source, _ = self._run(request)
+        body = await self.gw.json_body(request) if request.can_read_body else {}
+        _only(body, ("from_seq", "run_id"), '{"from_seq": ..., "run_id": ...}')
+        from_seq = body.get("from_seq")
+        if from_seq is not None and (type(from_seq) is not int or not 0 <= from_seq < 2**31):
+            raise ApiError(400, "invalid_from_seq", "from_seq must be an operation's seq, an integer >= 0")
+        chosen, new = self.client.fork_id(source, tenant, *_new_run(request, body))
+        try:
+            run = await self.client.fork_run(source, from_seq, internal(tenant, chosen), new, tenant)
         except FlowError as exc:
             raise _error(exc) from None
         return json_response(_outward(run, tenant), status=201 if run.get("created") else 200)

@@ -105,7 +105,10 @@ SCHEMAS: dict[str, Any] = {
             "properties": {"run_id": {"type": "string"}, "status": {"type": "string"}, "flow": {"type": "string"},
                            "created": {"type": "boolean"}, "result": ANY, "error": {"type": "string"},
                            "started_at": {"type": "number"}, "ended_at": {"type": ["number", "null"]},
-                           "parent": {"type": "string"}}},
+                           "parent": {"type": "string"}, "forked_from": {"type": "string"},
+                           "fork_seq": {"type": "integer"}}},
+    "Fork": {"type": "object", "properties": {"from_seq": {"type": "integer", "minimum": 0, "maximum": 2 ** 31 - 1},
+                                              "run_id": NAME}},
     "Runs": {"type": "object", "required": ["runs"],
              "properties": {"next_after": {"type": ["string", "null"]}, "next_before": {"type": ["string", "null"]},
                             "runs": {"type": "array", "items": {
@@ -242,6 +245,16 @@ PATHS: dict[str, dict] = {
         "summary": "Cancel a run", "parameters": [RUN],
         "responses": {"200": {"description": "the run", "content": _json(_ref("Run"))},
                       **_errors(400, 401, 404, 503, 507)}}},
+    "/v1/runs/{run_id}:fork": {"post": {
+        "summary": "A new run of this run's flow and input that replays its operations before from_seq (default: "
+                   "its first that did not succeed) and runs on from there; the body may be empty",
+        "parameters": [RUN, _param("Idempotency-Key", {"type": "string", "minLength": 1, "maxLength": 200},
+                                   "header", False, "the same key again answers the same fork")],
+        "requestBody": {"required": False, "content": _json(_ref("Fork"))},
+        "responses": {"200": {"description": "the fork, made before by the same request",
+                              "content": _json(_ref("Run"))},
+                      "201": {"description": "the fork, started", "content": _json(_ref("Run"))},
+                      **_errors(400, 401, 404, 409, 503, 507)}}},
     "/v1/runs/{run_id}/steps": {"get": {
         "summary": "The run's operations in order (steps, sleeps, waits, children, attribute writes) with their "
                    "state, attempts, times and outcome",

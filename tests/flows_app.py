@@ -165,6 +165,28 @@ async def branchy(ctx, args):
     return "done"
 
 
+def count_effect(path: str, label: str) -> int:
+    effect(path, label)
+    return open(path).read().split().count(label)
+
+
+def needs_marker(marker: str) -> str:
+    if not os.path.exists(marker):
+        raise RuntimeError("the marker file is missing")
+    return "fixed"
+
+
+async def forkable(ctx, args):
+    """Fails at its last step until the marker file exists (a bug a deploy fixes): a fork goes on
+    from that step with what came before replayed."""
+    a = await ctx.step(count_effect, args["file"], "a", name="a")
+    await ctx.set_attr("stage", "waiting")
+    doubled = await ctx.child("child", 1)
+    message = await ctx.wait("approve")
+    b = await ctx.step(needs_marker, args["marker"], name="b", retry=NO_RETRY)
+    return {"a": a, "child": doubled, "message": message, "b": b}
+
+
 def incr(value, arg):
     return (value or 0) + (arg or 1)
 
@@ -296,7 +318,5 @@ def read_raw(q):
 app = App(flows=[five_steps, async_then_sync, async_then_sleep, async_gate_sleep, sync_then_check, sleeper, waiter, async_steps, with_attrs, parent, child, failing,
                  flaky, branchy, unencodable, returns_bytes, big_steps, sleeps_an_hour, parent_of_sleeper,
                  parent_of_waiter, one_blocking_step, kills_its_worker,
-                 stuck_step_then_retry, bytes_step],
+                 stuck_step_then_retry, bytes_step, forkable],
           tools=[get_weather, search, read_raw], updates={"incr": incr, "unencodable": unencodable_update})
-
-_ = NO_RETRY
