@@ -22,6 +22,7 @@ from actors.permit_client import PermitClient
 from actors.persistence import Persistence, StorageUnavailable
 from actors.provider import Provider, ProviderError
 from actors.session import Session, SessionTable
+from actors.session_forks import SessionForks
 from actors.turn import Turn
 from broker.client import Bus
 from broker.protocol import TURN_START_TIMEOUT_SECS, Kind, Message, past_deadline
@@ -56,6 +57,7 @@ class Actor:
         for kind, handler in {Kind.TURN_START: self.on_turn_start, Kind.TURN_CANCEL: self.on_turn_cancel,
                               Kind.TURN_RESUME: self.on_turn_resume, Kind.SESSION_CLOSE: self.on_session_close,
                               Kind.SESSION_CLOSED: self.on_session_closed,
+                              Kind.SESSION_FORK: SessionForks(self).on_fork,
                               Kind.PERMIT_GRANT: self.permits.on_grant,
                               Kind.STATS: self.on_stats}.items():
             self.bus.on(kind, handler)

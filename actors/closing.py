@@ -8,6 +8,9 @@ gateway's SESSION_CLOSED a new turn on the session waits, and starts after the c
 session. The gateway sends SESSION_CLOSED until the actor takes it (one sent once was lost to an
 actor stalled past the broker's peer timeout); should the gateway die in between, the hold ends by
 itself after `HOLD_SECS`.
+
+A fork into a session (actors/session_forks.py) holds its turns the same way, from before it
+reads whether the session is empty until its checkpoint is durable, and ends its hold itself.
 """
 from __future__ import annotations
 
@@ -29,11 +32,21 @@ class ClosingSessions:
         tokens.append(token)
         asyncio.get_running_loop().call_later(HOLD_SECS, self._end, sid, token)
 
+    def hold(self, sid: str) -> "_Held":
+        """A hold with no time limit, that its taker ends (`release`), whatever happens to it."""
+        token = _Held()
+        self._holds.setdefault(sid, ([], asyncio.Event()))[0].append(token)
+        return token
+
+    def release(self, sid: str, token: "_Held") -> None:
+        self._end(sid, token)
+
     def end(self, sid: str) -> None:
         """The gateway is done with its oldest close of `sid` (appended, or given up)."""
         hold = self._holds.get(sid)
-        if hold is not None:
-            self._end(sid, hold[0][0])
+        closes = [token for token in hold[0] if not isinstance(token, _Held)] if hold is not None else []
+        if closes:
+            self._end(sid, closes[0])
 
     def _end(self, sid: str, token: object) -> None:
         hold = self._holds.get(sid)
@@ -47,3 +60,7 @@ class ClosingSessions:
     async def wait(self, sid: str) -> None:
         while (hold := self._holds.get(sid)) is not None:
             await hold[1].wait()
+
+
+class _Held:
+    """A hold's token that is not a close's (`end` passes it by)."""

@@ -64,12 +64,17 @@ class Persistence:
             return
         await asyncio.shield(session.loading)
 
-    async def _load(self, session: Session) -> None:
-        rows = (await self.query("checkpoint_chain", session.id, sync=True))["rows"]
+    async def history(self, session_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The session's messages as its latest checkpoint chain has them, and that chain's rows."""
+        rows = (await self.query("checkpoint_chain", session_id, sync=True))["rows"]
         messages: list[dict[str, Any]] = []
         for row in rows:
             first = row["first"]
             messages[first:] = row["messages"]
+        return messages, rows
+
+    async def _load(self, session: Session) -> None:
+        messages, rows = await self.history(session.id)
         if rows:
             session.messages = messages + session.messages[len(messages):] if session.messages else messages
             session.checkpoint_seq = rows[-1]["seq"]

@@ -88,6 +88,8 @@ class Kind(enum.StrEnum):
     TURN_TOOL = "turn.tool"
     SESSION_CLOSE = "turn.close_session"
     SESSION_CLOSED = "turn.session_closed"
+    SESSION_FORK = "turn.fork_session"
+    SESSION_FORKED = "turn.session_forked"
     # permit.*: actors <-> scheduler
     PERMIT_REQUEST = "permit.request"
     PERMIT_GRANT = "permit.grant"
@@ -199,6 +201,11 @@ SPECS: dict[Kind, Spec] = {
     # held turns may start (actors/closing.py). Replied as TURN_STATUS, state "closed": it is sent
     # until the actor takes it, since a lost one held the session's next turns for HOLD_SECS.
     Kind.SESSION_CLOSED: _spec({"session": str}),
+    # gateway -> the new session's actor: begin `session` with the first `messages` messages of
+    # `source` (none given: all, less a tool call whose results are not all in), in one full
+    # checkpoint, if `session` has none (actors/session_forks.py). deadline: see past_deadline.
+    Kind.SESSION_FORK: _spec({"session": str, "tenant": str, "source": str}, messages=int, deadline=_NUM),
+    Kind.SESSION_FORKED: _spec({"ok": bool}, messages=int, code=str, error=str),
     Kind.PERMIT_REQUEST: _spec({"permit_id": str, "tenant": str}),
     Kind.PERMIT_GRANT: _spec({"permit_id": str}),
     Kind.PERMIT_RELEASE: _spec({"permit_id": str}, backoff_secs=_NUM),
@@ -338,6 +345,7 @@ REQUESTS: dict[Kind, Kind] = {
     Kind.TURN_CANCEL: Kind.TURN_STATUS,
     Kind.SESSION_CLOSE: Kind.TURN_STATUS,
     Kind.SESSION_CLOSED: Kind.TURN_STATUS,
+    Kind.SESSION_FORK: Kind.SESSION_FORKED,
     Kind.LOG_APPEND: Kind.LOG_ACK,
     Kind.LOG_MEND: Kind.LOG_MENDED,
     Kind.STORE_QUERY: Kind.STORE_ROWS,

@@ -7,9 +7,9 @@ listed in one table (`Gateway.routes`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-import uuid
 
 import orjson
 from aiohttp import web
@@ -25,8 +25,9 @@ from gateway import openapi
 from gateway.flows import FlowRoutes
 from gateway.history import LATEST_ROUTE, PUT_ROUTE, HistoryRoutes
 from gateway.peer_watch import PeerWatch
+from gateway.session_forks import fork_session
 from gateway.streams import TurnStream
-from gateway.tenancy import DEFAULT_TENANT, SESSION_ID, check_session_id, internal
+from gateway.tenancy import DEFAULT_TENANT, SESSION_ID, check_session_id, internal, new_session_id
 from storage import compaction_reserve, free_space
 from storage.log_client import LogClient
 from storage.log_writer import LogWriter
@@ -83,6 +84,7 @@ class Gateway:
             web.post("/v1/sessions", self.new_session),
             web.get("/v1/sessions", self.history.list_sessions),
             web.delete("/v1/sessions/{sid}", self.history.close_session),
+            web.post("/v1/sessions/{sid}/fork", functools.partial(fork_session, self)),
             web.post("/v1/sessions/{sid}/turns", self.post_turn),
             web.delete("/v1/sessions/{sid}/turns/current", self.cancel_turn),
             web.get("/v1/sessions/{sid}/turns/{turn_id}/events", self.resume_turn),
@@ -315,7 +317,7 @@ class Gateway:
     async def new_session(self, request: web.Request) -> web.Response:
         """A fresh session id (sessions also come into being with their first turn)."""
         self.tenant_of(request)
-        return json_response({"session_id": f"s{uuid.uuid4().hex}"}, status=201)
+        return json_response({"session_id": new_session_id()}, status=201)
 
     async def openapi(self, request: web.Request) -> web.Response:
         return web.Response(body=self._openapi, content_type="application/json")

@@ -100,6 +100,12 @@ SCHEMAS: dict[str, Any] = {
     "CheckpointSaved": {"type": "object", "required": ["session_id", "key", "seq", "durability"],
                         "properties": {"session_id": {"type": "string"}, "key": {"type": "string"},
                                        "seq": {"type": "integer"}, "durability": {"enum": ["none", "local", "s3"]}}},
+    "SessionFork": {"type": "object", "properties": {"session_id": ID, "messages": {
+        "type": "integer", "minimum": 1, "maximum": 2 ** 31 - 1,
+        "description": "how many of the session's first messages the fork begins with"}}},
+    "SessionForked": {"type": "object", "required": ["session_id", "forked_from", "messages"],
+                      "properties": {"session_id": {"type": "string"}, "forked_from": {"type": "string"},
+                                     "messages": {"type": "integer"}}},
     "RunStart": {"type": "object", "properties": {"input": ANY, "run_id": NAME}},
     "Run": {"type": "object", "required": ["run_id", "status"],
             "properties": {"run_id": {"type": "string"}, "status": {"type": "string"}, "flow": {"type": "string"},
@@ -173,6 +179,14 @@ PATHS: dict[str, dict] = {
                    "starts once it is done)",
         "parameters": [SID],
         "responses": {"204": {"description": "closed (also when it had nothing)"}, **_errors(400, 401, 503, 507)}}},
+    "/v1/sessions/{sid}/fork": {"post": {
+        "summary": "A new session that begins with the first messages of this one (all of them, less a tool call "
+                   "whose results are not all in, if `messages` is not given); the original is untouched. The "
+                   "body may be empty",
+        "parameters": [SID],
+        "requestBody": {"required": False, "content": _json(_ref("SessionFork"))},
+        "responses": {"201": {"description": "the new session", "content": _json(_ref("SessionForked"))},
+                      **_errors(400, 401, 404, 409, 503, 507)}}},
     "/v1/sessions/{sid}/turns/current": {"delete": {
         "summary": "Cancel the running turn", "parameters": [SID],
         "responses": {"200": {"description": "cancelled", "content": _json(_ref("Cancelled"))},

@@ -9,6 +9,7 @@ configured) keeps ids as they are.
 from __future__ import annotations
 
 import re
+import uuid
 
 from gateway.errors import ApiError
 
@@ -23,6 +24,10 @@ def check_session_id(sid: str) -> str:
         raise ApiError(400, "invalid_session_id",
                        "session id must be 1-128 characters of letters, digits and . _ : - (starting alphanumeric)")
     return sid
+
+
+def new_session_id() -> str:
+    return f"s{uuid.uuid4().hex}"
 
 
 def internal(tenant: str, external_id: str) -> str:
