@@ -25,9 +25,9 @@ from gateway import openapi
 from gateway.flows import FlowRoutes
 from gateway.history import LATEST_ROUTE, PUT_ROUTE, HistoryRoutes
 from gateway.peer_watch import PeerWatch
-from gateway.session_forks import fork_session
+from gateway.new_sessions import fork_session, new_session
 from gateway.streams import TurnStream
-from gateway.tenancy import DEFAULT_TENANT, SESSION_ID, check_session_id, internal, new_session_id
+from gateway.tenancy import DEFAULT_TENANT, SESSION_ID, check_session_id, internal
 from storage import compaction_reserve, free_space
 from storage.log_client import LogClient
 from storage.log_writer import LogWriter
@@ -81,7 +81,7 @@ class Gateway:
 
     def routes(self) -> list[web.RouteDef]:
         return [
-            web.post("/v1/sessions", self.new_session),
+            web.post("/v1/sessions", functools.partial(new_session, self)),
             web.get("/v1/sessions", self.history.list_sessions),
             web.delete("/v1/sessions/{sid}", self.history.close_session),
             web.post("/v1/sessions/{sid}/fork", functools.partial(fork_session, self)),
@@ -313,11 +313,6 @@ class Gateway:
         if status.body["state"] != "cancelled":
             raise ApiError(404, "no_active_turn", "no turn is running on this session")
         return json_response({"cancelled": True, "turn_id": status.body["turn_id"]})
-
-    async def new_session(self, request: web.Request) -> web.Response:
-        """A fresh session id (sessions also come into being with their first turn)."""
-        self.tenant_of(request)
-        return json_response({"session_id": new_session_id()}, status=201)
 
     async def openapi(self, request: web.Request) -> web.Response:
         return web.Response(body=self._openapi, content_type="application/json")

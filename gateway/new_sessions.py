@@ -1,5 +1,6 @@
-"""`POST /v1/sessions/{sid}/fork`: a new session that begins with the first messages of this one
-(actors/session_forks.py makes it, on the new session's actor)."""
+"""Sessions made by request: `POST /v1/sessions` (a fresh id; sessions also come into being with
+their first turn) and `POST /v1/sessions/{sid}/fork` (a new session that begins with the first
+messages of this one: actors/session_forks.py makes it, on the new session's actor)."""
 from __future__ import annotations
 
 import time
@@ -19,6 +20,11 @@ if TYPE_CHECKING:
 FORK_SECS = 30.0
 STATUS_OF = {**LOG_WRITE_ERRORS, "not_found": (404, "not_found"), "session_exists": (409, "session_exists"),
              "invalid_cut": (409, "invalid_cut"), "unavailable": (503, "storage_unavailable")}
+
+
+async def new_session(gw: "Gateway", request: web.Request) -> web.Response:
+    gw.tenant_of(request)
+    return json_response({"session_id": new_session_id()}, status=201)
 
 
 async def fork_session(gw: "Gateway", request: web.Request) -> web.Response:
