@@ -16,6 +16,9 @@ of it, and one whose start failed has none):
   wait at or past `seq` takes what the original's took, unless a message is published first.
 Children of copied operations are not started again (their results are copied); a child
 operation at or past `seq` starts a new child, named after the fork.
+
+A fork may be forked in turn, from its own fork_seq or later (what it began with is the state as
+of that operation; to go on from an earlier one, fork the run it was forked from).
 """
 from __future__ import annotations
 
@@ -65,12 +68,18 @@ def fork_fields(source_id: str, records: list[dict[str, Any]], tenant: str, seq:
     if seq is None:
         seq = first_unsucceeded(source)
     if seq > finished:
-        raise ForkRefused("not_forkable", f"operation {finished} of run {source_id} has no outcome: a fork "
-                                          f"goes on from an operation at most {finished}")
+        raise ForkRefused("not_forkable", f"operation {finished} of the run has no outcome: a fork goes on "
+                                          f"from an operation at most {finished}")
+    if source.forked_from and seq < source.fork_seq:
+        # its first record holds the attributes and messages as of fork_seq, not of before it
+        raise ForkRefused("not_forkable", f"the run is a fork that began at operation {source.fork_seq}: to "
+                                          "go on from an earlier one, fork the run it was forked from")
     cut = next((i for i, r in enumerate(records)
                 if r.get("type") == "run.ended" or (r.get("seq") == seq and r.get("type") != "message")),
                len(records))
-    attrs: dict[str, Any] = {}
+    # a fork of a fork: what the first one began with counts as received before its own records
+    begun = next((r for r in records if r.get("type") == "run.started"), {}) if source.forked_from else {}
+    attrs: dict[str, Any] = dict(begun.get("attrs") or {})
     taken: set[tuple[str, int]] = set()
     for at, record in enumerate(records):
         kind = record.get("type")
@@ -80,7 +89,8 @@ def fork_fields(source_id: str, records: list[dict[str, Any]], tenant: str, seq:
                 attrs[record["key"]] = record.get("value")
         elif kind == "message.taken" and int(record["seq"]) < seq:
             taken.add((record["channel"], int(record["msg_seq"])))
-    messages = [[r["channel"], int(r["msg_seq"]), r.get("message")] for r in records
-                if r.get("type") == "message" and (r["channel"], int(r["msg_seq"])) not in taken]
+    received = [[channel, int(msg_seq), message] for channel, msg_seq, message in begun.get("messages") or ()]
+    received += [[r["channel"], int(r["msg_seq"]), r.get("message")] for r in records if r.get("type") == "message"]
+    messages = [m for m in received if (m[0], m[1]) not in taken]
     return {"flow": source.flow, "input": source.input, "forked_from": source_id, "fork_seq": seq,
             "copied": [_copy(source.ops[s]) for s in range(seq)], "attrs": attrs, "messages": messages}

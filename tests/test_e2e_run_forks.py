@@ -2,7 +2,8 @@
 its operations before `from_seq` (their results the original's: no step runs again, no child is
 started again) and runs on from there — by default from the first that did not succeed, so a
 run that failed on a bug since fixed finishes; its attributes and untaken messages come along;
-the fork is a run of its own (listed, read back after its actor's kill -9), for its tenant only."""
+the fork is a run of its own (listed, read back after its actor's kill -9, forked in turn), for its
+tenant only."""
 import json
 from pathlib import Path
 
@@ -86,6 +87,13 @@ def test_a_fork_replays_what_came_before_and_runs_on_from_the_step_that_failed(m
     server.kill9(actor_name(f"acme~{first['run_id']}", 2))
     assert steps(base, first["run_id"]) == forked
     assert run_of(base, first["run_id"], "")["forked_from"] == "src-1"
+
+    # A fork's own fork: from where the first began, or later; from earlier, the original's.
+    third = fork(base, first["run_id"])   # every operation succeeded: it replays them all
+    assert third["forked_from"] == first["run_id"] and third["fork_seq"] == 5
+    assert run_of(base, third["run_id"])["result"] == done["result"]
+    status, _, body = post(f"{base}/v1/runs/{first['run_id']}:fork", {"from_seq": 2})
+    assert status == 409 and "fork the run it was forked from" in body["error"]["message"]
 
     # Refusals: past the operations with an outcome, bad bodies, another tenant's run, none.
     status, _, body = post(f"{base}/v1/runs/src-1:fork", {"from_seq": 6})

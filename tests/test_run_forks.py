@@ -89,6 +89,26 @@ def test_a_run_replayed_from_a_forks_start_is_the_fork():
     assert "forked_from" not in source.summary()
 
 
+def test_a_fork_of_a_fork_keeps_what_the_first_began_with_and_goes_no_earlier():
+    records = journal()
+    first = {"run": "f1", "tenant": "t", "type": "run.started", "at": 500.0, "exec": 1,
+             **fork_fields("src", records, "t", 3)}
+    own = [("step.started", {"seq": 3, "name": "b", "attempt": 1}),
+           ("attr.set", {"key": "mine", "value": 2, "seq": -1}),
+           ("step.done", {"seq": 3, "name": "b", "ok": True, "result": "fixed", "attempt": 1}),
+           ("message", {"channel": "inbox", "msg_seq": 3, "message": "m3"})]
+    fork_journal = [first] + [{"run": "f1", "tenant": "t", "type": kind, "at": 600.0 + i, "exec": 2, **fields}
+                              for i, (kind, fields) in enumerate(own)]
+    second = fork_fields("f1", fork_journal, "t", 4)
+    assert [c["seq"] for c in second["copied"]] == [0, 1, 2, 3] and second["copied"][3]["result"] == "fixed"
+    assert second["attrs"] == {"k": 1, "h": "early", "mine": 2}                # the first's, then its own
+    assert second["messages"] == [["inbox", 2, "m2"], ["inbox", 3, "m3"]]     # carried over, then received
+    again = fork_fields("f1", fork_journal, "t", 3)                           # from where the first began
+    assert again["attrs"] == {"k": 1, "h": "early"} and len(again["messages"]) == 2
+    with pytest.raises(ForkRefused, match="fork the run it was forked from"):
+        fork_fields("f1", fork_journal, "t", 2)
+
+
 def start(body: dict, msg_id: int) -> Message:
     return Message("gateway/0#1", Kind.FLOW_START, msg_id, time.time(), 0, body["run_id"], "", body)
 
