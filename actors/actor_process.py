@@ -57,7 +57,7 @@ class Actor:
         for kind, handler in {Kind.TURN_START: self.on_turn_start, Kind.TURN_CANCEL: self.on_turn_cancel,
                               Kind.TURN_RESUME: self.on_turn_resume, Kind.SESSION_CLOSE: self.on_session_close,
                               Kind.SESSION_CLOSED: self.on_session_closed,
-                              Kind.SESSION_FORK: SessionForks(self).on_fork,
+                              Kind.SESSION_FORK: SessionForks(self).on_fork, Kind.SESSION_STATUS: self.on_session_status,
                               Kind.PERMIT_GRANT: self.permits.on_grant,
                               Kind.STATS: self.on_stats}.items():
             self.bus.on(kind, handler)
@@ -69,6 +69,19 @@ class Actor:
         has seen is answered from its cache and ends no second close."""
         self.closing.end(msg.body["session"])
         self.bus.reply(msg, Kind.TURN_STATUS, {"turn_id": "", "state": "closed"})
+
+    async def on_session_status(self, msg: Message) -> None:
+        """The session's running turn, if any (GET /v1/sessions/{sid}): a client that lost its
+        stream finds the turn to follow again."""
+        await self.flows.ready.wait()   # a turn our predecessor was running is known by then
+        sid = msg.body["session"]
+        session = self.sessions.get(sid)
+        turn = session.active if session is not None and sid not in self.closing else None
+        if turn is None or turn.ended:
+            self.bus.reply(msg, Kind.TURN_STATUS, {"turn_id": "", "state": "idle"})
+        else:
+            self.bus.reply(msg, Kind.TURN_STATUS, {"turn_id": turn.turn_id,
+                                                   "state": "resumed" if turn.resumed else "running"})
 
     def on_turn_start(self, msg: Message) -> None:
         b = msg.body

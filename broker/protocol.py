@@ -89,6 +89,7 @@ class Kind(enum.StrEnum):
     SESSION_CLOSE = "turn.close_session"
     SESSION_CLOSED = "turn.session_closed"
     SESSION_FORK = "turn.fork_session"
+    SESSION_STATUS = "turn.session_status"
     SESSION_FORKED = "turn.session_forked"
     # permit.*: actors <-> scheduler
     PERMIT_REQUEST = "permit.request"
@@ -206,6 +207,10 @@ SPECS: dict[Kind, Spec] = {
     # checkpoint, if `session` has none (actors/session_forks.py). deadline: see past_deadline.
     Kind.SESSION_FORK: _spec({"session": str, "tenant": str, "source": str}, messages=int, deadline=_NUM),
     Kind.SESSION_FORKED: _spec({"ok": bool}, messages=int, code=str, error=str),
+    # gateway -> actor: the session's running turn, replied as TURN_STATUS: state "running" (its
+    # stream may be followed), "resumed" (finishing after its actor's restart: no stream to
+    # follow) or "idle" (turn_id "").
+    Kind.SESSION_STATUS: _spec({"session": str}),
     Kind.PERMIT_REQUEST: _spec({"permit_id": str, "tenant": str}),
     Kind.PERMIT_GRANT: _spec({"permit_id": str}),
     Kind.PERMIT_RELEASE: _spec({"permit_id": str}, backoff_secs=_NUM),
@@ -346,6 +351,7 @@ REQUESTS: dict[Kind, Kind] = {
     Kind.SESSION_CLOSE: Kind.TURN_STATUS,
     Kind.SESSION_CLOSED: Kind.TURN_STATUS,
     Kind.SESSION_FORK: Kind.SESSION_FORKED,
+    Kind.SESSION_STATUS: Kind.TURN_STATUS,
     Kind.LOG_APPEND: Kind.LOG_ACK,
     Kind.LOG_MEND: Kind.LOG_MENDED,
     Kind.STORE_QUERY: Kind.STORE_ROWS,

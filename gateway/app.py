@@ -83,6 +83,7 @@ class Gateway:
         return [
             web.post("/v1/sessions", functools.partial(new_session, self)),
             web.get("/v1/sessions", self.history.list_sessions),
+            web.get("/v1/sessions/{sid}", self.history.get_session),
             web.delete("/v1/sessions/{sid}", self.history.close_session),
             web.post("/v1/sessions/{sid}/fork", functools.partial(fork_session, self)),
             web.post("/v1/sessions/{sid}/turns", self.post_turn),

@@ -164,6 +164,24 @@ class HistoryRoutes:
                                   if nxt and rows else None})
         return json_response({"sessions": rows, "next_after": external(tenant, nxt) if nxt else None})
 
+    async def get_session(self, request: web.Request) -> web.Response:
+        """One session: its message count, first and last activity (as the listing has them),
+        and its running turn, whose stream a client that lost it follows again by its id."""
+        tenant, sid, external_sid = self.gw.session_of(request)
+        try:
+            summary, status = await asyncio.gather(
+                self._query({"query": "session", "session": sid, "tenant": tenant, "sync": True}),
+                self.gw.bus.request(actor_name(sid, self.gw.shards), Kind.SESSION_STATUS, {"session": sid},
+                                    timeout=5.0, session=sid))
+        except BusError as exc:
+            raise ApiError(503, "actor_unavailable", f"the session's actor did not answer: {exc}") from None
+        running = status.body["state"] != "idle"
+        if not summary["rows"] and not running:
+            raise ApiError(404, "not_found", "no such session")
+        row = summary["rows"][0] if summary["rows"] else {"messages": 0, "first_at": None, "last_at": None}
+        active = {"turn_id": status.body["turn_id"], "resumed": status.body["state"] == "resumed"} if running else None
+        return json_response({**row, "session_id": external_sid, "active_turn": active})
+
     async def list_runs(self, request: web.Request) -> web.Response:
         """The tenant's flow runs, a page at a time by id, optionally of one flow, one status
         (open: not ended) and those started in a window of time: after a cursor, or with `order=desc` from the last down, before one

@@ -86,6 +86,12 @@ SCHEMAS: dict[str, Any] = {
                                     "type": "object", "required": ["session_id", "messages", "first_at", "last_at"],
                                     "properties": {"session_id": {"type": "string"}, "messages": {"type": "integer"},
                                                    "first_at": {"type": "number"}, "last_at": {"type": "number"}}}}}},
+    "SessionState": {"type": "object", "required": ["session_id", "messages", "first_at", "last_at", "active_turn"],
+                "properties": {"session_id": {"type": "string"}, "messages": {"type": "integer"},
+                               "first_at": {"type": ["number", "null"]}, "last_at": {"type": ["number", "null"]},
+                               "active_turn": {"type": ["object", "null"], "required": ["turn_id", "resumed"],
+                                               "properties": {"turn_id": {"type": "string"},
+                                                              "resumed": {"type": "boolean"}}}}},
     "Messages": {"type": "object", "required": ["session_id", "messages"],
                  "properties": {"session_id": {"type": "string"}, "next_after": {"type": ["integer", "null"]},
                                 "next_before": {"type": ["integer", "null"]},
@@ -172,7 +178,13 @@ PATHS: dict[str, dict] = {
         "summary": "Run a turn: the reply streams back as Server-Sent Events", "parameters": [SID],
         "requestBody": {"required": True, "content": _json(_ref("TurnInput"))},
         "responses": {"200": SSE_RESPONSE, **_errors(400, 401, 413, 429, 503)}}},
-    "/v1/sessions/{sid}": {"delete": {
+    "/v1/sessions/{sid}": {"get": {
+        "summary": "One session: its message count, first and last activity, and its running turn (follow its "
+                   "stream again with GET /v1/sessions/{sid}/turns/{turn_id}/events, unless `resumed`: finishing "
+                   "after its actor's restart, with no stream to follow)",
+        "parameters": [SID],
+        "responses": {"200": {"description": "the session", "content": _json(_ref("SessionState"))},
+                      **_errors(400, 401, 404, 503)}}, "delete": {
         "summary": "Close a session: its running turn is cancelled, and its transcript, events and checkpoints "
                    "are gone for every read once this answers (and leave the disk with the log's compaction); "
                    "the id may be used again, starting empty (a turn posted while the close is under way "

@@ -292,6 +292,20 @@ def page(cursor: duckdb.DuckDBPyConnection, pending: Pending, after: str, tenant
     return [(s, sums[s][1], sums[s][2], sums[s][3]) for s in sorted(sums)[:limit]]
 
 
+def one(cursor: duckdb.DuckDBPyConnection, pending: Pending, session: str, tenant: str | None) -> tuple | None:
+    """(counted, first_at, last_at) of the session as `page` lists it; None if it holds nothing."""
+    clause, args = (" AND tenant = ?", [tenant]) if tenant else ("", [])
+    with pending.lock:   # no merge between the two reads: its sums would count twice
+        entry = pending.kept.get(session)
+        extra = list(entry) if entry is not None and (not tenant or entry[0] == tenant) else None
+        row = cursor.execute(f"SELECT tenant, counted, first_at, last_at FROM {TABLE} WHERE session = ?" + clause,
+                             [session, *args]).fetchone()
+    sums = {session: list(row)} if row else {}
+    if extra:
+        _add(sums, session, *extra)
+    return tuple(sums[session][1:]) if sums else None
+
+
 def recent_page(cursor: duckdb.DuckDBPyConnection, pending: Pending, before: tuple[float, str] | None,
                 tenant: str | None, limit: int) -> list[tuple]:
     """(session, counted, first_at, last_at) of up to `limit` sessions, the most recently active

@@ -159,6 +159,12 @@ class StoreQueries:
                for sid, n, first, last in rows[:limit]]
         return out, (out[-1]["session_id"] if len(rows) > limit else None)
 
+    def q_session(self, session, tenant, turn, after, limit):
+        """One session as `q_sessions` lists it; no row if it holds nothing."""
+        row = session_summary.one(self.cursors["messages"], self.summary_pending["messages"], session, tenant)
+        return ([{"session_id": session, "messages": int(row[0]), "first_at": row[1], "last_at": row[2]}]
+                if row else []), None
+
     def q_recent_sessions(self, before: tuple[float, str] | None, tenant: str | None, limit: int):
         """As `q_sessions`, the most recently active first, below `before` ((last_at, session));
         the next page's cursor is the last session's id (and its `last_at`)."""
@@ -358,6 +364,7 @@ SUPERSEDED = (
     "SELECT seg.lsn FROM seg JOIN newest ON seg.session = newest.session WHERE seg.seq < newest.seq")
 
 QUERIES = {"messages": StoreQueries.q_messages, "events": StoreQueries.q_events, "sessions": StoreQueries.q_sessions,
+           "session": StoreQueries.q_session,
            "checkpoint_chain": StoreQueries.q_checkpoint_chain, "blob_latest": StoreQueries.q_blob_latest,
            "blob_filter": StoreQueries.q_blob_filter,
            "count": StoreQueries.q_count, "flow_records": StoreQueries.q_flow_records,

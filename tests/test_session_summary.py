@@ -13,6 +13,12 @@ def listed(store, tenant=None):
     return {r["session_id"]: (r["messages"], r["first_at"], r["last_at"]) for r in rows}
 
 
+def one(store, session, tenant=None):
+    """GET /v1/sessions/{sid}'s read: the listing's entry for that session alone."""
+    rows, _ = store.query("session", session, tenant)
+    return (rows[0]["messages"], rows[0]["first_at"], rows[0]["last_at"]) if rows else None
+
+
 def by_scan(store):
     """What the summary must say, aggregated from every row."""
     rows = store.conns["messages"].execute(
@@ -92,13 +98,15 @@ def test_sessions_list_the_most_recently_active_first_with_sums_not_yet_merged(t
     moved = [("s1", 200.0)] + [row for row in want if row[0] != "s1"]
     for limit in (1, 2, 100):
         assert recent(store, "t", limit)[0] == moved
+    assert one(store, "s1", "t") == listed(store, "t")["s1"] == (4, 101.0, 200.0)   # the table's row + sums not merged
+    assert one(store, "s1", "u") is None and one(store, "theirs", "u") == (1, 999.0, 999.0)
     # a page read before it moved: the next ones list it no more below the cursor
     assert store.query("sessions", "s4", "t", limit=10, desc=True, at=104.0)[0][-2:] == [
         {"session_id": "s2", "messages": 2, "first_at": 102.0, "last_at": 102.0},
         {"session_id": "s0", "messages": 2, "first_at": 100.0, "last_at": 100.0}]
     store.merge_summaries(force=True)
     assert recent(store, "t", 2)[0] == moved
-    assert listed(store, "t")["s1"] == (4, 101.0, 200.0)
+    assert listed(store, "t")["s1"] == (4, 101.0, 200.0) == one(store, "s1", "t")
     store.close()
     for log in (actors, gateway):
         log.close()
@@ -115,6 +123,7 @@ def test_a_close_leaves_only_what_the_id_holds_after_it(tmp_path):
                    (RecordKind.EVENT, event("reused", 1, at=31.0))])
     store = opened(tmp_path)
     assert listed(store) == {"reused": (1, 30.0, 30.0)} == by_scan(store)
+    assert one(store, "reused") == (1, 30.0, 30.0) and one(store, "gone") is None
     assert [m["content"] for m in store.query("messages", "reused")[0]] == ["hello 0"]
     assert [e["seq"] for e in store.query("events", "reused")[0]] == [1]
     store.merge_summaries(force=True)
