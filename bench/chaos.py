@@ -5,7 +5,8 @@ Load: turn clients (SSE, resumed with Last-Event-ID when a connection drops; eve
 turns at once on the session, one superseding the other; every seventh time a turn cancelled a few
 milliseconds in), checkpoint clients
 (numbered PUTs per session), flow clients (runs of SYNC steps started with an Idempotency-Key) and
-close clients (a session filled, then closed) on one real process tree with full persistence and one worker process. Every few seconds (jittered)
+close clients (a session filled, then closed), and forks of some runs and sessions
+(bench/chaos_forks.py) on one real process tree with full persistence and one worker process. Every few seconds (jittered)
 one role of the tree — broker, gateway, an actor, the scheduler, a log writer, the store writer or
 the mock model — gets SIGKILL, in a shuffled order that reaches every role once per round; the
 supervisor restarts it. Optionally also: roles stopped for seconds and continued (`--stall-every`,
@@ -15,8 +16,9 @@ wait for a bucket (`--bucket`, moto) and that bucket going away now and then (`-
 The accounting, after the kills stop and the tree has settled:
 - lost: acknowledged records that are not there. A completed turn whose assistant message is not
   in the transcript (or differs from what was streamed); an acknowledged checkpoint that is not in
-  the log; an accepted flow run that never completes with its result; a session whose close was
-  acknowledged that a read still finds (bench/chaos_closes.py).
+  the log; an accepted flow run (or fork of one) that never completes with its result; a session
+  whose close was acknowledged that a read still finds (bench/chaos_closes.py); an acknowledged
+  fork of a session that does not hold the messages it was answered with.
 - hung: streams that neither ended with a terminal event nor closed cleanly within the deadline.
 - restarts per role, and each process's private memory after warm-up and after the run.
 - the JSON-lines copy of the events (on in this run): every event the logs hold is one line of
@@ -43,6 +45,7 @@ import aiohttp
 from bench.logged_checkpoints import checkpoints_in_log, lost_from_log
 from bench import chaos_jsonl
 from bench.chaos_closes import close_client, closable, reopened
+from bench.chaos_forks import RUN_FORK_EVERY, SESSION_FORK_EVERY, fork_run, fork_session, unforked
 from bench.chaos_report import accounting, write_report
 from bench.chaos_faults import outager, staller, stopped_within
 from bench.results import ResultsDir
@@ -77,6 +80,9 @@ class Ledger:
         self.flow_errors = collections.Counter()
         self.closed: list[str] = []                      # sessions whose close was acknowledged
         self.close_errors = collections.Counter()
+        self.session_forks: dict[str, int] = {}          # forked session -> the messages it was answered with
+        self.forks = collections.Counter()               # acknowledged forks: runs, sessions
+        self.fork_errors = collections.Counter()
         self.timeline: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
         self.t0 = time.monotonic()
 
@@ -102,6 +108,8 @@ async def turn_client(http, base: str, index: int, ledger: Ledger, stop: asyncio
             if out.outcome == "completed":
                 ledger.completed.append((session, out.turn_id, out.text))
                 ledger.tick("turns")
+                if len(ledger.completed) % SESSION_FORK_EVERY == 0:
+                    await fork_session(http, base, session, f"chaos-fork-{index}-{n}", ledger)
         refused = any(out.outcome in ("refused", "rejected") for out in outs)
         await asyncio.sleep(pause if not refused else 0.5)
 
@@ -150,6 +158,8 @@ async def flow_client(http, base: str, index: int, ledger: Ledger, stop: asyncio
                     if resp.status in (200, 201):
                         ledger.flows[body["run_id"]] = key
                         ledger.tick("flows")
+                        if n % RUN_FORK_EVERY == 0:
+                            await fork_run(http, base, body["run_id"], f"{key}-fork", ledger, stop)
                         break
                     ledger.flow_errors[resp.status] += 1
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
@@ -276,6 +286,7 @@ async def verify(server: ServerProcess, ledger: Ledger, timeout: float) -> dict[
         lost["flows"] += list(pending)
         results["unfinished"] = len(pending)
         lost["closes"] = await reopened(http, server.url, ledger.closed)
+        lost["session_forks"] = await unforked(http, server.url, ledger.session_forks)
     return {"lost": lost, "flow_results": dict(results)}
 
 

@@ -14,7 +14,7 @@ def accounting(args, ledger: "Ledger", kills: list[dict], checked: dict, lost_ch
                restarts: dict[str, int], phases: dict, after: dict) -> dict[str, Any]:
     """The run's row: what was lost, hung, acknowledged and refused, kills and restarts, memory."""
     lost = len(checked["lost"]["turns"]) + len(checked["lost"]["flows"]) + len(lost_checkpoints) \
-        + len(checked["lost"]["closes"])
+        + len(checked["lost"]["closes"]) + len(checked["lost"].get("session_forks", ()))
     before = phases["before"]
     return {
         "duration_secs": args.duration, "kills": len(kills),
@@ -22,13 +22,16 @@ def accounting(args, ledger: "Ledger", kills: list[dict], checked: dict, lost_ch
         "restarts_by_role": restarts,
         "lost": lost, "lost_turns": checked["lost"]["turns"][:20], "lost_flows": checked["lost"]["flows"][:20],
         "lost_checkpoints": lost_checkpoints[:20], "closes_undone": checked["lost"]["closes"][:20],
+        "lost_session_forks": checked["lost"].get("session_forks", [])[:20],
         "hung": ledger.turns["hung"],
         "turn_outcomes": dict(ledger.turns), "turns_resumed": ledger.resumed, "streams_with_gaps": ledger.reordered,
         "acknowledged": {"turns": len(ledger.completed), "checkpoints": sum(map(len, ledger.checkpoints.values())),
-                         "flows": len(ledger.flows), "closes": len(ledger.closed)},
+                         "flows": len(ledger.flows), "closes": len(ledger.closed),
+                         "run_forks": ledger.forks["runs"], "session_forks": ledger.forks["sessions"]},
         "checkpoint_errors": {str(k): v for k, v in ledger.checkpoint_errors.items()},
         "flow_errors": {str(k): v for k, v in ledger.flow_errors.items()},
         "close_errors": {str(k): v for k, v in ledger.close_errors.items()},
+        "fork_errors": dict(ledger.fork_errors),
         "flow_results": checked["flow_results"],
         "memory_kib": {name: {"before_private": before.get(name, {}).get("private_kib"),
                               "after_private": m["private_kib"], "before_rss": before.get(name, {}).get("rss_kib"),
@@ -44,10 +47,11 @@ def write_report(results: ResultsDir, row: dict, kills: list[dict], ledger: "Led
         f"# Chaos: {row['duration_secs']:.0f} s of SIGKILLs ({row['kills']} kills)", "",
         f"**lost = {row['lost']}**, **hung = {row['hung']}** "
         f"(acknowledged: {acked['turns']} completed turns, {acked['checkpoints']} checkpoints, "
-        f"{acked['flows']} flow runs, {acked['closes']} closed sessions)", "",
+        f"{acked['flows']} flow runs of which {acked.get('run_forks', 0)} forks, {acked['closes']} closed "
+        f"sessions, {acked.get('session_forks', 0)} forked sessions)", "",
         "Lost counts a completed turn whose assistant message is missing from the transcript or differs from "
         "what was streamed, an acknowledged checkpoint missing from the log, an accepted flow run that did not "
-        "complete with its result, a closed session that a read still finds. Hung counts streams with neither a terminal event nor a clean close within "
+        "complete with its result (forks of runs too), a closed session that a read still finds, a forked session that does not hold the messages it was answered with. Hung counts streams with neither a terminal event nor a clean close within "
         "the deadline.", "",
         _jsonl_line(row.get("jsonl")), "",
         "ERROR or CRITICAL records in the tree's logs (kept in this folder): "
@@ -59,7 +63,9 @@ def write_report(results: ResultsDir, row: dict, kills: list[dict], ledger: "Led
         f"streams whose event ids had a gap or repeat: {row['streams_with_gaps']}.", "",
         f"Flow runs: {row['flow_results']}; start errors seen by clients (retried with the same key): "
         f"{row['flow_errors']}. Checkpoint PUT errors: {row['checkpoint_errors']}. Close errors (retried): "
-        f"{row['close_errors']}; closed sessions found again: {row['closes_undone']}.", "",
+        f"{row['close_errors']}; closed sessions found again: {row['closes_undone']}. Fork errors (a run's "
+        f"retried with the same key, a session's not): {row.get('fork_errors', {})}; forked sessions without "
+        f"their messages: {row.get('lost_session_forks', [])}.", "",
         *_outage_lines(row.get("bucket_outages")), *_stall_lines(row.get("stalls")),
         "## Kills and restarts per role", "",
         markdown_table(["role", "kills", "restarts"],
