@@ -57,7 +57,8 @@ class Actor:
         for kind, handler in {Kind.TURN_START: self.on_turn_start, Kind.TURN_CANCEL: self.on_turn_cancel,
                               Kind.TURN_RESUME: self.on_turn_resume, Kind.SESSION_CLOSE: self.on_session_close,
                               Kind.SESSION_CLOSED: self.on_session_closed,
-                              Kind.SESSION_FORK: SessionForks(self).on_fork, Kind.SESSION_STATUS: self.on_session_status,
+                              Kind.SESSION_FORK: SessionForks(self).on_fork,
+                              Kind.SESSION_STATUS: self.on_session_status,
                               Kind.PERMIT_GRANT: self.permits.on_grant,
                               Kind.STATS: self.on_stats}.items():
             self.bus.on(kind, handler)

@@ -1,6 +1,7 @@
-"""What callers ask of the runs an actor owns: start one (a repeated start returns the same run),
-or a fork of one (actors/run_forks.py), read its status (optionally waiting for its end or its suspension), cancel it, publish to one of
-its channels, read its attributes, and lock-and-update one attribute.
+"""What callers ask of the runs an actor owns: start one (a repeated start returns the same run)
+or a fork of one (actors/run_forks.py), read its status (optionally waiting for its end or its
+suspension), cancel it, publish to one of its channels, read its attributes, and lock-and-update
+one attribute.
 
 A mixin of `actors.flow_runs.Flows`, which owns the runs, their journal and their executions;
 this module only answers requests about them, through what `Flows` provides (`find`, `record`,
@@ -140,7 +141,7 @@ class RunRequests:
                 self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": run_id, "status": "error", "code": "conflict", "error":
                                "this run is not that fork (the same Idempotency-Key or run_id names the same request)"})
                 return
-        elif run.flow != b["flow"] or (run.input != b.get("input") and not b.get("parent")):   # a parent re-asks as it replays
+        elif run.flow != b["flow"] or (run.input != b.get("input") and not b.get("parent")):   # a parent re-asks
             # the same key or run id with another request: a mistake the caller should hear of, not
             # an answer about a run it did not ask for
             self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": run_id, "status": "error", "code": "conflict", "error":

@@ -3,13 +3,12 @@ few seconds, then an accounting done by the load generator itself.
 
 Load: turn clients (SSE, resumed with Last-Event-ID when a connection drops; every fourth time two
 turns at once on the session, one superseding the other; every seventh time a turn cancelled a few
-milliseconds in), checkpoint clients
-(numbered PUTs per session), flow clients (runs of SYNC steps started with an Idempotency-Key) and
-close clients (a session filled, then closed), and forks of some runs and sessions
-(bench/chaos_forks.py) on one real process tree with full persistence and one worker process. Every few seconds (jittered)
-one role of the tree — broker, gateway, an actor, the scheduler, a log writer, the store writer or
-the mock model — gets SIGKILL, in a shuffled order that reaches every role once per round; the
-supervisor restarts it. Optionally also: roles stopped for seconds and continued (`--stall-every`,
+milliseconds in), checkpoint clients (numbered PUTs per session), flow clients (runs of SYNC steps
+started with an Idempotency-Key), close clients (a session filled, then closed), and forks of some
+runs and sessions (bench/chaos_forks.py), on one real process tree with full persistence and one
+worker process. Every few seconds (jittered) one role of the tree — broker, gateway, an actor,
+the scheduler, a log writer, the store writer or the mock model — gets SIGKILL, in a shuffled
+order that reaches every role once per round; the supervisor restarts it. Optionally also: roles stopped for seconds and continued (`--stall-every`,
 bench/chaos_faults.py), a log that rotates and compacts all the time (`--busy-log`), acks that
 wait for a bucket (`--bucket`, moto) and that bucket going away now and then (`--bucket-outages`).
 
@@ -109,7 +108,7 @@ async def turn_client(http, base: str, index: int, ledger: Ledger, stop: asyncio
                 ledger.completed.append((session, out.turn_id, out.text))
                 ledger.tick("turns")
                 if len(ledger.completed) % SESSION_FORK_EVERY == 0:
-                    await fork_session(http, base, session, f"chaos-fork-{index}-{n}", ledger)
+                    await fork_session(http, base, session, f"chaos-fork-{len(ledger.completed)}", ledger)
         refused = any(out.outcome in ("refused", "rejected") for out in outs)
         await asyncio.sleep(pause if not refused else 0.5)
 

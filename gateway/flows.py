@@ -1,5 +1,6 @@
-"""Routes over durable flows: start a run, fork one, read it, its steps, its attributes, update one, publish
-to a channel, cancel it. Each is one request to the run's owning actor (`actors.flow_client`)."""
+"""Routes over durable flows: start a run, fork one, read it, its steps, its attributes, update
+one, publish to a channel, cancel it. Each is one request to the run's owning actor
+(`actors.flow_client`)."""
 from __future__ import annotations
 
 import re
@@ -18,7 +19,8 @@ if TYPE_CHECKING:
     from gateway.app import Gateway
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,199}$")
-STATUS_OF = {"not_found": 404, "conflict": 409, "not_forkable": 409, "ended": 409, "handler_failed": 422, "unavailable": 503}
+STATUS_OF = {"not_found": 404, "conflict": 409, "not_forkable": 409, "ended": 409, "handler_failed": 422,
+             "unavailable": 503}
 
 
 def _name(request: web.Request, key: str, what: str) -> str:
