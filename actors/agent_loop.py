@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from agentos import metrics
+from actors.context_window import context
 from actors.flow_runs import Flows, TaskFailed
 from actors.flow_state import Run
 from actors.permit_client import PermitClient
@@ -71,14 +72,14 @@ class AgentLoop:
                 pass  # keep the last list: the scheduler may be restarting
         return self._tools
 
-    async def model_call(self, turn: Turn, session: Session, tools: list[dict]) -> ModelResult:
+    async def model_call(self, turn: Turn, messages: list[dict], tools: list[dict]) -> ModelResult:
         retries = 0
         while True:
             permit = await self.permits.acquire(turn.tenant, turn.session_id, turn.turn_id)
             backoff = 0.0
             first_token = turn.first_token_at
             try:
-                return await self.provider.call(session.messages, turn.delta, tools or None)
+                return await self.provider.call(messages, turn.delta, tools or None)
             except ProviderError as exc:
                 streamed = turn.first_token_at != first_token
                 metrics.inc(metrics.provider_errors.labels(exc.kind))
@@ -146,7 +147,8 @@ class AgentLoop:
         else:
             started = time.monotonic()
             self.flows.record(run, "step.started", sync=False, seq=seq, name="model", attempt=1)
-            result = await self.model_call(turn, session, tools)
+            sent = context(session.messages, self.provider.config.max_context_chars)
+            result = await self.model_call(turn, sent, tools)
             answer = {"text": result.text, "finish_reason": result.finish_reason,
                       "usage": [result.prompt_tokens, result.completion_tokens],
                       "tool_calls": [[c.id, c.name, c.arguments] for c in result.tool_calls]}
@@ -155,7 +157,7 @@ class AgentLoop:
                                     result=answer, attempt=1)
             self.persistence.event_nowait(turn, "step.completed", {
                 "step": seq, "kind": "model", "prompt_tokens": result.prompt_tokens,
-                "completion_tokens": result.completion_tokens,
+                "completion_tokens": result.completion_tokens, "messages_sent": len(sent),
                 "duration_ms": round((time.monotonic() - started) * 1000.0, 3)})
             if ack is not None:
                 await ack

@@ -83,6 +83,9 @@ class ProviderConfig:
     timeout_secs: float = 120.0
     connect_timeout_secs: float = 10.0
     max_retries: int = 2
+    # The most characters of a session's history (as JSON) a model call is sent: the current turn
+    # whole and the newest older exchanges that fit (actors/context_window.py); 0 = all of it.
+    max_context_chars: int = 0
 
 
 @dataclass
@@ -351,6 +354,7 @@ def validate(config: Config) -> None:
     _positive(config.provider.timeout_secs, "provider.timeout_secs")
     _positive(config.provider.connect_timeout_secs, "provider.connect_timeout_secs")
     _positive(config.provider.max_retries, "provider.max_retries", allow_zero=True)
+    _positive(config.provider.max_context_chars, "provider.max_context_chars", allow_zero=True)
     if config.storage.durability not in ("none", "local", "s3"):
         raise ConfigError(f"storage.durability: one of none, local, s3; got {config.storage.durability!r}")
     if config.storage.durability == "s3" and not config.storage.s3.bucket:

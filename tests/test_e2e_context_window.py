@@ -1,0 +1,22 @@
+"""End-to-end: with `provider.max_context_chars`, a long session's model calls are sent its newest
+messages that fit (each step's event says how many), not its whole history, while the transcript
+keeps everything."""
+from harness import get_json, turn
+
+BUDGET = 600
+
+
+def test_a_long_sessions_model_calls_are_sent_only_the_newest_messages_that_fit(make_server):
+    server = make_server({"provider": {"max_context_chars": BUDGET}})
+    base = server.url
+    for n in range(8):
+        assert turn(base, "long", f"question {n}: " + "x" * 100).terminal == "turn.completed"
+    transcript = get_json(f"{base}/v1/sessions/long/messages?limit=1000")[2]["messages"]
+    assert [m["role"] for m in transcript] == ["user", "assistant"] * 8   # all of it kept
+    events = get_json(f"{base}/v1/sessions/long/events?limit=1000")[2]["events"]
+    steps = [e["data"] for e in events if e["type"] == "step.completed" and e["data"]["kind"] == "model"]
+    sent = [s["messages_sent"] for s in steps]
+    assert len(sent) == 8 and sent[:2] == [1, 3]          # while all of it fits, all of it goes
+    assert 1 < sent[-1] < 15 and max(sent) < 15           # then only the newest that fit
+    assert sent[-1] % 2 == 1                              # from a user message: whole exchanges
+    assert steps[-1]["prompt_tokens"] <= BUDGET // 4      # the mock counts what it was sent
