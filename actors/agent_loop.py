@@ -148,7 +148,9 @@ class AgentLoop:
             started = time.monotonic()
             self.flows.record(run, "step.started", sync=False, seq=seq, name="model", attempt=1)
             sent = context(session.messages, self.provider.config.max_context_chars)
-            result = await self.model_call(turn, sent, tools)
+            system = self.provider.config.system_prompt
+            result = await self.model_call(turn, [{"role": "system", "content": system}, *sent] if system else sent,
+                                           tools)
             answer = {"text": result.text, "finish_reason": result.finish_reason,
                       "usage": [result.prompt_tokens, result.completion_tokens],
                       "tool_calls": [[c.id, c.name, c.arguments] for c in result.tool_calls]}

@@ -86,6 +86,9 @@ class ProviderConfig:
     # The most characters of a session's history (as JSON) a model call is sent: the current turn
     # whole and the newest older exchanges that fit (actors/context_window.py); 0 = all of it.
     max_context_chars: int = 0
+    # Instructions sent first in every model call, as a system message (not part of the transcript,
+    # nor of max_context_chars); "" = none.
+    system_prompt: str = ""
 
 
 @dataclass

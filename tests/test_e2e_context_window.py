@@ -1,6 +1,7 @@
 """End-to-end: with `provider.max_context_chars`, a long session's model calls are sent its newest
 messages that fit (each step's event says how many), not its whole history, while the transcript
-keeps everything."""
+keeps everything; `provider.system_prompt` goes first in every call and never into the
+transcript."""
 from harness import get_json, turn
 
 BUDGET = 600
@@ -20,3 +21,18 @@ def test_a_long_sessions_model_calls_are_sent_only_the_newest_messages_that_fit(
     assert 1 < sent[-1] < 15 and max(sent) < 15           # then only the newest that fit
     assert sent[-1] % 2 == 1                              # from a user message: whole exchanges
     assert steps[-1]["prompt_tokens"] <= BUDGET // 4      # the mock counts what it was sent
+
+
+def test_the_system_prompt_goes_to_every_model_call_and_not_into_the_transcript(make_server):
+    prompt = "You answer in one short sentence. " * 12          # 408 characters
+    server = make_server({"provider": {"system_prompt": prompt, "max_context_chars": 300}})
+    base = server.url
+    for text in ("hi", "again"):
+        assert turn(base, "told", text).terminal == "turn.completed"
+    events = get_json(f"{base}/v1/sessions/told/events?limit=1000")[2]["events"]
+    steps = [e["data"] for e in events if e["type"] == "step.completed" and e["data"]["kind"] == "model"]
+    # the mock counts a token per four characters of every message it was sent: the prompt's are there
+    assert [s["prompt_tokens"] >= len(prompt) // 4 for s in steps] == [True, True]
+    assert [s["messages_sent"] for s in steps] == [1, 3]            # the prompt (408 > 300) is not counted
+    transcript = get_json(f"{base}/v1/sessions/told/messages")[2]["messages"]
+    assert [m["role"] for m in transcript] == ["user", "assistant", "user", "assistant"]
