@@ -101,6 +101,7 @@ class Actor:
             session.active.cancel("superseded")
         turn = Turn(self.bus, turn_id, session_id, b["tenant"], b["input"], msg.src,
                     self.config.kernel.delta_window_ms / 1000.0)
+        turn.system = b.get("system")
         started = turn.record(Kind.TURN_STARTED, {"data": {"turn_id": turn_id, "session_id": session_id}})
         self.bus.reply(msg, Kind.TURN_STARTED, started)
         session.active = turn
@@ -185,7 +186,7 @@ class Actor:
         of its old stream learns it is `resumed`); its session loads in the background."""
         info = run.input or {}
         turn = Turn(self.bus, info["turn"], info["session"], run.tenant, info.get("input", ""), "", 0.0)
-        turn.resumed = True
+        turn.resumed, turn.system = True, info.get("system")
         self.turns[turn.turn_id] = turn
         self.bus.spawn(self._finish_resumed(run, turn, int(info.get("user_index", 0))))
 

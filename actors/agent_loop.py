@@ -104,7 +104,8 @@ class AgentLoop:
             self.flows.runs[run.run_id] = run
             self.flows.record(run, "run.started", sync=False, flow=TURN_FLOW,
                               input={"session": session.id, "input": turn.input, "turn": turn.turn_id,
-                                     "user_index": len(session.messages)})
+                                     "user_index": len(session.messages),
+                                     **({"system": turn.system} if turn.system is not None else {})})
             session.messages.append({"role": "user", "content": turn.input})
         tools = await self.tool_schemas()
         seq = 0
@@ -148,7 +149,7 @@ class AgentLoop:
             started = time.monotonic()
             self.flows.record(run, "step.started", sync=False, seq=seq, name="model", attempt=1)
             sent = context(session.messages, self.provider.config.max_context_chars)
-            system = self.provider.config.system_prompt
+            system = self.provider.config.system_prompt if turn.system is None else turn.system
             result = await self.model_call(turn, [{"role": "system", "content": system}, *sent] if system else sent,
                                            tools)
             answer = {"text": result.text, "finish_reason": result.finish_reason,

@@ -181,7 +181,9 @@ SPECS: dict[Kind, Spec] = {
     Kind.LEASE: _spec({"epoch": int, "valid_secs": _NUM}),
     # turn.* bodies all carry the turn id; events also carry their sequence number, so a
     # receiver can detect a gap and ask for a replay (turn.resume).
-    Kind.TURN_START: _spec({"turn_id": str, "session": str, "tenant": str, "input": str}, deadline=_NUM),
+    # system: the turn's instructions, in place of provider.system_prompt
+    Kind.TURN_START: _spec({"turn_id": str, "session": str, "tenant": str, "input": str}, deadline=_NUM,
+                           system=str),
     Kind.TURN_STARTED: _spec({"turn_id": str, "seq": int}, data=dict),
     Kind.TURN_DELTA: _spec({"turn_id": str, "seq": int, "text": str}),
     Kind.TURN_DONE: _spec({"turn_id": str, "seq": int}, data=dict),

@@ -24,10 +24,11 @@ from gateway.errors import ApiError, error_response, json_response
 from gateway import openapi
 from gateway.flows import FlowRoutes
 from gateway.history import LATEST_ROUTE, PUT_ROUTE, HistoryRoutes
-from gateway.peer_watch import PeerWatch
 from gateway.new_sessions import fork_session, new_session
+from gateway.peer_watch import PeerWatch
 from gateway.streams import TurnStream
 from gateway.tenancy import DEFAULT_TENANT, SESSION_ID, check_session_id, internal
+from gateway.turn_input import turn_input
 from storage import compaction_reserve, free_space
 from storage.log_client import LogClient
 from storage.log_writer import LogWriter
@@ -168,12 +169,7 @@ class Gateway:
         tenant, sid, external_sid = self.session_of(request)
         if self.draining:
             raise ApiError(503, "draining", "server is shutting down", {"Retry-After": self.retry_after})
-        body = await self.json_body(request)
-        text = body.get("input")
-        if not isinstance(text, str) or not text:
-            raise ApiError(400, "invalid_input", "body must have a non-empty string field 'input'")
-        if len(text) > self.config.gateway.max_input_chars:
-            raise ApiError(413, "input_too_large", f"input over {self.config.gateway.max_input_chars} characters")
+        text, system = turn_input(await self.json_body(request), self.config.gateway.max_input_chars)
         if self.limit and self.in_flight >= self.limit:
             metrics.admission_rejected.inc()
             return error_response(429, "overloaded", f"{self.in_flight} turns in flight (limit {self.limit}); retry later",
@@ -186,7 +182,7 @@ class Gateway:
         self.in_flight += 1
         self.in_flight_by_tenant[tenant] = mine + 1
         try:
-            return await self._stream_turn(request, sid, tenant, text, external_sid)
+            return await self._stream_turn(request, sid, tenant, text, external_sid, system)
         finally:
             self.in_flight -= 1
             left = self.in_flight_by_tenant[tenant] - 1
@@ -196,7 +192,7 @@ class Gateway:
                 del self.in_flight_by_tenant[tenant]
 
     async def _stream_turn(self, request: web.Request, sid: str, tenant: str, text: str,
-                           external_sid: str) -> web.StreamResponse:
+                           external_sid: str, system: str | None) -> web.StreamResponse:
         turn_id = self.new_turn_id()
         actor = actor_name(sid, self.shards)
         stream = self._subscribe(TurnStream(turn_id, sid, actor, tenant, external_sid))
@@ -204,7 +200,8 @@ class Gateway:
             try:
                 started = await self.bus.request(actor, Kind.TURN_START,
                                                  {"turn_id": turn_id, "session": sid, "tenant": tenant, "input": text,
-                                                  "deadline": time.time() + TURN_START_TIMEOUT_SECS},
+                                                  "deadline": time.time() + TURN_START_TIMEOUT_SECS,
+                                                  **({"system": system} if system is not None else {})},
                                                  timeout=TURN_START_TIMEOUT_SECS, session=sid, turn=turn_id)
             except BusError as exc:
                 self._cancel_unstarted(stream, "start_timeout")

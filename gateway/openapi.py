@@ -77,7 +77,10 @@ SCHEMAS: dict[str, Any] = {
                   "properties": {"code": {"type": "string"}, "message": {"type": "string"}}},
     "Error": {"type": "object", "required": ["error"], "properties": {"error": _ref("ErrorBody")}},
     "TurnInput": {"type": "object", "required": ["input"],
-                  "properties": {"input": {"type": "string", "minLength": 1, "maxLength": 200000}}},
+                  "properties": {"input": {"type": "string", "minLength": 1, "maxLength": 200000},
+                                 "system": {"type": "string", "maxLength": 200000,
+                                            "description": "this turn's instructions, in place of the "
+                                                           "server's provider.system_prompt"}}},
     "Cancelled": {"type": "object", "required": ["cancelled", "turn_id"],
                   "properties": {"cancelled": {"const": True}, "turn_id": {"type": "string"}}},
     "Sessions": {"type": "object", "required": ["sessions"],

@@ -124,8 +124,9 @@ async def read_sse(resp: aiohttp.ClientResponse, result: TurnResult, on_event=No
 
 
 async def run_turn(session: aiohttp.ClientSession, base: str, sid: str, text: str, headers=None,
-                   on_event=None, timeout: float = 30.0) -> TurnResult:
-    async with session.post(f"{base}/v1/sessions/{sid}/turns", json={"input": text}, headers=headers,
+                   on_event=None, timeout: float = 30.0, system: str | None = None) -> TurnResult:
+    body = {"input": text, **({"system": system} if system is not None else {})}
+    async with session.post(f"{base}/v1/sessions/{sid}/turns", json=body, headers=headers,
                             timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
         result = TurnResult(resp.status, dict(resp.headers))
         if resp.status != 200:
@@ -170,7 +171,8 @@ def turn(base: str, sid: str, text: str, **kwargs) -> TurnResult:
     return asyncio.run(go())
 
 
-def turn_killing_its_actor(server, sid: str, text: str, gate: Path, actors: int = 2) -> TurnResult:
+def turn_killing_its_actor(server, sid: str, text: str, gate: Path, actors: int = 2,
+                           system: str | None = None) -> TurnResult:
     """Run a turn whose tools are get_weather then search, and kill -9 the session's actor once
     the search call has started (the weather step is committed, the search step running). The
     search returns only once `gate` exists (its worker's FLOWS_APP_TOOL_GATE), created after the kill."""
@@ -184,7 +186,7 @@ def turn_killing_its_actor(server, sid: str, text: str, gate: Path, actors: int 
 
         async with aiohttp.ClientSession() as s:
             return await run_turn(s, server.url, sid, f"{text} [[mock tool_calls=get_weather,search ttft_ms=20]]",
-                                  on_event=on_event, timeout=60)
+                                  on_event=on_event, timeout=60, system=system)
     return asyncio.run(go())
 
 

@@ -45,7 +45,8 @@ def test_a_turn_survives_kill9_of_its_actor_mid_turn(make_server, make_worker, t
                              "FLOWS_APP_TOOL_GATE": str(gate)})
     sid = "agent-kill"
 
-    result = turn_killing_its_actor(server, sid, "weather and news", gate)
+    told = "Answer as a weather forecaster would. " * 10   # the turn's own instructions: kept for its resume
+    result = turn_killing_its_actor(server, sid, "weather and news", gate, system=told)
     assert result.terminal is None and result.events[-1][0] == "turn.interrupted", result.events[-3:]
     assert result.events[-1][1]["code"] == "resumed_in_background"
 
@@ -58,6 +59,9 @@ def test_a_turn_survives_kill9_of_its_actor_mid_turn(make_server, make_worker, t
     effects = marker.read_text().splitlines()
     assert effects.count("weather weather and news") == 1     # committed before the kill: never again
     assert 1 <= effects.count("search weather and news") <= 2  # in flight at the kill: run again
+    events = get_json(f"{server.url}/v1/sessions/{sid}/events?limit=1000")[2]["events"]
+    models = [e["data"] for e in events if e["type"] == "step.completed" and e["data"]["kind"] == "model"]
+    assert models and models[-1]["prompt_tokens"] >= len(told) // 4   # the resumed call was told them too
     again = turn(server.url, sid, "and now?")
     assert again.terminal == "turn.completed"
 

@@ -1,7 +1,11 @@
 """End-to-end: with `provider.max_context_chars`, a long session's model calls are sent its newest
 messages that fit (each step's event says how many), not its whole history, while the transcript
-keeps everything; `provider.system_prompt` goes first in every call and never into the
-transcript."""
+keeps everything; `provider.system_prompt` goes first in every call (a turn's own `system` in its
+place) and never into the transcript."""
+import asyncio
+
+import aiohttp
+
 from harness import get_json, turn
 
 BUDGET = 600
@@ -36,3 +40,16 @@ def test_the_system_prompt_goes_to_every_model_call_and_not_into_the_transcript(
     assert [s["messages_sent"] for s in steps] == [1, 3]            # the prompt (408 > 300) is not counted
     transcript = get_json(f"{base}/v1/sessions/told/messages")[2]["messages"]
     assert [m["role"] for m in transcript] == ["user", "assistant", "user", "assistant"]
+
+    # A turn's own instructions take the server's place for that turn.
+    async def told(body):
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{base}/v1/sessions/told/turns", json=body) as resp:
+                return resp.status, await resp.text()
+    status, stream = asyncio.run(told({"input": "once more", "system": "Be terse."}))
+    assert status == 200 and "event: turn.completed" in stream
+    events = get_json(f"{base}/v1/sessions/told/events?limit=1000")[2]["events"]
+    last = [e["data"] for e in events if e["type"] == "step.completed" and e["data"]["kind"] == "model"][-1]
+    assert last["prompt_tokens"] < len(prompt) // 4
+    for bad, code in (({"input": "x", "system": 7}, 400), ({"input": "x", "system": "y" * 200_000}, 413)):
+        assert asyncio.run(told(bad))[0] == code
