@@ -58,10 +58,11 @@ class FlowClient:
         return reply.body
 
     async def start(self, flow: str, input: Any = None, run_id: str | None = None, key: str | None = None,
-                    tenant: str | None = None) -> dict:
-        """Start a run; with `run_id` or an idempotency `key`, a repeated start returns the same run."""
+                    tenant: str | None = None, start_at: float | None = None) -> dict:
+        """Start a run; with `run_id` or an idempotency `key`, a repeated start returns the same run.
+        With `start_at` (epoch seconds), the run exists at once and runs from that time on."""
         tenant = tenant or self.tenant
-        return await self.start_run(flow, input, *self.run_id(flow, tenant, run_id, key), tenant)
+        return await self.start_run(flow, input, *self.run_id(flow, tenant, run_id, key), tenant, start_at)
 
     @staticmethod
     def run_id(flow: str, tenant: str, run_id: str | None, key: str | None) -> tuple[str, bool]:
@@ -72,8 +73,11 @@ class FlowClient:
             return run_id_for_key(flow, tenant, key), False
         return new_run_id(), True
 
-    async def start_run(self, flow: str, input: Any, run_id: str, new: bool, tenant: str) -> dict:
+    async def start_run(self, flow: str, input: Any, run_id: str, new: bool, tenant: str,
+                        start_at: float | None = None) -> dict:
         body = {"flow": flow, "run_id": run_id, "tenant": tenant, "input": input}
+        if start_at:
+            body["start_at"] = float(start_at)
         if new:
             body["new"] = True
         return await self._ask(run_id, Kind.FLOW_START, body)

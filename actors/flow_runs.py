@@ -192,7 +192,12 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks):
     # -- executions ----------------------------------------------------------------------------
 
     def blocked_on(self, run: Run) -> Op | None:
-        """The unfinished sleep, wait or child op the run is parked on, if any."""
+        """The unfinished sleep, wait or child op the run is parked on, if any; for a delayed
+        start whose time has not come, an op of seq -1 due then (its timer's)."""
+        if run.waits_to_start(time.time()):
+            start = Op(-1, "start", "start")
+            start.due = run.start_at
+            return start
         seq = 0
         while True:
             op = run.ops.get(seq)
@@ -221,7 +226,7 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks):
         op = self.blocked_on(run)
         if op is None:
             return  # running: the watchdog dispatches it again unless its worker reports it alive
-        if op.op == "sleep" or (op.op == "wait" and op.due):
+        if op.op in ("sleep", "start") or (op.op == "wait" and op.due):
             self.set_timer(run, op)
         if op.op == "wait":
             run.waiting = op.seq

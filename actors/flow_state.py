@@ -10,7 +10,8 @@ sleeps, channel waits, child flows and attribute writes. On replay the code must
 operations in the same order; the names recorded here are how a mismatch is detected.
 
 Record types (body field `type`; every body has run, tenant, at, exec):
-  run.started    flow, input, parent, parent_seq, parent_actor
+  run.started    flow, input, parent, parent_seq, parent_actor, start_at (a delayed start: not
+                 dispatched before that time)
                  (a fork's, actors/run_forks.py: forked_from, fork_seq, copied, attrs, messages)
   step.started   seq, name, attempt
   step.failed    seq, attempt, error            (an attempt failed; another may follow)
@@ -92,7 +93,7 @@ class Run:
     __slots__ = ("run_id", "flow", "tenant", "input", "status", "result", "error", "exec", "last_alive", "ops",
                  "attrs", "channels", "waiting", "parent", "parent_seq", "parent_actor", "pending", "updates",
                  "updating", "created_at", "ended_at", "msg_counter", "waiters", "journal_bytes", "over_limit", "lost",
-                 "stale", "link_checked", "forked_from", "fork_seq")
+                 "stale", "link_checked", "forked_from", "fork_seq", "start_at")
 
     def __init__(self, run_id: str, flow: str, tenant: str) -> None:
         self.run_id = run_id
@@ -125,6 +126,7 @@ class Run:
         self.link_checked = self.last_alive    # when it last asked after its parent or child (actors/run_links.py)
         self.forked_from = ""                  # the run this one is a fork of (actors/run_forks.py), and where
         self.fork_seq = -1
+        self.start_at = 0.0                    # a delayed start's time (0: at once)
 
     @property
     def ended(self) -> bool:
@@ -142,10 +144,17 @@ class Run:
             out.append(op.outcome())
             seq += 1
 
+    def waits_to_start(self, now: float) -> bool:
+        """Whether it is a delayed start whose time has not come: nothing of it has run yet."""
+        return self.start_at > now and not self.ops and not self.ended
+
     def summary(self) -> dict[str, Any]:
         """What a client is told of the run (GET /v1/runs/{id}): times as its journal has them."""
-        body: dict[str, Any] = {"run_id": self.run_id, "status": self.status, "flow": self.flow,
+        status = "scheduled" if self.waits_to_start(time.time()) else self.status
+        body: dict[str, Any] = {"run_id": self.run_id, "status": status, "flow": self.flow,
                                 "started_at": self.created_at, "ended_at": self.ended_at if self.ended else None}
+        if self.start_at:
+            body["start_at"] = self.start_at
         if self.parent:
             body["parent"] = self.parent
         if self.forked_from:
@@ -199,6 +208,7 @@ def apply(run: Run, record: dict[str, Any]) -> None:
         run.parent_seq = int(record.get("parent_seq", -1))
         run.parent_actor = record.get("parent_actor") or ""
         run.created_at = float(record.get("at", run.created_at))
+        run.start_at = float(record.get("start_at") or 0.0)
         if run.status == "pending":
             run.status = "running"
         if record.get("forked_from"):

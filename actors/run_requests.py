@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import math
 import time
 from typing import Awaitable, Callable
 
@@ -100,6 +101,11 @@ class RunRequests:
                                                 "error": "a start names its flow; a fork, its run (fork_of) and, "
                                                          "if any, a seq >= 0 (fork_seq)"})
             return
+        if b.get("start_at") is not None and not (math.isfinite(b["start_at"]) and not b.get("fork_of")):
+            self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": run_id, "status": "error", "code": "conflict",
+                                                "error": "a delayed start names a finite time (start_at), "
+                                                         "and a fork starts at once"})
+            return
         run = self.runs.get(run_id)
         if run is None:
             pending = self.starting.get(run_id)
@@ -156,6 +162,8 @@ class RunRequests:
             fields = fork_fields(b["fork_of"], rows, b["tenant"], b.get("fork_seq"))
         else:
             fields = {"flow": b["flow"], "input": b.get("input")}
+            if b.get("start_at"):
+                fields["start_at"] = float(b["start_at"])
         if b.get("parent"):
             fields.update(parent=b["parent"], parent_seq=b["parent_seq"], parent_actor=b.get("parent_actor", ""))
         run = Run(b["run_id"], fields["flow"], b["tenant"])
@@ -165,7 +173,10 @@ class RunRequests:
         except LogWriteError:
             del self.runs[run.run_id]   # it never began
             raise
-        self.dispatch(run)
+        if self.blocked_on(run) is None:
+            self.dispatch(run)
+        else:   # a delayed start: its timer dispatches it
+            self.resume(run)
         return run
 
     async def on_get(self, msg: Message) -> None:

@@ -244,6 +244,10 @@ class WorkerRequests:
             self.bus.spawn(self.or_reload(run, self._timer_fired(run, int(msg.body["timer_id"].rsplit(":", 1)[1]))))
 
     async def _timer_fired(self, run: Run, seq: int) -> None:
+        if seq == -1:   # a delayed start's (actors/flow_runs.py blocked_on): unless it ran already
+            if not run.ended and run.exec == 0 and not run.waits_to_start(time.time()):
+                self.dispatch(run)
+            return
         op = run.ops.get(seq)
         if run.ended or op is None or op.done or time.time() < op.due:
             return

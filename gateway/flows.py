@@ -3,7 +3,10 @@ one, publish to a channel, cancel it. Each is one request to the run's owning ac
 (`actors.flow_client`)."""
 from __future__ import annotations
 
+import datetime
+import math
 import re
+import time
 from typing import TYPE_CHECKING
 
 import msgpack
@@ -79,6 +82,36 @@ def _new_run(request: web.Request, body: dict) -> tuple[str | None, str | None]:
     return run_id, key
 
 
+MAX_DELAY_SECS = 366 * 86400
+
+
+def _start_at(body: dict) -> float | None:
+    """When a delayed start runs (epoch seconds), from `start_at` (epoch seconds, or an ISO 8601
+    time with its offset) or `delay_secs`; None: at once."""
+    at, delay = body.get("start_at"), body.get("delay_secs")
+    if at is not None and delay is not None:
+        raise ApiError(400, "invalid_start_at", "give start_at or delay_secs, not both")
+    now = time.time()
+    if delay is not None:
+        if type(delay) not in (int, float) or not 0 <= delay <= MAX_DELAY_SECS:
+            raise ApiError(400, "invalid_start_at", f"delay_secs must be a number of seconds, 0 to {MAX_DELAY_SECS}")
+        return now + delay if delay else None
+    if at is None:
+        return None
+    if isinstance(at, str):
+        try:
+            parsed = datetime.datetime.fromisoformat(at)
+        except ValueError:
+            parsed = None
+        if parsed is None or parsed.tzinfo is None:
+            raise ApiError(400, "invalid_start_at", "start_at must be an ISO 8601 time with its offset "
+                                                    "(2026-12-06T10:00:00Z) or epoch seconds")
+        at = parsed.timestamp()
+    if type(at) not in (int, float) or not math.isfinite(at) or at > now + MAX_DELAY_SECS:
+        raise ApiError(400, "invalid_start_at", f"start_at must be a time at most {MAX_DELAY_SECS // 86400} days ahead")
+    return float(at) if at > now else None   # a time past: at once
+
+
 class FlowRoutes:
     def __init__(self, gateway: "Gateway") -> None:
         self.gw = gateway
@@ -94,11 +127,14 @@ class FlowRoutes:
         flow = _name(request, "flow", "flow")
         tenant = self.gw.tenant_of(request)
         body = await self.gw.json_body(request)
-        _only(body, ("input", "run_id"), '{"input": ..., "run_id": ...}')
+        _only(body, ("input", "run_id", "start_at", "delay_secs"),
+              '{"input": ..., "run_id": ..., "start_at" or "delay_secs": ...}')
         _check_size(body.get("input"), "input")
+        start_at = _start_at(body)
         chosen, new = self.client.run_id(flow, tenant, *_new_run(request, body))
         try:
-            run = await self.client.start_run(flow, body.get("input"), internal(tenant, chosen), new, tenant)
+            run = await self.client.start_run(flow, body.get("input"), internal(tenant, chosen), new, tenant,
+                                              start_at)
         except FlowError as exc:
             raise _error(exc) from None
         return json_response(_outward(run, tenant), status=201 if run.get("created") else 200)

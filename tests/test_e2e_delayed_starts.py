@@ -1,0 +1,69 @@
+"""End-to-end: a start with `delay_secs` or `start_at` makes the run at once (201, `scheduled`,
+its `start_at`) and runs it from that time on — not before, once, also when its actor was killed
+-9 while it waited; one cancelled before its time never runs; bad times are 400s."""
+import json
+import time
+
+from broker.sharding import actor_name
+from harness import get_json
+
+ACME = {"Authorization": "Bearer key-acme", "Content-Type": "application/json"}
+
+
+def post(url, body, headers=ACME):
+    return get_json(url, method="POST", headers=headers, body=json.dumps(body).encode())
+
+
+def run_of(base, run_id, query="?wait=30"):
+    status, _, body = get_json(f"{base}/v1/runs/{run_id}{query}", headers=ACME)
+    assert status == 200, body
+    return body
+
+
+def first_step_began(base, run_id) -> float:
+    status, _, body = get_json(f"{base}/v1/runs/{run_id}/steps", headers=ACME)
+    assert status == 200, body
+    return body["steps"][0]["started_at"]
+
+
+def test_delayed_runs_wait_for_their_time_survive_their_actors_kill_and_can_be_cancelled(
+        make_server, make_worker, tmp_path):
+    server = make_server({"auth": {"api_keys": {"key-acme": "acme"}}})
+    make_worker(server)
+    base = server.url
+    files = {name: tmp_path / name for name in ("later", "at", "cancelled")}
+    flow = f"{base}/v1/flows/sleeper/runs"
+
+    status, _, later = post(flow, {"input": {"file": str(files["later"]), "secs": 0.1}, "delay_secs": 3},
+                            {**ACME, "Idempotency-Key": "later-1"})
+    assert status == 201 and later["status"] == "scheduled", later
+    assert time.time() + 1 < later["start_at"] < time.time() + 3.5
+    repeated = post(flow, {"input": {"file": str(files["later"]), "secs": 0.1}, "delay_secs": 3},
+                    {**ACME, "Idempotency-Key": "later-1"})
+    assert repeated[0] == 200 and repeated[2]["run_id"] == later["run_id"]
+    assert repeated[2]["start_at"] == later["start_at"]          # the first start's time holds
+
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 5))
+    status, _, timed = post(flow, {"input": {"file": str(files["at"]), "secs": 0.1}, "start_at": at, "run_id": "at-1"})
+    assert status == 201 and timed["status"] == "scheduled"
+    status, _, doomed = post(flow, {"input": {"file": str(files["cancelled"]), "secs": 0.1}, "delay_secs": 4,
+                                    "run_id": "cancelled-1"})
+    assert status == 201
+    assert post(f"{base}/v1/runs/cancelled-1:cancel", {})[2]["status"] == "cancelled"
+
+    server.kill9(actor_name("acme~at-1", 2))   # its timer is gone with it: the actor sets it again
+    assert run_of(base, "at-1", "")["status"] == "scheduled"
+
+    for run in (later, timed):
+        done = run_of(base, run["run_id"])
+        assert done["status"] == "completed", done
+        assert first_step_began(base, run["run_id"]) >= run["start_at"]   # not before its time
+    assert files["later"].read_text().split() == ["before", "after"]      # once
+    assert files["at"].read_text().split() == ["before", "after"]
+    time.sleep(max(0.0, doomed["start_at"] + 1.5 - time.time()))
+    assert run_of(base, "cancelled-1", "")["status"] == "cancelled" and not files["cancelled"].exists()
+
+    for body in ({"delay_secs": -1}, {"start_at": "soon"}, {"start_at": "2026-12-06T10:00:00"},
+                 {"start_at": 1, "delay_secs": 1}, {"delay_secs": 10 ** 9}):
+        status, _, error = post(flow, {"input": {}, **body})
+        assert status == 400 and error["error"]["code"] == "invalid_start_at", (body, error)
