@@ -30,6 +30,7 @@ from actors.flow_state import Op, Run, apply, replay
 from actors.run_links import RunLinks
 from actors.run_reloads import Reload, RunReloads, Stale
 from actors.run_requests import RunRequests, TaskFailed
+from actors.schedules import SCHEDULE_FLOW, Schedules
 from actors.worker_requests import WorkerRequests
 from agentos.log_repeats import Repeats
 from broker.client import Bus
@@ -51,7 +52,7 @@ def run_id_for_key(flow: str, tenant: str, key: str) -> str:
     return f"{flow}-{hashlib.sha1(f'{tenant}|{flow}|{key}'.encode()).hexdigest()[:20]}"
 
 
-class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks):
+class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules):
     def __init__(self, bus: Bus, log: LogClient, query, index: int, shards: int, logger: logging.Logger,
                  retention_secs: float = ENDED_RETENTION_SECS) -> None:
         self.bus = bus
@@ -76,6 +77,10 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks):
         self.store_away_said = Repeats()     # requests writer/store's silence kept from being served
         self.given_up_said = Repeats()       # writes dropped: they came after their caller gave up
         self.reloaded: dict[str, tuple[float, float]] = {}   # run id -> (last reload, its wait)
+        self.schedule_next: dict[str, float] = {}   # schedule's run id -> its next time (actors/schedules.py)
+        self.schedule_crons: dict[str, tuple] = {}  # -> (its definition's updated_at, its parsed expression)
+        self.schedule_locks: dict[str, asyncio.Lock] = {}
+        self.schedule_starting: set[str] = set()   # runs being started for a schedule's time
 
     def handlers(self) -> dict:
         away = self.store_away    # what callers ask may need a run's journal read back from writer/store
@@ -93,7 +98,7 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks):
                 Kind.ATTR_GET: away(self.on_attr_get, Kind.ATTR_VALUES),
                 Kind.ATTR_UPDATE: timed(away(self.on_attr_update, Kind.ATTR_VALUES)),
                 Kind.TASK_RESULT: self.on_task_result,
-                Kind.WORKER_ALIVE: self.on_alive, Kind.TASK_LOST: self.on_task_lost}
+                Kind.WORKER_ALIVE: self.on_alive, Kind.TASK_LOST: self.on_task_lost, **self.schedule_handlers()}
 
     # -- the journal ---------------------------------------------------------------------------
 
@@ -141,6 +146,8 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks):
                     if run.flow == "turn":
                         if self.on_open_turn is not None:
                             self.on_open_turn(run)
+                        continue
+                    if run.flow == SCHEDULE_FLOW:   # the watchdog arms it, and starts what it missed
                         continue
                     self.adopted.add(run_id)
                     self.resume(run)
@@ -208,8 +215,8 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks):
             seq += 1
 
     def dispatch(self, run: Run) -> None:
-        """A new execution of the run on some worker."""
-        if run.ended:
+        """A new execution of the run on some worker (a schedule's has none: its actor runs it)."""
+        if run.ended or run.flow == SCHEDULE_FLOW:
             return
         self.exec_counter += 1
         run.exec = (self.bus.incarnation << 24) | self.exec_counter
@@ -315,6 +322,9 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks):
                     if run.ended and now - run.last_alive > self.keep_ended_secs:
                         self._forget(run.run_id)
                     continue
+                if run.flow == SCHEDULE_FLOW and not run.ended:
+                    self.tick_schedule(run, wall, resync)
+                    continue
                 if run.ended:
                     if now - run.last_alive > self.keep_ended_secs and not run.updating:
                         self._forget(run.run_id)
@@ -364,6 +374,7 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks):
         """An ended run leaves memory (its journal stays in the log and DuckDB), with what refers to it."""
         del self.runs[run_id]
         self.run_workers.pop(run_id, None)   # else one entry per run ever executed here
+        self.schedule_crons.pop(run_id, None)
         self.adopted.discard(run_id)
 
     def stats(self) -> dict[str, Any]:

@@ -11,7 +11,7 @@ operations in the same order; the names recorded here are how a mismatch is dete
 
 Record types (body field `type`; every body has run, tenant, at, exec):
   run.started    flow, input, parent, parent_seq, parent_actor, start_at (a delayed start: not
-                 dispatched before that time)
+                 dispatched before that time), schedule, scheduled_at (started by a schedule)
                  (a fork's, actors/run_forks.py: forked_from, fork_seq, copied, attrs, messages)
   step.started   seq, name, attempt
   step.failed    seq, attempt, error            (an attempt failed; another may follow)
@@ -93,7 +93,7 @@ class Run:
     __slots__ = ("run_id", "flow", "tenant", "input", "status", "result", "error", "exec", "last_alive", "ops",
                  "attrs", "channels", "waiting", "parent", "parent_seq", "parent_actor", "pending", "updates",
                  "updating", "created_at", "ended_at", "msg_counter", "waiters", "journal_bytes", "over_limit", "lost",
-                 "stale", "link_checked", "forked_from", "fork_seq", "start_at")
+                 "stale", "link_checked", "forked_from", "fork_seq", "start_at", "schedule", "scheduled_at")
 
     def __init__(self, run_id: str, flow: str, tenant: str) -> None:
         self.run_id = run_id
@@ -127,6 +127,8 @@ class Run:
         self.forked_from = ""                  # the run this one is a fork of (actors/run_forks.py), and where
         self.fork_seq = -1
         self.start_at = 0.0                    # a delayed start's time (0: at once)
+        self.schedule = ""                     # the schedule that started it (actors/schedules.py), for when
+        self.scheduled_at = 0.0
 
     @property
     def ended(self) -> bool:
@@ -155,6 +157,8 @@ class Run:
                                 "started_at": self.created_at, "ended_at": self.ended_at if self.ended else None}
         if self.start_at:
             body["start_at"] = self.start_at
+        if self.schedule:
+            body["schedule"], body["scheduled_at"] = self.schedule, self.scheduled_at
         if self.parent:
             body["parent"] = self.parent
         if self.forked_from:
@@ -209,6 +213,8 @@ def apply(run: Run, record: dict[str, Any]) -> None:
         run.parent_actor = record.get("parent_actor") or ""
         run.created_at = float(record.get("at", run.created_at))
         run.start_at = float(record.get("start_at") or 0.0)
+        run.schedule = record.get("schedule") or ""
+        run.scheduled_at = float(record.get("scheduled_at") or 0.0)
         if run.status == "pending":
             run.status = "running"
         if record.get("forked_from"):

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from actors.flow_state import Op, Run
+from actors.schedules import TICK_SEQ
 from agentos.running_time import wait_running
 from broker.client import BusError
 from broker.protocol import Kind, Message, ProtocolError
@@ -244,6 +245,10 @@ class WorkerRequests:
             self.bus.spawn(self.or_reload(run, self._timer_fired(run, int(msg.body["timer_id"].rsplit(":", 1)[1]))))
 
     async def _timer_fired(self, run: Run, seq: int) -> None:
+        if seq == TICK_SEQ:   # a schedule's next time (actors/schedules.py)
+            if not run.ended:
+                self.tick_schedule(run, time.time(), resync=False)
+            return
         if seq == -1:   # a delayed start's (actors/flow_runs.py blocked_on): unless it ran already
             if not run.ended and run.exec == 0 and not run.waits_to_start(time.time()):
                 self.dispatch(run)

@@ -146,6 +146,14 @@ class Kind(enum.StrEnum):
     ATTR_GET = "attr.get"
     ATTR_UPDATE = "attr.update"
     ATTR_VALUES = "attr.values"
+    # schedule.*: flow runs started on a cron expression (actors/schedules.py; client <-> the
+    # actor its name routes to; a list is asked of every actor)
+    SCHEDULE_PUT = "schedule.put"
+    SCHEDULE_GET = "schedule.get"
+    SCHEDULE_DELETE = "schedule.delete"
+    SCHEDULE_LIST = "schedule.list"
+    SCHEDULE = "schedule"
+    SCHEDULES = "schedules"
 
 
 # Required and optional body fields per kind: name -> accepted type(s).
@@ -259,9 +267,11 @@ SPECS: dict[Kind, Spec] = {
     # deadline (here, in FLOW_CANCEL, CHANNEL_PUBLISH and ATTR_UPDATE): see past_deadline
     # A start names its flow; a fork (actors/run_forks.py) names the run it forks instead, and
     # the operation it goes on from (fork_seq; none: the first that did not succeed). start_at:
-    # a delayed start's time (epoch seconds); the run is not dispatched before it.
+    # a delayed start's time (epoch seconds); the run is not dispatched before it. schedule,
+    # scheduled_at: the schedule that starts it, and for which of its times (actors/schedules.py).
     Kind.FLOW_START: _spec({"run_id": str, "tenant": str}, flow=str, input=object, parent=str, parent_seq=int,
-                           parent_actor=str, new=bool, deadline=_NUM, fork_of=str, fork_seq=int, start_at=_NUM),
+                           parent_actor=str, new=bool, deadline=_NUM, fork_of=str, fork_seq=int, start_at=_NUM,
+                           schedule=str, scheduled_at=_NUM),
     Kind.FLOW_GET: _spec({"run_id": str, "tenant": str}, wait=_NUM),  # wait: seconds to wait for the end
     # A run's operations (steps, sleeps, waits, children, attribute writes) after seq `after`, in
     # order; a page holds at most `limit` of them and about STEPS_PAGE_BYTES of their values.
@@ -270,7 +280,7 @@ SPECS: dict[Kind, Spec] = {
     Kind.FLOW_CANCEL: _spec({"run_id": str, "tenant": str}, why=str, deadline=_NUM),  # why: the reason its end records
     Kind.FLOW_RUN: _spec({"run_id": str, "status": str}, flow=str, created=bool, result=object, error=str,
                          code=str, started_at=_NUM, ended_at=_NUM, parent=str, forked_from=str, fork_seq=int,
-                         start_at=_NUM),
+                         start_at=_NUM, schedule=str, scheduled_at=_NUM),
     # results_due (here and in STEP_START): seqs of the ASYNC results the worker has sent and has no
     # answer for; the run does not park or end before they are in (actors/worker_requests.py)
     Kind.FLOW_COMPLETE: _spec({"run_id": str, "exec": int, "ok": bool}, result=object, error=str, results_due=list),
@@ -308,6 +318,14 @@ SPECS: dict[Kind, Spec] = {
     Kind.ATTR_GET: _spec({"run_id": str, "tenant": str}, keys=list),
     Kind.ATTR_UPDATE: _spec({"run_id": str, "tenant": str, "key": str, "handler": str}, arg=object, deadline=_NUM),
     Kind.ATTR_VALUES: _spec({"found": bool}, values=dict, error=str, code=str),
+    # key: `<tenant~>@sched:<name>`; name: the schedule's as its client names it
+    Kind.SCHEDULE_PUT: _spec({"key": str, "tenant": str, "name": str, "flow": str, "cron": str}, timezone=str,
+                             input=object, catchup_secs=_NUM, deadline=_NUM),
+    Kind.SCHEDULE_GET: _spec({"key": str, "tenant": str}),
+    Kind.SCHEDULE_DELETE: _spec({"key": str, "tenant": str}, deadline=_NUM),
+    Kind.SCHEDULE_LIST: _spec({"tenant": str}),
+    Kind.SCHEDULE: _spec({"found": bool}, created=bool, schedule=dict, error=str, code=str),
+    Kind.SCHEDULES: _spec({"schedules": list}),
 }
 
 # Control messages only one role sends, by its name (a trailing "/": any name under it). From
@@ -377,6 +395,10 @@ REQUESTS: dict[Kind, Kind] = {
     Kind.CHANNEL_PUBLISH: Kind.FLOW_ACK,
     Kind.ATTR_GET: Kind.ATTR_VALUES,
     Kind.ATTR_UPDATE: Kind.ATTR_VALUES,
+    Kind.SCHEDULE_PUT: Kind.SCHEDULE,
+    Kind.SCHEDULE_GET: Kind.SCHEDULE,
+    Kind.SCHEDULE_DELETE: Kind.SCHEDULE,
+    Kind.SCHEDULE_LIST: Kind.SCHEDULES,
 }
 # Requests that change nothing: a re-sent one is simply run again, so its reply is not kept for it
 # (writer/store asks every log writer's end for each `sync` read: a new session's first load).

@@ -26,6 +26,7 @@ from gateway.flows import FlowRoutes
 from gateway.history import LATEST_ROUTE, PUT_ROUTE, HistoryRoutes
 from gateway.new_sessions import fork_session, new_session
 from gateway.peer_watch import PeerWatch
+from gateway.schedules import ScheduleRoutes
 from gateway.streams import TurnStream
 from gateway.tenancy import DEFAULT_TENANT, SESSION_ID, check_session_id, internal
 from gateway.turn_input import turn_input
@@ -103,6 +104,7 @@ class Gateway:
             web.get("/v1/runs/{run_id:[^/:]+}/attributes", self.flow_routes.attributes),
             web.post("/v1/runs/{run_id:[^/:]+}/attributes/{key:[^/:]+}:update", self.flow_routes.update),
             web.post("/v1/runs/{run_id:[^/:]+}/channels/{channel}", self.flow_routes.publish),
+            *ScheduleRoutes(self).routes(),
             web.get("/healthz", self.healthz),
             web.get("/readyz", self.readyz),
             web.get("/metrics", self.metrics),

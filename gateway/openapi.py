@@ -32,6 +32,8 @@ def _param(name: str, schema: dict, where: str = "path", required: bool = True, 
 
 SID = _param("sid", ID, description="session id (namespaced per tenant)")
 RUN = _param("run_id", NAME, description="run id (namespaced per tenant)")
+SCHEDULE = _param("name", {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:\\-]{0,149}$"},
+                  description="the schedule's name (per tenant)")
 AFTER = _param("after", {"type": "integer", "minimum": -1, "maximum": 2 ** 62}, "query", False,
                "cursor: return what comes after it")
 LIMIT = _param("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, "query", False)
@@ -127,7 +129,23 @@ SCHEMAS: dict[str, Any] = {
                            "created": {"type": "boolean"}, "result": ANY, "error": {"type": "string"},
                            "started_at": {"type": "number"}, "ended_at": {"type": ["number", "null"]},
                            "parent": {"type": "string"}, "forked_from": {"type": "string"},
-                           "fork_seq": {"type": "integer"}, "start_at": {"type": "number"}}},
+                           "fork_seq": {"type": "integer"}, "start_at": {"type": "number"},
+                           "schedule": {"type": "string"}, "scheduled_at": {"type": "number"}}},
+    "ScheduleDefinition": {"type": "object", "required": ["flow", "cron"], "properties": {
+        "flow": NAME, "cron": {"type": "string", "description": "5 fields (minute hour day month weekday), or 6 "
+                                                                "with seconds first; or @daily, @hourly, ..."},
+        "input": ANY, "timezone": {"type": "string", "description": "the cron's time zone (default UTC)"},
+        "catchup_secs": {"type": "number", "minimum": 0, "maximum": 7 * 86400,
+                         "description": "a time missed while the server was down is started when it is back if "
+                                        "it is at most this old (default 60)"}}},
+    "Schedule": {"type": "object", "required": ["name", "flow", "cron", "timezone", "catchup_secs", "next_at"],
+                 "properties": {"name": {"type": "string"}, "flow": {"type": "string"}, "cron": {"type": "string"},
+                                "timezone": {"type": "string"}, "input": ANY, "catchup_secs": {"type": "number"},
+                                "created_at": {"type": "number"}, "updated_at": {"type": "number"},
+                                "next_at": {"type": ["number", "null"]}}},
+    "Schedules": {"type": "object", "required": ["schedules", "next_after"],
+                  "properties": {"schedules": {"type": "array", "items": _ref("Schedule")},
+                                 "next_after": {"type": ["string", "null"]}}},
     "Fork": {"type": "object", "properties": {"from_seq": {"type": "integer", "minimum": 0, "maximum": 2 ** 31 - 1},
                                               "run_id": NAME}},
     "Runs": {"type": "object", "required": ["runs"],
@@ -313,6 +331,25 @@ PATHS: dict[str, dict] = {
         "requestBody": {"required": True, "content": _json(_ref("Publish"))},
         "responses": {"202": {"description": "published", "content": _json(_ref("Published"))},
                       **_errors(400, 401, 404, 409, 413, 503, 507)}}},
+    "/v1/schedules": {"get": {
+        "summary": "The tenant's schedules, by name",
+        "parameters": [_param("after", NAME, "query", False, "cursor: the schedules after this name"),
+                       _param("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, "query", False)],
+        "responses": {"200": {"description": "a page", "content": _json(_ref("Schedules"))},
+                      **_errors(400, 401, 503)}}},
+    "/v1/schedules/{name}": {"put": {
+        "summary": "Create a schedule, or change it: at each time its cron expression matches, a run of its flow "
+                   "and input starts, named <name>-<UTC time> (20261206T090000Z), once per time",
+        "parameters": [SCHEDULE],
+        "requestBody": {"required": True, "content": _json(_ref("ScheduleDefinition"))},
+        "responses": {"201": {"description": "created", "content": _json(_ref("Schedule"))},
+                      "200": {"description": "changed, or already so", "content": _json(_ref("Schedule"))},
+                      **_errors(400, 401, 413, 503, 507)}}, "get": {
+        "summary": "A schedule and its next time", "parameters": [SCHEDULE],
+        "responses": {"200": {"description": "the schedule", "content": _json(_ref("Schedule"))},
+                      **_errors(400, 401, 404, 503)}}, "delete": {
+        "summary": "Delete a schedule: it starts nothing more (the runs it started go on)", "parameters": [SCHEDULE],
+        "responses": {"204": {"description": "deleted"}, **_errors(400, 401, 404, 503, 507)}}},
     "/healthz": {"get": {"summary": "The gateway process is up", "security": [], "responses": {
         "200": {"description": "up", "content": _json({"type": "object", "required": ["ok"]})}}}},
     "/readyz": {"get": {"summary": "Ready to serve (every role is up, not draining)", "security": [], "responses": {

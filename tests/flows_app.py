@@ -286,6 +286,11 @@ async def big_steps(ctx, args):
     return sum(sizes)
 
 
+async def ticked(ctx, args):
+    """A schedule's flow: one line per run, its id."""
+    return await ctx.step(stamp, args["file"], ctx.run_id)
+
+
 @tool(description="Look up the weather in a city",
       parameters={"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]})
 def get_weather(q):
@@ -318,5 +323,5 @@ def read_raw(q):
 app = App(flows=[five_steps, async_then_sync, async_then_sleep, async_gate_sleep, sync_then_check, sleeper, waiter, async_steps, with_attrs, parent, child, failing,
                  flaky, branchy, unencodable, returns_bytes, big_steps, sleeps_an_hour, parent_of_sleeper,
                  parent_of_waiter, one_blocking_step, kills_its_worker,
-                 stuck_step_then_retry, bytes_step, forkable],
+                 stuck_step_then_retry, bytes_step, forkable, ticked],
           tools=[get_weather, search, read_raw], updates={"incr": incr, "unencodable": unencodable_update})
