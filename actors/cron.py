@@ -116,19 +116,19 @@ class Cron:
                 t += datetime.timedelta(seconds=1)
         return None
 
-    def latest_in(self, low: float, high: float) -> float | None:
-        """The last time it matches in [low, high], if any. Looked for in windows ending at
-        `high` that double until one holds a match: a few searches for a window of days, where
-        walking every match of an every-second expression from `low` would take a second."""
+    def times_in(self, low: float, high: float, most: int) -> list[float]:
+        """Its times in [low, high], in order: the latest `most` of them. Looked for in windows
+        ending at `high` that grow until one holds `most` (or reaches `low`): a few searches for a
+        window of days, where walking every time of an every-second expression from `low` would
+        take seconds."""
         span = 1.0
         while True:
             start = max(low, high - span)
-            at = self.next_after(start - 1)
-            if at is not None and at <= high:
-                later = self.next_after(at)
-                while later is not None and later <= high:
-                    at, later = later, self.next_after(later)
-                return at
-            if start <= low:
-                return None
-            span *= 2
+            found = []
+            at = self.next_after(math.ceil(start) - 1)
+            while at is not None and at <= high:
+                found.append(at)
+                at = self.next_after(at)
+            if len(found) >= most or start <= low:
+                return found[-most:]
+            span *= 4

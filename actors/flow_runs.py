@@ -79,6 +79,7 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules):
         self.reloaded: dict[str, tuple[float, float]] = {}   # run id -> (last reload, its wait)
         self.schedule_next: dict[str, float] = {}   # schedule's run id -> its next time (actors/schedules.py)
         self.schedule_crons: dict[str, tuple] = {}  # -> (its definition's updated_at, its parsed expression)
+        self.schedule_started: dict[str, float] = {}   # -> the latest of its times this actor started
         self.schedule_locks: dict[str, asyncio.Lock] = {}
         self.schedule_starting: set[str] = set()   # runs being started for a schedule's time
 
@@ -375,6 +376,7 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules):
         del self.runs[run_id]
         self.run_workers.pop(run_id, None)   # else one entry per run ever executed here
         self.schedule_crons.pop(run_id, None)
+        self.schedule_started.pop(run_id, None)
         self.adopted.discard(run_id)
 
     def stats(self) -> dict[str, Any]:

@@ -13,8 +13,9 @@ Each time its expression matches, it starts a run of its flow and input named
 `<name>-<the time in UTC, 20261206T090000Z>`, whose summary names the schedule. A start sent
 again (after a crash, or by the watchdog and the timer both) names the same run, so a time
 starts one run, however often it is fired. A time missed while the owning actor was down or
-stalled is started when it is back if it is at most `catchup_secs` old (the latest such time
-only; older ones are skipped). A schedule's runs may overlap: each time starts its own.
+stalled is started when it is back if it is at most `catchup_secs` old (each such time, the latest
+MAX_CATCHUP_RUNS of them; older ones are skipped). A schedule's runs may overlap: each time
+starts its own.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ PREFIX = "@sched:"
 TICK_SEQ = -2                       # its timer's (a delayed start's is -1)
 DEFAULT_CATCHUP_SECS = 60.0
 MAX_CATCHUP_SECS = 7 * 86400.0
+MAX_CATCHUP_RUNS = 100              # the times one catch-up starts at most (the latest)
 START_RETRY_SECS = 60.0             # past its time and its catch-up, a start that found no actor is given up
 DEFINED = ("flow", "cron", "timezone", "input", "catchup_secs")
 
@@ -165,10 +167,12 @@ class Schedules:
             self.log.warning("schedule %s cannot run: %s", run.run_id, exc)
             self.schedule_next.pop(run.run_id, None)
             return
-        if catch_up:
-            at = cron.latest_in(max(float(d.get("updated_at") or 0.0), now - float(d["catchup_secs"])), now)
-            if at is not None:
+        if catch_up:   # from its change, within its catch-up, and past what this actor started already
+            low = max(float(d.get("updated_at") or 0.0), now - float(d["catchup_secs"]),
+                      self.schedule_started.get(run.run_id, 0.0) + 0.5)
+            for at in cron.times_in(low, now, MAX_CATCHUP_RUNS):
                 self.bus.spawn(self._start_scheduled(run, d, at))
+                self.schedule_started[run.run_id] = at
         following = cron.next_after(now)
         if following is None:
             self.schedule_next.pop(run.run_id, None)

@@ -4,8 +4,9 @@ few seconds, then an accounting done by the load generator itself.
 Load: turn clients (SSE, resumed with Last-Event-ID when a connection drops; every fourth time two
 turns at once on the session, one superseding the other; every seventh time a turn cancelled a few
 milliseconds in), checkpoint clients (numbered PUTs per session), flow clients (runs of SYNC steps
-started with an Idempotency-Key), close clients (a session filled, then closed), and forks of some
-runs and sessions (bench/chaos_forks.py), on one real process tree with full persistence and one
+started with an Idempotency-Key), close clients (a session filled, then closed), forks of some
+runs and sessions (bench/chaos_forks.py), and a schedule that starts a run every second
+(bench/chaos_schedules.py), on one real process tree with full persistence and one
 worker process. Every few seconds (jittered) one role of the tree — broker, gateway, an actor,
 the scheduler, a log writer, the store writer or the mock model — gets SIGKILL, in a shuffled
 order that reaches every role once per round; the supervisor restarts it. Optionally also: roles stopped for seconds and continued (`--stall-every`,
@@ -15,7 +16,8 @@ wait for a bucket (`--bucket`, moto) and that bucket going away now and then (`-
 The accounting, after the kills stop and the tree has settled:
 - lost: acknowledged records that are not there. A completed turn whose assistant message is not
   in the transcript (or differs from what was streamed); an acknowledged checkpoint that is not in
-  the log; an accepted flow run (or fork of one) that never completes with its result; a session
+  the log; an accepted flow run (or fork of one, or a second of the schedule) that never completes
+  with its result; a session
   whose close was acknowledged that a read still finds (bench/chaos_closes.py); an acknowledged
   fork of a session that does not hold the messages it was answered with.
 - hung: streams that neither ended with a terminal event nor closed cleanly within the deadline.
@@ -46,6 +48,7 @@ from bench import chaos_jsonl
 from bench.chaos_closes import close_client, closable, reopened
 from bench.chaos_forks import RUN_FORK_EVERY, SESSION_FORK_EVERY, fork_run, fork_session, unforked
 from bench.chaos_report import accounting, write_report
+from bench.chaos_schedules import delete_schedule, expected_runs, make_schedule
 from bench.chaos_faults import outager, staller, stopped_within
 from bench.results import ResultsDir
 from bench.s3_local import CREDENTIALS, S3Server
@@ -214,6 +217,7 @@ async def load(server: ServerProcess, args, ledger: Ledger, kills: list[dict], s
                   for i in range(args.flow_clients)]
         tasks += [asyncio.ensure_future(close_client(http, base, i, ledger.closed, ledger.close_errors, stop_load,
                                                      args.deadline, args.pause)) for i in range(args.close_clients)]
+        made = await make_schedule(http, base, "sync_steps", FLOW_STEPS)
         await asyncio.sleep(args.warmup)
         before = memory_by_process(server)
         chaos_from = time.monotonic() - ledger.t0
@@ -232,6 +236,9 @@ async def load(server: ServerProcess, args, ledger: Ledger, kills: list[dict], s
         await asyncio.sleep(args.cooldown)     # load goes on while the last restarts finish
         stop_load.set()
         await asyncio.gather(*tasks)
+        scheduled = expected_runs(made, await delete_schedule(http, base))
+        ledger.flows.update(dict.fromkeys(scheduled, "schedule"))
+        ledger.forks["scheduled"] = len(scheduled)
     return {"before": before, "chaos_from": chaos_from, "chaos_to": chaos_to}
 
 

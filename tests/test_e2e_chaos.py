@@ -1,5 +1,5 @@
-"""End-to-end: twenty seconds of `agent-os bench chaos` — turns, checkpoints, flows and forks of
-both (every kind of acknowledged work is counted above zero) while every
+"""End-to-end: twenty seconds of `agent-os bench chaos` — turns, checkpoints, flows, forks of
+both and a schedule's run every second (every kind of acknowledged work is counted above zero) while every
 role of the tree is killed with SIGKILL in turn, or stopped for seconds, on a log that rotates and
 compacts all the while — and the load generator's own accounting says nothing acknowledged was lost
 and no stream hung. (The ten-minute run is a benchmark.)"""

@@ -53,15 +53,16 @@ def test_cron_in_a_time_zone_across_its_clock_changes():
     assert times(twice, "2026-10-24T12:00:00", 2) == ["2026-10-25T00:30:00", "2026-10-26T01:30:00"]
 
 
-def test_latest_in_finds_the_last_time_of_a_window_without_walking_every_second():
+def test_times_in_finds_the_latest_times_of_a_window_without_walking_every_second():
     every_second, daily = Cron("* * * * * *"), Cron("0 3 * * *")
     now = utc("2026-12-06T10:00:00") + 0.4
-    assert every_second.latest_in(now - 7 * 86400, now) == utc("2026-12-06T10:00:00")
-    assert daily.latest_in(now - 7 * 86400, now) == utc("2026-12-06T03:00:00")
-    assert daily.latest_in(now - 3600, now) is None
+    assert every_second.times_in(now - 7 * 86400, now, 3) == [now - 2.4, now - 1.4, now - 0.4]
+    assert every_second.times_in(now - 1.5, now, 100) == [now - 1.4, now - 0.4]    # none before its low
+    assert daily.times_in(now - 7 * 86400, now, 2) == [utc("2026-12-05T03:00:00"), utc("2026-12-06T03:00:00")]
+    assert daily.times_in(now - 3600, now, 5) == []
     began = time.perf_counter()
-    for _ in range(100):
-        every_second.latest_in(now - 7 * 86400, now)
+    for _ in range(20):
+        every_second.times_in(now - 7 * 86400, now, 100)
     assert time.perf_counter() - began < 5   # (a walk over every second of a week: minutes)
 
 
@@ -163,6 +164,32 @@ def test_a_time_missed_while_the_actor_was_down_is_started_within_its_catch_up(d
         await asyncio.sleep(0.05)
         assert [b["scheduled_at"] for b in asked] == ([due] if started else [])
         assert flows.schedule_next[run.run_id] > time.time()
+
+    asyncio.run(main())
+
+
+def test_after_a_restart_each_time_missed_within_the_catch_up_starts_and_no_time_starts_twice_here():
+    now = time.time()
+    journal = [{"run": "acme~@sched:s/1", "tenant": "acme", "type": "run.started", "at": now - 3600, "exec": 0,
+                "flow": SCHEDULE_FLOW, "input": {**DEFINITION, "name": "s", "catchup_secs": 5.0, "timezone": "UTC",
+                                                 "updated_at": now - 3600}}]
+
+    async def main():
+        flows, bus, log, _ = running_flows()
+        asked = []
+
+        async def request(dest, kind, body, **_):
+            asked.append(body["scheduled_at"])
+            return Message(dest, Kind.FLOW_RUN, 9, time.time(), 0, "", "", {"run_id": body["run_id"], "status": "x"})
+        bus.request = request
+        run = flows.runs["acme~@sched:s/1"] = replay("acme~@sched:s/1", journal)
+        wall = time.time()
+        flows.tick_schedule(run, wall, resync=False)
+        await asyncio.sleep(0.05)
+        assert asked == [float(t) for t in range(int(wall - 5) + 1, int(wall) + 1)]   # the last 5 s, each once
+        flows.tick_schedule(run, flows.schedule_next[run.run_id], resync=False)       # its next time comes
+        await asyncio.sleep(0.05)
+        assert asked[5:] == [flows.schedule_next[run.run_id] - 1] and len(set(asked)) == 6
 
     asyncio.run(main())
 
