@@ -15,7 +15,7 @@ from agentos import metrics, service
 from agentos.config import Config
 from agentos.rundir import RunDir
 from agentos.running_time import wait_running
-from actors.agent_loop import AgentLoop
+from actors.agent_loop import AgentLoop, turn_run_id
 from actors.closing import ClosingSessions
 from actors.flow_runs import Flows
 from actors.permit_client import PermitClient
@@ -23,6 +23,7 @@ from actors.persistence import Persistence, StorageUnavailable
 from actors.provider import Provider, ProviderError
 from actors.session import Session, SessionTable
 from actors.session_forks import SessionForks
+from actors.tool_approvals import ToolApprovals
 from actors.turn import Turn
 from broker.client import Bus
 from broker.protocol import TURN_START_TIMEOUT_SECS, Kind, Message, past_deadline
@@ -50,15 +51,16 @@ class Actor:
         self.flows = Flows(self.bus, self.persistence.log, self.persistence.query, index, config.actor_count, log,
                            config.storage.retention_secs)
         self.flows.on_open_turn = self.resume_turn
+        self.approvals = ToolApprovals(self.flows, config.kernel.approve_tools, config.kernel.approval_timeout_secs)
         self.loop = AgentLoop(self.provider, self.permits, self.persistence, self.flows, self.bus,
-                              config.provider.max_retries, config.kernel.max_steps_per_turn)
+                              config.provider.max_retries, config.kernel.max_steps_per_turn, self.approvals)
         for kind, handler in self.flows.handlers().items():
             self.bus.on(kind, handler)
         for kind, handler in {Kind.TURN_START: self.on_turn_start, Kind.TURN_CANCEL: self.on_turn_cancel,
                               Kind.TURN_RESUME: self.on_turn_resume, Kind.SESSION_CLOSE: self.on_session_close,
                               Kind.SESSION_CLOSED: self.on_session_closed,
                               Kind.SESSION_FORK: SessionForks(self).on_fork,
-                              Kind.SESSION_STATUS: self.on_session_status,
+                              Kind.SESSION_STATUS: self.on_session_status, Kind.TURN_APPROVE: self.on_turn_approve,
                               Kind.PERMIT_GRANT: self.permits.on_grant,
                               Kind.STATS: self.on_stats}.items():
             self.bus.on(kind, handler)
@@ -82,7 +84,24 @@ class Actor:
             self.bus.reply(msg, Kind.TURN_STATUS, {"turn_id": "", "state": "idle"})
         else:
             self.bus.reply(msg, Kind.TURN_STATUS, {"turn_id": turn.turn_id,
-                                                   "state": "resumed" if turn.resumed else "running"})
+                                                   "state": "resumed" if turn.resumed else "running",
+                                                   "approvals": [p.view for p in turn.approvals.values()]})
+
+    async def on_turn_approve(self, msg: Message) -> None:
+        """A person's answer for a tool call waiting in a turn (actors/tool_approvals.py)."""
+        await self.flows.ready.wait()   # a turn our predecessor was running is known by then
+        b = msg.body
+        turn = self.turns.get(b["turn_id"])
+        run = self.flows.runs.get(turn_run_id(b["session"], b["turn_id"])) if turn is not None else None
+        if turn is None or turn.session_id != b["session"] or turn.ended or run is None:
+            self.bus.reply(msg, Kind.TURN_STATUS, {"turn_id": b["turn_id"], "state": "unknown", "code": "not_found",
+                                                   "error": "no such turn is running in this session"})
+            return
+        code = await self.approvals.answer(turn, run, b["call_id"], b["approve"], b.get("reason") or "")
+        self.bus.reply(msg, Kind.TURN_STATUS, {"turn_id": turn.turn_id, "state": "running", "code": code,
+                                               "error": "no call of this turn waits for approval under that id"
+                                               if code == "not_waiting" else f"not recorded: {code}"} if code else
+                       {"turn_id": turn.turn_id, "state": "approved" if b["approve"] else "denied"})
 
     def on_turn_start(self, msg: Message) -> None:
         b = msg.body

@@ -30,6 +30,7 @@ from actors.permit_client import PermitClient
 from actors.persistence import Persistence
 from actors.provider import ModelResult, Provider, ProviderError, ToolCall
 from actors.session import Session
+from actors.tool_approvals import ToolApprovals
 from actors.turn import Turn
 from broker.client import Bus, BusError
 from broker.protocol import Kind
@@ -50,8 +51,9 @@ def run_owner_key(run_id: str) -> str:
 
 class AgentLoop:
     def __init__(self, provider: Provider, permits: PermitClient, persistence: Persistence, flows: Flows,
-                 bus: Bus, max_retries: int, max_steps: int) -> None:
+                 bus: Bus, max_retries: int, max_steps: int, approvals: ToolApprovals | None = None) -> None:
         self.provider = provider
+        self.approvals = approvals or ToolApprovals(flows, "", 0.0)
         self.permits = permits
         self.persistence = persistence
         self.flows = flows
@@ -173,10 +175,16 @@ class AgentLoop:
         return result, seq + 1
 
     async def _tool_step(self, turn: Turn, session: Session, run: Run, seq: int, call: ToolCall) -> int:
-        op = run.ops.get(seq)
         turn.emit(Kind.TURN_TOOL, {"phase": "call", "name": call.name, "data": {"call_id": call.id,
                                                                                "arguments": call.arguments}})
-        if op is not None and op.done:
+        approval = await self.approvals.ask(turn, run, seq, call)   # an operation of its own, if asked
+        if approval is not None:
+            seq += 1
+        op = run.ops.get(seq)
+        if approval is not None and not approval[0]:   # not run: the model reads why
+            ok, output = False, f"the user did not approve this call of {call.name}: {approval[1]}"
+            seq -= 1   # (no step of its own)
+        elif op is not None and op.done:
             ok, output = op.ok, (op.result if op.ok else op.error)
         else:
             attempt = (op.attempts if op is not None else 0) + 1

@@ -81,7 +81,7 @@ class RunRequests:
             return False
         if (more := self.given_up_said.due()) is not None:
             self.log.warning("%s for run %s %s after its caller gave up; not done%s", msg.kind.value,
-                             msg.body.get("run_id"), when, more)
+                             msg.body.get("run_id") or msg.body.get("key"), when, more)
         return True
 
     async def on_start(self, msg: Message) -> None:

@@ -20,11 +20,13 @@ starts its own.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any
 
 from actors.cron import Cron, CronError
 from actors.flow_state import Run
+from agentos import metrics
 from broker.client import BusError
 from broker.protocol import Kind, Message
 from broker.sharding import SCHEDULER, actor_name
@@ -81,16 +83,22 @@ class Schedules:
     async def on_schedule_put(self, msg: Message) -> None:
         await self.ready.wait()
         b = msg.body
+        key, catchup = b["key"], b.get("catchup_secs", DEFAULT_CATCHUP_SECS)
         try:
             Cron(b["cron"], b.get("timezone") or "UTC")
+            if not (key.endswith(PREFIX + b["name"]) and "/" not in key):
+                raise CronError("a schedule's key is <tenant~>@sched:<its name>")
+            if not (math.isfinite(catchup) and 0 <= catchup <= MAX_CATCHUP_SECS):
+                raise CronError(f"catchup_secs is 0 to {MAX_CATCHUP_SECS:.0f}")
         except CronError as exc:
             self.bus.reply(msg, Kind.SCHEDULE, {"found": False, "code": "invalid_schedule", "error": str(exc)})
             return
-        key = b["key"]
         d = {"name": b["name"], "flow": b["flow"], "cron": b["cron"], "timezone": b.get("timezone") or "UTC",
-             "input": b.get("input"), "catchup_secs": float(b.get("catchup_secs", DEFAULT_CATCHUP_SECS)),
+             "input": b.get("input"), "catchup_secs": float(catchup),
              "updated_at": time.time()}
         async with self.schedule_locks.setdefault(key, asyncio.Lock()):
+            if self.given_up(msg, "had its turn"):   # (a change waits for the one before it)
+                return
             run = self._schedule(key, b["tenant"])
             created = run is None
             try:
@@ -103,7 +111,12 @@ class Schedules:
                         del self.runs[run.run_id]
                         raise
                 elif any(definition(run).get(f) != d[f] for f in DEFINED):
-                    await self.record(run, "attr.set", key="definition", value=d, seq=-1)
+                    before = run.attrs.get("definition")
+                    try:
+                        await self.record(run, "attr.set", key="definition", value=d, seq=-1)
+                    except LogWriteError:   # memory went ahead of the journal: back to what it holds
+                        run.attrs["definition"] = before
+                        raise
                 else:
                     self.bus.reply(msg, Kind.SCHEDULE, {"found": True, "created": False, "schedule": self._view(run)})
                     return
@@ -123,13 +136,17 @@ class Schedules:
         await self.ready.wait()
         key = msg.body["key"]
         async with self.schedule_locks.setdefault(key, asyncio.Lock()):
+            if self.given_up(msg, "had its turn"):
+                return
             run = self._schedule(key, msg.body["tenant"])
             if run is None:
                 self.bus.reply(msg, Kind.SCHEDULE, {"found": False})
                 return
+            before = run.status, run.error, run.ended_at
             try:
                 await self.end(run, "cancelled", error="schedule deleted")
             except LogWriteError as exc:
+                run.status, run.error, run.ended_at = before   # as its journal has it: still on
                 self.bus.reply(msg, Kind.SCHEDULE, {"found": False, "code": exc.code, "error": f"not deleted: {exc}"})
                 return
             self.schedule_next.pop(run.run_id, None)
@@ -205,8 +222,10 @@ class Schedules:
                 except BusError as exc:
                     code, error = "unavailable", str(exc)
                 if not code:
+                    metrics.inc(metrics.schedule_starts.labels("started" if reply.body.get("created") else "repeated"))
                     return
                 if code == "conflict" or time.time() > give_up:
+                    metrics.inc(metrics.schedule_starts.labels("refused" if code == "conflict" else "given_up"))
                     self.log.warning("schedule %s did not start %s: %s", d["name"], target, error or code)
                     return
                 await asyncio.sleep(1.0)

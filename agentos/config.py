@@ -55,6 +55,10 @@ class KernelConfig:
     session_ttl_secs: float = 300.0
     drain_secs: float = 30.0
     max_steps_per_turn: int = 8
+    # Tools whose calls a person approves before they run (comma-separated names, "*": every
+    # tool; actors/tool_approvals.py), and how long a call waits for that before it is denied.
+    approve_tools: str = ""
+    approval_timeout_secs: float = 600.0
     run_dir: str = ""
     # A turn whose client disconnected is cancelled after this grace, unless a client resumes its
     # stream (GET /v1/sessions/{sid}/turns/{turn_id}/events) first.
@@ -349,6 +353,7 @@ def validate(config: Config) -> None:
     _positive(config.kernel.session_ttl_secs, "kernel.session_ttl_secs")
     _positive(config.kernel.drain_secs, "kernel.drain_secs", allow_zero=True)
     _positive(config.kernel.max_steps_per_turn, "kernel.max_steps_per_turn")
+    _positive(config.kernel.approval_timeout_secs, "kernel.approval_timeout_secs")
     _positive(config.kernel.delta_window_ms, "kernel.delta_window_ms", allow_zero=True)
     _positive(config.kernel.disconnect_grace_secs, "kernel.disconnect_grace_secs", allow_zero=True)
     _positive(config.kernel.turn_retention_secs, "kernel.turn_retention_secs")

@@ -40,6 +40,10 @@ tokens_prompt = Counter("agentos_tokens_prompt_total", "Prompt tokens reported b
 tokens_completion = Counter("agentos_tokens_completion_total", "Completion tokens reported by the provider")
 provider_errors = Counter("agentos_provider_errors_total", "Provider call failures by kind", ["kind"])
 evicted_sessions = Counter("agentos_sessions_evicted_total", "Sessions evicted from memory after their TTL")
+schedule_starts = Counter("agentos_schedule_starts_total",
+                          "Times of schedules started, by outcome: started (its run made), repeated (its run was "
+                          "there: a start sent again), refused (its id names another run), given_up (no actor "
+                          "took it within its catch-up)", ["outcome"])
 
 permits_in_use = Gauge("agentos_permits_in_use", "Provider permits held", multiprocess_mode="livesum")
 permit_queue = Gauge("agentos_permit_queue", "Model calls waiting for a provider permit",

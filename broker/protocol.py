@@ -90,6 +90,7 @@ class Kind(enum.StrEnum):
     SESSION_CLOSED = "turn.session_closed"
     SESSION_FORK = "turn.fork_session"
     SESSION_STATUS = "turn.session_status"
+    TURN_APPROVE = "turn.approve"
     SESSION_FORKED = "turn.session_forked"
     # permit.*: actors <-> scheduler
     PERMIT_REQUEST = "permit.request"
@@ -203,7 +204,10 @@ SPECS: dict[Kind, Spec] = {
     Kind.TURN_CANCEL: _spec({"session": str}, turn_id=str, reason=str, after_secs=_NUM),
     Kind.TURN_RESUME: _spec({"turn_id": str, "session": str, "after": int}),
     # Reply to a resume of a turn the actor does not know (lost in a crash) or that is alive.
-    Kind.TURN_STATUS: _spec({"turn_id": str, "state": str}, last=int),   # last: an ended turn's terminal event id
+    # last: an ended turn's terminal event id; approvals: the tool calls a running turn waits on
+    Kind.TURN_STATUS: _spec({"turn_id": str, "state": str}, last=int, approvals=list, code=str, error=str),
+    # A person's answer for a tool call a turn waits on (actors/tool_approvals.py); TURN_STATUS back
+    Kind.TURN_APPROVE: _spec({"session": str, "turn_id": str, "call_id": str, "approve": bool}, reason=str),
     # Before a session's CLOSE record: its turn cancelled, the session out of memory, the actor's
     # records acknowledged (storage/session_closing.py); replied as TURN_STATUS, state "closed".
     # deadline: see past_deadline (a close the gateway answered 503 must not hold the session later)
@@ -374,6 +378,7 @@ REQUESTS: dict[Kind, Kind] = {
     Kind.SESSION_CLOSED: Kind.TURN_STATUS,
     Kind.SESSION_FORK: Kind.SESSION_FORKED,
     Kind.SESSION_STATUS: Kind.TURN_STATUS,
+    Kind.TURN_APPROVE: Kind.TURN_STATUS,
     Kind.LOG_APPEND: Kind.LOG_ACK,
     Kind.LOG_MEND: Kind.LOG_MENDED,
     Kind.STORE_QUERY: Kind.STORE_ROWS,

@@ -20,6 +20,7 @@ from broker.client import Bus, BusError
 from broker.protocol import TURN_EVENTS, TURN_START_TIMEOUT_SECS, Kind, Message
 from broker.sharding import STORE, actor_name
 from gateway.access import AccessLog, access_middleware
+from gateway.approvals import ROUTE as APPROVAL_ROUTE, answer_approval
 from gateway.errors import ApiError, error_response, json_response
 from gateway import openapi
 from gateway.flows import FlowRoutes
@@ -91,6 +92,7 @@ class Gateway:
             web.post("/v1/sessions/{sid}/turns", self.post_turn),
             web.delete("/v1/sessions/{sid}/turns/current", self.cancel_turn),
             web.get("/v1/sessions/{sid}/turns/{turn_id}/events", self.resume_turn),
+            web.post(APPROVAL_ROUTE, functools.partial(answer_approval, self)),
             web.get("/v1/sessions/{sid}/messages", self.history.get_messages),
             web.get("/v1/sessions/{sid}/events", self.history.get_events),
             web.put(PUT_ROUTE, self.history.put_checkpoint),

@@ -179,7 +179,8 @@ class HistoryRoutes:
         if not summary["rows"] and not running:
             raise ApiError(404, "not_found", "no such session")
         row = summary["rows"][0] if summary["rows"] else {"messages": 0, "first_at": None, "last_at": None}
-        active = {"turn_id": status.body["turn_id"], "resumed": status.body["state"] == "resumed"} if running else None
+        active = {"turn_id": status.body["turn_id"], "resumed": status.body["state"] == "resumed",
+                  "approvals": status.body.get("approvals") or []} if running else None
         return json_response({**row, "session_id": external_sid, "active_turn": active})
 
     async def list_runs(self, request: web.Request) -> web.Response:

@@ -11,6 +11,7 @@ import pytest
 from actors.cron import Cron, CronError
 from actors.flow_state import replay
 from actors.schedules import SCHEDULE_FLOW, run_name, schedule_key
+from agentos import metrics
 from broker.protocol import Kind, Message
 from test_flow_results_due import running_flows
 
@@ -180,13 +181,17 @@ def test_after_a_restart_each_time_missed_within_the_catch_up_starts_and_no_time
 
         async def request(dest, kind, body, **_):
             asked.append(body["scheduled_at"])
-            return Message(dest, Kind.FLOW_RUN, 9, time.time(), 0, "", "", {"run_id": body["run_id"], "status": "x"})
+            answer = {"run_id": body["run_id"], "status": "x", "created": len(asked) > 2}   # the first two were there
+            return Message(dest, Kind.FLOW_RUN, 9, time.time(), 0, "", "", answer)
         bus.request = request
+        counted = {o: metrics._counts.get(metrics.schedule_starts.labels(o), 0) for o in ("started", "repeated")}
         run = flows.runs["acme~@sched:s/1"] = replay("acme~@sched:s/1", journal)
         wall = time.time()
         flows.tick_schedule(run, wall, resync=False)
         await asyncio.sleep(0.05)
         assert asked == [float(t) for t in range(int(wall - 5) + 1, int(wall) + 1)]   # the last 5 s, each once
+        assert {o: metrics._counts.get(metrics.schedule_starts.labels(o), 0) - n for o, n in counted.items()} == {
+            "started": 3, "repeated": 2}                                              # agentos_schedule_starts_total
         flows.tick_schedule(run, flows.schedule_next[run.run_id], resync=False)       # its next time comes
         await asyncio.sleep(0.05)
         assert asked[5:] == [flows.schedule_next[run.run_id] - 1] and len(set(asked)) == 6
@@ -197,3 +202,38 @@ def test_after_a_restart_each_time_missed_within_the_catch_up_starts_and_no_time
 def test_schedule_keys_and_run_names_keep_the_tenant():
     assert schedule_key("acme~nightly") == "acme~@sched:nightly" and schedule_key("nightly") == "@sched:nightly"
     assert run_name("@sched:nightly", utc("2026-12-06T01:00:00")) == "nightly-20261206T010000Z"
+
+
+def test_a_change_or_deletion_the_disk_refused_leaves_the_schedule_as_its_journal_has_it():
+    from storage.log_client import LogWriteError
+
+    async def main():
+        flows, bus, log, _ = running_flows()
+        handlers = flows.handlers()
+        await handlers[Kind.SCHEDULE_PUT](ask(Kind.SCHEDULE_PUT, DEFINITION))
+        run = next(r for r in flows.runs.values() if r.flow == SCHEDULE_FLOW)
+
+        async def refuse(kind, body, session, sync=True):
+            raise LogWriteError("disk_full", "no space left on device")
+        log.append = refuse
+        await handlers[Kind.SCHEDULE_PUT](ask(Kind.SCHEDULE_PUT, {**DEFINITION, "cron": "@daily"}, 2))
+        assert bus.sent[-1][2]["code"] == "disk_full"
+        await handlers[Kind.SCHEDULE_DELETE](ask(Kind.SCHEDULE_DELETE, {"key": DEFINITION["key"], "tenant": "acme"}, 3))
+        assert bus.sent[-1][2]["code"] == "disk_full" and not run.ended
+        await handlers[Kind.SCHEDULE_GET](ask(Kind.SCHEDULE_GET, {"key": DEFINITION["key"], "tenant": "acme"}, 4))
+        assert bus.sent[-1][2]["found"] is True and bus.sent[-1][2]["schedule"]["cron"] == "* * * * * *"
+
+    asyncio.run(main())
+
+
+def test_an_actor_refuses_a_schedule_a_gateway_would_not_send():
+    async def main():
+        flows, bus, log, _ = running_flows()
+        for wrong in ({"key": "acme~tick"}, {"key": "acme~@sched:other"}, {"key": "acme~@sched:tick/1"},
+                      {"catchup_secs": float("nan")}, {"catchup_secs": -1.0}, {"cron": "* *"},
+                      {"timezone": "Nowhere/Else"}):
+            await flows.handlers()[Kind.SCHEDULE_PUT](ask(Kind.SCHEDULE_PUT, {**DEFINITION, **wrong}))
+            assert bus.sent[-1][2]["code"] == "invalid_schedule", wrong
+        assert log.appended == [] and not flows.runs.keys() - {"r-1"}
+
+    asyncio.run(main())
