@@ -58,11 +58,14 @@ class FlowClient:
         return reply.body
 
     async def start(self, flow: str, input: Any = None, run_id: str | None = None, key: str | None = None,
-                    tenant: str | None = None, start_at: float | None = None) -> dict:
+                    tenant: str | None = None, start_at: float | None = None,
+                    timeout_secs: float | None = None) -> dict:
         """Start a run; with `run_id` or an idempotency `key`, a repeated start returns the same run.
-        With `start_at` (epoch seconds), the run exists at once and runs from that time on."""
+        With `start_at` (epoch seconds), the run exists at once and runs from that time on; with
+        `timeout_secs`, it is cancelled if it has not ended that long after it began."""
         tenant = tenant or self.tenant
-        return await self.start_run(flow, input, *self.run_id(flow, tenant, run_id, key), tenant, start_at)
+        return await self.start_run(flow, input, *self.run_id(flow, tenant, run_id, key), tenant, start_at,
+                                    timeout_secs)
 
     @staticmethod
     def run_id(flow: str, tenant: str, run_id: str | None, key: str | None) -> tuple[str, bool]:
@@ -74,10 +77,12 @@ class FlowClient:
         return new_run_id(), True
 
     async def start_run(self, flow: str, input: Any, run_id: str, new: bool, tenant: str,
-                        start_at: float | None = None) -> dict:
+                        start_at: float | None = None, timeout_secs: float | None = None) -> dict:
         body = {"flow": flow, "run_id": run_id, "tenant": tenant, "input": input}
         if start_at:
             body["start_at"] = float(start_at)
+        if timeout_secs:
+            body["timeout_secs"] = float(timeout_secs)
         if new:
             body["new"] = True
         return await self._ask(run_id, Kind.FLOW_START, body)

@@ -11,7 +11,8 @@ operations in the same order; the names recorded here are how a mismatch is dete
 
 Record types (body field `type`; every body has run, tenant, at, exec):
   run.started    flow, input, parent, parent_seq, parent_actor, start_at (a delayed start: not
-                 dispatched before that time), schedule, scheduled_at (started by a schedule)
+                 dispatched before that time), schedule, scheduled_at (started by a schedule),
+                 timeout_secs (cancelled if not ended this long after it began)
                  (a fork's, actors/run_forks.py: forked_from, fork_seq, copied, attrs, messages)
   step.started   seq, name, attempt
   step.failed    seq, attempt, error            (an attempt failed; another may follow)
@@ -93,7 +94,8 @@ class Run:
     __slots__ = ("run_id", "flow", "tenant", "input", "status", "result", "error", "exec", "last_alive", "ops",
                  "attrs", "channels", "waiting", "parent", "parent_seq", "parent_actor", "pending", "updates",
                  "updating", "created_at", "ended_at", "msg_counter", "waiters", "journal_bytes", "over_limit", "lost",
-                 "stale", "link_checked", "forked_from", "fork_seq", "start_at", "schedule", "scheduled_at")
+                 "stale", "link_checked", "forked_from", "fork_seq", "start_at", "schedule", "scheduled_at",
+                 "timeout_secs", "timing_out")
 
     def __init__(self, run_id: str, flow: str, tenant: str) -> None:
         self.run_id = run_id
@@ -129,6 +131,8 @@ class Run:
         self.start_at = 0.0                    # a delayed start's time (0: at once)
         self.schedule = ""                     # the schedule that started it (actors/schedules.py), for when
         self.scheduled_at = 0.0
+        self.timeout_secs = 0.0                # from when it began (its start_at, if delayed); 0: none
+        self.timing_out = False                # its cancel for the timeout is under way
 
     @property
     def ended(self) -> bool:
@@ -146,6 +150,11 @@ class Run:
             out.append(op.outcome())
             seq += 1
 
+    @property
+    def timeout_at(self) -> float:
+        """When it is cancelled if it has not ended (0: never)."""
+        return max(self.created_at, self.start_at) + self.timeout_secs if self.timeout_secs else 0.0
+
     def waits_to_start(self, now: float) -> bool:
         """Whether it is a delayed start whose time has not come: nothing of it has run yet."""
         return self.start_at > now and not self.ops and not self.ended
@@ -159,6 +168,8 @@ class Run:
             body["start_at"] = self.start_at
         if self.schedule:
             body["schedule"], body["scheduled_at"] = self.schedule, self.scheduled_at
+        if self.timeout_secs:
+            body["timeout_at"] = self.timeout_at
         if self.parent:
             body["parent"] = self.parent
         if self.forked_from:
@@ -215,6 +226,7 @@ def apply(run: Run, record: dict[str, Any]) -> None:
         run.start_at = float(record.get("start_at") or 0.0)
         run.schedule = record.get("schedule") or ""
         run.scheduled_at = float(record.get("scheduled_at") or 0.0)
+        run.timeout_secs = float(record.get("timeout_secs") or 0.0)
         if run.status == "pending":
             run.status = "running"
         if record.get("forked_from"):

@@ -101,10 +101,11 @@ class RunRequests:
                                                 "error": "a start names its flow; a fork, its run (fork_of) and, "
                                                          "if any, a seq >= 0 (fork_seq)"})
             return
-        if b.get("start_at") is not None and not (math.isfinite(b["start_at"]) and not b.get("fork_of")):
+        if any(b.get(f) is not None and not (math.isfinite(b[f]) and b[f] >= 0 and not b.get("fork_of"))
+               for f in ("start_at", "timeout_secs")):
             self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": run_id, "status": "error", "code": "conflict",
-                                                "error": "a delayed start names a finite time (start_at), "
-                                                         "and a fork starts at once"})
+                                                "error": "a delayed start names a finite time (start_at), a timeout "
+                                                         "a finite number of seconds; a fork takes neither"})
             return
         run = self.runs.get(run_id)
         if run is None:
@@ -162,7 +163,7 @@ class RunRequests:
             fields = fork_fields(b["fork_of"], rows, b["tenant"], b.get("fork_seq"))
         else:
             fields = {"flow": b["flow"], "input": b.get("input")}
-            fields.update({f: b[f] for f in ("start_at", "schedule", "scheduled_at") if b.get(f)})
+            fields.update({f: b[f] for f in ("start_at", "schedule", "scheduled_at", "timeout_secs") if b.get(f)})
         if b.get("parent"):
             fields.update(parent=b["parent"], parent_seq=b["parent_seq"], parent_actor=b.get("parent_actor", ""))
         run = Run(b["run_id"], fields["flow"], b["tenant"])

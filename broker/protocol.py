@@ -273,9 +273,10 @@ SPECS: dict[Kind, Spec] = {
     # the operation it goes on from (fork_seq; none: the first that did not succeed). start_at:
     # a delayed start's time (epoch seconds); the run is not dispatched before it. schedule,
     # scheduled_at: the schedule that starts it, and for which of its times (actors/schedules.py).
+    # timeout_secs: the run is cancelled if it has not ended this long after it began.
     Kind.FLOW_START: _spec({"run_id": str, "tenant": str}, flow=str, input=object, parent=str, parent_seq=int,
                            parent_actor=str, new=bool, deadline=_NUM, fork_of=str, fork_seq=int, start_at=_NUM,
-                           schedule=str, scheduled_at=_NUM),
+                           schedule=str, scheduled_at=_NUM, timeout_secs=_NUM),
     Kind.FLOW_GET: _spec({"run_id": str, "tenant": str}, wait=_NUM),  # wait: seconds to wait for the end
     # A run's operations (steps, sleeps, waits, children, attribute writes) after seq `after`, in
     # order; a page holds at most `limit` of them and about STEPS_PAGE_BYTES of their values.
@@ -284,7 +285,7 @@ SPECS: dict[Kind, Spec] = {
     Kind.FLOW_CANCEL: _spec({"run_id": str, "tenant": str}, why=str, deadline=_NUM),  # why: the reason its end records
     Kind.FLOW_RUN: _spec({"run_id": str, "status": str}, flow=str, created=bool, result=object, error=str,
                          code=str, started_at=_NUM, ended_at=_NUM, parent=str, forked_from=str, fork_seq=int,
-                         start_at=_NUM, schedule=str, scheduled_at=_NUM),
+                         start_at=_NUM, schedule=str, scheduled_at=_NUM, timeout_at=_NUM),
     # results_due (here and in STEP_START): seqs of the ASYNC results the worker has sent and has no
     # answer for; the run does not park or end before they are in (actors/worker_requests.py)
     Kind.FLOW_COMPLETE: _spec({"run_id": str, "exec": int, "ok": bool}, result=object, error=str, results_due=list),

@@ -127,14 +127,17 @@ class FlowRoutes:
         flow = _name(request, "flow", "flow")
         tenant = self.gw.tenant_of(request)
         body = await self.gw.json_body(request)
-        _only(body, ("input", "run_id", "start_at", "delay_secs"),
-              '{"input": ..., "run_id": ..., "start_at" or "delay_secs": ...}')
+        _only(body, ("input", "run_id", "start_at", "delay_secs", "timeout_secs"),
+              '{"input": ..., "run_id": ..., "start_at" or "delay_secs": ..., "timeout_secs": ...}')
         _check_size(body.get("input"), "input")
-        start_at = _start_at(body)
+        start_at, timeout = _start_at(body), body.get("timeout_secs")
+        if timeout is not None and (type(timeout) not in (int, float) or not 0 < timeout <= MAX_DELAY_SECS):
+            raise ApiError(400, "invalid_timeout", f"timeout_secs must be a number of seconds above 0, at most "
+                                                   f"{MAX_DELAY_SECS}")
         chosen, new = self.client.run_id(flow, tenant, *_new_run(request, body))
         try:
             run = await self.client.start_run(flow, body.get("input"), internal(tenant, chosen), new, tenant,
-                                              start_at)
+                                              start_at, timeout)
         except FlowError as exc:
             raise _error(exc) from None
         return json_response(_outward(run, tenant), status=201 if run.get("created") else 200)

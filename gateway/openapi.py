@@ -131,14 +131,18 @@ SCHEMAS: dict[str, Any] = {
                                     "time on; epoch seconds or an ISO 8601 time with its offset",
                      "oneOf": [{"type": "number"}, {"type": "string", "format": "date-time"}]},
         "delay_secs": {"type": "number", "minimum": 0, "maximum": 366 * 86400,
-                       "description": "a delayed start, this many seconds from now (not with start_at)"}}},
+                       "description": "a delayed start, this many seconds from now (not with start_at)"},
+        "timeout_secs": {"type": "number", "exclusiveMinimum": 0, "maximum": 366 * 86400,
+                         "description": "the run is cancelled (with its children) if it has not ended this long "
+                                        "after it began"}}},
     "Run": {"type": "object", "required": ["run_id", "status"],
             "properties": {"run_id": {"type": "string"}, "status": {"type": "string"}, "flow": {"type": "string"},
                            "created": {"type": "boolean"}, "result": ANY, "error": {"type": "string"},
                            "started_at": {"type": "number"}, "ended_at": {"type": ["number", "null"]},
                            "parent": {"type": "string"}, "forked_from": {"type": "string"},
                            "fork_seq": {"type": "integer"}, "start_at": {"type": "number"},
-                           "schedule": {"type": "string"}, "scheduled_at": {"type": "number"}}},
+                           "schedule": {"type": "string"}, "scheduled_at": {"type": "number"},
+                           "timeout_at": {"type": "number"}}},
     "ScheduleDefinition": {"type": "object", "required": ["flow", "cron"], "properties": {
         "flow": NAME, "cron": {"type": "string", "description": "5 fields (minute hour day month weekday), or 6 "
                                                                 "with seconds first; or @daily, @hourly, ..."},

@@ -119,3 +119,21 @@ def test_the_gateway_reads_start_at_as_epoch_seconds_or_iso_time_and_delay_secs_
         with pytest.raises(ApiError) as err:
             _start_at(body)
         assert err.value.status == 400 and err.value.code == "invalid_start_at", body
+
+
+def test_a_run_past_its_timeout_ends_cancelled_and_says_why():
+    now = time.time()
+    run = replay("d-5", [{"run": "d-5", "tenant": "t", "type": "run.started", "at": now - 10, "exec": 0,
+                          "flow": "f", "input": None, "timeout_secs": 4, "start_at": now - 8}])
+    assert run.timeout_at == now - 4 and run.summary()["timeout_at"] == now - 4   # from its start_at
+    assert replay("d-6", [{"run": "d-6", "tenant": "t", "type": "run.started", "at": now, "exec": 0, "flow": "f",
+                           "input": None}]).timeout_at == 0.0
+
+    async def main():
+        flows, bus, log, _ = running_flows()
+        flows.runs["d-5"] = run
+        await flows._time_out(run)
+        assert run.status == "cancelled" and "timed out: not ended 4 s after it began" in run.error
+        assert log.appended[-1]["type"] == "run.ended" and not run.timing_out
+
+    asyncio.run(main())

@@ -1,11 +1,12 @@
 """End-to-end: a start with `delay_secs` or `start_at` makes the run at once (201, `scheduled`,
 its `start_at`) and runs it from that time on — not before, once, also when its actor was killed
--9 while it waited; one cancelled before its time never runs; bad times are 400s."""
+-9 while it waited; one cancelled before its time never runs; bad times are 400s. A start with
+`timeout_secs` ends cancelled, with its child, if it has not ended that long after it began."""
 import json
 import time
 
 from broker.sharding import actor_name
-from harness import get_json
+from harness import get_json, wait_until
 
 ACME = {"Authorization": "Bearer key-acme", "Content-Type": "application/json"}
 
@@ -67,3 +68,25 @@ def test_delayed_runs_wait_for_their_time_survive_their_actors_kill_and_can_be_c
                  {"start_at": 1, "delay_secs": 1}, {"delay_secs": 10 ** 9}):
         status, _, error = post(flow, {"input": {}, **body})
         assert status == 400 and error["error"]["code"] == "invalid_start_at", (body, error)
+
+
+def test_a_run_past_its_timeout_is_cancelled_with_its_child(make_server, make_worker):
+    server = make_server()   # (the default tenant: the child's id is the one its parent's code names)
+    make_worker(server)
+    base = server.url
+    status, _, parent = post(f"{base}/v1/flows/parent_of_sleeper/runs",
+                             {"input": {"child": "sleepy-child"}, "run_id": "sleepy", "timeout_secs": 2})
+    assert status == 201 and parent["timeout_at"] == parent["started_at"] + 2
+    status, _, later = post(f"{base}/v1/flows/sleeps_an_hour/runs", {"input": {}, "delay_secs": 2, "timeout_secs": 1.5})
+    assert status == 201 and later["timeout_at"] == later["start_at"] + 1.5   # counted from its start
+    wait_until(lambda: get_json(f"{base}/v1/runs/sleepy-child")[0] == 200, 30, "the child to start")
+    assert run_of(base, "sleepy-child", "?wait=30&until=suspended")["status"] == "suspended"
+    ended = run_of(base, "sleepy")
+    assert ended["status"] == "cancelled" and "timed out" in ended["error"], ended
+    assert ended["ended_at"] >= parent["timeout_at"]
+    assert run_of(base, "sleepy-child")["status"] == "cancelled"
+    late = run_of(base, later["run_id"])
+    assert late["status"] == "cancelled" and late["ended_at"] >= later["timeout_at"]
+    for timeout in (0, -1, "5", 10 ** 9):
+        status, _, error = post(f"{base}/v1/flows/sleeps_an_hour/runs", {"input": {}, "timeout_secs": timeout})
+        assert status == 400 and error["error"]["code"] == "invalid_timeout", (timeout, error)
