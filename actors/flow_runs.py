@@ -26,12 +26,14 @@ import logging
 import time
 from typing import Any
 
+from actors import flow_metrics
 from actors.flow_state import Op, Run, apply, replay
 from actors.run_links import RunLinks
 from actors.run_reloads import Reload, RunReloads, Stale
 from actors.run_requests import RunRequests, TaskFailed
 from actors.schedules import SCHEDULE_FLOW, Schedules
 from actors.worker_requests import WorkerRequests
+from agentos import metrics
 from agentos.log_repeats import Repeats
 from broker.client import Bus
 from broker.protocol import MAX_RUN_BYTES, Kind, Message
@@ -43,6 +45,7 @@ EXEC_GRACE_SECS = 4.0
 MAX_LOST_EXECUTIONS = 5         # in a row, with no record between: then the run fails (on_task_lost)
 TIMER_GRACE_SECS = 2.0
 RESYNC_SECS = 10.0
+UNCOUNTED = frozenset({"turn", SCHEDULE_FLOW})   # in actors/flow_metrics.py: turns have their own
 ENDED_RETENTION_SECS = 60.0
 SUPERSEDED = {"ok": False, "code": "superseded"}   # what a worker's execution hears when it is no longer the run's
 
@@ -113,6 +116,8 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules):
             return fut
         body = {"run": run.run_id, "tenant": run.tenant, "type": kind, "at": time.time(), "exec": run.exec, **fields}
         apply(run, body)
+        if run.flow not in UNCOUNTED:
+            flow_metrics.count(run.flow, kind, fields)
         run.lost = 0   # it moves on: the workers that died before were not its doing
         if run.journal_bytes > MAX_RUN_BYTES and not run.over_limit and not run.ended and run.flow != "turn":
             run.over_limit = True   # this record is kept; the run's end follows it
@@ -318,6 +323,8 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules):
             resync = now - last_resync > RESYNC_SECS
             if resync:
                 last_resync = now
+            metrics.flow_runs_open.set(sum(1 for run in self.runs.values() if not run.ended
+                                           and run.flow not in UNCOUNTED))
             for run in list(self.runs.values()):
                 if run.flow == "turn":  # turns run in their actor, not on workers
                     if run.ended and now - run.last_alive > self.keep_ended_secs:

@@ -40,6 +40,13 @@ tokens_prompt = Counter("agentos_tokens_prompt_total", "Prompt tokens reported b
 tokens_completion = Counter("agentos_tokens_completion_total", "Completion tokens reported by the provider")
 provider_errors = Counter("agentos_provider_errors_total", "Provider call failures by kind", ["kind"])
 evicted_sessions = Counter("agentos_sessions_evicted_total", "Sessions evicted from memory after their TTL")
+flow_runs_started = Counter("agentos_flow_runs_started_total", "Flow runs started (forks and children too), by flow",
+                            ["flow"])
+flow_runs_ended = Counter("agentos_flow_runs_ended_total", "Flow runs ended, by flow and status", ["flow", "status"])
+flow_steps = Counter("agentos_flow_steps_total", "Flow steps' attempts, by outcome: completed, failed (the last "
+                     "attempt), retried (another attempt follows)", ["outcome"])
+flow_runs_open = Gauge("agentos_flow_runs_open", "Flow runs started and not ended, in their actors' memory",
+                       multiprocess_mode="livesum")
 schedule_starts = Counter("agentos_schedule_starts_total",
                           "Times of schedules started, by outcome: started (its run made), repeated (its run was "
                           "there: a start sent again), refused (its id names another run), given_up (no actor "

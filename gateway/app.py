@@ -20,7 +20,6 @@ from broker.client import Bus, BusError
 from broker.protocol import TURN_EVENTS, TURN_START_TIMEOUT_SECS, Kind, Message
 from broker.sharding import STORE, actor_name
 from gateway.access import AccessLog, access_middleware
-from gateway.approvals import ROUTE as APPROVAL_ROUTE, answer_approval
 from gateway.errors import ApiError, error_response, json_response
 from gateway import openapi
 from gateway.flows import FlowRoutes
@@ -29,6 +28,7 @@ from gateway.new_sessions import fork_session, new_session
 from gateway.peer_watch import PeerWatch
 from gateway.schedules import ScheduleRoutes
 from gateway.streams import TurnStream
+from gateway.turn_controls import APPROVAL_ROUTE, answer_approval, cancel_turn
 from gateway.tenancy import DEFAULT_TENANT, SESSION_ID, check_session_id, internal
 from gateway.turn_input import turn_input
 from storage import compaction_reserve, free_space
@@ -90,7 +90,7 @@ class Gateway:
             web.delete("/v1/sessions/{sid}", self.history.close_session),
             web.post("/v1/sessions/{sid}/fork", functools.partial(fork_session, self)),
             web.post("/v1/sessions/{sid}/turns", self.post_turn),
-            web.delete("/v1/sessions/{sid}/turns/current", self.cancel_turn),
+            web.delete("/v1/sessions/{sid}/turns/current", functools.partial(cancel_turn, self)),
             web.get("/v1/sessions/{sid}/turns/{turn_id}/events", self.resume_turn),
             web.post(APPROVAL_ROUTE, functools.partial(answer_approval, self)),
             web.get("/v1/sessions/{sid}/messages", self.history.get_messages),
@@ -304,17 +304,6 @@ class Gateway:
             # with a traceback. aiohttp finds the connection gone when it ends the response.
             self.log.debug("stream of turn %s: client gone (%s)", stream.turn_id, exc)
             return response
-
-    async def cancel_turn(self, request: web.Request) -> web.Response:
-        _, sid, _ = self.session_of(request)
-        try:
-            status = await self.bus.request(actor_name(sid, self.shards), Kind.TURN_CANCEL,
-                                            {"session": sid, "reason": "client_cancel"}, timeout=5.0, session=sid)
-        except BusError as exc:
-            raise ApiError(503, "actor_unavailable", f"the session's actor did not answer: {exc}") from None
-        if status.body["state"] != "cancelled":
-            raise ApiError(404, "no_active_turn", "no turn is running on this session")
-        return json_response({"cancelled": True, "turn_id": status.body["turn_id"]})
 
     async def openapi(self, request: web.Request) -> web.Response:
         return web.Response(body=self._openapi, content_type="application/json")

@@ -1,6 +1,7 @@
-"""`POST /v1/sessions/{sid}/turns/{turn_id}/approvals/{call_id}`: a person's answer for a tool call
-a turn waits on before running it (actors/tool_approvals.py), sent to the session's actor, which
-journals it before it answers."""
+"""What a client asks of a running turn, each sent to its session's actor:
+`DELETE /v1/sessions/{sid}/turns/current` cancels it, and
+`POST /v1/sessions/{sid}/turns/{turn_id}/approvals/{call_id}` answers a tool call it waits on
+before running it (actors/tool_approvals.py; the actor journals the answer before it replies)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -15,9 +16,21 @@ from gateway.errors import LOG_WRITE_ERRORS, ApiError, json_response
 if TYPE_CHECKING:
     from gateway.app import Gateway
 
-ROUTE = "/v1/sessions/{sid}/turns/{turn_id}/approvals/{call_id}"
+APPROVAL_ROUTE = "/v1/sessions/{sid}/turns/{turn_id}/approvals/{call_id}"
 STATUS_OF = {**LOG_WRITE_ERRORS, "not_found": (404, "not_found"), "not_waiting": (409, "not_waiting")}
 MAX_REASON = 2000
+
+
+async def cancel_turn(gw: "Gateway", request: web.Request) -> web.Response:
+    _, sid, _ = gw.session_of(request)
+    try:
+        status = await gw.bus.request(actor_name(sid, gw.shards), Kind.TURN_CANCEL,
+                                      {"session": sid, "reason": "client_cancel"}, timeout=5.0, session=sid)
+    except BusError as exc:
+        raise ApiError(503, "actor_unavailable", f"the session's actor did not answer: {exc}") from None
+    if status.body["state"] != "cancelled":
+        raise ApiError(404, "no_active_turn", "no turn is running on this session")
+    return json_response({"cancelled": True, "turn_id": status.body["turn_id"]})
 
 
 async def answer_approval(gw: "Gateway", request: web.Request) -> web.Response:
