@@ -1,7 +1,7 @@
 """Children forked from a process that has already imported every role's modules.
 
 Why: a child started with `python -m agentos.child` spends most of its start importing
-(aiohttp, DuckDB, boto3, prometheus_client…): 0.35 to 0.9 s of CPU per process, about 5 s for
+(aiohttp, DuckDB, prometheus_client…; boto3 only where a bucket is used): 0.35 to 0.9 s of CPU per process, about 5 s for
 a whole tree on two cores, and again at every restart. The supervisor starts one fork server
 (`python -m agentos.forkserver PARENT_PID FD`) first. It imports the role modules once, holds no
 thread, event loop or bus socket, and forks a child on each request. Each child is forked twice:

@@ -21,8 +21,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import boto3
-import botocore.config
 import botocore.exceptions
 
 from agentos import metrics
@@ -57,7 +55,11 @@ class Lease:
 
 
 def client(config: S3Config):
-    """A boto3 S3 client (credentials from the usual AWS environment or files)."""
+    """A boto3 S3 client (credentials from the usual AWS environment or files). boto3 is imported
+    here, not with this module: 0.15 s of CPU that the fork server (agentos/forkserver.py) would
+    otherwise spend at every start of a tree that keeps its log on local disk only."""
+    import boto3
+    import botocore.config
     return boto3.client("s3", endpoint_url=config.endpoint_url or None, region_name=config.region or None,
                         config=botocore.config.Config(retries={"max_attempts": 2, "mode": "standard"},
                                                       connect_timeout=5, read_timeout=30,
