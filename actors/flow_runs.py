@@ -338,7 +338,7 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules):
                         self._forget(run.run_id)
                     continue
                 if run.timeout_secs and wall > run.timeout_at and not run.timing_out and not run.stale:
-                    self.bus.spawn(self._time_out(run))
+                    self.bus.spawn(self.time_out(run))
                     continue
                 self.check_links(run, now)
                 op = self.blocked_on(run)
@@ -353,15 +353,6 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules):
                 if now - entry[2] > EXEC_GRACE_SECS:
                     entry[2] = now
                     self.bus.send(SCHEDULER, Kind.TASK_SUBMIT, entry[1], session=entry[1].get("run_id", ""))
-
-    async def _time_out(self, run: Run) -> None:
-        """Its time is up: it ends cancelled, with its execution and its children (a refused end
-        is tried again at the watchdog's next turn)."""
-        run.timing_out = True
-        try:
-            await self.or_reload(run, self.cancel(run, f"timed out: not ended {run.timeout_secs:g} s after it began"))
-        finally:
-            run.timing_out = False
 
     def _stalled(self, now: float) -> None:
         """This actor did not run for a while (stopped, starved): its workers' reports meanwhile

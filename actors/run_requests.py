@@ -242,6 +242,15 @@ class RunRequests:
                 return
         self.bus.reply(msg, Kind.FLOW_RUN, run.summary())
 
+    async def time_out(self, run: Run) -> None:
+        """Its time is up (`timeout_secs`; the watchdog asks): it ends cancelled, with its
+        execution and its children (a refused end is tried again at the watchdog's next turn)."""
+        run.timing_out = True
+        try:
+            await self.or_reload(run, self.cancel(run, f"timed out: not ended {run.timeout_secs:g} s after it began"))
+        finally:
+            run.timing_out = False
+
     async def cancel(self, run: Run, why: str) -> None:
         """End the run as cancelled and stop what runs for it: its execution and its children.
         LogWriteError if its end was refused; the run is then as it was."""

@@ -171,6 +171,15 @@ def turn(base: str, sid: str, text: str, **kwargs) -> TurnResult:
     return asyncio.run(go())
 
 
+def finished_transcript(base: str, sid: str, timeout: float = 30.0) -> list[dict]:
+    """The session's transcript once it ends with the model's answer (a turn finishing in the
+    background, after its actor's restart)."""
+    def finished():
+        messages = get_json(f"{base}/v1/sessions/{sid}/messages")[2].get("messages")
+        return messages if messages and messages[-1]["role"] == "assistant" and messages[-1]["content"] else None
+    return wait_until(finished, timeout, f"the turn on {sid} to finish", interval=0.2)
+
+
 def turn_killing_its_actor(server, sid: str, text: str, gate: Path, actors: int = 2,
                            system: str | None = None) -> TurnResult:
     """Run a turn whose tools are get_weather then search, and kill -9 the session's actor once

@@ -132,7 +132,7 @@ def test_a_run_past_its_timeout_ends_cancelled_and_says_why():
     async def main():
         flows, bus, log, _ = running_flows()
         flows.runs["d-5"] = run
-        await flows._time_out(run)
+        await flows.time_out(run)
         assert run.status == "cancelled" and "timed out: not ended 4 s after it began" in run.error
         assert log.appended[-1]["type"] == "run.ended" and not run.timing_out
 

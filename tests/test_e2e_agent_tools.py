@@ -8,7 +8,7 @@ import time
 import aiohttp
 
 from agentos.config import BrokerConfig
-from harness import get_json, run_turn, turn, turn_killing_its_actor, wait_until
+from harness import finished_transcript, get_json, run_turn, turn, turn_killing_its_actor, wait_until
 
 TOOLS = "[[mock tool_calls=get_weather,search ttft_ms=20]]"
 
@@ -50,11 +50,7 @@ def test_a_turn_survives_kill9_of_its_actor_mid_turn(make_server, make_worker, t
     assert result.terminal is None and result.events[-1][0] == "turn.interrupted", result.events[-3:]
     assert result.events[-1][1]["code"] == "resumed_in_background"
 
-    def finished():
-        messages = get_json(f"{server.url}/v1/sessions/{sid}/messages")[2].get("messages")
-        return messages if messages and messages[-1]["role"] == "assistant" and messages[-1]["content"] else None
-
-    messages = wait_until(finished, 30, "the resumed turn to finish in the background", interval=0.2)
+    messages = finished_transcript(server.url, sid)
     assert [m["role"] for m in messages] == ["user", "assistant", "tool", "tool", "assistant"]
     effects = marker.read_text().splitlines()
     assert effects.count("weather weather and news") == 1     # committed before the kill: never again

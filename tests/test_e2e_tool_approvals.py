@@ -8,7 +8,7 @@ import json
 import aiohttp
 
 from broker.sharding import actor_name
-from harness import get_json, run_turn, wait_until
+from harness import finished_transcript, get_json, run_turn, wait_until
 
 TOOLS = "[[mock tool_calls=get_weather,search ttft_ms=20]]"
 
@@ -100,11 +100,7 @@ def test_a_wait_for_approval_survives_its_actors_kill(make_server, make_worker, 
     status, _, body = answer(base, sid, active["turn_id"], active["approvals"][0]["call_id"], {"approve": True})
     assert status == 200 and body["approved"] is True
 
-    def finished():
-        messages = get_json(f"{base}/v1/sessions/{sid}/messages")[2].get("messages")
-        return messages if messages and messages[-1]["role"] == "assistant" and messages[-1]["content"] else None
-
-    messages = wait_until(finished, 30, "the turn to finish", interval=0.2)
+    messages = finished_transcript(base, sid)
     assert [m["role"] for m in messages] == ["user", "assistant", "tool", "tool", "assistant"]
     effects = marker.read_text().splitlines()
     assert effects.count("weather weather and news") == 1 and effects.count("search weather and news") == 1
