@@ -103,12 +103,18 @@ class Actor:
                                                if code == "not_waiting" else f"not recorded: {code}"} if code else
                        {"turn_id": turn.turn_id, "state": "approved" if b["approve"] else "denied"})
 
-    def on_turn_start(self, msg: Message) -> None:
+    def on_turn_start(self, msg: Message, journal_checked: bool = False) -> None:
         b = msg.body
         turn_id, session_id = b["turn_id"], b["session"]
         known = self.turns.get(turn_id)
+        if known is not None and b.get("keyed"):   # its Idempotency-Key again: that turn, from its start
+            self._stream_again(msg, known)
+            return
         if known is not None:  # a re-sent start: answer as the first time
             self.bus.reply(msg, Kind.TURN_STARTED, known.events[0][1])
+            return
+        if b.get("keyed") and not journal_checked:
+            self.bus.spawn(self._keyed_start(msg))
             return
         if self.unstarted_cancels.pop(turn_id, None) is not None or past_deadline(b, time.time()):
             return   # its client left, or its gateway answered 503 (this actor was stalled): nobody streams it
@@ -126,6 +132,43 @@ class Actor:
         session.active = turn
         self.turns[turn_id] = turn
         turn.task = asyncio.get_running_loop().create_task(self.run_turn(turn, session))
+
+    def _stream_again(self, msg: Message, turn: Turn) -> None:
+        """A keyed start of a turn this actor has: its events again from the first, to the
+        gateway that asks (the client's first stream broke), and live ones after."""
+        b = msg.body
+        if turn.session_id != b["session"] or turn.input != b["input"]:
+            self.bus.reply(msg, Kind.TURN_STATUS, {"turn_id": turn.turn_id, "state": "unknown", "code": "conflict",
+                                                   "error": "this Idempotency-Key began a turn with another input"})
+            return
+        if turn.pending_cancel is not None:   # its client is back
+            turn.pending_cancel.cancel()
+            turn.pending_cancel = None
+        self.bus.reply(msg, Kind.TURN_STARTED, turn.events[0][1])
+        turn.replay(1, msg.src)
+
+    async def _keyed_start(self, msg: Message) -> None:
+        """A keyed start of a turn this actor does not have: refused if its journal says it ran
+        (past the turns' retention, or before a restart), else begun like any."""
+        b = msg.body
+        await self.flows.ready.wait()
+        try:
+            rows = (await self.persistence.query("flow_records", turn_run_id(b["session"], b["turn_id"]),
+                                                 sync=True))["rows"]
+        except StorageUnavailable as exc:
+            self.bus.reply(msg, Kind.TURN_STATUS, {"turn_id": b["turn_id"], "state": "unknown", "code": "unavailable",
+                                                   "error": f"whether this key's turn ran could not be read: {exc}"})
+            return
+        if rows and self.turns.get(b["turn_id"]) is None:
+            # (a turn's records are appended ASYNC: its run.started need not come first in the log)
+            began = next((r for r in rows if r.get("type") == "run.started"), {})
+            same = (began.get("input") or {}).get("input", b["input"]) == b["input"]
+            self.bus.reply(msg, Kind.TURN_STATUS, {
+                "turn_id": b["turn_id"], "state": "ended", "code": "turn_exists" if same else "conflict",
+                "error": "this Idempotency-Key's turn ran already: its answer is in the transcript" if same else
+                         "this Idempotency-Key began a turn with another input"})
+            return
+        self.on_turn_start(msg, journal_checked=True)
 
     async def _start_after_close(self, msg: Message) -> None:
         await self.closing.wait(msg.body["session"])

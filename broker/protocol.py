@@ -191,8 +191,10 @@ SPECS: dict[Kind, Spec] = {
     # turn.* bodies all carry the turn id; events also carry their sequence number, so a
     # receiver can detect a gap and ask for a replay (turn.resume).
     # system: the turn's instructions, in place of provider.system_prompt
+    # keyed: its id comes from an Idempotency-Key: a known turn is streamed again, not started anew,
+    # and one the journal holds is refused (TURN_STATUS back, code turn_exists or conflict)
     Kind.TURN_START: _spec({"turn_id": str, "session": str, "tenant": str, "input": str}, deadline=_NUM,
-                           system=str),
+                           system=str, keyed=bool),
     Kind.TURN_STARTED: _spec({"turn_id": str, "seq": int}, data=dict),
     Kind.TURN_DELTA: _spec({"turn_id": str, "seq": int, "text": str}),
     Kind.TURN_DONE: _spec({"turn_id": str, "seq": int}, data=dict),

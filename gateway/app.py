@@ -30,7 +30,7 @@ from gateway.schedules import ScheduleRoutes
 from gateway.streams import TurnStream
 from gateway.turn_controls import APPROVAL_ROUTE, answer_approval, cancel_turn
 from gateway.tenancy import DEFAULT_TENANT, SESSION_ID, check_session_id, internal
-from gateway.turn_input import turn_input
+from gateway.turn_input import keyed_turn_id, turn_input
 from storage import compaction_reserve, free_space
 from storage.log_client import LogClient
 from storage.log_writer import LogWriter
@@ -174,6 +174,7 @@ class Gateway:
         if self.draining:
             raise ApiError(503, "draining", "server is shutting down", {"Retry-After": self.retry_after})
         text, system = turn_input(await self.json_body(request), self.config.gateway.max_input_chars)
+        keyed = keyed_turn_id(request, tenant, sid)
         if self.limit and self.in_flight >= self.limit:
             metrics.admission_rejected.inc()
             return error_response(429, "overloaded", f"{self.in_flight} turns in flight (limit {self.limit}); retry later",
@@ -186,7 +187,7 @@ class Gateway:
         self.in_flight += 1
         self.in_flight_by_tenant[tenant] = mine + 1
         try:
-            return await self._stream_turn(request, sid, tenant, text, external_sid, system)
+            return await self._stream_turn(request, sid, tenant, text, external_sid, system, keyed)
         finally:
             self.in_flight -= 1
             left = self.in_flight_by_tenant[tenant] - 1
@@ -196,8 +197,8 @@ class Gateway:
                 del self.in_flight_by_tenant[tenant]
 
     async def _stream_turn(self, request: web.Request, sid: str, tenant: str, text: str,
-                           external_sid: str, system: str | None) -> web.StreamResponse:
-        turn_id = self.new_turn_id()
+                           external_sid: str, system: str | None, keyed: str | None) -> web.StreamResponse:
+        turn_id = keyed or self.new_turn_id()
         actor = actor_name(sid, self.shards)
         stream = self._subscribe(TurnStream(turn_id, sid, actor, tenant, external_sid))
         try:
@@ -205,7 +206,8 @@ class Gateway:
                 started = await self.bus.request(actor, Kind.TURN_START,
                                                  {"turn_id": turn_id, "session": sid, "tenant": tenant, "input": text,
                                                   "deadline": time.time() + TURN_START_TIMEOUT_SECS,
-                                                  **({"system": system} if system is not None else {})},
+                                                  **({"system": system} if system is not None else {}),
+                                                  **({"keyed": True} if keyed else {})},
                                                  timeout=TURN_START_TIMEOUT_SECS, session=sid, turn=turn_id)
             except BusError as exc:
                 self._cancel_unstarted(stream, "start_timeout")
@@ -214,6 +216,9 @@ class Gateway:
             except asyncio.CancelledError:   # the client left before its turn started
                 self._cancel_unstarted(stream, "disconnect")
                 raise
+            if started.kind is not Kind.TURN_STARTED:   # a keyed start whose turn is not to be streamed
+                code = started.body.get("code") or "conflict"
+                raise ApiError(503 if code == "unavailable" else 409, code, started.body.get("error") or code)
             stream.push(Kind.TURN_STARTED, started.body)
             return await self._pump(request, stream)
         finally:

@@ -214,9 +214,13 @@ PATHS: dict[str, dict] = {
                                                    "content": _json(_ref("Sessions"))},
                                            **_errors(400, 401, 503)}}},
     "/v1/sessions/{sid}/turns": {"post": {
-        "summary": "Run a turn: the reply streams back as Server-Sent Events", "parameters": [SID],
+        "summary": "Run a turn: the reply streams back as Server-Sent Events (with an Idempotency-Key, a start "
+                   "sent again streams the turn the first began, from its first event; 409 once it has left "
+                   "memory, or with another input)",
+        "parameters": [SID, _param("Idempotency-Key", {"type": "string", "minLength": 1, "maxLength": 200},
+                                   "header", False)],
         "requestBody": {"required": True, "content": _json(_ref("TurnInput"))},
-        "responses": {"200": SSE_RESPONSE, **_errors(400, 401, 413, 429, 503)}}},
+        "responses": {"200": SSE_RESPONSE, **_errors(400, 401, 409, 413, 429, 503)}}},
     "/v1/sessions/{sid}": {"get": {
         "summary": "One session: its message count, first and last activity, and its running turn (follow its "
                    "stream again with GET /v1/sessions/{sid}/turns/{turn_id}/events, unless `resumed`: finishing "
