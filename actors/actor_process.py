@@ -51,7 +51,8 @@ class Actor:
         self.flows = Flows(self.bus, self.persistence.log, self.persistence.query, index, config.actor_count, log,
                            config.storage.retention_secs)
         self.flows.on_open_turn = self.resume_turn
-        self.approvals = ToolApprovals(self.flows, config.kernel.approve_tools, config.kernel.approval_timeout_secs)
+        self.approvals = ToolApprovals(self.flows, config.kernel.approve_tools, config.kernel.approval_timeout_secs,
+                                       self.persistence)
         self.loop = AgentLoop(self.provider, self.permits, self.persistence, self.flows, self.bus,
                               config.provider.max_retries, config.kernel.max_steps_per_turn, self.approvals)
         for kind, handler in self.flows.handlers().items():

@@ -12,7 +12,9 @@ The wait is an operation of the turn's run: journaled (a `wait` on channel `appr
 due when it gives up) before its event goes out, and the answer (`op.done`) journaled before the
 approver hears it. An actor that dies meanwhile is succeeded by one that finishes the turn and
 waits again for what is left of the time (its session's `active_turn` lists what waits, for a
-client that has no stream); an answer given is never asked again.
+client that has no stream); an answer given is never asked again. The session's event history
+(`GET /v1/sessions/{sid}/events`) keeps both: `tool.approval` when a call begins to wait and
+`tool.approval_answered` (`approve`, `reason`) when it is answered or its time runs out.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from storage.log_client import LogWriteError
 
 if TYPE_CHECKING:
     from actors.flow_runs import Flows
+    from actors.persistence import Persistence
     from actors.turn import Turn
 
 CHANNEL_PREFIX = "approval:"
@@ -53,8 +56,10 @@ def _outcome(run: Run, seq: int) -> tuple[bool, str]:
 
 
 class ToolApprovals:
-    def __init__(self, flows: "Flows", names: str, timeout_secs: float) -> None:
+    def __init__(self, flows: "Flows", names: str, timeout_secs: float,
+                 persistence: "Persistence | None" = None) -> None:
         self.flows = flows
+        self.persistence = persistence   # the event history (None in unit tests that have none)
         self.names = {n.strip() for n in names.split(",") if n.strip()}
         self.timeout_secs = timeout_secs
 
@@ -72,6 +77,8 @@ class ToolApprovals:
             await self.flows.record(run, "wait", seq=seq, name=f"approval:{call.name}",
                                     channel=CHANNEL_PREFIX + call.id, due=time.time() + self.timeout_secs)
             op = run.ops[seq]
+            self._event(turn, "tool.approval", {"call_id": call.id, "name": call.name, "arguments": call.arguments,
+                                                "until": op.due})
         elif op.op != "wait":   # the journal says it ran without asking (the policy changed since)
             return None
         if op.done:
@@ -88,6 +95,7 @@ class ToolApprovals:
             turn.approvals.pop(call.id, None)   # (no answer is taken from here on)
             if not op.done:
                 await self.flows.record(run, "op.done", seq=seq, op="wait", ok=False, error="timeout")
+                self._answered(turn, pending, False, "nobody approved it in time")
         finally:
             turn.approvals.pop(call.id, None)
         return _outcome(run, seq)
@@ -107,6 +115,16 @@ class ToolApprovals:
             op.done, op.ok, op.result, op.ended_at = False, True, None, 0.0
             pending.deciding = False
             return exc.code
+        self._answered(turn, pending, approve, reason)
         if not pending.answered.done():
             pending.answered.set_result(None)
         return None
+
+    def _answered(self, turn: "Turn", pending: Pending, approve: bool, reason: str) -> None:
+        self._event(turn, "tool.approval_answered", {"call_id": pending.view["call_id"],
+                                                     "name": pending.view["name"], "approve": approve,
+                                                     "reason": reason})
+
+    def _event(self, turn: "Turn", kind: str, data: dict[str, Any]) -> None:
+        if self.persistence is not None:
+            self.persistence.event_nowait(turn, kind, data)

@@ -63,6 +63,10 @@ def test_a_tool_waits_for_its_approval_and_a_no_or_no_answer_leaves_it_unrun(mak
     assert "not on my card" in transcript[3]["content"] and transcript[-1]["role"] == "assistant"
     turn_id = denied.data("turn.started")["turn_id"]
     assert answer(base, "approve-1", turn_id, asked["call_id"], {"approve": True})[0] == 404   # it has ended
+    history = get_json(f"{base}/v1/sessions/approve-1/events?limit=1000")[2]["events"]
+    assert [(e["type"], e["data"].get("approve"), e["data"].get("reason")) for e in history
+            if e["type"].startswith("tool.approval")] == [("tool.approval", None, None),
+                                                          ("tool.approval_answered", False, "not on my card")]
 
     approved = turn_answered(base, "approve-2", f"weather and news {TOOLS}", lambda *_: {"approve": True})
     assert approved.terminal == "turn.completed"
@@ -73,6 +77,8 @@ def test_a_tool_waits_for_its_approval_and_a_no_or_no_answer_leaves_it_unrun(mak
     assert unanswered.terminal == "turn.completed"
     result = [d for e, d in unanswered.events if e == "tool" and d["phase"] == "result"][-1]
     assert result["ok"] is False and "nobody approved it in time" in result["error"]
+    history = get_json(f"{base}/v1/sessions/approve-3/events?limit=1000")[2]["events"]
+    assert [e["data"]["approve"] for e in history if e["type"] == "tool.approval_answered"] == [False]
     assert marker.read_text().count("search weather and news") == 1
 
 
