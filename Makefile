@@ -15,7 +15,13 @@ $(STAMP): setup.cfg pyproject.toml
 
 install: $(STAMP)
 
+# Every process of a tree imports the project's modules: compiled once here, they are read from
+# __pycache__ even where PYTHONDONTWRITEBYTECODE keeps Python from writing them itself (each tree
+# start compiled ~110 modules from source again, about 0.15 s of CPU per process).
+BYTECODE := $(PY) -m compileall -q -j 0 agentos actors broker gateway storage bench tests
+
 run: $(STAMP)
+	$(BYTECODE)
 	$(VENV)/bin/agent-os serve $(if $(CONFIG),--config $(CONFIG))
 
 # The suite mostly waits on real process trees, so it runs on TEST_WORKERS pytest-xdist workers
@@ -23,6 +29,7 @@ run: $(STAMP)
 TEST_WORKERS ?= 4
 
 test: $(STAMP)
+	$(BYTECODE)
 	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
 
 clean:

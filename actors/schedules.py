@@ -212,8 +212,10 @@ class Schedules:
         body = {"flow": d["flow"], "run_id": target, "tenant": run.tenant, "input": d.get("input"),
                 "schedule": d["name"], "scheduled_at": at}
         give_up = at + max(float(d["catchup_secs"]), START_RETRY_SECS)
+        tries = 0
         try:
             while True:
+                tries += 1
                 try:
                     reply = await self.bus.request(actor_name(target, self.shards), Kind.FLOW_START,
                                                    {**body, "deadline": time.time() + 30.0}, timeout=30.0,
@@ -223,6 +225,9 @@ class Schedules:
                     code, error = "unavailable", str(exc)
                 if not code:
                     metrics.inc(metrics.schedule_starts.labels("started" if reply.body.get("created") else "repeated"))
+                    if tries > 1 or time.time() - at > 5.0:   # how late a time can start: what a reader of its runs wonders
+                        self.log.info("schedule %s started %s at the %d. try, %.1f s past its time",
+                                      d["name"], target, tries, time.time() - at)
                     return
                 if code == "conflict" or time.time() > give_up:
                     metrics.inc(metrics.schedule_starts.labels("refused" if code == "conflict" else "given_up"))

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from broker.sharding import actor_name
 from gateway import openapi
@@ -29,6 +30,23 @@ def result(base, run_id, timeout=60.0):
 
 def lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.fixture(scope="module")
+def flows_server(tmp_path_factory):
+    """One tree and worker for the tests here that kill nothing and need no config of their own
+    (each tree's start is about a second of CPU, and the suite is CPU-bound)."""
+    server = Server(tmp_path_factory.mktemp("flows")).start()
+    worker = None
+    try:
+        worker = Worker(server, slots=32)
+        worker.wait_registered()
+        yield server
+    finally:
+        if worker is not None:
+            worker.stop()
+        server.stop()
+    assert not server.leftovers(), f"processes left behind: {server.leftovers()}"
 
 
 def test_each_committed_step_runs_once_through_worker_actor_and_writer_kills(make_server, make_worker, tmp_path):
@@ -62,10 +80,9 @@ def test_each_committed_step_runs_once_through_worker_actor_and_writer_kills(mak
     assert sum(l.startswith("start 1") for l in lines(starts)) == 2      # the killed attempt, then its retry
 
 
-def test_a_sync_step_is_in_the_log_before_the_next_step_starts(make_server, make_worker, tmp_path):
-    server = make_server()
-    make_worker(server)
-    wal = str(tmp_path / "data" / "wal")
+def test_a_sync_step_is_in_the_log_before_the_next_step_starts(flows_server, tmp_path):
+    server = flows_server
+    wal = str(server.work_dir / "data" / "wal")
     _, _, run = start(server.url, "sync_then_check", {"file": str(tmp_path / "s.txt"), "wal": wal})
     assert result(server.url, run["run_id"])["result"] is True
     # ASYNC: the flow moves on without waiting for the commit, yet its end waits for it.
@@ -98,9 +115,8 @@ def test_a_durable_sleep_survives_a_full_restart(tmp_path):
         server.stop()
 
 
-def test_messages_published_before_the_wait_are_each_taken_by_one_wait(make_server, make_worker):
-    server = make_server()
-    make_worker(server)
+def test_messages_published_before_the_wait_are_each_taken_by_one_wait(flows_server):
+    server = flows_server
     _, _, run = start(server.url, "waiter", {"delay": 1.0})
     run_id = run["run_id"]
     for message in ("first", "second", "third"):
@@ -113,9 +129,8 @@ def test_messages_published_before_the_wait_are_each_taken_by_one_wait(make_serv
                     body=b'{"message": 1}')[0] == 409  # the run has ended
 
 
-def test_concurrent_lock_and_update_never_loses_an_increment(make_server, make_worker):
-    server = make_server()
-    make_worker(server, slots=32)
+def test_concurrent_lock_and_update_never_loses_an_increment(flows_server):
+    server = flows_server
     _, _, run = start(server.url, "with_attrs", {})
     run_id = run["run_id"]
 
@@ -133,9 +148,8 @@ def test_concurrent_lock_and_update_never_loses_an_increment(make_server, make_w
     assert body["attributes"] == {"count": 1000, "status": "started"}
 
 
-def test_idempotent_starts_return_the_same_run(make_server, make_worker):
-    server = make_server()
-    make_worker(server)
+def test_idempotent_starts_return_the_same_run(flows_server):
+    server = flows_server
     first = start(server.url, "async_steps", 3, {"Idempotency-Key": "order-17"})
     again = start(server.url, "async_steps", 3, {"Idempotency-Key": "order-17"})
     assert first[0] == 201 and again[0] == 200
@@ -153,9 +167,8 @@ def test_idempotent_starts_return_the_same_run(make_server, make_worker):
     assert result(server.url, "my-run-1")["result"] == 2
 
 
-def test_failures_children_cancel_and_non_determinism(make_server, make_worker, tmp_path):
-    server = make_server()
-    make_worker(server)
+def test_failures_children_cancel_and_non_determinism(flows_server, tmp_path):
+    server = flows_server
     base = server.url
     failed = result(base, start(base, "failing", {})[2]["run_id"])
     assert failed["status"] == "failed" and "after 2 attempts" in failed["error"] and "boom" in failed["error"]
@@ -216,11 +229,10 @@ def test_a_run_cancelled_right_after_its_start_stops_its_step_in_flight(make_ser
     assert not [i for i in range(10) if lines(tmp_path / f"run{i}")], "a cancelled run's step took effect"
 
 
-def test_bad_updates_and_results_fail_clearly_and_leave_the_run_usable(make_server, make_worker):
+def test_bad_updates_and_results_fail_clearly_and_leave_the_run_usable(flows_server):
     """Each of these once hung: an unknown handler held the run's lock for good (every later update
     timed out), and a result msgpack cannot carry had its run retried for ever."""
-    server = make_server()
-    make_worker(server)
+    server = flows_server
     base = server.url
     run_id = start(base, "with_attrs", {})[2]["run_id"]
     wait_until(lambda: get_json(f"{base}/v1/runs/{run_id}/attributes")[2].get("attributes") == {"status": "started"},
@@ -256,12 +268,11 @@ def test_bad_updates_and_results_fail_clearly_and_leave_the_run_usable(make_serv
     assert polled["status"] == "failed" and "WaitTimeout" in polled["error"]
 
 
-def test_big_values_are_refused_and_a_run_holds_at_most_its_journal_limit(make_server, make_worker):
+def test_big_values_are_refused_and_a_run_holds_at_most_its_journal_limit(flows_server):
     """A 50 MB result once wedged writer/store (DuckDB refused the batch, retried for ever); a
     run of ~100 MB of step results cut its actor off the bus at its next execution (the offer
     carrying its journal was over the broker's message limit) and never ran again."""
-    server = make_server()
-    make_worker(server)
+    server = flows_server
     base = server.url
     too_big = result(base, start(base, "big_steps", {"steps": 1, "n": 5 << 20})[2]["run_id"])
     assert too_big["status"] == "failed" and "a run records values of at most 4,194,304 bytes" in too_big["error"]

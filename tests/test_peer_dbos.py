@@ -11,7 +11,7 @@ APT_SECS = 900   # a fresh machine installs PostgreSQL first (bench.peer_pgredis
 @pytest.mark.timeout(APT_SECS)
 def test_every_offered_scenario_does_work_without_errors(postgres_installed):
     with DbosPeer() as dbos:
-        rows = {scenario: run_scenario(dbos, scenario, 4, 0.5, 1.5) for scenario in SCENARIOS}
+        rows = {scenario: run_scenario(dbos, scenario, 4, 0.3, 0.7) for scenario in SCENARIOS}
         assert dbos.versions()["dbos"]
     for scenario, row in rows.items():
         assert row["system"] == "dbos" and row["scenario"] == scenario and row["clients"] == 4
