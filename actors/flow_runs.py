@@ -27,8 +27,10 @@ import time
 from typing import Any
 
 from actors import flow_metrics
+from actors.flow_queues import SYNC_SECS
 from actors.flow_state import Op, Run, apply, replay
 from actors.run_links import RunLinks
+from actors.run_queues import RunQueues
 from actors.run_reloads import Reload, RunReloads, Stale
 from actors.run_requests import RunRequests, TaskFailed
 from actors.schedules import SCHEDULE_FLOW, Schedules
@@ -55,7 +57,7 @@ def run_id_for_key(flow: str, tenant: str, key: str) -> str:
     return f"{flow}-{hashlib.sha1(f'{tenant}|{flow}|{key}'.encode()).hexdigest()[:20]}"
 
 
-class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules):
+class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules, RunQueues):
     def __init__(self, bus: Bus, log: LogClient, query, index: int, shards: int, logger: logging.Logger,
                  retention_secs: float = ENDED_RETENTION_SECS) -> None:
         self.bus = bus
@@ -85,6 +87,8 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules):
         self.schedule_started: dict[str, float] = {}   # -> the latest of its times this actor started
         self.schedule_locks: dict[str, asyncio.Lock] = {}
         self.schedule_starting: set[str] = set()   # runs being started for a schedule's time
+        self.admitting: set[str] = set()   # queued runs whose admission is being journaled (actors/run_queues.py)
+        self.queues_synced = False
 
     def handlers(self) -> dict:
         away = self.store_away    # what callers ask may need a run's journal read back from writer/store
@@ -102,7 +106,8 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules):
                 Kind.ATTR_GET: away(self.on_attr_get, Kind.ATTR_VALUES),
                 Kind.ATTR_UPDATE: timed(away(self.on_attr_update, Kind.ATTR_VALUES)),
                 Kind.TASK_RESULT: self.on_task_result,
-                Kind.WORKER_ALIVE: self.on_alive, Kind.TASK_LOST: self.on_task_lost, **self.schedule_handlers()}
+                Kind.WORKER_ALIVE: self.on_alive, Kind.TASK_LOST: self.on_task_lost,
+                Kind.QUEUE_GRANT: self.on_queue_grant, **self.schedule_handlers()}
 
     # -- the journal ---------------------------------------------------------------------------
 
@@ -132,6 +137,8 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules):
             fut = asyncio.ensure_future(self.journal_log.append_kept(RecordKind.FLOW, body, session))
         run.pending.add(fut)
         fut.add_done_callback(run.pending.discard)
+        if kind == "run.ended" and run.queue:
+            self.queue_ended(run, fut)
         return fut if sync else None
 
     # -- finding runs --------------------------------------------------------------------------
@@ -211,6 +218,8 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules):
             start = Op(-1, "start", "start")
             start.due = run.start_at
             return start
+        if run.waits_in_queue():   # (seq -3: no record, no timer; its place is asked for)
+            return Op(-3, "queue", run.queue)
         seq = 0
         while True:
             op = run.ops.get(seq)
@@ -223,6 +232,9 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules):
     def dispatch(self, run: Run) -> None:
         """A new execution of the run on some worker (a schedule's has none: its actor runs it)."""
         if run.ended or run.flow == SCHEDULE_FLOW:
+            return
+        if run.waits_in_queue():
+            self.enqueue(run)
             return
         self.exec_counter += 1
         run.exec = (self.bus.incarnation << 24) | self.exec_counter
@@ -246,6 +258,8 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules):
             self.bus.spawn(self._take_and_run(run, op))
         if op.op == "child" and op.child:   # its end may have come while this actor was down, or it never began
             self.bus.spawn(self.follow_child(run, op))
+        if op.op == "queue":
+            self.enqueue(run)
 
     async def _take_and_run(self, run: Run, op: Op) -> None:
         """A message may wait already (published before the wait, and the actor died before taking
@@ -313,7 +327,7 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules):
     # -- the watchdog ---------------------------------------------------------------------------
 
     async def watchdog(self) -> None:
-        last_resync = last_tick = time.monotonic()
+        last_resync = last_tick = last_queue_sync = time.monotonic()
         while True:
             await asyncio.sleep(1.0)
             now, wall = time.monotonic(), time.time()
@@ -323,6 +337,9 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules):
             resync = now - last_resync > RESYNC_SECS
             if resync:
                 last_resync = now
+            if now - last_queue_sync >= SYNC_SECS and self.ready.is_set():
+                last_queue_sync = now
+                self.sync_queues()
             metrics.flow_runs_open.set(sum(1 for run in self.runs.values() if not run.ended
                                            and run.flow not in UNCOUNTED))
             for run in list(self.runs.values()):
@@ -337,7 +354,7 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules):
                     if now - run.last_alive > self.keep_ended_secs and not run.updating:
                         self._forget(run.run_id)
                     continue
-                if run.timeout_secs and wall > run.timeout_at and not run.timing_out and not run.stale:
+                if run.timeout_at and wall > run.timeout_at and not run.timing_out and not run.stale:
                     self.bus.spawn(self.time_out(run))
                     continue
                 self.check_links(run, now)

@@ -12,7 +12,8 @@ operations in the same order; the names recorded here are how a mismatch is dete
 Record types (body field `type`; every body has run, tenant, at, exec):
   run.started    flow, input, parent, parent_seq, parent_actor, start_at (a delayed start: not
                  dispatched before that time), schedule, scheduled_at (started by a schedule),
-                 timeout_secs (cancelled if not ended this long after it began)
+                 timeout_secs (cancelled if not ended this long after it began),
+                 queue (waits for a place in that flow queue: actors/run_queues.py)
                  (a fork's, actors/run_forks.py: forked_from, fork_seq, copied, attrs, messages)
   step.started   seq, name, attempt
   step.failed    seq, attempt, error            (an attempt failed; another may follow)
@@ -25,6 +26,7 @@ Record types (body field `type`; every body has run, tenant, at, exec):
   message        channel, msg_seq, message      (published to the run)
   message.taken  seq, channel, msg_seq          (consumed by the wait at seq)
   attr.set       key, value, seq                (seq -1: set by an update handler, not the flow)
+  run.admitted   (a queued run got its place: from now on it is dispatched)
   run.ended      status (completed | failed | cancelled), result | error
 """
 from __future__ import annotations
@@ -95,7 +97,7 @@ class Run:
                  "attrs", "channels", "waiting", "parent", "parent_seq", "parent_actor", "pending", "updates",
                  "updating", "created_at", "ended_at", "msg_counter", "waiters", "journal_bytes", "over_limit", "lost",
                  "stale", "link_checked", "forked_from", "fork_seq", "start_at", "schedule", "scheduled_at",
-                 "timeout_secs", "timing_out")
+                 "timeout_secs", "timing_out", "queue", "admitted_at")
 
     def __init__(self, run_id: str, flow: str, tenant: str) -> None:
         self.run_id = run_id
@@ -133,6 +135,8 @@ class Run:
         self.scheduled_at = 0.0
         self.timeout_secs = 0.0                # from when it began (its start_at, if delayed); 0: none
         self.timing_out = False                # its cancel for the timeout is under way
+        self.queue = ""                        # the flow queue it runs under (actors/run_queues.py)
+        self.admitted_at = 0.0                 # when it got its place there (0: it waits for one)
 
     @property
     def ended(self) -> bool:
@@ -152,8 +156,14 @@ class Run:
 
     @property
     def timeout_at(self) -> float:
-        """When it is cancelled if it has not ended (0: never)."""
-        return max(self.created_at, self.start_at) + self.timeout_secs if self.timeout_secs else 0.0
+        """When it is cancelled if it has not ended (0: never, or not yet: a queued run's time
+        counts from its admission, as DBOS's does from its dequeue)."""
+        if not self.timeout_secs or (self.queue and not self.admitted_at):
+            return 0.0
+        return max(self.created_at, self.start_at, self.admitted_at) + self.timeout_secs
+
+    def waits_in_queue(self) -> bool:
+        return bool(self.queue) and not self.admitted_at and not self.ended
 
     def waits_to_start(self, now: float) -> bool:
         """Whether it is a delayed start whose time has not come: nothing of it has run yet."""
@@ -161,15 +171,18 @@ class Run:
 
     def summary(self) -> dict[str, Any]:
         """What a client is told of the run (GET /v1/runs/{id}): times as its journal has them."""
-        status = "scheduled" if self.waits_to_start(time.time()) else self.status
+        status = "scheduled" if self.waits_to_start(time.time()) else "enqueued" if self.waits_in_queue() \
+            else self.status
         body: dict[str, Any] = {"run_id": self.run_id, "status": status, "flow": self.flow,
                                 "started_at": self.created_at, "ended_at": self.ended_at if self.ended else None}
         if self.start_at:
             body["start_at"] = self.start_at
         if self.schedule:
             body["schedule"], body["scheduled_at"] = self.schedule, self.scheduled_at
-        if self.timeout_secs:
+        if self.timeout_at:
             body["timeout_at"] = self.timeout_at
+        if self.queue:
+            body["queue"] = self.queue
         if self.parent:
             body["parent"] = self.parent
         if self.forked_from:
@@ -227,6 +240,7 @@ def apply(run: Run, record: dict[str, Any]) -> None:
         run.schedule = record.get("schedule") or ""
         run.scheduled_at = float(record.get("scheduled_at") or 0.0)
         run.timeout_secs = float(record.get("timeout_secs") or 0.0)
+        run.queue = record.get("queue") or ""
         if run.status == "pending":
             run.status = "running"
         if record.get("forked_from"):
@@ -272,6 +286,8 @@ def apply(run: Run, record: dict[str, Any]) -> None:
             run.channels[record["channel"]] = collections.deque(m for m in queue if m[0] != taken)
     elif kind == "attr.set":
         run.attrs[record["key"]] = record.get("value")
+    elif kind == "run.admitted":
+        run.admitted_at = float(record.get("at") or time.time())
     elif kind == "run.ended":
         run.status = record["status"]
         run.result = record.get("result")

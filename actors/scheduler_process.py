@@ -13,6 +13,7 @@ import time
 from agentos import metrics, service
 from agentos.config import Config
 from agentos.rundir import RunDir
+from actors.flow_queues import QueueGrant, QueuePools, parse_queues
 from actors.permits import Grant, PermitPool
 from actors.tasks import Offer, TaskBoard, Timers
 from broker.client import Bus
@@ -37,13 +38,16 @@ class Scheduler:
         self.board = TaskBoard()
         self.timers = Timers()
         self.started = time.monotonic()
+        self.queues = QueuePools(parse_queues(config.kernel.flow_queues), self.started)
 
     def handlers(self) -> dict:
         return {Kind.PERMIT_REQUEST: self.on_request, Kind.PERMIT_RELEASE: self.on_release,
                 Kind.PERMIT_SYNC: self.on_sync, Kind.STATS: self.on_stats,
                 Kind.TASK_SUBMIT: self.on_submit, Kind.TASK_DECLINE: self.on_decline, Kind.TASK_DONE: self.on_done,
                 Kind.WORKER_HELLO: self.on_worker_hello, Kind.TIMER_SET: self.on_timer_set,
-                Kind.TOOLS_LIST: self.on_tools_list, Kind.TASK_CANCEL: self.on_cancel}
+                Kind.TOOLS_LIST: self.on_tools_list, Kind.TASK_CANCEL: self.on_cancel,
+                Kind.QUEUE_REQUEST: self.on_queue_request, Kind.QUEUE_RELEASE: self.on_queue_release,
+                Kind.QUEUE_SYNC: self.on_queue_sync}
 
     def on_cancel(self, msg: Message) -> None:
         worker = self.board.cancel(msg.body["task_id"])
@@ -116,11 +120,28 @@ class Scheduler:
         self._send(self.pool.sync(msg.src, b["incarnation"], [str(p) for p in b["held"]],
                                   [str(p) for p in b["waiting"]], time.monotonic(), _backoff_secs(b)))
 
+    # -- flow queues ---------------------------------------------------------------------------
+
+    def _admit(self, grants: list[QueueGrant]) -> None:
+        for holder, queue, run_id in grants:
+            self.bus.send(holder, Kind.QUEUE_GRANT, {"queue": queue, "run_id": run_id}, session=run_id)
+
+    def on_queue_request(self, msg: Message) -> None:
+        b = msg.body
+        self._admit(self.queues.request(b["queue"], b["run_id"], msg.src, b["tenant"], time.monotonic()))
+
+    def on_queue_release(self, msg: Message) -> None:
+        self._admit(self.queues.release(msg.body["queue"], msg.body["run_id"], time.monotonic()))
+
+    def on_queue_sync(self, msg: Message) -> None:
+        self._admit(self.queues.sync(msg.src, msg.body["incarnation"], msg.body["queues"], time.monotonic()))
+
     def on_stats(self, msg: Message) -> None:
         stats = self.pool.stats(time.monotonic())
         stats["backoffs"] = self.backoffs
         stats["tasks"] = self.board.stats()
         stats["timers"] = len(self.timers)
+        stats["flow_queues"] = self.queues.stats()
         stats["bus"] = self.bus.stats()
         self.bus.reply(msg, Kind.STATS_REPLY, {"role": "scheduler", "stats": stats})
 
@@ -133,6 +154,7 @@ class Scheduler:
                 self.board.stalled(now)
             last_tick = now
             self._send(self.pool.tick(now))
+            self._admit(self.queues.tick(now))
             for gone in self.board.expire(now):
                 self.log.warning("worker %s stopped answering; its tasks go back to their actors", gone)
             for worker, task in self.board.lost:
@@ -146,6 +168,9 @@ class Scheduler:
                 self.trace_ids = {p: ids for p, ids in self.trace_ids.items() if p in self.pool.waiting}
             metrics.permits_in_use.set(len(self.pool.held))
             metrics.permit_queue.set(len(self.pool.waiting))
+            for name, counts in self.queues.stats().items():
+                metrics.flow_queue_running.labels(name).set(counts["running"])
+                metrics.flow_queue_waiting.labels(name).set(counts["waiting"])
 
 
 def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> int:

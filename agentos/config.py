@@ -59,6 +59,9 @@ class KernelConfig:
     # tool; actors/tool_approvals.py), and how long a call waits for that before it is denied.
     approve_tools: str = ""
     approval_timeout_secs: float = 600.0
+    # Flow queues and how many of a queue's runs run at once ("reports=2, mail=10";
+    # actors/flow_queues.py): a start naming one waits, enqueued, for a place.
+    flow_queues: str = ""
     run_dir: str = ""
     # A turn whose client disconnected is cancelled after this grace, unless a client resumes its
     # stream (GET /v1/sessions/{sid}/turns/{turn_id}/events) first.
@@ -354,6 +357,11 @@ def validate(config: Config) -> None:
     _positive(config.kernel.drain_secs, "kernel.drain_secs", allow_zero=True)
     _positive(config.kernel.max_steps_per_turn, "kernel.max_steps_per_turn")
     _positive(config.kernel.approval_timeout_secs, "kernel.approval_timeout_secs")
+    from actors.flow_queues import QueueSpecError, parse_queues
+    try:
+        parse_queues(config.kernel.flow_queues)
+    except QueueSpecError as exc:
+        raise ConfigError(f"kernel.flow_queues: {exc}") from None
     _positive(config.kernel.delta_window_ms, "kernel.delta_window_ms", allow_zero=True)
     _positive(config.kernel.disconnect_grace_secs, "kernel.disconnect_grace_secs", allow_zero=True)
     _positive(config.kernel.turn_retention_secs, "kernel.turn_retention_secs")

@@ -51,6 +51,10 @@ schedule_starts = Counter("agentos_schedule_starts_total",
                           "Times of schedules started, by outcome: started (its run made), repeated (its run was "
                           "there: a start sent again), refused (its id names another run), given_up (no actor "
                           "took it within its catch-up)", ["outcome"])
+flow_queue_running = Gauge("agentos_flow_queue_running", "Runs of a flow queue admitted and not ended, by queue",
+                           ["queue"], multiprocess_mode="livesum")
+flow_queue_waiting = Gauge("agentos_flow_queue_waiting", "Runs enqueued in a flow queue waiting for a place, by "
+                           "queue", ["queue"], multiprocess_mode="livesum")
 
 permits_in_use = Gauge("agentos_permits_in_use", "Provider permits held", multiprocess_mode="livesum")
 permit_queue = Gauge("agentos_permit_queue", "Model calls waiting for a provider permit",

@@ -97,6 +97,12 @@ class Kind(enum.StrEnum):
     PERMIT_GRANT = "permit.grant"
     PERMIT_RELEASE = "permit.release"
     PERMIT_SYNC = "permit.sync"
+    # queue.*: flow runs admitted under a queue's concurrency limit (actors/run_queues.py <->
+    # the scheduler's actors/flow_queues.py); the permit is the run's id
+    QUEUE_REQUEST = "queue.request"
+    QUEUE_GRANT = "queue.grant"
+    QUEUE_RELEASE = "queue.release"
+    QUEUE_SYNC = "queue.sync"
     # log.*: senders <-> writer/log; writer/log -> writer/store
     LOG_APPEND = "log.append"
     LOG_ACK = "log.ack"
@@ -232,6 +238,11 @@ SPECS: dict[Kind, Spec] = {
     Kind.PERMIT_RELEASE: _spec({"permit_id": str}, backoff_secs=_NUM),
     # backoff_secs: what is left of the holder's last provider back-off (actors/permit_client.py)
     Kind.PERMIT_SYNC: _spec({"held": list, "waiting": list, "incarnation": int}, backoff_secs=_NUM),
+    Kind.QUEUE_REQUEST: _spec({"queue": str, "run_id": str, "tenant": str}),
+    Kind.QUEUE_GRANT: _spec({"queue": str, "run_id": str}),
+    Kind.QUEUE_RELEASE: _spec({"queue": str, "run_id": str}),
+    # queues: {queue: {"held": [run id], "waiting": [[run id, tenant]]}}, every queue the actor has runs in
+    Kind.QUEUE_SYNC: _spec({"queues": dict, "incarnation": int}),
     # Each record is [kind, id, body]: framed and written by the writer without decoding the body.
     Kind.LOG_APPEND: _spec({"records": list}, sync=bool),  # sync: someone waits for this ack
     Kind.LOG_ACK: _spec({"position": int, "count": int}),
@@ -278,7 +289,7 @@ SPECS: dict[Kind, Spec] = {
     # timeout_secs: the run is cancelled if it has not ended this long after it began.
     Kind.FLOW_START: _spec({"run_id": str, "tenant": str}, flow=str, input=object, parent=str, parent_seq=int,
                            parent_actor=str, new=bool, deadline=_NUM, fork_of=str, fork_seq=int, start_at=_NUM,
-                           schedule=str, scheduled_at=_NUM, timeout_secs=_NUM),
+                           schedule=str, scheduled_at=_NUM, timeout_secs=_NUM, queue=str),
     Kind.FLOW_GET: _spec({"run_id": str, "tenant": str}, wait=_NUM),  # wait: seconds to wait for the end
     # A run's operations (steps, sleeps, waits, children, attribute writes) after seq `after`, in
     # order; a page holds at most `limit` of them and about STEPS_PAGE_BYTES of their values.
@@ -357,6 +368,10 @@ SENDERS: dict[Kind, str] = {
     Kind.PERMIT_RELEASE: ACTOR_PREFIX,
     Kind.PERMIT_SYNC: ACTOR_PREFIX,
     Kind.PERMIT_GRANT: SCHEDULER,
+    Kind.QUEUE_REQUEST: ACTOR_PREFIX,
+    Kind.QUEUE_RELEASE: ACTOR_PREFIX,
+    Kind.QUEUE_SYNC: ACTOR_PREFIX,
+    Kind.QUEUE_GRANT: SCHEDULER,
     Kind.TIMER_SET: ACTOR_PREFIX,
     Kind.TIMER_FIRE: SCHEDULER,
 }

@@ -14,6 +14,7 @@ import orjson
 from aiohttp import web
 
 from actors.flow_client import WAITABLE, FlowClient, FlowError
+from actors.flow_queues import parse_queues
 from broker.protocol import MAX_VALUE_BYTES
 from gateway.errors import LOG_WRITE_ERRORS, ApiError, int_param, json_response
 from gateway.tenancy import external, internal
@@ -116,6 +117,7 @@ class FlowRoutes:
     def __init__(self, gateway: "Gateway") -> None:
         self.gw = gateway
         self.client = FlowClient(gateway.bus, gateway.shards)
+        self.queues = parse_queues(gateway.config.kernel.flow_queues)
 
     def _run(self, request: web.Request) -> tuple[str, str, str]:
         """(tenant, run id inside the server, run id as the client names it)."""
@@ -127,17 +129,21 @@ class FlowRoutes:
         flow = _name(request, "flow", "flow")
         tenant = self.gw.tenant_of(request)
         body = await self.gw.json_body(request)
-        _only(body, ("input", "run_id", "start_at", "delay_secs", "timeout_secs"),
-              '{"input": ..., "run_id": ..., "start_at" or "delay_secs": ..., "timeout_secs": ...}')
+        _only(body, ("input", "run_id", "start_at", "delay_secs", "timeout_secs", "queue"),
+              '{"input": ..., "run_id": ..., "start_at" or "delay_secs": ..., "timeout_secs": ..., "queue": ...}')
         _check_size(body.get("input"), "input")
         start_at, timeout = _start_at(body), body.get("timeout_secs")
         if timeout is not None and (type(timeout) not in (int, float) or not 0 < timeout <= MAX_DELAY_SECS):
             raise ApiError(400, "invalid_timeout", f"timeout_secs must be a number of seconds above 0, at most "
                                                    f"{MAX_DELAY_SECS}")
+        queue = body.get("queue")
+        if queue is not None and queue not in self.queues:
+            raise ApiError(400, "unknown_queue", f"queue must name a flow queue of this server (kernel.flow_queues): "
+                                                 f"{', '.join(sorted(self.queues)) or 'it has none'}")
         chosen, new = self.client.run_id(flow, tenant, *_new_run(request, body))
         try:
             run = await self.client.start_run(flow, body.get("input"), internal(tenant, chosen), new, tenant,
-                                              start_at, timeout)
+                                              start_at, timeout, queue)
         except FlowError as exc:
             raise _error(exc) from None
         return json_response(_outward(run, tenant), status=201 if run.get("created") else 200)

@@ -135,7 +135,9 @@ SCHEMAS: dict[str, Any] = {
                        "description": "a delayed start, this many seconds from now (not with start_at)"},
         "timeout_secs": {"type": "number", "exclusiveMinimum": 0, "maximum": 366 * 86400,
                          "description": "the run is cancelled (with its children) if it has not ended this long "
-                                        "after it began"}}},
+                                        "after it began (a queued run: after its admission)"},
+        "queue": {"type": "string", "description": "a flow queue of the server (kernel.flow_queues): the run is "
+                                                   "enqueued until the queue has a place for it"}}},
     "Run": {"type": "object", "required": ["run_id", "status"],
             "properties": {"run_id": {"type": "string"}, "status": {"type": "string"}, "flow": {"type": "string"},
                            "created": {"type": "boolean"}, "result": ANY, "error": {"type": "string"},
@@ -143,7 +145,7 @@ SCHEMAS: dict[str, Any] = {
                            "parent": {"type": "string"}, "forked_from": {"type": "string"},
                            "fork_seq": {"type": "integer"}, "start_at": {"type": "number"},
                            "schedule": {"type": "string"}, "scheduled_at": {"type": "number"},
-                           "timeout_at": {"type": "number"}}},
+                           "timeout_at": {"type": "number"}, "queue": {"type": "string"}}},
     "ScheduleDefinition": {"type": "object", "required": ["flow", "cron"], "properties": {
         "flow": NAME, "cron": {"type": "string", "description": "5 fields (minute hour day month weekday), or 6 "
                                                                 "with seconds first; or @daily, @hourly, ..."},

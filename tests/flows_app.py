@@ -315,6 +315,19 @@ async def search(q):
     return {"results": [f"result for {q}"]}
 
 
+async def occupy(path: str, run_id: str, secs: float) -> str:
+    effect(path, f"+ {run_id}")
+    await asyncio.sleep(secs)
+    effect(path, f"- {run_id}")
+    return run_id
+
+
+async def queued(ctx, args):
+    """One step that holds on a while, logged as it begins and ends: how many runs of a flow
+    queue run at once, read from one file."""
+    return await ctx.step(occupy, args["file"], ctx.run_id, args.get("secs", 0.5), name="occupy")
+
+
 @tool(description="Read a file's raw bytes", parameters={"type": "object", "properties": {"q": {"type": "string"}}})
 def read_raw(q):
     return {"name": q, "bytes": b"\x00\x01"}   # msgpack carries bytes; JSON, what the model reads, does not
@@ -323,5 +336,5 @@ def read_raw(q):
 app = App(flows=[five_steps, async_then_sync, async_then_sleep, async_gate_sleep, sync_then_check, sleeper, waiter, async_steps, with_attrs, parent, child, failing,
                  flaky, branchy, unencodable, returns_bytes, big_steps, sleeps_an_hour, parent_of_sleeper,
                  parent_of_waiter, one_blocking_step, kills_its_worker,
-                 stuck_step_then_retry, bytes_step, forkable, ticked],
+                 stuck_step_then_retry, bytes_step, forkable, ticked, queued],
           tools=[get_weather, search, read_raw], updates={"incr": incr, "unencodable": unencodable_update})

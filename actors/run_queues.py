@@ -1,0 +1,72 @@
+"""A run started with `queue` runs only when that flow queue has a place for it (its limit is
+`kernel.flow_queues`; the places are the scheduler's, actors/flow_queues.py). Until then it is
+`enqueued`: journaled, cancellable, holding no worker. Its actor asks the scheduler for a place
+(the run id is the permit), journals `run.admitted` when it gets one (SYNC, before the first
+dispatch) and gives the place back when the run's end is in the log.
+
+Every SYNC_SECS it tells the scheduler what it holds (admitted runs) and waits for, which is how
+a lost request, grant or release, or a restart of either side, comes right: a place nobody
+lists goes back to the queue. A run's admission is in its journal, so a restarted actor lists
+the admitted runs it recovered as held, not as new requests, and a queue is not run over its
+limit by a crash.
+"""
+from __future__ import annotations
+
+import time
+
+from actors.flow_state import Run
+from broker.protocol import Kind, Message
+from broker.sharding import SCHEDULER
+
+
+class RunQueues:
+    """A mixin of `actors.flow_runs.Flows`."""
+
+    def enqueue(self, run: Run) -> None:
+        self.bus.send(SCHEDULER, Kind.QUEUE_REQUEST, {"queue": run.queue, "run_id": run.run_id, "tenant": run.tenant},
+                      session=run.run_id)
+
+    def release_place(self, run: Run) -> None:
+        self.bus.send(SCHEDULER, Kind.QUEUE_RELEASE, {"queue": run.queue, "run_id": run.run_id}, session=run.run_id)
+
+    def on_queue_grant(self, msg: Message) -> None:
+        run = self.runs.get(msg.body["run_id"])
+        if run is None or run.ended or run.queue != msg.body["queue"]:
+            if run is None or run.ended:   # (not ours to give back for a run on its way back: it asks again)
+                if msg.body["run_id"] not in self.reloading:
+                    self.bus.send(SCHEDULER, Kind.QUEUE_RELEASE, dict(msg.body), session=msg.body["run_id"])
+            return
+        if run.admitted_at or run.run_id in self.admitting or run.stale:
+            return   # a grant sent again
+        self.admitting.add(run.run_id)
+        self.bus.spawn(self.or_reload(run, self._admit(run)))
+
+    async def _admit(self, run: Run) -> None:
+        try:
+            await self.record(run, "run.admitted")
+        finally:
+            self.admitting.discard(run.run_id)
+        if not run.ended and self.blocked_on(run) is None:
+            self.dispatch(run)
+
+    def queue_ended(self, run: Run, appended) -> None:
+        """The run's end is being appended: its place goes back once that is in the log."""
+        if appended is None:
+            self.release_place(run)
+        else:
+            appended.add_done_callback(lambda fut: fut.cancelled() or fut.exception() or self.release_place(run))
+
+    def sync_queues(self) -> None:
+        queues: dict[str, dict[str, list]] = {}
+        now = time.time()
+        for run in self.runs.values():
+            if not run.queue or run.ended or run.stale:
+                continue
+            mine = queues.setdefault(run.queue, {"held": [], "waiting": []})
+            if run.admitted_at or run.run_id in self.admitting:
+                mine["held"].append(run.run_id)
+            elif not run.waits_to_start(now):
+                mine["waiting"].append([run.run_id, run.tenant])
+        if queues or self.queues_synced:   # (an actor that never had a queued run stays quiet)
+            self.queues_synced = True
+            self.bus.send(SCHEDULER, Kind.QUEUE_SYNC, {"queues": queues, "incarnation": self.bus.incarnation})

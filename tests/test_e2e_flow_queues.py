@@ -1,0 +1,61 @@
+"""End-to-end: flow queues (`kernel.flow_queues`) on the real process set — a queue's runs wait
+`enqueued` and run at most its limit at once, also through a kill -9 of an actor holding some of
+them; an enqueued run can be cancelled and never runs; a start naming no such queue is a 400."""
+import json
+import time
+
+from broker.sharding import actor_name
+from harness import get_json, scrape, wait_until
+
+
+def start(base, input, queue="two", **fields):
+    return get_json(f"{base}/v1/flows/queued/runs", method="POST",
+                    body=json.dumps({"input": input, "queue": queue, **fields}).encode(),
+                    headers={"Content-Type": "application/json"})
+
+
+def most_at_once(path) -> int:
+    running, most = set(), 0
+    for line in path.read_text().splitlines():
+        sign, run_id = line.split()
+        (running.add if sign == "+" else running.discard)(run_id)
+        most = max(most, len(running))
+    return most
+
+
+def test_a_queue_runs_at_most_its_limit_at_once_through_an_actors_kill(make_server, make_worker, tmp_path):
+    server = make_server({"kernel": {"flow_queues": "two=2, one=1"}})
+    make_worker(server)
+    base, log = server.url, tmp_path / "occupied.txt"
+    status, _, body = start(base, {"file": str(log)}, queue="three")
+    assert (status, body["error"]["code"]) == (400, "unknown_queue") and "one, two" in body["error"]["message"]
+
+    runs = []
+    for i in range(8):
+        status, _, body = start(base, {"file": str(log), "secs": 0.8}, run_id=f"q-{i}")
+        assert status == 201 and body["queue"] == "two", body
+        runs.append(body["run_id"])
+    assert body["status"] == "enqueued"   # the 8th: two places, and none given yet
+    status, _, cancelled = get_json(f"{base}/v1/runs/q-7:cancel", method="POST")
+    assert (status, cancelled["status"]) == (200, "cancelled")
+
+    wait_until(lambda: log.exists() and log.read_text().count("+") >= 2, 30, "the first two to run")
+    # the actor of some of them, killed while they run or wait: admissions are in their journals
+    server.kill9(actor_name("q-0", 2))
+    for run_id in runs[:7]:
+        wait_until(lambda: get_json(f"{base}/v1/runs/{run_id}?wait=10")[2].get("status") == "completed", 60,
+                   f"{run_id} to complete")
+    assert get_json(f"{base}/v1/runs/q-6")[2]["queue"] == "two"
+    assert most_at_once(log) == 2, log.read_text()
+    assert "q-7" not in log.read_text()   # cancelled while it waited: never ran
+    wait_until(lambda: scrape(base).get('agentos_flow_queue_running{queue="two"}') == 0, 10, "the places back")
+    assert scrape(base).get('agentos_flow_queue_waiting{queue="two"}') == 0
+
+    # a queued run's timeout counts from its admission: behind a 2 s run in a queue of one, a
+    # 1.5 s timeout does not cancel the second before it got to run
+    start(base, {"file": str(log), "secs": 2.0}, queue="one", run_id="long")
+    began = time.time()
+    status, _, second = start(base, {"file": str(log), "secs": 0.1}, queue="one", run_id="short", timeout_secs=1.5)
+    assert status == 201 and second["status"] == "enqueued" and "timeout_at" not in second
+    done = get_json(f"{base}/v1/runs/short?wait=30")[2]
+    assert done["status"] == "completed" and done["timeout_at"] > began + 1.5, done

@@ -1,0 +1,106 @@
+"""Flow queues: the spec of `kernel.flow_queues`, the scheduler's places (FIFO within a tenant,
+round-robin between tenants, nothing granted by a new scheduler before its holders said what
+they hold, a restarted holder's runs not counted twice), and an actor's side: a queued run is
+`enqueued` until its grant, journals its admission before its first dispatch, gives its place
+back once its end is in the log, and a replayed admitted run is not queued again."""
+import asyncio
+import time
+
+import pytest
+
+from actors.flow_queues import ADOPT_SECS, QueuePools, QueueSpecError, parse_queues
+from actors.flow_state import replay
+from agentos.config import Config, ConfigError, validate
+from broker.protocol import Kind, Message
+from test_flow_results_due import running_flows
+
+
+def test_the_spec_names_each_queue_once_with_a_whole_limit():
+    assert parse_queues("reports=2, mail = 10,") == {"reports": 2, "mail": 10}
+    assert parse_queues("") == {}
+    for bad in ("reports", "reports=0", "reports=1.5", "a b=1", "x=1,x=2", "q=-1", "q=100001"):
+        with pytest.raises(QueueSpecError):
+            parse_queues(bad)
+    config = Config()
+    config.kernel.flow_queues = "reports=two"
+    with pytest.raises(ConfigError, match="kernel.flow_queues"):
+        validate(config)
+
+
+def test_a_queue_grants_its_limit_in_order_and_a_release_lets_the_next_in():
+    t0 = 100.0
+    pools = QueuePools({"q": 2, "other": 1}, t0)
+    got = []
+    for i, tenant in enumerate(["a", "a", "a", "b"]):
+        got += pools.request("q", f"r{i}", "actor/0", tenant, t0 + 0.1)
+    assert got == [] and pools.request("nope", "x", "actor/0", "a", t0) == []   # (no such queue: nothing)
+    got = pools.tick(t0 + ADOPT_SECS + 0.1)   # a new scheduler waited for its holders' reports
+    assert got == [("actor/0", "q", "r0"), ("actor/0", "q", "r3")]   # tenant a's first, then b's
+    assert pools.request("q", "r0", "actor/0", "a", t0 + 4) == [("actor/0", "q", "r0")]   # a re-sent request
+    assert pools.release("q", "r3", t0 + 5) == [("actor/0", "q", "r1")]
+    assert pools.stats()["q"] == {"limit": 2, "running": 2, "waiting": 1}
+    assert pools.stats()["other"] == {"limit": 1, "running": 0, "waiting": 0}
+
+
+def test_a_new_scheduler_adopts_what_holders_hold_before_it_grants_and_a_restarted_holder_is_not_counted_twice():
+    t0 = 100.0
+    pools = QueuePools({"q": 2}, t0)
+    # after a restart of the scheduler: actor/0 holds two runs and waits with a third
+    assert pools.sync("actor/0", 1, {"q": {"held": ["a", "b"], "waiting": [["c", "t"]]}}, t0 + 1) == []
+    assert pools.tick(t0 + ADOPT_SECS + 1) == []          # both places are taken
+    assert pools.stats()["q"] == {"limit": 2, "running": 2, "waiting": 1}
+    # actor/0 restarted: its new incarnation recovered `a` admitted and `b` ended
+    got = pools.sync("actor/0", 2, {"q": {"held": ["a"], "waiting": [["c", "t"]]}}, t0 + 10)
+    assert got == [("actor/0", "q", "c")]
+    # a report that is not what a sync holds is passed over, not a crash
+    assert pools.sync("actor/1", 1, {"q": {"held": [1, "z"], "waiting": [["y"], "x", ["w", 2]]}}, t0 + 11) == []
+    assert pools.sync("actor/1", 1, {"q": "junk"}, t0 + 12) == []
+
+
+def start(body: dict, msg_id: int = 1) -> Message:
+    return Message("gateway/0#1", Kind.FLOW_START, msg_id, time.time(), 0, body["run_id"], "", body)
+
+
+def sent(bus, kind):
+    return [body for _, k, body in bus.sent if k == kind]
+
+
+def test_an_enqueued_run_is_admitted_on_its_grant_journaled_before_it_runs_and_its_end_gives_the_place_back():
+    async def main():
+        flows, bus, log, _ = running_flows()
+        bus.incarnation = 3
+        await flows.handlers()[Kind.FLOW_START](start({"flow": "f", "input": 1, "run_id": "q-1", "tenant": "t",
+                                                       "queue": "q", "timeout_secs": 5, "new": True}))
+        reply = bus.sent[-1][2]
+        assert reply["status"] == "enqueued" and reply["queue"] == "q" and "timeout_at" not in reply
+        assert sent(bus, Kind.QUEUE_REQUEST) == [{"queue": "q", "run_id": "q-1", "tenant": "t"}]
+        assert not [b for b in sent(bus, Kind.TASK_SUBMIT) if b["run_id"] == "q-1"]
+        run = flows.runs["q-1"]
+        flows.dispatch(run)   # what a watchdog or a lost execution would do: it asks again, it does not run
+        assert len(sent(bus, Kind.QUEUE_REQUEST)) == 2 and not sent(bus, Kind.TASK_SUBMIT)
+
+        flows.sync_queues()
+        assert sent(bus, Kind.QUEUE_SYNC)[-1] == {"queues": {"q": {"held": [], "waiting": [["q-1", "t"]]}},
+                                                  "incarnation": 3}
+        grant = Message("scheduler#1", Kind.QUEUE_GRANT, 5, time.time(), 0, "q-1", "", {"queue": "q", "run_id": "q-1"})
+        flows.on_queue_grant(grant)
+        flows.on_queue_grant(grant)   # sent again
+        await asyncio.sleep(0.05)
+        types = [b["type"] for b in log.appended if b["run"] == "q-1"]
+        assert types == ["run.started", "run.admitted"]
+        (submit,) = [b for b in sent(bus, Kind.TASK_SUBMIT) if b["run_id"] == "q-1"]
+        assert run.summary()["status"] == "running" and run.timeout_at == pytest.approx(run.admitted_at + 5)
+        flows.sync_queues()
+        assert sent(bus, Kind.QUEUE_SYNC)[-1]["queues"] == {"q": {"held": ["q-1"], "waiting": []}}
+
+        # replayed (a restart): admitted, so not queued again
+        again = replay("q-1", list(log.appended))
+        assert again.admitted_at and not again.waits_in_queue() and flows.blocked_on(again) is None
+
+        await flows.end(run, "completed", result=1)
+        await asyncio.sleep(0.01)
+        assert sent(bus, Kind.QUEUE_RELEASE) == [{"queue": "q", "run_id": "q-1"}]
+        flows.on_queue_grant(grant)   # a grant for a run that ended: given back at once
+        assert len(sent(bus, Kind.QUEUE_RELEASE)) == 2
+
+    asyncio.run(main())
