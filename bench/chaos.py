@@ -4,7 +4,7 @@ few seconds, then an accounting done by the load generator itself.
 Load: turn clients (SSE, resumed with Last-Event-ID when a connection drops; every fourth time two
 turns at once on the session, one superseding the other; every seventh time a turn cancelled a few
 milliseconds in), checkpoint clients (numbered PUTs per session), flow clients (runs of SYNC steps
-started with an Idempotency-Key), close clients (a session filled, then closed), forks of some
+started with an Idempotency-Key, every third in a flow queue of 2 places), close clients (a session filled, then closed), forks of some
 runs and sessions (bench/chaos_forks.py), and a schedule that starts a run every second
 (bench/chaos_schedules.py), on one real process tree with full persistence and one
 worker process. Every few seconds (jittered) one role of the tree — broker, gateway, an actor,
@@ -59,6 +59,8 @@ from bench.sse_client import run_turn
 from bench.steps import start_workers, stop_workers
 
 FLOW_STEPS = 5
+QUEUE, QUEUE_LIMIT = "chaos", 2   # every QUEUED_EVERY-th run of a flow client waits for one of 2 places
+QUEUED_EVERY = 3
 VERIFY_CONCURRENCY = 16     # runs asked at once when the load has stopped
 VERIFY_SECS_PER_RUN = 0.02  # the wait for runs to finish grows by this for each run to ask
 
@@ -153,13 +155,17 @@ async def flow_client(http, base: str, index: int, ledger: Ledger, stop: asyncio
         key = f"chaos-f{index}-{n}"
         for _ in range(20):   # the same key until the server answers: a retry never starts a second run
             try:
-                async with http.post(f"{base}/v1/flows/sync_steps/runs", json={"input": FLOW_STEPS},
+                body = {"input": FLOW_STEPS}
+                if n % QUEUED_EVERY == 1:
+                    body["queue"] = QUEUE
+                async with http.post(f"{base}/v1/flows/sync_steps/runs", json=body,
                                      headers={"Idempotency-Key": key},
                                      timeout=aiohttp.ClientTimeout(total=30)) as resp:
                     body = await resp.json(content_type=None)
                     if resp.status in (200, 201):
                         ledger.flows[body["run_id"]] = key
                         ledger.tick("flows")
+                        ledger.forks["queued"] += body.get("queue") == QUEUE
                         if n % RUN_FORK_EVERY == 0:
                             await fork_run(http, base, body["run_id"], f"{key}-fork", ledger, stop)
                         break
@@ -346,7 +352,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def server_config(jsonl_dir: Path, busy_log: bool = False, bucket: dict | None = None) -> dict[str, Any]:
     config = {"storage": {"durability": "local", "jsonl_dir": str(jsonl_dir)},
-              "kernel": {"actors": 2, "max_in_flight_turns": 0, "disconnect_grace_secs": 10},
+              "kernel": {"actors": 2, "max_in_flight_turns": 0, "disconnect_grace_secs": 10,
+                         "flow_queues": f"{QUEUE}={QUEUE_LIMIT}"},
               "mock": {"ttft_ms": 50, "tokens": 24, "tps": 400},
               "provider": {"timeout_secs": 20}}
     if busy_log:

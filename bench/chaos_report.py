@@ -28,7 +28,7 @@ def accounting(args, ledger: "Ledger", kills: list[dict], checked: dict, lost_ch
         "acknowledged": {"turns": len(ledger.completed), "checkpoints": sum(map(len, ledger.checkpoints.values())),
                          "flows": len(ledger.flows), "closes": len(ledger.closed),
                          "run_forks": ledger.forks["runs"], "session_forks": ledger.forks["sessions"],
-                         "scheduled_runs": ledger.forks["scheduled"]},
+                         "scheduled_runs": ledger.forks["scheduled"], "queued_runs": ledger.forks["queued"]},
         "checkpoint_errors": {str(k): v for k, v in ledger.checkpoint_errors.items()},
         "flow_errors": {str(k): v for k, v in ledger.flow_errors.items()},
         "close_errors": {str(k): v for k, v in ledger.close_errors.items()},
@@ -49,11 +49,12 @@ def write_report(results: ResultsDir, row: dict, kills: list[dict], ledger: "Led
         f"**lost = {row['lost']}**, **hung = {row['hung']}** "
         f"(acknowledged: {acked['turns']} completed turns, {acked['checkpoints']} checkpoints, "
         f"{acked['flows']} flow runs of which {acked.get('run_forks', 0)} forks and "
-        f"{acked.get('scheduled_runs', 0)} a schedule's, {acked['closes']} closed "
+        f"{acked.get('scheduled_runs', 0)} a schedule's and {acked.get('queued_runs', 0)} a flow queue's, "
+        f"{acked['closes']} closed "
         f"sessions, {acked.get('session_forks', 0)} forked sessions)", "",
         "Lost counts a completed turn whose assistant message is missing from the transcript or differs from "
         "what was streamed, an acknowledged checkpoint missing from the log, an accepted flow run that did not "
-        "complete with its result (forks of runs too, and each second of a schedule made before the kills "
+        "complete with its result (forks of runs too, runs that waited in a flow queue, and each second of a schedule made before the kills "
         "and deleted after them), a closed session that a read still finds, a forked session that does not hold the messages it was answered with. Hung counts streams with neither a terminal event nor a clean close within "
         "the deadline.", "",
         _jsonl_line(row.get("jsonl")), "",
