@@ -12,6 +12,7 @@ from actors.flow_queues import ADOPT_SECS, QueuePools, QueueSpecError, parse_que
 from actors.flow_state import replay
 from agentos.config import Config, ConfigError, validate
 from broker.protocol import Kind, Message
+from test_delayed_starts import sent, start
 from test_flow_results_due import running_flows
 
 
@@ -55,14 +56,6 @@ def test_a_new_scheduler_adopts_what_holders_hold_before_it_grants_and_a_restart
     # a report that is not what a sync holds is passed over, not a crash
     assert pools.sync("actor/1", 1, {"q": {"held": [1, "z"], "waiting": [["y"], "x", ["w", 2]]}}, t0 + 11) == []
     assert pools.sync("actor/1", 1, {"q": "junk"}, t0 + 12) == []
-
-
-def start(body: dict, msg_id: int = 1) -> Message:
-    return Message("gateway/0#1", Kind.FLOW_START, msg_id, time.time(), 0, body["run_id"], "", body)
-
-
-def sent(bus, kind):
-    return [body for _, k, body in bus.sent if k == kind]
 
 
 def test_an_enqueued_run_is_admitted_on_its_grant_journaled_before_it_runs_and_its_end_gives_the_place_back():
