@@ -24,7 +24,8 @@ import orjson
 
 from agentos import metrics
 from actors.context_window import context
-from actors.flow_runs import Flows, TaskFailed
+from actors.flow_runs import Flows
+from actors.run_requests import TaskFailed
 from actors.flow_state import Run
 from actors.permit_client import PermitClient
 from actors.persistence import Persistence

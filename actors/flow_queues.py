@@ -8,6 +8,8 @@ The run's own journal says whether it was admitted (`run.admitted`, actors/run_q
 neither side's restart runs a queue over its limit: a new scheduler grants nothing until its
 holders have had the time of a sync to tell it what they hold, and a restarted actor lists the
 admitted runs it recovered as held in its first sync (which drops its earlier incarnation's).
+A queue taken out of `kernel.flow_queues` while runs waited in it does not hold them for good:
+they are admitted at once, with no limit left to keep.
 """
 from __future__ import annotations
 
@@ -56,7 +58,9 @@ class QueuePools:
 
     def request(self, queue: str, run_id: str, holder: str, tenant: str, now: float) -> list[QueueGrant]:
         pool = self.pools.get(queue)
-        return [] if pool is None else self._grants(queue, pool.request(run_id, holder, tenant, now))
+        if pool is None:   # a queue taken out of the config since the run was started: no limit left
+            return [(holder, queue, run_id)]
+        return self._grants(queue, pool.request(run_id, holder, tenant, now))
 
     def release(self, queue: str, run_id: str, now: float) -> list[QueueGrant]:
         pool = self.pools.get(queue)
@@ -65,6 +69,10 @@ class QueuePools:
     def sync(self, holder: str, incarnation: int, queues: dict, now: float) -> list[QueueGrant]:
         """What one actor holds and waits for in each queue; a queue it does not name, nothing."""
         grants: list[QueueGrant] = []
+        for name, listed in queues.items():
+            if name not in self.pools and isinstance(listed, dict):   # (as in `request`)
+                grants += [(holder, name, w[0]) for w in listed.get("waiting") or ()
+                           if isinstance(w, list) and w and isinstance(w[0], str)]
         for name, pool in self.pools.items():
             listed = queues.get(name) if isinstance(queues.get(name), dict) else {}
             held = [str(r) for r in listed.get("held") or () if isinstance(r, str)]

@@ -31,8 +31,9 @@ from actors.flow_queues import SYNC_SECS
 from actors.flow_state import Op, Run, apply, replay
 from actors.run_links import RunLinks
 from actors.run_queues import RunQueues
+from actors.run_tasks import RunTasks
 from actors.run_reloads import Reload, RunReloads, Stale
-from actors.run_requests import RunRequests, TaskFailed
+from actors.run_requests import RunRequests
 from actors.schedules import SCHEDULE_FLOW, Schedules
 from actors.worker_requests import WorkerRequests
 from agentos import metrics
@@ -57,7 +58,7 @@ def run_id_for_key(flow: str, tenant: str, key: str) -> str:
     return f"{flow}-{hashlib.sha1(f'{tenant}|{flow}|{key}'.encode()).hexdigest()[:20]}"
 
 
-class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules, RunQueues):
+class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules, RunQueues, RunTasks):
     def __init__(self, bus: Bus, log: LogClient, query, index: int, shards: int, logger: logging.Logger,
                  retention_secs: float = ENDED_RETENTION_SECS) -> None:
         self.bus = bus
@@ -285,44 +286,6 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules, RunQue
         self.adopted.discard(run.run_id)
         run.last_alive = time.monotonic()
         return run
-
-    # -- tasks for workers (update handlers, tools) --------------------------------------------
-
-    def task_id_of(self, future: asyncio.Future) -> str:
-        """The id `submit_task` gave the task of this future ("" once it is done)."""
-        return next((task_id for task_id, entry in self.tasks.items() if entry[0] is future), "")
-
-    def cancel_task(self, task_id: str) -> None:
-        """Stop a task wherever it is: on its worker, or still in the scheduler's queue."""
-        entry = self.tasks.pop(task_id, None)
-        if entry is None:
-            return
-        if entry[3]:
-            self.bus.send(entry[3], Kind.TASK_CANCEL, {"task_id": task_id})
-        self.bus.send(SCHEDULER, Kind.TASK_CANCEL, {"task_id": task_id})
-        if not entry[0].done():
-            entry[0].cancel()
-
-    def submit_task(self, kind: str, name: str, tenant: str, payload: Any, run_id: str = "") -> asyncio.Future:
-        self.task_counter += 1
-        task_id = f"{self.bus.name}.{self.bus.incarnation:x}.{self.task_counter}"
-        body = {"task_id": task_id, "kind": kind, "name": name, "tenant": tenant, "payload": payload}
-        if run_id:
-            body["run_id"] = run_id
-        fut = asyncio.get_running_loop().create_future()
-        self.tasks[task_id] = [fut, body, time.monotonic(), ""]
-        fut.add_done_callback(lambda _: self.tasks.pop(task_id, None))
-        self.bus.send(SCHEDULER, Kind.TASK_SUBMIT, body, session=run_id)
-        return fut
-
-    def on_task_result(self, msg: Message) -> None:
-        entry = self.tasks.get(msg.body["task_id"])
-        if entry is not None and not entry[0].done():
-            if msg.body["ok"]:
-                entry[0].set_result(msg.body.get("result"))
-            else:
-                entry[0].set_exception(TaskFailed(msg.body.get("error") or "the task failed"))
-        self.bus.reply(msg, Kind.FLOW_ACK, {"ok": True})
 
     # -- the watchdog ---------------------------------------------------------------------------
 

@@ -225,7 +225,7 @@ class Schedules:
                     code, error = "unavailable", str(exc)
                 if not code:
                     metrics.inc(metrics.schedule_starts.labels("started" if reply.body.get("created") else "repeated"))
-                    if tries > 1 or time.time() - at > 5.0:   # how late a time can start: what a reader of its runs wonders
+                    if reply.body.get("created") and (tries > 1 or time.time() - at > 5.0):   # how late a run can begin
                         self.log.info("schedule %s started %s at the %d. try, %.1f s past its time",
                                       d["name"], target, tries, time.time() - at)
                     return
