@@ -15,7 +15,8 @@ again (after a crash, or by the watchdog and the timer both) names the same run,
 starts one run, however often it is fired. A time missed while the owning actor was down or
 stalled is started when it is back if it is at most `catchup_secs` old (each such time, the latest
 MAX_CATCHUP_RUNS of them; older ones are skipped). A schedule's runs may overlap: each time
-starts its own.
+starts its own, unless the schedule names a flow queue (`queue`): then they wait for its places
+like any run of it (a queue of one: one at a time, in order).
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ DEFAULT_CATCHUP_SECS = 60.0
 MAX_CATCHUP_SECS = 7 * 86400.0
 MAX_CATCHUP_RUNS = 100              # the times one catch-up starts at most (the latest)
 START_RETRY_SECS = 60.0             # past its time and its catch-up, a start that found no actor is given up
-DEFINED = ("flow", "cron", "timezone", "input", "catchup_secs")
+DEFINED = ("flow", "cron", "timezone", "input", "catchup_secs", "queue")
 
 
 def schedule_key(internal_name: str) -> str:
@@ -94,7 +95,7 @@ class Schedules:
             self.bus.reply(msg, Kind.SCHEDULE, {"found": False, "code": "invalid_schedule", "error": str(exc)})
             return
         d = {"name": b["name"], "flow": b["flow"], "cron": b["cron"], "timezone": b.get("timezone") or "UTC",
-             "input": b.get("input"), "catchup_secs": float(catchup),
+             "input": b.get("input"), "catchup_secs": float(catchup), "queue": b.get("queue") or None,
              "updated_at": time.time()}
         async with self.schedule_locks.setdefault(key, asyncio.Lock()):
             if self.given_up(msg, "had its turn"):   # (a change waits for the one before it)
@@ -211,6 +212,8 @@ class Schedules:
         self.schedule_starting.add(target)
         body = {"flow": d["flow"], "run_id": target, "tenant": run.tenant, "input": d.get("input"),
                 "schedule": d["name"], "scheduled_at": at}
+        if d.get("queue"):   # a queue of one place: the schedule's runs never overlap, they wait their turn
+            body["queue"] = d["queue"]
         give_up = at + max(float(d["catchup_secs"]), START_RETRY_SECS)
         tries = 0
         try:

@@ -338,7 +338,7 @@ SPECS: dict[Kind, Spec] = {
     Kind.ATTR_VALUES: _spec({"found": bool}, values=dict, error=str, code=str),
     # key: `<tenant~>@sched:<name>`; name: the schedule's as its client names it
     Kind.SCHEDULE_PUT: _spec({"key": str, "tenant": str, "name": str, "flow": str, "cron": str}, timezone=str,
-                             input=object, catchup_secs=_NUM, deadline=_NUM),
+                             input=object, catchup_secs=_NUM, deadline=_NUM, queue=str),
     Kind.SCHEDULE_GET: _spec({"key": str, "tenant": str}),
     Kind.SCHEDULE_DELETE: _spec({"key": str, "tenant": str}, deadline=_NUM),
     Kind.SCHEDULE_LIST: _spec({"tenant": str}),

@@ -152,12 +152,14 @@ SCHEMAS: dict[str, Any] = {
         "input": ANY, "timezone": {"type": "string", "description": "the cron's time zone (default UTC)"},
         "catchup_secs": {"type": "number", "minimum": 0, "maximum": 7 * 86400,
                          "description": "a time missed while the server was down is started when it is back if "
-                                        "it is at most this old (default 60)"}}},
+                                        "it is at most this old (default 60)"},
+        "queue": {"type": "string", "description": "a flow queue (kernel.flow_queues) its runs wait in: with "
+                                                   "one place, they never overlap"}}},
     "Schedule": {"type": "object", "required": ["name", "flow", "cron", "timezone", "catchup_secs", "next_at"],
                  "properties": {"name": {"type": "string"}, "flow": {"type": "string"}, "cron": {"type": "string"},
                                 "timezone": {"type": "string"}, "input": ANY, "catchup_secs": {"type": "number"},
                                 "created_at": {"type": "number"}, "updated_at": {"type": "number"},
-                                "next_at": {"type": ["number", "null"]}}},
+                                "next_at": {"type": ["number", "null"]}, "queue": {"type": ["string", "null"]}}},
     "Schedules": {"type": "object", "required": ["schedules", "next_after"],
                   "properties": {"schedules": {"type": "array", "items": _ref("Schedule")},
                                  "next_after": {"type": ["string", "null"]}}},

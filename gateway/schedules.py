@@ -16,6 +16,7 @@ from broker.client import BusError
 from broker.protocol import Kind
 from broker.sharding import actor_name
 from gateway.errors import LOG_WRITE_ERRORS, ApiError, int_param, json_response
+from actors.flow_queues import parse_queues
 from gateway.flows import NAME, _check_size, _only
 from gateway.tenancy import internal
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
 MAX_NAME = 150   # its runs are named <name>-<time>, within a run id's 200 characters
 ASK_SECS = 30.0
-BODY = '{"flow": ..., "cron": ..., "input": ..., "timezone": ..., "catchup_secs": ...}'
+BODY = '{"flow": ..., "cron": ..., "input": ..., "timezone": ..., "catchup_secs": ..., "queue": ...}'
 
 
 class ScheduleRoutes:
@@ -63,7 +64,7 @@ class ScheduleRoutes:
         """Create the schedule, or change it (its next time counts from the change)."""
         tenant, key, name = self._key(request)
         body = await self.gw.json_body(request)
-        _only(body, ("flow", "cron", "input", "timezone", "catchup_secs"), BODY)
+        _only(body, ("flow", "cron", "input", "timezone", "catchup_secs", "queue"), BODY)
         flow, cron, zone = body.get("flow"), body.get("cron"), body.get("timezone", "UTC")
         if not isinstance(flow, str) or not NAME.match(flow):
             raise ApiError(400, "invalid_schedule", "flow must name a flow (1-200 letters, digits and . _ : -)")
@@ -77,9 +78,14 @@ class ScheduleRoutes:
         except CronError as exc:
             raise ApiError(400, "invalid_schedule", str(exc)) from None
         _check_size(body.get("input"), "input")
-        reply = await self._ask(actor_name(key, self.gw.shards), Kind.SCHEDULE_PUT, {
-            "key": key, "tenant": tenant, "name": name, "flow": flow, "cron": cron, "timezone": zone,
-            "input": body.get("input"), "catchup_secs": float(catchup)}, session=key)
+        queue = body.get("queue")
+        if queue is not None and queue not in parse_queues(self.gw.config.kernel.flow_queues):
+            raise ApiError(400, "unknown_queue", "queue must name a flow queue of this server (kernel.flow_queues)")
+        put = {"key": key, "tenant": tenant, "name": name, "flow": flow, "cron": cron, "timezone": zone,
+               "input": body.get("input"), "catchup_secs": float(catchup)}
+        if queue is not None:
+            put["queue"] = queue
+        reply = await self._ask(actor_name(key, self.gw.shards), Kind.SCHEDULE_PUT, put, session=key)
         return json_response(reply["schedule"], status=201 if reply.get("created") else 200)
 
     async def get(self, request: web.Request) -> web.Response:

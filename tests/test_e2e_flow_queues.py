@@ -1,6 +1,7 @@
 """End-to-end: flow queues (`kernel.flow_queues`) on the real process set — a queue's runs wait
 `enqueued` and run at most its limit at once, also through a kill -9 of an actor holding some of
-them; an enqueued run can be cancelled and never runs; a start naming no such queue is a 400."""
+them; an enqueued run can be cancelled and never runs; a run or a schedule naming no such queue
+is a 400."""
 import json
 import time
 
@@ -29,6 +30,13 @@ def test_a_queue_runs_at_most_its_limit_at_once_through_an_actors_kill(make_serv
     base, log = server.url, tmp_path / "occupied.txt"
     status, _, body = start(base, {"file": str(log)}, queue="three")
     assert (status, body["error"]["code"]) == (400, "unknown_queue") and "one, two" in body["error"]["message"]
+    # a schedule's runs may wait in a queue too (one place: they never overlap)
+    yearly = {"flow": "queued", "cron": "0 0 1 1 *", "input": {"file": str(log)}}
+    status, _, body = get_json(f"{base}/v1/schedules/yearly", method="PUT",
+                               body=json.dumps({**yearly, "queue": "three"}).encode())
+    assert (status, body["error"]["code"]) == (400, "unknown_queue")
+    status, _, body = get_json(f"{base}/v1/schedules/yearly", method="PUT", body=json.dumps({**yearly, "queue": "one"}).encode())
+    assert status == 201 and body["queue"] == "one"
 
     runs = []
     for i in range(8):

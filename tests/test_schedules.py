@@ -120,10 +120,15 @@ def test_a_schedule_is_saved_as_a_run_armed_on_a_timer_and_each_time_starts_one_
         assert body["scheduled_at"] == timer["due"] and dest.startswith("actor/")
         assert flows.schedule_next[run.run_id] > timer["due"]             # the next time is armed
 
-        changed = {**DEFINITION, "cron": "0 0 * * *"}
+        assert "queue" not in body and reply["schedule"]["queue"] is None
+        changed = {**DEFINITION, "cron": "0 0 * * *", "queue": "nightly"}   # its runs now wait in a flow queue
         await handlers[Kind.SCHEDULE_PUT](ask(Kind.SCHEDULE_PUT, changed, 3))
         assert bus.sent[-1][2]["created"] is False and log.appended[-1]["type"] == "attr.set"
+        assert bus.sent[-1][2]["schedule"]["queue"] == "nightly"
         assert flows.schedule_next[run.run_id] % 86400 == 0
+        started.clear()
+        await flows._start_scheduled(run, changed, 86400.0)
+        assert started[0][1]["queue"] == "nightly"
 
         await handlers[Kind.SCHEDULE_LIST](ask(Kind.SCHEDULE_LIST, {"tenant": "acme"}, 4))
         assert [s["name"] for s in bus.sent[-1][2]["schedules"]] == ["tick"]
