@@ -301,15 +301,18 @@ class FlowContext:
             return go.get("result")
         raise WaitTimeout(f"no message on channel {channel!r} within {timeout}s")
 
-    async def child(self, flow: str | Callable[..., Any], input: Any = None, run_id: str | None = None) -> Any:
-        """Start a child flow — its name, or the flow function itself — and wait for its result."""
+    async def child(self, flow: str | Callable[..., Any], input: Any = None, run_id: str | None = None,
+                    queue: str | None = None) -> Any:
+        """Start a child flow — its name, or the flow function itself — and wait for its result;
+        with `queue` (one of the server's `kernel.flow_queues`), it waits there for a place."""
         if callable(flow):                # the name this worker's app registered it under
             flows = getattr(getattr(self._rt, "app", None), "flows", {})
             flow = next((name for name, fn in flows.items() if fn is flow), flow.__name__)
         if not isinstance(flow, str):
             raise TypeError(f"ctx.child takes a flow (its function or its name), not {type(flow).__name__}")
         check_encodable(input, "a child flow's input")
-        go = await self._op("child", flow, input=input, **({"child": run_id} if run_id else {}))
+        go = await self._op("child", flow, input=input, **({"child": run_id} if run_id else {}),
+                            **({"queue": queue} if queue else {}))
         if go.get("ok", True):
             return go.get("result")
         raise ChildFailed(f"child flow {flow!r} did not complete: {go.get('error', '')}")

@@ -129,13 +129,15 @@ class WorkerRequests:
             await self.record(run, "child.started", seq=seq, name=b["name"], child=child)
             op = run.ops[seq]
         self.bus.reply(msg, Kind.STEP_GO, {"action": _park(run)})
-        self.bus.spawn(self._start_child_run(run, op, b.get("input")))
+        self.bus.spawn(self._start_child_run(run, op, b.get("input"), b.get("queue")))
 
-    async def _start_child_run(self, run: Run, op: Op, child_input: Any) -> None:
+    async def _start_child_run(self, run: Run, op: Op, child_input: Any, queue: str | None = None) -> None:
+        start = {"flow": op.name, "run_id": op.child, "tenant": run.tenant, "input": child_input,
+                 "parent": run.run_id, "parent_seq": op.seq, "parent_actor": self.bus.name}
+        if queue:
+            start["queue"] = queue
         try:
-            reply = await self.bus.request(actor_name(op.child, self.shards), Kind.FLOW_START, {
-                "flow": op.name, "run_id": op.child, "tenant": run.tenant, "input": child_input,
-                "parent": run.run_id, "parent_seq": op.seq, "parent_actor": self.bus.name}, timeout=30.0)
+            reply = await self.bus.request(actor_name(op.child, self.shards), Kind.FLOW_START, start, timeout=30.0)
         except BusError as exc:
             self.log.warning("could not start child %s of %s: %s (retried on the next dispatch)", op.child,
                              run.run_id, exc)

@@ -307,7 +307,7 @@ SPECS: dict[Kind, Spec] = {
     # op: step, sleep, wait, child, attr_set; with the op's own fields (see actors/flow_runs.py)
     Kind.STEP_START: _spec({"run_id": str, "exec": int, "seq": int, "op": str, "name": str}, sync=bool,
                            max_attempts=int, due=_NUM, channel=str, timeout=_NUM, flow=str, input=object,
-                           child=str, key=str, value=object, results_due=list),
+                           child=str, key=str, value=object, results_due=list, queue=str),
     # action: run (attempt), replay (recorded outcome), suspend (wait for a timer, message or child),
     # continue (a wait/sleep already satisfied), fail (retries spent), abort (execution superseded)
     Kind.STEP_GO: _spec({"action": str}, attempt=int, ok=bool, result=object, error=str, heartbeat=object),

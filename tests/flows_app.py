@@ -328,6 +328,10 @@ async def queued(ctx, args):
     return await ctx.step(occupy, args["file"], ctx.run_id, args.get("secs", 0.5), name="occupy")
 
 
+async def parent_in_queue(ctx, args):
+    return await ctx.child(queued, args, run_id=args["child"], queue=args["queue"])
+
+
 @tool(description="Read a file's raw bytes", parameters={"type": "object", "properties": {"q": {"type": "string"}}})
 def read_raw(q):
     return {"name": q, "bytes": b"\x00\x01"}   # msgpack carries bytes; JSON, what the model reads, does not
@@ -336,5 +340,5 @@ def read_raw(q):
 app = App(flows=[five_steps, async_then_sync, async_then_sleep, async_gate_sleep, sync_then_check, sleeper, waiter, async_steps, with_attrs, parent, child, failing,
                  flaky, branchy, unencodable, returns_bytes, big_steps, sleeps_an_hour, parent_of_sleeper,
                  parent_of_waiter, one_blocking_step, kills_its_worker,
-                 stuck_step_then_retry, bytes_step, forkable, ticked, queued],
+                 stuck_step_then_retry, bytes_step, forkable, ticked, queued, parent_in_queue],
           tools=[get_weather, search, read_raw], updates={"incr": incr, "unencodable": unencodable_update})

@@ -67,3 +67,14 @@ def test_a_queue_runs_at_most_its_limit_at_once_through_an_actors_kill(make_serv
     assert status == 201 and second["status"] == "enqueued" and "timeout_at" not in second
     done = get_json(f"{base}/v1/runs/short?wait=30")[2]
     assert done["status"] == "completed" and done["timeout_at"] > began + 1.5, done
+
+    # a flow's child in a queue (ctx.child(..., queue=)) waits there like any run
+    start(base, {"file": str(log), "secs": 2.0}, queue="one", run_id="long-2")
+    status, _, parent = get_json(f"{base}/v1/flows/parent_in_queue/runs", method="POST", body=json.dumps(
+        {"input": {"file": str(log), "secs": 0.1, "queue": "one", "child": "queued-child"}}).encode())
+    assert status == 201
+    wait_until(lambda: get_json(f"{base}/v1/runs/queued-child")[2].get("status") == "enqueued", 20,
+               "the child to wait in its queue")
+    done = get_json(f"{base}/v1/runs/{parent['run_id']}?wait=30")[2]
+    assert done["status"] == "completed" and done["result"] == "queued-child", done
+    assert get_json(f"{base}/v1/runs/queued-child")[2]["queue"] == "one"
