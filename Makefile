@@ -18,7 +18,7 @@ install: $(STAMP)
 # Every process of a tree imports the project's modules: compiled once here, they are read from
 # __pycache__ even where PYTHONDONTWRITEBYTECODE keeps Python from writing them itself (each tree
 # start compiled ~110 modules from source again, about 0.15 s of CPU per process).
-BYTECODE := $(PY) -m compileall -q -j 0 agentos actors broker gateway storage bench tests
+BYTECODE := $(PY) -m compileall -q -j 0 -x "bench/results/" agentos actors broker gateway storage bench tests
 
 run: $(STAMP)
 	$(BYTECODE)
