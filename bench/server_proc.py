@@ -40,15 +40,24 @@ def deep_merge(base: dict, extra: dict) -> dict:
     return out
 
 
-def wait_until(predicate, timeout: float, what: str, interval: float = 0.02):
+MAX_PAUSE = 0.2
+
+
+def wait_until(predicate, timeout: float, what: str, interval: float | None = None):
+    """`predicate()` until it is true. Without an `interval`, asked every 20 ms at first and less
+    often the longer it takes, up to every 200 ms: most predicates are HTTP requests that cost
+    CPU in the asker and in two or three processes of the tree."""
     deadline = time.monotonic() + timeout
+    pause = interval or 0.02
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
+        time.sleep(pause)
+        if interval is None:
+            pause = min(pause * 1.25, MAX_PAUSE)
 
 
 def pid_alive(pid: int) -> bool:
