@@ -28,9 +28,11 @@ run: $(STAMP)
 # (TEST_WORKERS=0 runs it in this process, in order).
 TEST_WORKERS ?= 4
 
+# pytest keeps the test modules it rewrote for their asserts only where bytecode may be written:
+# collecting the suite took 4.7 s of CPU in each worker without them, 1.6 s with.
 test: $(STAMP)
 	$(BYTECODE)
-	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
