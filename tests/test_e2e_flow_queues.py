@@ -1,6 +1,6 @@
 """End-to-end: flow queues (`kernel.flow_queues`) on the real process set — a queue's runs wait
 `enqueued` and run at most its limit at once, also through a kill -9 of an actor holding some of
-them; an enqueued run can be cancelled and never runs; a run or a schedule naming no such queue
+them and of the scheduler; an enqueued run can be cancelled and never runs; a run or a schedule naming no such queue
 is a 400."""
 import json
 import time
@@ -48,8 +48,12 @@ def test_a_queue_runs_at_most_its_limit_at_once_through_an_actors_kill(make_serv
     assert (status, cancelled["status"]) == (200, "cancelled")
 
     wait_until(lambda: log.exists() and log.read_text().count("+") >= 2, 30, "the first two to run")
-    # the actor of some of them, killed while they run or wait: admissions are in their journals
+    # the actor of some of them, killed while they run or wait: admissions are in their journals;
+    # then the scheduler, which holds the places: a new one grants nothing until the actors said
+    # what they hold
     server.kill9(actor_name("q-0", 2))
+    wait_until(lambda: log.read_text().count("-") >= 1, 30, "a run to end")
+    server.kill9("scheduler")
     for run_id in runs[:7]:
         wait_until(lambda: get_json(f"{base}/v1/runs/{run_id}?wait=10")[2].get("status") == "completed", 60,
                    f"{run_id} to complete")

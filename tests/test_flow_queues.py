@@ -56,6 +56,14 @@ def test_a_new_scheduler_adopts_what_holders_hold_before_it_grants_and_a_restart
     # actor/0 restarted: its new incarnation recovered `a` admitted and `b` ended
     got = pools.sync("actor/0", 2, {"q": {"held": ["a"], "waiting": [["c", "t"]]}}, t0 + 10)
     assert got == [("actor/0", "q", "c")]
+    # two actors report after a restart of the scheduler, actor/0 first: its waiting run does not
+    # take the place actor/1 still holds (the wait for the holders' reports)
+    pools = QueuePools({"q": 2}, t0)
+    assert pools.sync("actor/0", 1, {"q": {"held": ["a"], "waiting": [["c", "t"]]}}, t0 + 0.5) == []
+    assert pools.tick(t0 + 1) == []
+    assert pools.sync("actor/1", 1, {"q": {"held": ["b"], "waiting": []}}, t0 + 1.5) == []
+    assert pools.tick(t0 + ADOPT_SECS + 1) == []          # a and b hold both places
+    assert pools.release("q", "a", t0 + ADOPT_SECS + 2) == [("actor/0", "q", "c")]
     # a report that is not what a sync holds is passed over, not a crash
     assert pools.sync("actor/1", 1, {"q": {"held": [1, "z"], "waiting": [["y"], "x", ["w", 2]]}}, t0 + 11) == []
     assert pools.sync("actor/1", 1, {"q": "junk"}, t0 + 12) == []
