@@ -20,6 +20,7 @@ from gateway.errors import LOG_WRITE_ERRORS, ApiError, int_param, json_response
 from gateway.tenancy import external, internal
 
 if TYPE_CHECKING:
+    from agentos.config import Config
     from gateway.app import Gateway
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,199}$")
@@ -113,11 +114,19 @@ def _start_at(body: dict) -> float | None:
     return float(at) if at > now else None   # a time past: at once
 
 
+def known_queue(config: Config, body: dict) -> str | None:
+    """The body's `queue`, if any: one of `kernel.flow_queues` (400 if not)."""
+    queue, queues = body.get("queue"), parse_queues(config.kernel.flow_queues)
+    if queue is not None and queue not in queues:
+        raise ApiError(400, "unknown_queue", f"queue must name a flow queue of this server (kernel.flow_queues): "
+                                             f"{', '.join(sorted(queues)) or 'it has none'}")
+    return queue
+
+
 class FlowRoutes:
     def __init__(self, gateway: "Gateway") -> None:
         self.gw = gateway
         self.client = FlowClient(gateway.bus, gateway.shards)
-        self.queues = parse_queues(gateway.config.kernel.flow_queues)
 
     def _run(self, request: web.Request) -> tuple[str, str, str]:
         """(tenant, run id inside the server, run id as the client names it)."""
@@ -136,10 +145,7 @@ class FlowRoutes:
         if timeout is not None and (type(timeout) not in (int, float) or not 0 < timeout <= MAX_DELAY_SECS):
             raise ApiError(400, "invalid_timeout", f"timeout_secs must be a number of seconds above 0, at most "
                                                    f"{MAX_DELAY_SECS}")
-        queue = body.get("queue")
-        if queue is not None and queue not in self.queues:
-            raise ApiError(400, "unknown_queue", f"queue must name a flow queue of this server (kernel.flow_queues): "
-                                                 f"{', '.join(sorted(self.queues)) or 'it has none'}")
+        queue = known_queue(self.gw.config, body)
         chosen, new = self.client.run_id(flow, tenant, *_new_run(request, body))
         try:
             run = await self.client.start_run(flow, body.get("input"), internal(tenant, chosen), new, tenant,

@@ -16,8 +16,7 @@ from broker.client import BusError
 from broker.protocol import Kind
 from broker.sharding import actor_name
 from gateway.errors import LOG_WRITE_ERRORS, ApiError, int_param, json_response
-from actors.flow_queues import parse_queues
-from gateway.flows import NAME, _check_size, _only
+from gateway.flows import NAME, _check_size, _only, known_queue
 from gateway.tenancy import internal
 
 if TYPE_CHECKING:
@@ -78,9 +77,7 @@ class ScheduleRoutes:
         except CronError as exc:
             raise ApiError(400, "invalid_schedule", str(exc)) from None
         _check_size(body.get("input"), "input")
-        queue = body.get("queue")
-        if queue is not None and queue not in parse_queues(self.gw.config.kernel.flow_queues):
-            raise ApiError(400, "unknown_queue", "queue must name a flow queue of this server (kernel.flow_queues)")
+        queue = known_queue(self.gw.config, body)
         put = {"key": key, "tenant": tenant, "name": name, "flow": flow, "cron": cron, "timezone": zone,
                "input": body.get("input"), "catchup_secs": float(catchup)}
         if queue is not None:
