@@ -15,7 +15,9 @@ from aiohttp import web
 
 from actors.flow_client import WAITABLE, FlowClient, FlowError
 from actors.flow_queues import parse_queues
-from broker.protocol import MAX_VALUE_BYTES
+from broker.client import BusError
+from broker.protocol import MAX_VALUE_BYTES, Kind
+from broker.sharding import SCHEDULER
 from gateway.errors import LOG_WRITE_ERRORS, ApiError, int_param, json_response
 from gateway.tenancy import external, internal
 
@@ -169,6 +171,19 @@ class FlowRoutes:
         except FlowError as exc:
             raise _error(exc) from None
         return json_response(_outward(run, tenant), status=201 if run.get("created") else 200)
+
+    async def queues(self, request: web.Request) -> web.Response:
+        """The flow queues (`kernel.flow_queues`): each one's limit, runs admitted and runs waiting,
+        across tenants, as the scheduler that holds their places counts them."""
+        self.gw.tenant_of(request)   # (authenticated like every route)
+        try:
+            reply = await self.gw.bus.request(SCHEDULER, Kind.STATS, {}, timeout=5.0, attempt_secs=2.5)
+        except BusError as exc:
+            raise ApiError(503, "unavailable", f"the scheduler did not answer: {exc}") from None
+        counts = (reply.body.get("stats") or {}).get("flow_queues") or {}
+        return json_response({"queues": [{"name": name, "limit": limit, **{k: counts.get(name, {}).get(k, 0)
+                                                                        for k in ("running", "waiting")}}
+                                         for name, limit in parse_queues(self.gw.config.kernel.flow_queues).items()]})
 
     async def get(self, request: web.Request) -> web.Response:
         tenant, run_id, outward_id = self._run(request)

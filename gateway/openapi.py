@@ -362,6 +362,14 @@ PATHS: dict[str, dict] = {
         "requestBody": {"required": True, "content": _json(_ref("Publish"))},
         "responses": {"202": {"description": "published", "content": _json(_ref("Published"))},
                       **_errors(400, 401, 404, 409, 413, 503, 507)}}},
+    "/v1/queues": {"get": {
+        "summary": "The flow queues (kernel.flow_queues): each one's limit, runs admitted and runs waiting",
+        "responses": {"200": {"description": "every queue", "content": _json({
+            "type": "object", "required": ["queues"], "properties": {"queues": {"type": "array", "items": {
+                "type": "object", "required": ["name", "limit", "running", "waiting"],
+                "properties": {"name": {"type": "string"}, "limit": {"type": "integer"},
+                               "running": {"type": "integer"}, "waiting": {"type": "integer"}}}}}})},
+                      **_errors(401, 503)}}},
     "/v1/schedules": {"get": {
         "summary": "The tenant's schedules, by name",
         "parameters": [_param("after", NAME, "query", False, "cursor: the schedules after this name"),

@@ -44,6 +44,10 @@ def test_a_queue_runs_at_most_its_limit_at_once_through_an_actors_kill(make_serv
         assert status == 201 and body["queue"] == "two", body
         runs.append(body["run_id"])
     assert body["status"] == "enqueued"   # the 8th: two places, and none given yet
+    status, _, listed = get_json(f"{base}/v1/queues")
+    assert status == 200 and [q["name"] for q in listed["queues"]] == ["two", "one"]
+    two = listed["queues"][0]
+    assert two["limit"] == 2 and two["running"] <= 2 and two["waiting"] >= 1   # the 8th at least waits
     status, _, cancelled = get_json(f"{base}/v1/runs/q-7:cancel", method="POST")
     assert (status, cancelled["status"]) == (200, "cancelled")
 
@@ -62,6 +66,7 @@ def test_a_queue_runs_at_most_its_limit_at_once_through_an_actors_kill(make_serv
     assert "q-7" not in log.read_text()   # cancelled while it waited: never ran
     wait_until(lambda: scrape(base).get('agentos_flow_queue_running{queue="two"}') == 0, 10, "the places back")
     assert scrape(base).get('agentos_flow_queue_waiting{queue="two"}') == 0
+    assert get_json(f"{base}/v1/queues")[2]["queues"][0] == {"name": "two", "limit": 2, "running": 0, "waiting": 0}
 
     # a queued run's timeout counts from its admission: behind a 2 s run in a queue of one, a
     # 1.5 s timeout does not cancel the second before it got to run
