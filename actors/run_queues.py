@@ -12,6 +12,7 @@ limit by a crash.
 """
 from __future__ import annotations
 
+import asyncio
 import time
 
 from actors.flow_state import Run
@@ -30,14 +31,14 @@ class RunQueues:
         self.bus.send(SCHEDULER, Kind.QUEUE_RELEASE, {"queue": run.queue, "run_id": run.run_id}, session=run.run_id)
 
     def on_queue_grant(self, msg: Message) -> None:
-        run = self.runs.get(msg.body["run_id"])
-        if run is None or run.ended or run.queue != msg.body["queue"]:
-            if run is None or run.ended:   # (not ours to give back for a run on its way back: it asks again)
-                if msg.body["run_id"] not in self.reloading:
-                    self.bus.send(SCHEDULER, Kind.QUEUE_RELEASE, dict(msg.body), session=msg.body["run_id"])
+        run_id = msg.body["run_id"]
+        run = self.runs.get(run_id)
+        if run is None or run.ended:   # (not for a run on its way back from its journal: it asks again)
+            if run_id not in self.reloading:
+                self.bus.send(SCHEDULER, Kind.QUEUE_RELEASE, dict(msg.body), session=run_id)
             return
-        if run.admitted_at or run.run_id in self.admitting or run.stale:
-            return   # a grant sent again
+        if run.queue != msg.body["queue"] or run.admitted_at or run_id in self.admitting or run.stale:
+            return   # a grant sent again, or not this run's queue
         self.admitting.add(run.run_id)
         self.bus.spawn(self.or_reload(run, self._admit(run)))
 
@@ -49,12 +50,9 @@ class RunQueues:
         if not run.ended and self.blocked_on(run) is None:
             self.dispatch(run)
 
-    def queue_ended(self, run: Run, appended) -> None:
+    def queue_ended(self, run: Run, appended: asyncio.Future) -> None:
         """The run's end is being appended: its place goes back once that is in the log."""
-        if appended is None:
-            self.release_place(run)
-        else:
-            appended.add_done_callback(lambda fut: fut.cancelled() or fut.exception() or self.release_place(run))
+        appended.add_done_callback(lambda fut: fut.cancelled() or fut.exception() or self.release_place(run))
 
     def sync_queues(self) -> None:
         queues: dict[str, dict[str, list]] = {}
