@@ -1,5 +1,6 @@
 """Flow queues: at most `limit` runs of a queue run at once, across all actors (as DBOS's
-`Queue(concurrency=...)`). The scheduler's side: one `PermitPool` per queue whose permits are run
+`Queue(concurrency=...)`), and with a rate, at most `starts` of its runs admitted in any
+`per_secs` (as DBOS's `limiter`). The scheduler's side: one pool per queue whose permits are run
 ids, so a place goes FIFO within a tenant and round-robin between tenants, and what its holders
 (actors) report in their periodic sync is trusted as for provider permits: a run an actor no
 longer lists gives its place back, one it lists that the pool does not know is adopted.
@@ -8,53 +9,134 @@ The run's own journal says whether it was admitted (`run.admitted`, actors/run_q
 neither side's restart runs a queue over its limit: a new scheduler grants nothing until its
 holders have had the time of a sync to tell it what they hold, and a restarted actor lists the
 admitted runs it recovered as held in its first sync (which drops its earlier incarnation's).
+The rate's window is kept the same way: each actor reports its admissions of the last window
+with their ages, so a new scheduler counts them (only a restart of an actor together with the
+scheduler forgets that actor's admissions of runs that have ended since).
 A queue taken out of `kernel.flow_queues` while runs waited in it does not hold them for good:
 they are admitted at once, with no limit left to keep.
 """
 from __future__ import annotations
 
+import heapq
+import math
 import re
+from dataclasses import dataclass, field
 
-from actors.permits import PermitPool
+from actors.permits import Grant, PermitPool
 
 SYNC_SECS = 2.0                  # an actor's report of its queued runs (actors/run_queues.py)
 ADOPT_SECS = SYNC_SECS + 1.0     # a new scheduler's wait for those reports before its first grant
 MAX_LIMIT = 100_000
+MAX_WINDOW_SECS = 86_400.0
 _NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}\Z")
+_RATE = re.compile(r"(\d+)/(\d+(?:\.\d+)?)s?\Z")
+_UNLIMITED = 10 ** 9             # a rate alone: the pool's places never run out
 
 
 class QueueSpecError(ValueError):
     pass
 
 
-def parse_queues(spec: str) -> dict[str, int]:
-    """`"reports=2, mail=10"` -> {"reports": 2, "mail": 10}."""
-    queues: dict[str, int] = {}
+@dataclass(frozen=True, slots=True)
+class QueueSpec:
+    limit: int | None            # runs at once (None: no limit, a rate alone)
+    starts: int = 0              # with `per_secs`: at most this many admitted in any window of it
+    per_secs: float = 0.0
+
+    def rate(self) -> dict | None:
+        return {"starts": self.starts, "per_secs": self.per_secs} if self.starts else None
+
+
+def parse_queues(spec: str) -> dict[str, QueueSpec]:
+    """`"reports=2, mail=10@50/30s, hooks=*@5/1s"` -> reports: 2 at once; mail: 10 at once and
+    50 admitted in any 30 s; hooks: 5 admitted in any second, however many run."""
+    queues: dict[str, QueueSpec] = {}
     for part in (p.strip() for p in spec.split(",")):
         if not part:
             continue
-        name, sep, limit = (x.strip() for x in part.partition("="))
+        name, sep, value = (x.strip() for x in part.partition("="))
         if not sep or not _NAME.match(name):
-            raise QueueSpecError(f"{part!r}: each queue is name=limit, a name of letters, digits and _.:-")
-        if not limit.isdigit() or not 1 <= int(limit) <= MAX_LIMIT:
-            raise QueueSpecError(f"{part!r}: a queue's limit is a whole number, 1 to {MAX_LIMIT:,}")
+            raise QueueSpecError(f"{part!r}: each queue is name=limit or name=limit@starts/secs, a name of "
+                                 "letters, digits and _.:-")
+        limit, at, rate = (x.strip() for x in value.partition("@"))
+        if at:
+            matched = _RATE.match(rate)
+            if not matched:
+                raise QueueSpecError(f"{part!r}: a queue's rate is starts/seconds, as 50/30s")
+            starts, per_secs = int(matched[1]), float(matched[2])
+            if not 1 <= starts <= MAX_LIMIT or not 0 < per_secs <= MAX_WINDOW_SECS:
+                raise QueueSpecError(f"{part!r}: a rate's starts are 1 to {MAX_LIMIT:,}, "
+                                     f"its seconds more than 0 and at most {MAX_WINDOW_SECS:,.0f}")
+        else:
+            starts, per_secs = 0, 0.0
+        if limit == "*" and at:
+            places = None
+        elif not limit.isdigit() or not 1 <= int(limit) <= MAX_LIMIT:
+            raise QueueSpecError(f"{part!r}: a queue's limit is a whole number, 1 to {MAX_LIMIT:,} "
+                                 "(or * with a rate: no limit of runs at once)")
+        else:
+            places = int(limit)
         if name in queues:
             raise QueueSpecError(f"queue {name!r} is named twice")
-        queues[name] = int(limit)
+        queues[name] = QueueSpec(places, starts, per_secs)
     return queues
+
+
+@dataclass
+class QueuePool(PermitPool):
+    """A `PermitPool` whose grants also keep to a rate: `starts` at most in any `per_secs`."""
+    starts: int = 0
+    per_secs: float = 0.0
+    window: list = field(default_factory=list)          # heap of (admitted at, run id), the last per_secs
+    in_window: set = field(default_factory=set)
+
+    def note_start(self, run_id: str, at: float, now: float) -> None:
+        """A run admitted at `at` (an actor's report to a new scheduler): it counts in the window."""
+        if self.starts and run_id not in self.in_window and at > now - self.per_secs:
+            heapq.heappush(self.window, (at, run_id))
+            self.in_window.add(run_id)
+
+    def started_in_window(self, now: float) -> int:
+        window = self.window
+        while window and window[0][0] <= now - self.per_secs:
+            self.in_window.discard(heapq.heappop(window)[1])
+        return len(window)
+
+    def _grant(self, now: float) -> list[Grant]:
+        if not self.starts:
+            return super()._grant(now)
+        room = self.starts - self.started_in_window(now)
+        if room <= 0:
+            return []
+        places, self.limit = self.limit, min(self.limit, len(self.held) + room)
+        try:
+            grants = super()._grant(now)
+        finally:
+            self.limit = places
+        for _, run_id in grants:
+            self.note_start(run_id, now, now)
+        return grants
 
 
 QueueGrant = tuple[str, str, str]   # (holder, queue, run id)
 
 
 class QueuePools:
-    def __init__(self, limits: dict[str, int], now: float) -> None:
-        self.pools = {name: PermitPool(limit=limit) for name, limit in limits.items()}
+    def __init__(self, specs: dict[str, QueueSpec], now: float) -> None:
+        self.specs = specs
+        self.pools = {name: QueuePool(limit=_UNLIMITED if spec.limit is None else spec.limit,
+                                      starts=spec.starts, per_secs=spec.per_secs)
+                      for name, spec in specs.items()}
         for pool in self.pools.values():
             pool.paused_until = now + ADOPT_SECS
 
     def _grants(self, queue: str, grants) -> list[QueueGrant]:
         return [(holder, queue, run_id) for holder, run_id in grants]
+
+    def window_secs(self, queue: str) -> float:
+        """How long an actor reports a run of `queue` as admitted (0: the queue has no rate)."""
+        spec = self.specs.get(queue)
+        return spec.per_secs if spec is not None and spec.starts else 0.0
 
     def request(self, queue: str, run_id: str, holder: str, tenant: str, now: float) -> list[QueueGrant]:
         pool = self.pools.get(queue)
@@ -67,7 +149,9 @@ class QueuePools:
         return [] if pool is None else self._grants(queue, pool.release(run_id, now))
 
     def sync(self, holder: str, incarnation: int, queues: dict, now: float) -> list[QueueGrant]:
-        """What one actor holds and waits for in each queue; a queue it does not name, nothing."""
+        """What one actor holds and waits for in each queue, and the runs it admitted within a
+        rate's window with their ages (`started`: [[run id, seconds ago]]); a queue it does not
+        name, nothing."""
         grants: list[QueueGrant] = []
         for name, listed in queues.items():
             if name not in self.pools and isinstance(listed, dict):   # (as in `request`)
@@ -75,6 +159,10 @@ class QueuePools:
                            if isinstance(w, list) and w and isinstance(w[0], str)]
         for name, pool in self.pools.items():
             listed = queues.get(name) if isinstance(queues.get(name), dict) else {}
+            for started in listed.get("started") or ():
+                if (isinstance(started, list) and len(started) == 2 and isinstance(started[0], str)
+                        and type(started[1]) in (int, float) and math.isfinite(started[1])):
+                    pool.note_start(started[0], now - max(0.0, started[1]), now)
             held = [str(r) for r in listed.get("held") or () if isinstance(r, str)]
             waiting = [w for w in listed.get("waiting") or ()
                        if isinstance(w, list) and len(w) == 2 and all(isinstance(x, str) for x in w)]
@@ -90,6 +178,13 @@ class QueuePools:
             grants += self._grants(name, pool.tick(now))
         return grants
 
-    def stats(self) -> dict[str, dict[str, int]]:
-        return {name: {"limit": pool.limit, "running": len(pool.held), "waiting": len(pool.waiting)}
-                for name, pool in self.pools.items()}
+    def stats(self, now: float) -> dict[str, dict]:
+        """Each queue's limit (None: a rate alone), runs admitted and not ended, runs waiting, and
+        with a rate, the runs admitted in its last window."""
+        out: dict[str, dict] = {}
+        for name, pool in self.pools.items():
+            spec = self.specs[name]
+            out[name] = {"limit": spec.limit, "running": len(pool.held), "waiting": len(pool.waiting)}
+            if spec.starts:
+                out[name]["started_in_window"] = pool.started_in_window(now)
+        return out

@@ -183,6 +183,8 @@ class Run:
             body["timeout_at"] = self.timeout_at
         if self.queue:
             body["queue"] = self.queue
+            if self.admitted_at:
+                body["admitted_at"] = self.admitted_at
         if self.parent:
             body["parent"] = self.parent
         if self.forked_from:

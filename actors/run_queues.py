@@ -6,7 +6,8 @@ dispatch) and gives the place back when the run's end is in the log.
 
 Every SYNC_SECS it tells the scheduler what it holds (admitted runs) and waits for, which is how
 a lost request, grant or release, or a restart of either side, comes right: a place nobody
-lists goes back to the queue. A run's admission is in its journal, so a restarted actor lists
+lists goes back to the queue. For a queue with a rate it also lists the runs it admitted within
+the rate's window (which the grant tells), with their ages: what a new scheduler counts. A run's admission is in its journal, so a restarted actor lists
 the admitted runs it recovered as held, not as new requests, and a queue is not run over its
 limit by a crash.
 """
@@ -40,13 +41,15 @@ class RunQueues:
         if run.queue != msg.body["queue"] or run.admitted_at or run_id in self.admitting or run.stale:
             return   # a grant sent again, or not this run's queue
         self.admitting.add(run.run_id)
-        self.bus.spawn(self.or_reload(run, self._admit(run)))
+        self.bus.spawn(self.or_reload(run, self._admit(run, float(msg.body.get("window_secs") or 0.0))))
 
-    async def _admit(self, run: Run) -> None:
+    async def _admit(self, run: Run, window_secs: float) -> None:
         try:
             await self.record(run, "run.admitted")
         finally:
             self.admitting.discard(run.run_id)
+        if window_secs > 0 and run.admitted_at:
+            self.queue_starts[run.run_id] = (run.queue, run.admitted_at, window_secs)
         if not run.ended and self.blocked_on(run) is None:
             self.dispatch(run)
 
@@ -65,6 +68,12 @@ class RunQueues:
                 mine["held"].append(run.run_id)
             elif not run.waits_to_start(now):
                 mine["waiting"].append([run.run_id, run.tenant])
+        for run_id, (queue, admitted_at, window_secs) in list(self.queue_starts.items()):
+            if now - admitted_at >= window_secs:
+                del self.queue_starts[run_id]
+            else:
+                queues.setdefault(queue, {"held": [], "waiting": []}).setdefault("started", []).append(
+                    [run_id, round(max(0.0, now - admitted_at), 3)])
         if queues or self.queues_synced:   # (an actor that never had a queued run stays quiet)
             self.queues_synced = True
             self.bus.send(SCHEDULER, Kind.QUEUE_SYNC, {"queues": queues, "incarnation": self.bus.incarnation})

@@ -124,7 +124,11 @@ class Scheduler:
 
     def _admit(self, grants: list[QueueGrant]) -> None:
         for holder, queue, run_id in grants:
-            self.bus.send(holder, Kind.QUEUE_GRANT, {"queue": queue, "run_id": run_id}, session=run_id)
+            body = {"queue": queue, "run_id": run_id}
+            window = self.queues.window_secs(queue)
+            if window:   # the actor reports the admission this long (a new scheduler counts it)
+                body["window_secs"] = window
+            self.bus.send(holder, Kind.QUEUE_GRANT, body, session=run_id)
 
     def on_queue_request(self, msg: Message) -> None:
         b = msg.body
@@ -141,7 +145,7 @@ class Scheduler:
         stats["backoffs"] = self.backoffs
         stats["tasks"] = self.board.stats()
         stats["timers"] = len(self.timers)
-        stats["flow_queues"] = self.queues.stats()
+        stats["flow_queues"] = self.queues.stats(time.monotonic())
         stats["bus"] = self.bus.stats()
         self.bus.reply(msg, Kind.STATS_REPLY, {"role": "scheduler", "stats": stats})
 
@@ -168,7 +172,7 @@ class Scheduler:
                 self.trace_ids = {p: ids for p, ids in self.trace_ids.items() if p in self.pool.waiting}
             metrics.permits_in_use.set(len(self.pool.held))
             metrics.permit_queue.set(len(self.pool.waiting))
-            for name, counts in self.queues.stats().items():
+            for name, counts in self.queues.stats(now).items():
                 metrics.flow_queue_running.labels(name).set(counts["running"])
                 metrics.flow_queue_waiting.labels(name).set(counts["waiting"])
 

@@ -239,9 +239,11 @@ SPECS: dict[Kind, Spec] = {
     # backoff_secs: what is left of the holder's last provider back-off (actors/permit_client.py)
     Kind.PERMIT_SYNC: _spec({"held": list, "waiting": list, "incarnation": int}, backoff_secs=_NUM),
     Kind.QUEUE_REQUEST: _spec({"queue": str, "run_id": str, "tenant": str}),
-    Kind.QUEUE_GRANT: _spec({"queue": str, "run_id": str}),
+    # window_secs: the queue's rate window, for which the actor reports the run's admission in its syncs
+    Kind.QUEUE_GRANT: _spec({"queue": str, "run_id": str}, window_secs=_NUM),
     Kind.QUEUE_RELEASE: _spec({"queue": str, "run_id": str}),
-    # queues: {queue: {"held": [run id], "waiting": [[run id, tenant]]}}, every queue the actor has runs in
+    # queues: {queue: {"held": [run id], "waiting": [[run id, tenant]], "started": [[run id, secs ago]]}},
+    # every queue the actor has runs in; "started": its admissions within the queue's rate window
     Kind.QUEUE_SYNC: _spec({"queues": dict, "incarnation": int}),
     # Each record is [kind, id, body]: framed and written by the writer without decoding the body.
     Kind.LOG_APPEND: _spec({"records": list}, sync=bool),  # sync: someone waits for this ack

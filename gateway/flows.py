@@ -173,17 +173,23 @@ class FlowRoutes:
         return json_response(_outward(run, tenant), status=201 if run.get("created") else 200)
 
     async def queues(self, request: web.Request) -> web.Response:
-        """The flow queues (`kernel.flow_queues`): each one's limit, runs admitted and runs waiting,
-        across tenants, as the scheduler that holds their places counts them."""
+        """The flow queues (`kernel.flow_queues`): each one's limit and rate, runs admitted and
+        runs waiting, across tenants, as the scheduler that holds their places counts them."""
         self.gw.tenant_of(request)   # (authenticated like every route)
         try:
             reply = await self.gw.bus.request(SCHEDULER, Kind.STATS, {}, timeout=5.0, attempt_secs=2.5)
         except BusError as exc:
             raise ApiError(503, "unavailable", f"the scheduler did not answer: {exc}") from None
         counts = (reply.body.get("stats") or {}).get("flow_queues") or {}
-        return json_response({"queues": [{"name": name, "limit": limit, **{k: counts.get(name, {}).get(k, 0)
-                                                                        for k in ("running", "waiting")}}
-                                         for name, limit in parse_queues(self.gw.config.kernel.flow_queues).items()]})
+        listed = []
+        for name, spec in parse_queues(self.gw.config.kernel.flow_queues).items():
+            counted = counts.get(name) or {}
+            queue = {"name": name, "limit": spec.limit, "running": counted.get("running", 0),
+                     "waiting": counted.get("waiting", 0), "rate": spec.rate()}
+            if queue["rate"] is not None:
+                queue["rate"]["started"] = counted.get("started_in_window", 0)
+            listed.append(queue)
+        return json_response({"queues": listed})
 
     async def get(self, request: web.Request) -> web.Response:
         tenant, run_id, outward_id = self._run(request)

@@ -145,7 +145,8 @@ SCHEMAS: dict[str, Any] = {
                            "parent": {"type": "string"}, "forked_from": {"type": "string"},
                            "fork_seq": {"type": "integer"}, "start_at": {"type": "number"},
                            "schedule": {"type": "string"}, "scheduled_at": {"type": "number"},
-                           "timeout_at": {"type": "number"}, "queue": {"type": "string"}}},
+                           "timeout_at": {"type": "number"}, "queue": {"type": "string"},
+                           "admitted_at": {"type": "number", "description": "when the run got its queue's place"}}},
     "ScheduleDefinition": {"type": "object", "required": ["flow", "cron"], "properties": {
         "flow": NAME, "cron": {"type": "string", "description": "5 fields (minute hour day month weekday), or 6 "
                                                                 "with seconds first; or @daily, @hourly, ..."},
@@ -363,12 +364,18 @@ PATHS: dict[str, dict] = {
         "responses": {"202": {"description": "published", "content": _json(_ref("Published"))},
                       **_errors(400, 401, 404, 409, 413, 503, 507)}}},
     "/v1/queues": {"get": {
-        "summary": "The flow queues (kernel.flow_queues): each one's limit, runs admitted and runs waiting",
+        "summary": "The flow queues (kernel.flow_queues): each one's limit and rate, runs admitted and runs waiting",
         "responses": {"200": {"description": "every queue", "content": _json({
             "type": "object", "required": ["queues"], "properties": {"queues": {"type": "array", "items": {
-                "type": "object", "required": ["name", "limit", "running", "waiting"],
-                "properties": {"name": {"type": "string"}, "limit": {"type": "integer"},
-                               "running": {"type": "integer"}, "waiting": {"type": "integer"}}}}}})},
+                "type": "object", "required": ["name", "limit", "running", "waiting", "rate"],
+                "properties": {"name": {"type": "string"},
+                               "limit": {"type": ["integer", "null"], "description": "runs at once (null: no limit)"},
+                               "running": {"type": "integer"}, "waiting": {"type": "integer"},
+                               "rate": {"type": ["object", "null"], "required": ["starts", "per_secs", "started"],
+                                        "description": "at most `starts` runs admitted in any `per_secs`; "
+                                                       "`started`: those admitted in the last `per_secs`",
+                                        "properties": {"starts": {"type": "integer"}, "per_secs": {"type": "number"},
+                                                       "started": {"type": "integer"}}}}}}}})},
                       **_errors(401, 503)}}},
     "/v1/schedules": {"get": {
         "summary": "The tenant's schedules, by name",

@@ -1,7 +1,7 @@
 """End-to-end: flow queues (`kernel.flow_queues`) on the real process set — a queue's runs wait
 `enqueued` and run at most its limit at once, also through a kill -9 of an actor holding some of
-them and of the scheduler; an enqueued run can be cancelled and never runs; a run or a schedule naming no such queue
-is a 400."""
+them and of the scheduler; a queue's rate spaces its admissions; an enqueued run can be
+cancelled and never runs; a run or a schedule naming no such queue is a 400."""
 import json
 import time
 
@@ -25,11 +25,11 @@ def most_at_once(path) -> int:
 
 
 def test_a_queue_runs_at_most_its_limit_at_once_through_an_actors_kill(make_server, make_worker, tmp_path):
-    server = make_server({"kernel": {"flow_queues": "two=2, one=1"}})
+    server = make_server({"kernel": {"flow_queues": "two=2, one=1, rated=*@2/1s"}})
     make_worker(server)
     base, log = server.url, tmp_path / "occupied.txt"
     status, _, body = start(base, {"file": str(log)}, queue="three")
-    assert (status, body["error"]["code"]) == (400, "unknown_queue") and "one, two" in body["error"]["message"]
+    assert (status, body["error"]["code"]) == (400, "unknown_queue") and "one, rated, two" in body["error"]["message"]
     # a schedule's runs may wait in a queue too (one place: they never overlap)
     yearly = {"flow": "queued", "cron": "0 0 1 1 *", "input": {"file": str(log)}}
     status, _, body = get_json(f"{base}/v1/schedules/yearly", method="PUT",
@@ -45,7 +45,7 @@ def test_a_queue_runs_at_most_its_limit_at_once_through_an_actors_kill(make_serv
         runs.append(body["run_id"])
     assert body["status"] == "enqueued"   # the 8th: two places, and none given yet
     status, _, listed = get_json(f"{base}/v1/queues")
-    assert status == 200 and [q["name"] for q in listed["queues"]] == ["two", "one"]
+    assert status == 200 and [q["name"] for q in listed["queues"]] == ["two", "one", "rated"]
     two = listed["queues"][0]
     assert two["limit"] == 2 and two["running"] <= 2 and two["waiting"] >= 1   # the 8th at least waits
     status, _, cancelled = get_json(f"{base}/v1/runs/q-7:cancel", method="POST")
@@ -66,7 +66,22 @@ def test_a_queue_runs_at_most_its_limit_at_once_through_an_actors_kill(make_serv
     assert "q-7" not in log.read_text()   # cancelled while it waited: never ran
     wait_until(lambda: scrape(base).get('agentos_flow_queue_running{queue="two"}') == 0, 10, "the places back")
     assert scrape(base).get('agentos_flow_queue_waiting{queue="two"}') == 0
-    assert get_json(f"{base}/v1/queues")[2]["queues"][0] == {"name": "two", "limit": 2, "running": 0, "waiting": 0}
+    assert get_json(f"{base}/v1/queues")[2]["queues"][0] == {"name": "two", "limit": 2, "running": 0, "waiting": 0,
+                                                             "rate": None}
+
+    # a rate: two admitted in any second, however many places are free
+    for i in range(6):
+        assert start(base, {"file": str(log), "secs": 0.05}, queue="rated", run_id=f"rated-{i}")[0] == 201
+    rated = get_json(f"{base}/v1/queues")[2]["queues"][2]
+    assert rated["limit"] is None and rated["rate"]["starts"] == 2 and rated["rate"]["per_secs"] == 1.0
+    admitted = []
+    for i in range(6):
+        done = get_json(f"{base}/v1/runs/rated-{i}?wait=30")[2]
+        assert done["status"] == "completed", done
+        admitted.append(done["admitted_at"])
+    admitted.sort()
+    # (the scheduler spaces its grants by 1 s; each actor journals its admission a little later)
+    assert all(later - earlier > 0.7 for earlier, later in zip(admitted, admitted[2:])), admitted
 
     # a queued run's timeout counts from its admission: behind a 2 s run in a queue of one, a
     # 1.5 s timeout does not cancel the second before it got to run

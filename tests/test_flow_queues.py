@@ -1,14 +1,16 @@
 """Flow queues: the spec of `kernel.flow_queues`, the scheduler's places (FIFO within a tenant,
 round-robin between tenants, nothing granted by a new scheduler before its holders said what
-they hold, a restarted holder's runs not counted twice), and an actor's side: a queued run is
-`enqueued` until its grant, journals its admission before its first dispatch, gives its place
-back once its end is in the log, and a replayed admitted run is not queued again."""
+they hold, a restarted holder's runs not counted twice), a queue's rate (no more admitted in a
+window than it allows, also by a new scheduler told the window's admissions), and an actor's
+side: a queued run is `enqueued` until its grant, journals its admission before its first
+dispatch, gives its place back once its end is in the log, reports its admission for the rate's
+window, and a replayed admitted run is not queued again."""
 import asyncio
 import time
 
 import pytest
 
-from actors.flow_queues import ADOPT_SECS, QueuePools, QueueSpecError, parse_queues
+from actors.flow_queues import ADOPT_SECS, QueuePools, QueueSpec, QueueSpecError, parse_queues
 from actors.flow_state import replay
 from agentos.config import Config, ConfigError, validate
 from broker.protocol import Kind, Message
@@ -16,10 +18,12 @@ from test_delayed_starts import sent, start
 from test_flow_results_due import running_flows
 
 
-def test_the_spec_names_each_queue_once_with_a_whole_limit():
-    assert parse_queues("reports=2, mail = 10,") == {"reports": 2, "mail": 10}
+def test_the_spec_names_each_queue_once_with_a_whole_limit_and_perhaps_a_rate():
+    assert parse_queues("reports=2, mail = 10 @ 50/30s, hooks=*@5/0.5,") == {
+        "reports": QueueSpec(2), "mail": QueueSpec(10, 50, 30.0), "hooks": QueueSpec(None, 5, 0.5)}
     assert parse_queues("") == {}
-    for bad in ("reports", "reports=0", "reports=1.5", "a b=1", "x=1,x=2", "q=-1", "q=100001"):
+    for bad in ("reports", "reports=0", "reports=1.5", "a b=1", "x=1,x=2", "q=-1", "q=100001", "q=*", "q=1@0/1s",
+                "q=1@5/0s", "q=1@5", "q=1@5/1m", "q=*@", "q=1@5/86401", "q=1@100001/1s", "q=@5/1s"):
         with pytest.raises(QueueSpecError):
             parse_queues(bad)
     config = Config()
@@ -30,7 +34,7 @@ def test_the_spec_names_each_queue_once_with_a_whole_limit():
 
 def test_a_queue_grants_its_limit_in_order_and_a_release_lets_the_next_in():
     t0 = 100.0
-    pools = QueuePools({"q": 2, "other": 1}, t0)
+    pools = QueuePools(parse_queues("q=2, other=1"), t0)
     got = []
     for i, tenant in enumerate(["a", "a", "a", "b"]):
         got += pools.request("q", f"r{i}", "actor/0", tenant, t0 + 0.1)
@@ -42,23 +46,23 @@ def test_a_queue_grants_its_limit_in_order_and_a_release_lets_the_next_in():
     assert got == [("actor/0", "q", "r0"), ("actor/0", "q", "r3")]   # tenant a's first, then b's
     assert pools.request("q", "r0", "actor/0", "a", t0 + 4) == [("actor/0", "q", "r0")]   # a re-sent request
     assert pools.release("q", "r3", t0 + 5) == [("actor/0", "q", "r1")]
-    assert pools.stats()["q"] == {"limit": 2, "running": 2, "waiting": 1}
-    assert pools.stats()["other"] == {"limit": 1, "running": 0, "waiting": 0}
+    assert pools.stats(t0 + 5)["q"] == {"limit": 2, "running": 2, "waiting": 1}
+    assert pools.stats(t0 + 5)["other"] == {"limit": 1, "running": 0, "waiting": 0}
 
 
 def test_a_new_scheduler_adopts_what_holders_hold_before_it_grants_and_a_restarted_holder_is_not_counted_twice():
     t0 = 100.0
-    pools = QueuePools({"q": 2}, t0)
+    pools = QueuePools(parse_queues("q=2"), t0)
     # after a restart of the scheduler: actor/0 holds two runs and waits with a third
     assert pools.sync("actor/0", 1, {"q": {"held": ["a", "b"], "waiting": [["c", "t"]]}}, t0 + 1) == []
     assert pools.tick(t0 + ADOPT_SECS + 1) == []          # both places are taken
-    assert pools.stats()["q"] == {"limit": 2, "running": 2, "waiting": 1}
+    assert pools.stats(t0 + ADOPT_SECS + 1)["q"] == {"limit": 2, "running": 2, "waiting": 1}
     # actor/0 restarted: its new incarnation recovered `a` admitted and `b` ended
     got = pools.sync("actor/0", 2, {"q": {"held": ["a"], "waiting": [["c", "t"]]}}, t0 + 10)
     assert got == [("actor/0", "q", "c")]
     # two actors report after a restart of the scheduler, actor/0 first: its waiting run does not
     # take the place actor/1 still holds (the wait for the holders' reports)
-    pools = QueuePools({"q": 2}, t0)
+    pools = QueuePools(parse_queues("q=2"), t0)
     assert pools.sync("actor/0", 1, {"q": {"held": ["a"], "waiting": [["c", "t"]]}}, t0 + 0.5) == []
     assert pools.tick(t0 + 1) == []
     assert pools.sync("actor/1", 1, {"q": {"held": ["b"], "waiting": []}}, t0 + 1.5) == []
@@ -67,6 +71,44 @@ def test_a_new_scheduler_adopts_what_holders_hold_before_it_grants_and_a_restart
     # a report that is not what a sync holds is passed over, not a crash
     assert pools.sync("actor/1", 1, {"q": {"held": [1, "z"], "waiting": [["y"], "x", ["w", 2]]}}, t0 + 11) == []
     assert pools.sync("actor/1", 1, {"q": "junk"}, t0 + 12) == []
+
+
+def test_a_rate_admits_no_more_in_any_window_than_it_allows_whatever_places_are_free():
+    t0 = 100.0
+    pools = QueuePools(parse_queues("r=*@2/1s, both=2@3/10s"), t0)
+    for i in range(5):
+        pools.request("r", f"r{i}", "actor/0", "t", t0)
+    t1 = t0 + ADOPT_SECS
+    assert pools.tick(t1) == [("actor/0", "r", "r0"), ("actor/0", "r", "r1")]
+    pools.release("r", "r0", t1 + 0.1)
+    pools.release("r", "r1", t1 + 0.1)
+    assert pools.tick(t1 + 0.5) == [] and pools.stats(t1 + 0.5)["r"] == {
+        "limit": None, "running": 0, "waiting": 3, "started_in_window": 2}   # free places, no starts left
+    assert pools.request("r", "r1", "actor/0", "t", t1 + 0.6) == []   # an ended run asking again is a new start
+    assert pools.tick(t1 + 1.0) == [("actor/0", "r", "r2"), ("actor/0", "r", "r3")]
+    assert pools.request("r", "r2", "actor/0", "t", t1 + 1.1) == [("actor/0", "r", "r2")]   # a re-sent request
+    assert pools.stats(t1 + 1.1)["r"]["started_in_window"] == 2
+    assert pools.tick(t1 + 2.0) == [("actor/0", "r", "r4"), ("actor/0", "r", "r1")]
+    # a limit and a rate: whichever is reached first
+    got = [g for i in range(5) for g in pools.request("both", f"b{i}", "actor/0", "t", t1)]
+    assert [g[2] for g in got] == ["b0", "b1"]
+    assert [g[2] for g in pools.release("both", "b0", t1 + 0.2)] == ["b2"]
+    assert pools.release("both", "b1", t1 + 0.3) == [] and pools.tick(t1 + 9.95) == []
+    assert [g[2] for g in pools.tick(t1 + 10.05)] == ["b3"]   # b0's start left the window
+
+
+def test_a_new_scheduler_counts_the_admissions_its_holders_report_in_the_rates_window():
+    t0 = 100.0
+    pools = QueuePools(parse_queues("r=*@2/10s"), t0)
+    # actor/0 admitted `a` 1 s ago (it ended since), `old` 20 s ago; it waits with two runs
+    report = {"r": {"held": [], "waiting": [["c", "t"], ["d", "t"]], "started": [["a", 1.0], ["old", 20.0]]}}
+    assert pools.sync("actor/0", 1, report, t0 + 0.5) == []
+    assert pools.sync("actor/0", 1, report, t0 + 0.6) == []   # reported again: counted once
+    assert pools.tick(t0 + ADOPT_SECS) == [("actor/0", "r", "c")]
+    assert pools.tick(t0 + 9.4) == [] and pools.tick(t0 + 9.6) == [("actor/0", "r", "d")]   # `a`'s 10 s are over
+    # a report that is not a start passed over, not a crash
+    junk = {"r": {"held": [], "waiting": [], "started": [["z"], ["y", "x"], ["w", float("nan")], "v", [1, 2]]}}
+    assert pools.sync("actor/1", 1, junk, t0 + 9.7) == [] and pools.stats(t0 + 9.7)["r"]["started_in_window"] == 2
 
 
 def test_an_enqueued_run_is_admitted_on_its_grant_journaled_before_it_runs_and_its_end_gives_the_place_back():
@@ -86,7 +128,8 @@ def test_an_enqueued_run_is_admitted_on_its_grant_journaled_before_it_runs_and_i
         flows.sync_queues()
         assert sent(bus, Kind.QUEUE_SYNC)[-1] == {"queues": {"q": {"held": [], "waiting": [["q-1", "t"]]}},
                                                   "incarnation": 3}
-        grant = Message("scheduler#1", Kind.QUEUE_GRANT, 5, time.time(), 0, "q-1", "", {"queue": "q", "run_id": "q-1"})
+        grant = Message("scheduler#1", Kind.QUEUE_GRANT, 5, time.time(), 0, "q-1", "",
+                        {"queue": "q", "run_id": "q-1", "window_secs": 30})
         flows.on_queue_grant(grant)
         flows.on_queue_grant(grant)   # sent again
         await asyncio.sleep(0.05)
@@ -94,8 +137,13 @@ def test_an_enqueued_run_is_admitted_on_its_grant_journaled_before_it_runs_and_i
         assert types == ["run.started", "run.admitted"]
         (submit,) = [b for b in sent(bus, Kind.TASK_SUBMIT) if b["run_id"] == "q-1"]
         assert run.summary()["status"] == "running" and run.timeout_at == pytest.approx(run.admitted_at + 5)
+        assert run.summary()["admitted_at"] == run.admitted_at
         flows.sync_queues()
-        assert sent(bus, Kind.QUEUE_SYNC)[-1]["queues"] == {"q": {"held": ["q-1"], "waiting": []}}
+        synced = sent(bus, Kind.QUEUE_SYNC)[-1]["queues"]["q"]
+        assert synced["held"] == ["q-1"] and synced["waiting"] == []
+        # the queue's rate: the admission is reported, with its age, for the window the grant told
+        ((started, age),) = synced["started"]
+        assert started == "q-1" and 0 <= age < 5
 
         # replayed (a restart): admitted, so not queued again
         again = replay("q-1", list(log.appended))
@@ -106,5 +154,10 @@ def test_an_enqueued_run_is_admitted_on_its_grant_journaled_before_it_runs_and_i
         assert sent(bus, Kind.QUEUE_RELEASE) == [{"queue": "q", "run_id": "q-1"}]
         flows.on_queue_grant(grant)   # a grant for a run that ended: given back at once
         assert len(sent(bus, Kind.QUEUE_RELEASE)) == 2
+        flows.sync_queues()   # ended, its admission still counts in the window
+        assert [s[0] for s in sent(bus, Kind.QUEUE_SYNC)[-1]["queues"]["q"]["started"]] == ["q-1"]
+        flows.queue_starts["q-1"] = ("q", time.time() - 31, 30.0)
+        flows.sync_queues()   # and no more once the window is over
+        assert "q-1" not in repr(sent(bus, Kind.QUEUE_SYNC)[-1]["queues"])
 
     asyncio.run(main())
