@@ -84,7 +84,11 @@ def parse_queues(spec: str) -> dict[str, QueueSpec]:
 
 @dataclass
 class QueuePool(PermitPool):
-    """A `PermitPool` whose grants also keep to a rate: `starts` at most in any `per_secs`."""
+    """A `PermitPool` whose grants also keep to a rate: `starts` at most in any `per_secs`. A
+    holder that goes silent keeps its places (unlike a provider permit's): its admitted runs are
+    in their journals, and it comes back with them, or a new incarnation of it says what it holds;
+    giving them away meanwhile ran a queue over its limit once a stall of an actor passed."""
+    holder_timeout_secs: float = math.inf
     starts: int = 0
     per_secs: float = 0.0
     window: list = field(default_factory=list)          # heap of (admitted at, run id), the last per_secs

@@ -68,6 +68,11 @@ def test_a_new_scheduler_adopts_what_holders_hold_before_it_grants_and_a_restart
     assert pools.sync("actor/1", 1, {"q": {"held": ["b"], "waiting": []}}, t0 + 1.5) == []
     assert pools.tick(t0 + ADOPT_SECS + 1) == []          # a and b hold both places
     assert pools.release("q", "a", t0 + ADOPT_SECS + 2) == [("actor/0", "q", "c")]
+    # actor/1 stalled for a minute: its run still holds its place, whatever waits
+    assert pools.request("q", "d", "actor/0", "t", t0 + 6) == []
+    for t in range(8, 68, 2):
+        assert pools.sync("actor/0", 1, {"q": {"held": ["c"], "waiting": [["d", "t"]]}}, t0 + t) == []
+        assert pools.tick(t0 + t + 1) == []
     # a report that is not what a sync holds is passed over, not a crash
     assert pools.sync("actor/1", 1, {"q": {"held": [1, "z"], "waiting": [["y"], "x", ["w", 2]]}}, t0 + 11) == []
     assert pools.sync("actor/1", 1, {"q": "junk"}, t0 + 12) == []
