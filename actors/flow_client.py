@@ -92,14 +92,14 @@ class FlowClient:
         return await self._ask(run_id, Kind.FLOW_START, body)
 
     async def fork(self, source: str, from_seq: int | None = None, run_id: str | None = None, key: str | None = None,
-                   tenant: str | None = None) -> dict:
+                   tenant: str | None = None, queue: str | None = None) -> dict:
         """A new run of `source`'s flow and input that begins with the recorded outcomes of its
         operations before `from_seq` (default: its first that did not succeed) and goes on from
         there (actors/run_forks.py). With `run_id` or an idempotency `key`, a repeated fork
-        returns the same run."""
+        returns the same run. It waits in `source`'s flow queue, if any, or in `queue`."""
         tenant = tenant or self.tenant
         chosen, new = self.fork_id(source, tenant, run_id, key)
-        return await self.fork_run(source, from_seq, chosen, new, tenant)
+        return await self.fork_run(source, from_seq, chosen, new, tenant, queue)
 
     @staticmethod
     def fork_id(source: str, tenant: str, run_id: str | None, key: str | None) -> tuple[str, bool]:
@@ -109,10 +109,13 @@ class FlowClient:
             return f"fork-{hashlib.sha1(f'{tenant}|fork|{source}|{key}'.encode()).hexdigest()[:20]}", False
         return FlowClient.run_id("", tenant, run_id, None)
 
-    async def fork_run(self, source: str, from_seq: int | None, run_id: str, new: bool, tenant: str) -> dict:
+    async def fork_run(self, source: str, from_seq: int | None, run_id: str, new: bool, tenant: str,
+                       queue: str | None = None) -> dict:
         body: dict[str, Any] = {"fork_of": source, "fork_seq": from_seq, "run_id": run_id, "tenant": tenant}
         if new:
             body["new"] = True
+        if queue:
+            body["queue"] = queue
         return await self._ask(run_id, Kind.FLOW_START, body)
 
     async def get(self, run_id: str, wait: float = 0.0, tenant: str | None = None, until: str | None = None) -> dict:

@@ -92,5 +92,8 @@ def fork_fields(source_id: str, records: list[dict[str, Any]], tenant: str, seq:
     received = [[channel, int(msg_seq), message] for channel, msg_seq, message in begun.get("messages") or ()]
     received += [[r["channel"], int(r["msg_seq"]), r.get("message")] for r in records if r.get("type") == "message"]
     messages = [m for m in received if (m[0], m[1]) not in taken]
-    return {"flow": source.flow, "input": source.input, "forked_from": source_id, "fork_seq": seq,
-            "copied": [_copy(source.ops[s]) for s in range(seq)], "attrs": attrs, "messages": messages}
+    fields = {"flow": source.flow, "input": source.input, "forked_from": source_id, "fork_seq": seq,
+              "copied": [_copy(source.ops[s]) for s in range(seq)], "attrs": attrs, "messages": messages}
+    if source.queue:   # a fork keeps to its original's limits (a rate an outside API sets, most of all)
+        fields["queue"] = source.queue
+    return fields

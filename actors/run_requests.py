@@ -161,6 +161,8 @@ class RunRequests:
         if b.get("fork_of"):   # read from writer/store: the original may be another actor's
             rows = (await self.query("flow_records", b["fork_of"], sync=True))["rows"]
             fields = fork_fields(b["fork_of"], rows, b["tenant"], b.get("fork_seq"))
+            if b.get("queue"):
+                fields["queue"] = b["queue"]
         else:
             fields = {"flow": b["flow"], "input": b.get("input")}
             fields.update({f: b[f] for f in ("start_at", "schedule", "scheduled_at", "timeout_secs", "queue")

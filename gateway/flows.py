@@ -119,7 +119,7 @@ def _start_at(body: dict) -> float | None:
 def known_queue(config: Config, body: dict) -> str | None:
     """The body's `queue`, if any: one of `kernel.flow_queues` (400 if not)."""
     queue, queues = body.get("queue"), parse_queues(config.kernel.flow_queues)
-    if queue is not None and queue not in queues:
+    if queue is not None and (type(queue) is not str or queue not in queues):
         raise ApiError(400, "unknown_queue", f"queue must name a flow queue of this server (kernel.flow_queues): "
                                              f"{', '.join(sorted(queues)) or 'it has none'}")
     return queue
@@ -161,13 +161,14 @@ class FlowRoutes:
         (default: its first that did not succeed) and goes on from there (actors/run_forks.py)."""
         tenant, source, _ = self._run(request)
         body = await self.gw.json_body(request) if request.can_read_body else {}
-        _only(body, ("from_seq", "run_id"), '{"from_seq": ..., "run_id": ...}')
+        _only(body, ("from_seq", "run_id", "queue"), '{"from_seq": ..., "run_id": ..., "queue": ...}')
         from_seq = body.get("from_seq")
         if from_seq is not None and (type(from_seq) is not int or not 0 <= from_seq < 2**31):
             raise ApiError(400, "invalid_from_seq", "from_seq must be an operation's seq, an integer >= 0")
+        queue = known_queue(self.gw.config, body)
         chosen, new = self.client.fork_id(source, tenant, *_new_run(request, body))
         try:
-            run = await self.client.fork_run(source, from_seq, internal(tenant, chosen), new, tenant)
+            run = await self.client.fork_run(source, from_seq, internal(tenant, chosen), new, tenant, queue)
         except FlowError as exc:
             raise _error(exc) from None
         return json_response(_outward(run, tenant), status=201 if run.get("created") else 200)

@@ -165,7 +165,9 @@ SCHEMAS: dict[str, Any] = {
                   "properties": {"schedules": {"type": "array", "items": _ref("Schedule")},
                                  "next_after": {"type": ["string", "null"]}}},
     "Fork": {"type": "object", "properties": {"from_seq": {"type": "integer", "minimum": 0, "maximum": 2 ** 31 - 1},
-                                              "run_id": NAME}},
+                                              "run_id": NAME,
+                                              "queue": {"type": "string", "description": "a flow queue the fork "
+                                                        "waits in (default: the original's, if it had one)"}}},
     "Runs": {"type": "object", "required": ["runs"],
              "properties": {"next_after": {"type": ["string", "null"]}, "next_before": {"type": ["string", "null"]},
                             "runs": {"type": "array", "items": {

@@ -30,6 +30,7 @@ def test_a_queue_runs_at_most_its_limit_at_once_through_an_actors_kill(make_serv
     base, log = server.url, tmp_path / "occupied.txt"
     status, _, body = start(base, {"file": str(log)}, queue="three")
     assert (status, body["error"]["code"]) == (400, "unknown_queue") and "one, rated, two" in body["error"]["message"]
+    assert start(base, {"file": str(log)}, queue=["two"])[2]["error"]["code"] == "unknown_queue"
     # a schedule's runs may wait in a queue too (one place: they never overlap)
     yearly = {"flow": "queued", "cron": "0 0 1 1 *", "input": {"file": str(log)}}
     status, _, body = get_json(f"{base}/v1/schedules/yearly", method="PUT",
@@ -102,3 +103,17 @@ def test_a_queue_runs_at_most_its_limit_at_once_through_an_actors_kill(make_serv
     done = get_json(f"{base}/v1/runs/{parent['run_id']}?wait=30")[2]
     assert done["status"] == "completed" and done["result"] == "queued-child", done
     assert get_json(f"{base}/v1/runs/queued-child")[2]["queue"] == "one"
+
+    # a fork waits in its original's queue, or in the one it names
+    def fork(source, body):
+        return get_json(f"{base}/v1/runs/{source}:fork", method="POST", body=json.dumps(body).encode())
+
+    status, _, same = fork("short", {"run_id": "short-fork"})
+    assert status == 201 and same["queue"] == "one", same
+    status, _, other = fork("short", {"queue": "two", "run_id": "short-fork-2"})
+    assert status == 201 and other["queue"] == "two", other
+    for bad in ("nope", 2):
+        assert fork("short", {"queue": bad})[2]["error"]["code"] == "unknown_queue"
+    for run_id in ("short-fork", "short-fork-2"):
+        done = get_json(f"{base}/v1/runs/{run_id}?wait=30")[2]
+        assert done["status"] == "completed" and done["admitted_at"] >= done["started_at"], done
