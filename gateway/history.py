@@ -206,7 +206,7 @@ class HistoryRoutes:
         body = await self._query(query)
         nxt = body.get("next_after")
         return json_response({"runs": [{**row, "run_id": external(tenant, row["run_id"]),
-                                        **({"parent": external(tenant, row["parent"])} if row.get("parent") else {})}
+                                        **{f: external(tenant, row[f]) for f in ("parent", "forked_from") if row.get(f)}}
                                        for row in body["rows"]],
                               f"next_{cursor_name}": external(tenant, nxt) if nxt else None})
 

@@ -176,7 +176,9 @@ SCHEMAS: dict[str, Any] = {
                                                "status": {"enum": ["open", "completed", "failed", "cancelled"]},
                                                "started_at": {"type": ["number", "null"]},
                                                "ended_at": {"type": ["number", "null"]},
-                                               "parent": {"type": "string"}}}}}},
+                                               "parent": {"type": "string"}, "queue": {"type": "string"},
+                                               "schedule": {"type": "string"},
+                                               "forked_from": {"type": "string"}}}}}},
     "Steps": {"type": "object", "required": ["run_id", "steps", "next_after"],
               "properties": {"run_id": {"type": "string"}, "next_after": {"type": ["integer", "null"]},
                              "steps": {"type": "array", "items": {

@@ -11,6 +11,7 @@ from storage.records import RecordKind
 Row = tuple[Any, ...]
 _pack = msgpack.Packer(use_bin_type=True).pack
 _MESSAGE_FIELDS = ("role", "content")
+LISTED_EXTRA = ("queue", "schedule", "forked_from")   # a run's start fields its listing names (`extra`)
 
 
 def _json(value: Any) -> str | None:
@@ -77,9 +78,11 @@ def project(kind: int, body: dict[str, Any], writer: int, lsn: int) -> Iterator[
         # for the listing of runs (storage/store_queries.py q_runs); never a reason to refuse the record
         name = body.get("flow") if kind_of == "run.started" else body.get("status") if kind_of == "run.ended" else None
         parent = body.get("parent") if kind_of == "run.started" else None
+        extra = {f: body[f] for f in LISTED_EXTRA if type(body.get(f)) is str and body[f]} \
+            if kind_of == "run.started" else None
         yield "flow_records", (_text(body.get("run", "")), tenant, kind_of, _i32(body.get("seq", -1)), _pack(body),
                                at, writer, lsn, name if type(name) is str else None,
-                               parent if type(parent) is str and parent else None)
+                               parent if type(parent) is str and parent else None, _json(extra or None))
     elif kind == RecordKind.CLOSE:
         if not session or not isinstance(session, str):   # '' names the progress rows
             raise ValueError("a CLOSE record must name a session")

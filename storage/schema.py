@@ -49,10 +49,12 @@ messages.db
 access.db
   access(ts, method, route, status, tenant, session, duration_ms, writer, lsn)
 flows.db
-  flow_records(run, tenant, type, seq, body, ts, writer, lsn, name, parent)
+  flow_records(run, tenant, type, seq, body, ts, writer, lsn, name, parent, extra)
       the journals of flow runs (body = the whole msgpack record; see actors/flow_state.py);
-      `name` is a start's flow and an end's status, `parent` a child's start's parent, so that
-      a listing of runs reads no body (NULL in rows loaded before 2026-12-06, and in the rest)
+      `name` is a start's flow and an end's status, `parent` a child's start's parent, `extra`
+      a start's queue, schedule and forked_from as JSON (if it has any), so that a listing of
+      runs reads no body (NULL in rows loaded before 2026-12-06, `extra` before its evening,
+      and in the rest)
 Every file
   loader_version(version)
       the writer/store that created the file empty (storage/loader_version.py); none in a file
@@ -84,10 +86,11 @@ DATABASES: dict[str, list[str]] = {
     ],
     "flows": [
         "CREATE TABLE IF NOT EXISTS flow_records (run VARCHAR, tenant VARCHAR, type VARCHAR, seq INTEGER, "
-        "body BLOB, ts DOUBLE, writer SMALLINT, lsn BIGINT, name VARCHAR, parent VARCHAR)",
+        "body BLOB, ts DOUBLE, writer SMALLINT, lsn BIGINT, name VARCHAR, parent VARCHAR, extra VARCHAR)",
         # files made before runs were listed: the same columns, at the same places (NULLs)
         "ALTER TABLE flow_records ADD COLUMN IF NOT EXISTS name VARCHAR",
         "ALTER TABLE flow_records ADD COLUMN IF NOT EXISTS parent VARCHAR",
+        "ALTER TABLE flow_records ADD COLUMN IF NOT EXISTS extra VARCHAR",
     ],
     "access": [
         "CREATE TABLE IF NOT EXISTS access (ts DOUBLE, method VARCHAR, route VARCHAR, status INTEGER, "

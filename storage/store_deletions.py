@@ -48,7 +48,7 @@ class StoreDeletions:
             count = con.execute("SELECT count(*) FROM flow_records WHERE run IN (SELECT unnest(?))", [runs]).fetchone()[0]
             con.execute("DELETE FROM flow_records WHERE run IN (SELECT unnest(?))", [runs])
             for writer, lsn in marks:  # a progress mark, so a restart does not read these records again
-                con.execute("INSERT INTO flow_records VALUES ('', '', 'progress', -1, NULL, 0, ?, ?, NULL, NULL)",
+                con.execute("INSERT INTO flow_records VALUES ('', '', 'progress', -1, NULL, 0, ?, ?, NULL, NULL, NULL)",
                             [writer, lsn])
             con.execute("DELETE FROM flow_records WHERE type = 'progress' AND lsn < (SELECT max(lsn) FROM flow_records "
                         "f WHERE f.writer = flow_records.writer)")

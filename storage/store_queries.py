@@ -264,7 +264,8 @@ class StoreQueries:
         """The tenant's flow runs by id after `cursor_run` ('' = from the first), or with `desc`
         from the last down, before `cursor_run` ('' = from the last); not the agent turns' own
         (their ids hold a '/'); only those started in [`since`, `until`) if given. Each with its
-        flow, status ('open' until it ends), times and parent if a child. Of one `flow` or one
+        flow, status ('open' until it ends), times, and its parent, queue, schedule and the run it
+        was forked from if it has them. Of one `flow` or one
         `status`, a page reads at most RUNS_SCAN runs, so it may hold fewer than `limit`, even
         none, and still name the next: the listing ends where the cursor is None."""
         # The page's starts first (a top-N of one record type), then the ends in its range of ids,
@@ -279,7 +280,7 @@ class StoreQueries:
         window = [(" AND ts >= ?", since), (" AND ts < ?", until)]
         cursor = self.cursors["flows"]
         page = cursor.execute(
-            f"SELECT run, name, parent, ts FROM flow_records WHERE tenant = ? AND {bound} AND type = 'run.started' "
+            f"SELECT run, name, parent, ts, extra FROM flow_records WHERE tenant = ? AND {bound} AND type = 'run.started' "
             f"AND NOT contains(run, '/'){''.join(c for c, v in window if v is not None)} "
             f"ORDER BY run{' DESC' if desc else ''} LIMIT ?",
             [tenant, *bound_args, *(float(v) for _, v in window if v is not None),
@@ -290,10 +291,10 @@ class StoreQueries:
             "SELECT run, any_value(name), max(ts) FROM flow_records WHERE type = 'run.ended' AND run >= ? "
             "AND run <= ? AND tenant = ? GROUP BY run",
             [min(page[0][0], page[-1][0]), max(page[0][0], page[-1][0]), tenant]).fetchall()}
-        older = [run for run, name, _, _ in page if name is None or (run in ends and ends[run][0] is None)]
+        older = [run for run, name, _, _, _ in page if name is None or (run in ends and ends[run][0] is None)]
         heads = self._older_heads(older) if older else {}
         out: list[dict[str, Any]] = []
-        for run, name, parent, at in page:
+        for run, name, parent, at, extra in page:
             end = ends.get(run)
             first, last = heads.get((run, "run.started"), {}), heads.get((run, "run.ended"), {})
             row = {"run_id": run, "flow": name or first.get("flow"),
@@ -301,6 +302,8 @@ class StoreQueries:
                    "started_at": at, "ended_at": end[1] if end else None}
             if parent or first.get("parent"):
                 row["parent"] = parent or first["parent"]
+            if extra:
+                row.update(orjson.loads(extra))
             if (flow is None or row["flow"] == flow) and (status is None or row["status"] == status):
                 out.append(row)
                 if len(out) > limit:

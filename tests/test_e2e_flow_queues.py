@@ -117,3 +117,6 @@ def test_a_queue_runs_at_most_its_limit_at_once_through_an_actors_kill(make_serv
     for run_id in ("short-fork", "short-fork-2"):
         done = get_json(f"{base}/v1/runs/{run_id}?wait=30")[2]
         assert done["status"] == "completed" and done["admitted_at"] >= done["started_at"], done
+    listed = {r["run_id"]: r for r in get_json(f"{base}/v1/runs?flow=queued&limit=1000")[2]["runs"]}
+    assert listed["short-fork"]["forked_from"] == "short" and listed["short-fork"]["queue"] == "one"
+    assert listed["short-fork-2"]["queue"] == "two" and listed["rated-0"]["queue"] == "rated"

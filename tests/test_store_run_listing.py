@@ -63,6 +63,7 @@ def test_runs_are_listed_by_id_with_their_flow_status_and_times_a_page_at_a_time
                               "ended_at": 255.0, "parent": "r07"}
 
 
+
 def test_a_listing_of_one_flow_or_one_status_reads_a_bounded_share_a_page(store, monkeypatch):
     monkeypatch.setattr(store_queries, "RUNS_SCAN", 5)   # a page reads at most five runs
     failed, pages = listing(store, status="failed")
@@ -102,6 +103,27 @@ def test_runs_started_in_a_window_of_time_are_listed_in_either_order(store):
     assert listing(store, until=100.0)[0] == []
 
 
+def test_a_fork_a_queued_run_and_a_schedules_run_are_listed_as_such(tmp_path):
+    log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=8 << 20)
+    log.write([flow_record("f1", "t", "run.started", 151.0, flow="a", input="x" * 300_000, forked_from="r05",
+                           fork_seq=1, queue="reports", schedule=""),
+               flow_record("s1", "t", "run.started", 152.0, flow="b", input=None, schedule="daily",
+                           scheduled_at=152.0, queue=7),   # (not a name: passed over)
+               flow_record("s1", "t", "run.ended", 153.0, status="completed", result=1)], sync=True)
+    log.close()
+    s = Store(tmp_path, writers=1, memory_limit_mb=64)
+    s.open()
+    try:
+        s.load_all()
+        assert s.query("runs", "", tenant="t", limit=10)[0] == [
+            {"run_id": "f1", "flow": "a", "status": "open", "started_at": 151.0, "ended_at": None,
+             "forked_from": "r05", "queue": "reports"},
+            {"run_id": "s1", "flow": "b", "status": "completed", "started_at": 152.0, "ended_at": 153.0,
+             "schedule": "daily"}]
+    finally:
+        s.close()
+
+
 def test_runs_loaded_before_the_listing_columns_are_listed_from_their_bodies(store, tmp_path):
     """Rows a store loaded before `name` and `parent` existed have NULLs there (the columns are
     added to an older file as it opens): their flow, parent and state come from their bodies."""
@@ -123,7 +145,7 @@ def test_runs_loaded_before_the_listing_columns_are_listed_from_their_bodies(sto
     try:
         columns = [c for (c,) in reopened.conns["flows"].execute(
             "SELECT column_name FROM information_schema.columns WHERE table_name = 'flow_records'").fetchall()]
-        assert columns[-2:] == ["name", "parent"]
+        assert columns[-3:] == ["name", "parent", "extra"]
     finally:
         reopened.close()
 
