@@ -1,7 +1,8 @@
 """Flow queues: at most `limit` runs of a queue run at once, across all actors (as DBOS's
 `Queue(concurrency=...)`), and with a rate, at most `starts` of its runs admitted in any
 `per_secs` (as DBOS's `limiter`). The scheduler's side: one pool per queue whose permits are run
-ids, so a place goes FIFO within a tenant and round-robin between tenants, and what its holders
+ids, so a place goes to the runs of the lowest `priority` number first (0 unless a start gave
+one), FIFO within a tenant and round-robin between tenants among equals, and what its holders
 (actors) report in their periodic sync is trusted as for provider permits: a run an actor no
 longer lists gives its place back, one it lists that the pool does not know is adopted.
 
@@ -28,6 +29,7 @@ SYNC_SECS = 2.0                  # an actor's report of its queued runs (actors/
 ADOPT_SECS = SYNC_SECS + 1.0     # a new scheduler's wait for those reports before its first grant
 MAX_LIMIT = 100_000
 MAX_WINDOW_SECS = 86_400.0
+MAX_PRIORITY = 2 ** 31 - 1
 _NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}\Z")
 _RATE = re.compile(r"(\d+)/(\d+(?:\.\d+)?)s?\Z")
 _UNLIMITED = 10 ** 9             # a rate alone: the pool's places never run out
@@ -35,6 +37,11 @@ _UNLIMITED = 10 ** 9             # a rate alone: the pool's places never run out
 
 class QueueSpecError(ValueError):
     pass
+
+
+def valid_priority(value: object) -> bool:
+    """A run's priority in its queue: a whole number, 0 (the default, first) to MAX_PRIORITY."""
+    return type(value) is int and 0 <= value <= MAX_PRIORITY
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,20 +149,21 @@ class QueuePools:
         spec = self.specs.get(queue)
         return spec.per_secs if spec is not None and spec.starts else 0.0
 
-    def request(self, queue: str, run_id: str, holder: str, tenant: str, now: float) -> list[QueueGrant]:
+    def request(self, queue: str, run_id: str, holder: str, tenant: str, now: float,
+                priority: int = 0) -> list[QueueGrant]:
         pool = self.pools.get(queue)
         if pool is None:   # a queue taken out of the config since the run was started: no limit left
             return [(holder, queue, run_id)]
-        return self._grants(queue, pool.request(run_id, holder, tenant, now))
+        return self._grants(queue, pool.request(run_id, holder, tenant, now, priority))
 
     def release(self, queue: str, run_id: str, now: float) -> list[QueueGrant]:
         pool = self.pools.get(queue)
         return [] if pool is None else self._grants(queue, pool.release(run_id, now))
 
     def sync(self, holder: str, incarnation: int, queues: dict, now: float) -> list[QueueGrant]:
-        """What one actor holds and waits for in each queue, and the runs it admitted within a
-        rate's window with their ages (`started`: [[run id, seconds ago]]); a queue it does not
-        name, nothing."""
+        """What one actor holds and waits for in each queue (`waiting`: [[run id, tenant] or
+        [run id, tenant, priority]]), and the runs it admitted within a rate's window with their
+        ages (`started`: [[run id, seconds ago]]); a queue it does not name, nothing."""
         grants: list[QueueGrant] = []
         for name, listed in queues.items():
             if name not in self.pools and isinstance(listed, dict):   # (as in `request`)
@@ -169,11 +177,12 @@ class QueuePools:
                     pool.note_start(started[0], now - max(0.0, started[1]), now)
             held = [str(r) for r in listed.get("held") or () if isinstance(r, str)]
             waiting = [w for w in listed.get("waiting") or ()
-                       if isinstance(w, list) and len(w) == 2 and all(isinstance(x, str) for x in w)]
+                       if isinstance(w, list) and len(w) in (2, 3) and all(isinstance(x, str) for x in w[:2])
+                       and (len(w) == 2 or type(w[2]) is int)]
             grants += self._grants(name, pool.sync(holder, incarnation, held, [w[0] for w in waiting], now))
-            for run_id, tenant in waiting:   # asked before this scheduler began, or the request was lost
+            for run_id, tenant, *priority in waiting:   # asked before this scheduler began, or the request was lost
                 if run_id not in pool.waiting and run_id not in pool.held:
-                    grants += self._grants(name, pool.request(run_id, holder, tenant, now))
+                    grants += self._grants(name, pool.request(run_id, holder, tenant, now, *priority))
         return grants
 
     def tick(self, now: float) -> list[QueueGrant]:

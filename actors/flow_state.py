@@ -13,7 +13,7 @@ Record types (body field `type`; every body has run, tenant, at, exec):
   run.started    flow, input, parent, parent_seq, parent_actor, start_at (a delayed start: not
                  dispatched before that time), schedule, scheduled_at (started by a schedule),
                  timeout_secs (cancelled if not ended this long after it began),
-                 queue (waits for a place in that flow queue: actors/run_queues.py)
+                 queue (waits for a place in that flow queue: actors/run_queues.py), priority (there)
                  (a fork's, actors/run_forks.py: forked_from, fork_seq, copied, attrs, messages)
   step.started   seq, name, attempt
   step.failed    seq, attempt, error            (an attempt failed; another may follow)
@@ -97,7 +97,7 @@ class Run:
                  "attrs", "channels", "waiting", "parent", "parent_seq", "parent_actor", "pending", "updates",
                  "updating", "created_at", "ended_at", "msg_counter", "waiters", "journal_bytes", "over_limit", "lost",
                  "stale", "link_checked", "forked_from", "fork_seq", "start_at", "schedule", "scheduled_at",
-                 "timeout_secs", "timing_out", "queue", "admitted_at")
+                 "timeout_secs", "timing_out", "queue", "admitted_at", "priority")
 
     def __init__(self, run_id: str, flow: str, tenant: str) -> None:
         self.run_id = run_id
@@ -137,6 +137,7 @@ class Run:
         self.timing_out = False                # its cancel for the timeout is under way
         self.queue = ""                        # the flow queue it runs under (actors/run_queues.py)
         self.admitted_at = 0.0                 # when it got its place there (0: it waits for one)
+        self.priority = 0                      # in its queue: lower numbers are admitted first
 
     @property
     def ended(self) -> bool:
@@ -183,6 +184,8 @@ class Run:
             body["timeout_at"] = self.timeout_at
         if self.queue:
             body["queue"] = self.queue
+            if self.priority:
+                body["priority"] = self.priority
             if self.admitted_at:
                 body["admitted_at"] = self.admitted_at
         if self.parent:
@@ -243,6 +246,7 @@ def apply(run: Run, record: dict[str, Any]) -> None:
         run.scheduled_at = float(record.get("scheduled_at") or 0.0)
         run.timeout_secs = float(record.get("timeout_secs") or 0.0)
         run.queue = record.get("queue") or ""
+        run.priority = record["priority"] if type(record.get("priority")) is int else 0
         if run.status == "pending":
             run.status = "running"
         if record.get("forked_from"):

@@ -1,8 +1,10 @@
 """Provider permits: at most `limit` model calls at once across all actors.
 
 Pure logic, no I/O, so it is unit-tested without processes. Grants go in FIFO order within a
-tenant and round-robin between tenants, so one busy tenant cannot starve the others. Every
-method returns the grants it made as (holder, permit_id) pairs for the caller to send.
+tenant and round-robin between tenants, so one busy tenant cannot starve the others; a waiter
+with a lower `priority` number goes before all with higher ones (flow queues' runs may have one;
+provider permits are all 0). Every method returns the grants it made as (holder, permit_id)
+pairs for the caller to send.
 
 Holders (actor processes) report what they hold and wait for in a periodic sync. The pool
 trusts those reports: a permit the holder no longer lists is released (after a short grace, in
@@ -23,6 +25,7 @@ class _Waiter:
     holder: str
     tenant: str
     since: float
+    priority: int = 0
 
 
 @dataclass
@@ -32,25 +35,25 @@ class PermitPool:
     holder_timeout_secs: float = 15.0
     held: dict[str, tuple[str, float]] = field(default_factory=dict)       # permit -> (holder, granted at)
     waiting: dict[str, _Waiter] = field(default_factory=dict)
-    queues: dict[str, collections.deque] = field(default_factory=dict)     # tenant -> waiters
-    rotation: collections.deque = field(default_factory=collections.deque)  # tenants with waiters
+    queues: dict[tuple[int, str], collections.deque] = field(default_factory=dict)   # (priority, tenant) -> waiters
+    rotations: dict[int, collections.deque] = field(default_factory=dict)  # priority -> its tenants with waiters
     paused_until: float = 0.0
     incarnations: dict[str, int] = field(default_factory=dict)
     last_sync: dict[str, float] = field(default_factory=dict)
     granted_total: int = 0
 
-    def request(self, permit_id: str, holder: str, tenant: str, now: float) -> list[Grant]:
+    def request(self, permit_id: str, holder: str, tenant: str, now: float, priority: int = 0) -> list[Grant]:
         held = self.held.get(permit_id)
         if held is not None:
             return [(held[0], permit_id)]  # a re-sent request: the grant may have been lost
         if permit_id in self.waiting:
             return []
-        waiter = _Waiter(permit_id, holder, tenant, now)
+        waiter = _Waiter(permit_id, holder, tenant, now, priority)
         self.waiting[permit_id] = waiter
-        queue = self.queues.get(tenant)
+        queue = self.queues.get((priority, tenant))
         if queue is None:
-            queue = self.queues[tenant] = collections.deque()
-            self.rotation.append(tenant)
+            queue = self.queues[(priority, tenant)] = collections.deque()
+            self.rotations.setdefault(priority, collections.deque()).append(tenant)
         queue.append(waiter)
         self.last_sync[holder] = now
         return self._grant(now)
@@ -107,7 +110,8 @@ class PermitPool:
         waiter = self.waiting.pop(permit_id, None)
         if waiter is None:
             return
-        queue = self.queues.get(waiter.tenant)
+        key = (waiter.priority, waiter.tenant)
+        queue = self.queues.get(key)
         if queue is None:
             return
         try:
@@ -115,23 +119,31 @@ class PermitPool:
         except ValueError:
             pass
         if not queue:
-            del self.queues[waiter.tenant]
-            self.rotation.remove(waiter.tenant)
+            del self.queues[key]
+            self._left(waiter.priority, waiter.tenant)
+
+    def _left(self, priority: int, tenant: str) -> None:
+        """`tenant` has no waiter left at `priority`."""
+        rotation = self.rotations[priority]
+        rotation.remove(tenant)
+        if not rotation:
+            del self.rotations[priority]
 
     def _grant(self, now: float) -> list[Grant]:
         grants: list[Grant] = []
         if now < self.paused_until:
             return grants
-        rotation = self.rotation
-        while rotation and len(self.held) < self.limit:
+        while self.rotations and len(self.held) < self.limit:
+            priority = min(self.rotations)
+            rotation = self.rotations[priority]
             tenant = rotation[0]
-            queue = self.queues[tenant]
+            queue = self.queues[(priority, tenant)]
             waiter = queue.popleft()
             if queue:
                 rotation.rotate(-1)
             else:
-                rotation.popleft()
-                del self.queues[tenant]
+                del self.queues[(priority, tenant)]
+                self._left(priority, tenant)
             del self.waiting[waiter.permit_id]
             self.held[waiter.permit_id] = (waiter.holder, now)
             grants.append((waiter.holder, waiter.permit_id))
@@ -140,5 +152,5 @@ class PermitPool:
 
     def stats(self, now: float) -> dict:
         return {"limit": self.limit, "held": len(self.held), "waiting": len(self.waiting),
-                "tenants_waiting": len(self.rotation), "granted_total": self.granted_total,
+                "tenants_waiting": len({tenant for _, tenant in self.queues}), "granted_total": self.granted_total,
                 "paused_secs": round(max(0.0, self.paused_until - now), 3)}

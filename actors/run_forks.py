@@ -96,4 +96,6 @@ def fork_fields(source_id: str, records: list[dict[str, Any]], tenant: str, seq:
               "copied": [_copy(source.ops[s]) for s in range(seq)], "attrs": attrs, "messages": messages}
     if source.queue:   # a fork keeps to its original's limits (a rate an outside API sets, most of all)
         fields["queue"] = source.queue
+        if source.priority:
+            fields["priority"] = source.priority
     return fields

@@ -25,8 +25,10 @@ class RunQueues:
     """A mixin of `actors.flow_runs.Flows`."""
 
     def enqueue(self, run: Run) -> None:
-        self.bus.send(SCHEDULER, Kind.QUEUE_REQUEST, {"queue": run.queue, "run_id": run.run_id, "tenant": run.tenant},
-                      session=run.run_id)
+        body = {"queue": run.queue, "run_id": run.run_id, "tenant": run.tenant}
+        if run.priority:
+            body["priority"] = run.priority
+        self.bus.send(SCHEDULER, Kind.QUEUE_REQUEST, body, session=run.run_id)
 
     def release_place(self, run: Run) -> None:
         self.bus.send(SCHEDULER, Kind.QUEUE_RELEASE, {"queue": run.queue, "run_id": run.run_id}, session=run.run_id)
@@ -67,7 +69,8 @@ class RunQueues:
             if run.admitted_at or run.run_id in self.admitting:
                 mine["held"].append(run.run_id)
             elif not run.waits_to_start(now):
-                mine["waiting"].append([run.run_id, run.tenant])
+                mine["waiting"].append([run.run_id, run.tenant, run.priority] if run.priority
+                                       else [run.run_id, run.tenant])
         for run_id, (queue, admitted_at, window_secs) in list(self.queue_starts.items()):
             if now - admitted_at >= window_secs:
                 del self.queue_starts[run_id]

@@ -165,8 +165,8 @@ class RunRequests:
                 fields["queue"] = b["queue"]
         else:
             fields = {"flow": b["flow"], "input": b.get("input")}
-            fields.update({f: b[f] for f in ("start_at", "schedule", "scheduled_at", "timeout_secs", "queue")
-                           if b.get(f)})
+            fields.update({f: b[f] for f in ("start_at", "schedule", "scheduled_at", "timeout_secs", "queue",
+                                             "priority") if b.get(f)})
         if b.get("parent"):
             fields.update(parent=b["parent"], parent_seq=b["parent_seq"], parent_actor=b.get("parent_actor", ""))
         run = Run(b["run_id"], fields["flow"], b["tenant"])

@@ -132,7 +132,8 @@ class Scheduler:
 
     def on_queue_request(self, msg: Message) -> None:
         b = msg.body
-        self._admit(self.queues.request(b["queue"], b["run_id"], msg.src, b["tenant"], time.monotonic()))
+        self._admit(self.queues.request(b["queue"], b["run_id"], msg.src, b["tenant"], time.monotonic(),
+                                        b.get("priority") or 0))
 
     def on_queue_release(self, msg: Message) -> None:
         self._admit(self.queues.release(msg.body["queue"], msg.body["run_id"], time.monotonic()))

@@ -46,6 +46,7 @@ from typing import Any, Awaitable, Callable
 import msgpack
 import orjson
 
+from actors.flow_queues import MAX_PRIORITY, valid_priority
 from broker.protocol import MAX_VALUE_BYTES
 
 __all__ = ["App", "Retry", "NO_RETRY", "Tool", "tool", "FlowContext", "StepContext", "StepFailed",
@@ -153,6 +154,12 @@ def _seconds(value: Any, what: str) -> float:
     if not math.isfinite(seconds):
         raise ValueError(f"{what} takes a finite number of seconds, got {value!r}")
     return max(0.0, seconds)
+
+
+def _priority(value: Any) -> int:
+    if not valid_priority(value):
+        raise ValueError(f"a priority is a whole number, 0 to {MAX_PRIORITY:,}, got {value!r}")
+    return value
 
 
 def check_encodable(value: Any, what: str, json: bool = False) -> None:
@@ -302,9 +309,10 @@ class FlowContext:
         raise WaitTimeout(f"no message on channel {channel!r} within {timeout}s")
 
     async def child(self, flow: str | Callable[..., Any], input: Any = None, run_id: str | None = None,
-                    queue: str | None = None) -> Any:
+                    queue: str | None = None, priority: int = 0) -> Any:
         """Start a child flow — its name, or the flow function itself — and wait for its result;
-        with `queue` (one of the server's `kernel.flow_queues`), it waits there for a place."""
+        with `queue` (one of the server's `kernel.flow_queues`), it waits there for a place, before
+        the runs of a higher `priority` number."""
         if callable(flow):                # the name this worker's app registered it under
             flows = getattr(getattr(self._rt, "app", None), "flows", {})
             flow = next((name for name, fn in flows.items() if fn is flow), flow.__name__)
@@ -312,7 +320,8 @@ class FlowContext:
             raise TypeError(f"ctx.child takes a flow (its function or its name), not {type(flow).__name__}")
         check_encodable(input, "a child flow's input")
         go = await self._op("child", flow, input=input, **({"child": run_id} if run_id else {}),
-                            **({"queue": queue} if queue else {}))
+                            **({"queue": queue} if queue else {}),
+                            **({"priority": _priority(priority)} if queue and priority else {}))
         if go.get("ok", True):
             return go.get("result")
         raise ChildFailed(f"child flow {flow!r} did not complete: {go.get('error', '')}")

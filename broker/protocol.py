@@ -238,11 +238,12 @@ SPECS: dict[Kind, Spec] = {
     Kind.PERMIT_RELEASE: _spec({"permit_id": str}, backoff_secs=_NUM),
     # backoff_secs: what is left of the holder's last provider back-off (actors/permit_client.py)
     Kind.PERMIT_SYNC: _spec({"held": list, "waiting": list, "incarnation": int}, backoff_secs=_NUM),
-    Kind.QUEUE_REQUEST: _spec({"queue": str, "run_id": str, "tenant": str}),
+    # priority: lower numbers are admitted first (0 if none)
+    Kind.QUEUE_REQUEST: _spec({"queue": str, "run_id": str, "tenant": str}, priority=int),
     # window_secs: the queue's rate window, for which the actor reports the run's admission in its syncs
     Kind.QUEUE_GRANT: _spec({"queue": str, "run_id": str}, window_secs=_NUM),
     Kind.QUEUE_RELEASE: _spec({"queue": str, "run_id": str}),
-    # queues: {queue: {"held": [run id], "waiting": [[run id, tenant]], "started": [[run id, secs ago]]}},
+    # queues: {queue: {"held": [run id], "waiting": [[run id, tenant(, priority)]], "started": [[run id, secs ago]]}},
     # every queue the actor has runs in; "started": its admissions within the queue's rate window
     Kind.QUEUE_SYNC: _spec({"queues": dict, "incarnation": int}),
     # Each record is [kind, id, body]: framed and written by the writer without decoding the body.
@@ -288,10 +289,11 @@ SPECS: dict[Kind, Spec] = {
     # the operation it goes on from (fork_seq; none: the first that did not succeed). start_at:
     # a delayed start's time (epoch seconds); the run is not dispatched before it. schedule,
     # scheduled_at: the schedule that starts it, and for which of its times (actors/schedules.py).
-    # timeout_secs: the run is cancelled if it has not ended this long after it began.
+    # timeout_secs: the run is cancelled if it has not ended this long after it began. queue: the
+    # flow queue it waits in for a place, priority: before the runs there of higher numbers.
     Kind.FLOW_START: _spec({"run_id": str, "tenant": str}, flow=str, input=object, parent=str, parent_seq=int,
                            parent_actor=str, new=bool, deadline=_NUM, fork_of=str, fork_seq=int, start_at=_NUM,
-                           schedule=str, scheduled_at=_NUM, timeout_secs=_NUM, queue=str),
+                           schedule=str, scheduled_at=_NUM, timeout_secs=_NUM, queue=str, priority=int),
     Kind.FLOW_GET: _spec({"run_id": str, "tenant": str}, wait=_NUM),  # wait: seconds to wait for the end
     # A run's operations (steps, sleeps, waits, children, attribute writes) after seq `after`, in
     # order; a page holds at most `limit` of them and about STEPS_PAGE_BYTES of their values.
@@ -309,7 +311,7 @@ SPECS: dict[Kind, Spec] = {
     # op: step, sleep, wait, child, attr_set; with the op's own fields (see actors/flow_runs.py)
     Kind.STEP_START: _spec({"run_id": str, "exec": int, "seq": int, "op": str, "name": str}, sync=bool,
                            max_attempts=int, due=_NUM, channel=str, timeout=_NUM, flow=str, input=object,
-                           child=str, key=str, value=object, results_due=list, queue=str),
+                           child=str, key=str, value=object, results_due=list, queue=str, priority=int),
     # action: run (attempt), replay (recorded outcome), suspend (wait for a timer, message or child),
     # continue (a wait/sleep already satisfied), fail (retries spent), abort (execution superseded)
     Kind.STEP_GO: _spec({"action": str}, attempt=int, ok=bool, result=object, error=str, heartbeat=object),

@@ -14,7 +14,7 @@ import orjson
 from aiohttp import web
 
 from actors.flow_client import WAITABLE, FlowClient, FlowError
-from actors.flow_queues import parse_queues
+from actors.flow_queues import MAX_PRIORITY, parse_queues, valid_priority
 from broker.client import BusError
 from broker.protocol import MAX_VALUE_BYTES, Kind
 from broker.sharding import SCHEDULER
@@ -140,18 +140,22 @@ class FlowRoutes:
         flow = _name(request, "flow", "flow")
         tenant = self.gw.tenant_of(request)
         body = await self.gw.json_body(request)
-        _only(body, ("input", "run_id", "start_at", "delay_secs", "timeout_secs", "queue"),
-              '{"input": ..., "run_id": ..., "start_at" or "delay_secs": ..., "timeout_secs": ..., "queue": ...}')
+        _only(body, ("input", "run_id", "start_at", "delay_secs", "timeout_secs", "queue", "priority"),
+              '{"input": ..., "run_id": ..., "start_at" or "delay_secs": ..., "timeout_secs": ..., "queue": ..., '
+              '"priority": ...}')
         _check_size(body.get("input"), "input")
         start_at, timeout = _start_at(body), body.get("timeout_secs")
         if timeout is not None and (type(timeout) not in (int, float) or not 0 < timeout <= MAX_DELAY_SECS):
             raise ApiError(400, "invalid_timeout", f"timeout_secs must be a number of seconds above 0, at most "
                                                    f"{MAX_DELAY_SECS}")
-        queue = known_queue(self.gw.config, body)
+        queue, priority = known_queue(self.gw.config, body), body.get("priority", 0)
+        if not valid_priority(priority) or (priority and queue is None):
+            raise ApiError(400, "invalid_priority", f"priority must be a whole number, 0 (the default: first) to "
+                                                    f"{MAX_PRIORITY}, given with a queue")
         chosen, new = self.client.run_id(flow, tenant, *_new_run(request, body))
         try:
             run = await self.client.start_run(flow, body.get("input"), internal(tenant, chosen), new, tenant,
-                                              start_at, timeout, queue)
+                                              start_at, timeout, queue, priority)
         except FlowError as exc:
             raise _error(exc) from None
         return json_response(_outward(run, tenant), status=201 if run.get("created") else 200)

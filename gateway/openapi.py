@@ -137,7 +137,10 @@ SCHEMAS: dict[str, Any] = {
                          "description": "the run is cancelled (with its children) if it has not ended this long "
                                         "after it began (a queued run: after its admission)"},
         "queue": {"type": "string", "description": "a flow queue of the server (kernel.flow_queues): the run is "
-                                                   "enqueued until the queue has a place for it"}}},
+                                                   "enqueued until the queue has a place for it"},
+        "priority": {"type": "integer", "minimum": 0, "maximum": 2 ** 31 - 1,
+                     "description": "with a queue: admitted before the runs waiting there with higher numbers "
+                                    "(default 0, first)"}}},
     "Run": {"type": "object", "required": ["run_id", "status"],
             "properties": {"run_id": {"type": "string"}, "status": {"type": "string"}, "flow": {"type": "string"},
                            "created": {"type": "boolean"}, "result": ANY, "error": {"type": "string"},
@@ -146,7 +149,8 @@ SCHEMAS: dict[str, Any] = {
                            "fork_seq": {"type": "integer"}, "start_at": {"type": "number"},
                            "schedule": {"type": "string"}, "scheduled_at": {"type": "number"},
                            "timeout_at": {"type": "number"}, "queue": {"type": "string"},
-                           "admitted_at": {"type": "number", "description": "when the run got its queue's place"}}},
+                           "admitted_at": {"type": "number", "description": "when the run got its queue's place"},
+                           "priority": {"type": "integer"}}},
     "ScheduleDefinition": {"type": "object", "required": ["flow", "cron"], "properties": {
         "flow": NAME, "cron": {"type": "string", "description": "5 fields (minute hour day month weekday), or 6 "
                                                                 "with seconds first; or @daily, @hourly, ..."},

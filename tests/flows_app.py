@@ -329,7 +329,7 @@ async def queued(ctx, args):
 
 
 async def parent_in_queue(ctx, args):
-    return await ctx.child(queued, args, run_id=args["child"], queue=args["queue"])
+    return await ctx.child(queued, args, run_id=args["child"], queue=args["queue"], priority=args.get("priority", 0))
 
 
 @tool(description="Read a file's raw bytes", parameters={"type": "object", "properties": {"q": {"type": "string"}}})

@@ -96,13 +96,14 @@ def test_a_queue_runs_at_most_its_limit_at_once_through_an_actors_kill(make_serv
     # a flow's child in a queue (ctx.child(..., queue=)) waits there like any run
     start(base, {"file": str(log), "secs": 2.0}, queue="one", run_id="long-2")
     status, _, parent = get_json(f"{base}/v1/flows/parent_in_queue/runs", method="POST", body=json.dumps(
-        {"input": {"file": str(log), "secs": 0.1, "queue": "one", "child": "queued-child"}}).encode())
+        {"input": {"file": str(log), "secs": 0.1, "queue": "one", "child": "queued-child", "priority": 4}}).encode())
     assert status == 201
     wait_until(lambda: get_json(f"{base}/v1/runs/queued-child")[2].get("status") == "enqueued", 20,
                "the child to wait in its queue")
     done = get_json(f"{base}/v1/runs/{parent['run_id']}?wait=30")[2]
     assert done["status"] == "completed" and done["result"] == "queued-child", done
-    assert get_json(f"{base}/v1/runs/queued-child")[2]["queue"] == "one"
+    child = get_json(f"{base}/v1/runs/queued-child")[2]
+    assert child["queue"] == "one" and child["priority"] == 4
 
     # a fork waits in its original's queue, or in the one it names
     def fork(source, body):
@@ -120,3 +121,17 @@ def test_a_queue_runs_at_most_its_limit_at_once_through_an_actors_kill(make_serv
     listed = {r["run_id"]: r for r in get_json(f"{base}/v1/runs?flow=queued&limit=1000")[2]["runs"]}
     assert listed["short-fork"]["forked_from"] == "short" and listed["short-fork"]["queue"] == "one"
     assert listed["short-fork-2"]["queue"] == "two" and listed["rated-0"]["queue"] == "rated"
+
+    # priorities: lower numbers first, whatever the order they came in
+    for bad in ({"priority": -1}, {"priority": "high"}, {"priority": 2 ** 31}):
+        assert start(base, {"file": str(log)}, queue="one", **bad)[2]["error"]["code"] == "invalid_priority"
+    status, _, body = get_json(f"{base}/v1/flows/queued/runs", method="POST",
+                               body=json.dumps({"input": {"file": str(log)}, "priority": 1}).encode())
+    assert (status, body["error"]["code"]) == (400, "invalid_priority")   # a priority without a queue
+    start(base, {"file": str(log), "secs": 1.5}, queue="one", run_id="blocker")
+    for run_id, priority in (("p-low", 9), ("p-high", 1), ("p-none", 0)):
+        status, _, body = start(base, {"file": str(log), "secs": 0.05}, queue="one", run_id=run_id, priority=priority)
+        assert status == 201 and body["status"] == "enqueued" and body.get("priority", 0) == priority, body
+    admitted = {run_id: get_json(f"{base}/v1/runs/{run_id}?wait=30")[2]["admitted_at"]
+                for run_id in ("p-low", "p-high", "p-none")}
+    assert sorted(admitted, key=admitted.get) == ["p-none", "p-high", "p-low"], admitted

@@ -78,6 +78,24 @@ def test_a_new_scheduler_adopts_what_holders_hold_before_it_grants_and_a_restart
     assert pools.sync("actor/1", 1, {"q": "junk"}, t0 + 12) == []
 
 
+def test_lower_priority_numbers_go_first_and_tenants_take_turns_among_equals():
+    t0 = 100.0
+    pools = QueuePools(parse_queues("q=1"), t0)
+    t1 = t0 + ADOPT_SECS
+    assert pools.request("q", "a", "actor/0", "w", t1) == [("actor/0", "q", "a")]
+    for run_id, tenant, priority in (("b", "x", 5), ("c", "y", 1), ("d", "x", 1), ("c2", "y", 1), ("e", "z", 0)):
+        assert pools.request("q", run_id, "actor/0", tenant, t1, priority) == []
+    order = []
+    for n, run_id in enumerate(["a", "e", "c", "d", "c2", "b"]):
+        order += [g[2] for g in pools.release("q", run_id, t1 + 1 + n)]
+    assert order == ["e", "c", "d", "c2", "b"]
+    # a new scheduler learns a waiter's priority from its actor's report
+    pools = QueuePools(parse_queues("q=1"), t0)
+    assert pools.sync("actor/0", 1, {"q": {"held": ["h"], "waiting": [["late", "t", 3], ["soon", "t"]]}}, t0) == []
+    assert pools.release("q", "h", t1) == [("actor/0", "q", "soon")]
+    assert pools.sync("actor/0", 1, {"q": {"held": [], "waiting": [["bad", "t", "high"]]}}, t1) == []   # passed over
+
+
 def test_a_rate_admits_no_more_in_any_window_than_it_allows_whatever_places_are_free():
     t0 = 100.0
     pools = QueuePools(parse_queues("r=*@2/1s, both=2@3/10s"), t0)
@@ -153,6 +171,14 @@ def test_an_enqueued_run_is_admitted_on_its_grant_journaled_before_it_runs_and_i
         # replayed (a restart): admitted, so not queued again
         again = replay("q-1", list(log.appended))
         assert again.admitted_at and not again.waits_in_queue() and flows.blocked_on(again) is None
+
+        # a start with a priority asks with it, and says it while it waits
+        await flows.handlers()[Kind.FLOW_START](start({"flow": "f", "input": 2, "run_id": "q-2", "tenant": "t",
+                                                       "queue": "q", "priority": 7, "new": True}))
+        assert bus.sent[-1][2]["priority"] == 7 and sent(bus, Kind.QUEUE_REQUEST)[-1]["priority"] == 7
+        flows.sync_queues()
+        assert sent(bus, Kind.QUEUE_SYNC)[-1]["queues"]["q"]["waiting"] == [["q-2", "t", 7]]
+        assert replay("q-2", [b for b in log.appended if b["run"] == "q-2"]).priority == 7
 
         await flows.end(run, "completed", result=1)
         await asyncio.sleep(0.01)
