@@ -4,7 +4,7 @@ few seconds, then an accounting done by the load generator itself.
 Load: turn clients (SSE, resumed with Last-Event-ID when a connection drops; every fourth time two
 turns at once on the session, one superseding the other; every seventh time a turn cancelled a few
 milliseconds in), checkpoint clients (numbered PUTs per session), flow clients (runs of SYNC steps
-started with an Idempotency-Key, every third in a flow queue of 2 places), close clients (a session filled, then closed), forks of some
+started with an Idempotency-Key, every third in a flow queue of 2 places and 10 admissions a second, with priorities), close clients (a session filled, then closed), forks of some
 runs and sessions (bench/chaos_forks.py), and a schedule that starts a run every second
 (bench/chaos_schedules.py), on one real process tree with full persistence and one
 worker process. Every few seconds (jittered) one role of the tree — broker, gateway, an actor,
@@ -59,7 +59,9 @@ from bench.sse_client import run_turn
 from bench.steps import start_workers, stop_workers
 
 FLOW_STEPS = 5
-QUEUE, QUEUE_LIMIT = "chaos", 2   # every QUEUED_EVERY-th run of a flow client waits for one of 2 places
+# every QUEUED_EVERY-th run of a flow client waits for one of 2 places, admitted at most 10 a
+# second, with a priority of 0, 1 or 2: the queue's places, rate and order through the kills
+QUEUE, QUEUE_LIMIT = "chaos", "2@10/1s"
 QUEUED_EVERY = 3
 VERIFY_CONCURRENCY = 16     # runs asked at once when the load has stopped
 VERIFY_SECS_PER_RUN = 0.02  # the wait for runs to finish grows by this for each run to ask
@@ -157,7 +159,7 @@ async def flow_client(http, base: str, index: int, ledger: Ledger, stop: asyncio
             try:
                 body = {"input": FLOW_STEPS}
                 if n % QUEUED_EVERY == 1:
-                    body["queue"] = QUEUE
+                    body.update(queue=QUEUE, priority=n // QUEUED_EVERY % 3)
                 async with http.post(f"{base}/v1/flows/sync_steps/runs", json=body,
                                      headers={"Idempotency-Key": key},
                                      timeout=aiohttp.ClientTimeout(total=30)) as resp:
