@@ -17,6 +17,7 @@ from agentos.rundir import RunDir
 from agentos.running_time import wait_running
 from actors.agent_loop import AgentLoop, turn_run_id
 from actors.closing import ClosingSessions
+from actors.flow_queues import parse_queues
 from actors.flow_runs import Flows
 from actors.permit_client import PermitClient
 from actors.persistence import Persistence, StorageUnavailable
@@ -51,6 +52,7 @@ class Actor:
         self.flows = Flows(self.bus, self.persistence.log, self.persistence.query, index, config.actor_count, log,
                            config.storage.retention_secs)
         self.flows.on_open_turn = self.resume_turn
+        self.flows.queue_specs = parse_queues(config.kernel.flow_queues)
         self.approvals = ToolApprovals(self.flows, config.kernel.approve_tools, config.kernel.approval_timeout_secs,
                                        self.persistence)
         self.loop = AgentLoop(self.provider, self.permits, self.persistence, self.flows, self.bus,

@@ -59,15 +59,17 @@ class FlowClient:
 
     async def start(self, flow: str, input: Any = None, run_id: str | None = None, key: str | None = None,
                     tenant: str | None = None, start_at: float | None = None,
-                    timeout_secs: float | None = None, queue: str | None = None, priority: int = 0) -> dict:
+                    timeout_secs: float | None = None, queue: str | None = None, priority: int = 0,
+                    queue_key: str | None = None) -> dict:
         """Start a run; with `run_id` or an idempotency `key`, a repeated start returns the same run.
         With `start_at` (epoch seconds), the run exists at once and runs from that time on; with
         `timeout_secs`, it is cancelled if it has not ended that long after it began; with `queue`
         (one of `kernel.flow_queues`), it runs when that queue has a place for it, before the runs
-        waiting there with a higher `priority` number."""
+        waiting there with a higher `priority` number; in a queue per key, a place of its
+        `queue_key`'s."""
         tenant = tenant or self.tenant
         return await self.start_run(flow, input, *self.run_id(flow, tenant, run_id, key), tenant, start_at,
-                                    timeout_secs, queue, priority)
+                                    timeout_secs, queue, priority, queue_key)
 
     @staticmethod
     def run_id(flow: str, tenant: str, run_id: str | None, key: str | None) -> tuple[str, bool]:
@@ -80,12 +82,14 @@ class FlowClient:
 
     async def start_run(self, flow: str, input: Any, run_id: str, new: bool, tenant: str,
                         start_at: float | None = None, timeout_secs: float | None = None,
-                        queue: str | None = None, priority: int = 0) -> dict:
+                        queue: str | None = None, priority: int = 0, queue_key: str | None = None) -> dict:
         body = {"flow": flow, "run_id": run_id, "tenant": tenant, "input": input}
         if queue:
             body["queue"] = queue
             if priority:
                 body["priority"] = priority
+            if queue_key:
+                body["queue_key"] = queue_key
         if start_at:
             body["start_at"] = float(start_at)
         if timeout_secs:

@@ -15,6 +15,12 @@ with their ages, so a new scheduler counts them (only a restart of an actor toge
 scheduler forgets that actor's admissions of runs that have ended since).
 A queue taken out of `kernel.flow_queues` while runs waited in it does not hold them for good:
 they are admitted at once, with no limit left to keep.
+
+A queue declared `per key` keeps its limit and rate for each key its runs name (`queue_key`:
+a user, a customer, a document), as DBOS's partitioned queues and as Restate's virtual objects
+serialize a key's calls: `"per_user=1 per key"` runs one run of each user at a time, any number
+of users at once. Each key is a place of its own (`queue/key`) with its own pool, made when a
+run first waits there and dropped once nothing holds, waits or counts in its window.
 """
 from __future__ import annotations
 
@@ -32,11 +38,18 @@ MAX_WINDOW_SECS = 86_400.0
 MAX_PRIORITY = 2 ** 31 - 1
 _NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}\Z")
 _RATE = re.compile(r"(\d+)/(\d+(?:\.\d+)?)s?\Z")
+_PER_KEY = re.compile(r"\s+per\s+key\Z")
+MAX_KEY = 200
 _UNLIMITED = 10 ** 9             # a rate alone: the pool's places never run out
 
 
 class QueueSpecError(ValueError):
     pass
+
+
+def valid_queue_key(value: object) -> bool:
+    """A run's key in a queue per key: 1 to MAX_KEY characters."""
+    return type(value) is str and 0 < len(value) <= MAX_KEY
 
 
 def valid_priority(value: object) -> bool:
@@ -49,22 +62,26 @@ class QueueSpec:
     limit: int | None            # runs at once (None: no limit, a rate alone)
     starts: int = 0              # with `per_secs`: at most this many admitted in any window of it
     per_secs: float = 0.0
+    per_key: bool = False        # the limit and rate hold for each of its runs' keys apart
 
     def rate(self) -> dict | None:
         return {"starts": self.starts, "per_secs": self.per_secs} if self.starts else None
 
 
 def parse_queues(spec: str) -> dict[str, QueueSpec]:
-    """`"reports=2, mail=10@50/30s, hooks=*@5/1s"` -> reports: 2 at once; mail: 10 at once and
-    50 admitted in any 30 s; hooks: 5 admitted in any second, however many run."""
+    """`"reports=2, mail=10@50/30s, hooks=*@5/1s, per_user=1 per key"` -> reports: 2 at once;
+    mail: 10 at once and 50 admitted in any 30 s; hooks: 5 admitted in any second, however many
+    run; per_user: one at once of each key's runs."""
     queues: dict[str, QueueSpec] = {}
     for part in (p.strip() for p in spec.split(",")):
         if not part:
             continue
         name, sep, value = (x.strip() for x in part.partition("="))
         if not sep or not _NAME.match(name):
-            raise QueueSpecError(f"{part!r}: each queue is name=limit or name=limit@starts/secs, a name of "
-                                 "letters, digits and _.:-")
+            raise QueueSpecError(f"{part!r}: each queue is name=limit or name=limit@starts/secs, perhaps then "
+                                 "'per key', a name of letters, digits and _.:-")
+        per_key = bool(_PER_KEY.search(value))
+        value = _PER_KEY.sub("", value)
         limit, at, rate = (x.strip() for x in value.partition("@"))
         if at:
             matched = _RATE.match(rate)
@@ -85,8 +102,16 @@ def parse_queues(spec: str) -> dict[str, QueueSpec]:
             places = int(limit)
         if name in queues:
             raise QueueSpecError(f"queue {name!r} is named twice")
-        queues[name] = QueueSpec(places, starts, per_secs)
+        queues[name] = QueueSpec(places, starts, per_secs, per_key)
     return queues
+
+
+def place_of(specs: dict[str, QueueSpec], queue: str, key: str) -> str:
+    """Where a run of `queue` with `key` waits: the queue itself, or for a queue per key its
+    key's place, `queue/key` (a queue's name holds no '/'). The actors and the scheduler read the
+    same config, so they name the same place."""
+    spec = specs.get(queue)
+    return f"{queue}/{key}" if spec is not None and spec.per_key else queue
 
 
 @dataclass
@@ -133,25 +158,42 @@ QueueGrant = tuple[str, str, str]   # (holder, queue, run id)
 
 
 class QueuePools:
+    """The pools of every place (a queue, or a key's place of a queue per key), by its name; the
+    `queue` of a request, grant, release or sync names a place."""
+
     def __init__(self, specs: dict[str, QueueSpec], now: float) -> None:
         self.specs = specs
-        self.pools = {name: QueuePool(limit=_UNLIMITED if spec.limit is None else spec.limit,
-                                      starts=spec.starts, per_secs=spec.per_secs)
-                      for name, spec in specs.items()}
-        for pool in self.pools.values():
-            pool.paused_until = now + ADOPT_SECS
+        self.adopt_until = now + ADOPT_SECS
+        self.pools = {name: self._new(spec) for name, spec in specs.items() if not spec.per_key}
+
+    def _new(self, spec: QueueSpec) -> QueuePool:
+        pool = QueuePool(limit=_UNLIMITED if spec.limit is None else spec.limit, starts=spec.starts,
+                         per_secs=spec.per_secs)
+        pool.paused_until = self.adopt_until
+        return pool
+
+    def _pool(self, place: str) -> QueuePool | None:
+        """The place's pool, a key's made now; None for a queue no longer in the config (or no
+        longer per key, or now per key: a place that is not what the config makes of it)."""
+        pool = self.pools.get(place)
+        if pool is None:
+            queue, slash, _ = place.partition("/")
+            spec = self.specs.get(queue)
+            if spec is not None and spec.per_key and slash:
+                pool = self.pools[place] = self._new(spec)
+        return pool
 
     def _grants(self, queue: str, grants) -> list[QueueGrant]:
         return [(holder, queue, run_id) for holder, run_id in grants]
 
-    def window_secs(self, queue: str) -> float:
-        """How long an actor reports a run of `queue` as admitted (0: the queue has no rate)."""
-        spec = self.specs.get(queue)
+    def window_secs(self, place: str) -> float:
+        """How long an actor reports a run of `place` as admitted (0: its queue has no rate)."""
+        spec = self.specs.get(place.partition("/")[0])
         return spec.per_secs if spec is not None and spec.starts else 0.0
 
     def request(self, queue: str, run_id: str, holder: str, tenant: str, now: float,
                 priority: int = 0) -> list[QueueGrant]:
-        pool = self.pools.get(queue)
+        pool = self._pool(queue)
         if pool is None:   # a queue taken out of the config since the run was started: no limit left
             return [(holder, queue, run_id)]
         return self._grants(queue, pool.request(run_id, holder, tenant, now, priority))
@@ -166,7 +208,7 @@ class QueuePools:
         ages (`started`: [[run id, seconds ago]]); a queue it does not name, nothing."""
         grants: list[QueueGrant] = []
         for name, listed in queues.items():
-            if name not in self.pools and isinstance(listed, dict):   # (as in `request`)
+            if isinstance(name, str) and isinstance(listed, dict) and self._pool(name) is None:   # (as in `request`)
                 grants += [(holder, name, w[0]) for w in listed.get("waiting") or ()
                            if isinstance(w, list) and w and isinstance(w[0], str)]
         for name, pool in self.pools.items():
@@ -187,17 +229,26 @@ class QueuePools:
 
     def tick(self, now: float) -> list[QueueGrant]:
         grants: list[QueueGrant] = []
-        for name, pool in self.pools.items():
+        for name, pool in list(self.pools.items()):
             grants += self._grants(name, pool.tick(now))
+            if "/" in name and not pool.held and not pool.waiting and not pool.started_in_window(now):
+                del self.pools[name]   # a key with nothing left to keep: made again when needed
         return grants
 
     def stats(self, now: float) -> dict[str, dict]:
         """Each queue's limit (None: a rate alone), runs admitted and not ended, runs waiting, and
-        with a rate, the runs admitted in its last window."""
-        out: dict[str, dict] = {}
-        for name, pool in self.pools.items():
-            spec = self.specs[name]
-            out[name] = {"limit": spec.limit, "running": len(pool.held), "waiting": len(pool.waiting)}
-            if spec.starts:
-                out[name]["started_in_window"] = pool.started_in_window(now)
+        with a rate, the runs admitted in its last window; a queue per key's summed over its keys,
+        with how many keys have places."""
+        out: dict[str, dict] = {name: {"limit": spec.limit, "running": 0, "waiting": 0,
+                                       **({"started_in_window": 0} if spec.starts else {}),
+                                       **({"keys": 0} if spec.per_key else {})}
+                                for name, spec in self.specs.items()}
+        for place, pool in self.pools.items():
+            counts = out[place.partition("/")[0]]
+            counts["running"] += len(pool.held)
+            counts["waiting"] += len(pool.waiting)
+            if "started_in_window" in counts:
+                counts["started_in_window"] += pool.started_in_window(now)
+            if "keys" in counts:
+                counts["keys"] += 1
         return out

@@ -90,7 +90,8 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules, RunQue
         self.schedule_starting: set[str] = set()   # runs being started for a schedule's time
         self.admitting: set[str] = set()   # queued runs whose admission is being journaled (actors/run_queues.py)
         self.queues_synced = False
-        self.queue_starts: dict[str, tuple[str, float, float]] = {}   # run id -> (queue, admitted at, rate window)
+        self.queue_starts: dict[str, tuple[str, float, float]] = {}   # run id -> (place, admitted at, rate window)
+        self.queue_specs: dict = {}   # kernel.flow_queues: which queues are per key
 
     def handlers(self) -> dict:
         away = self.store_away    # what callers ask may need a run's journal read back from writer/store

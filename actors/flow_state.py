@@ -13,7 +13,8 @@ Record types (body field `type`; every body has run, tenant, at, exec):
   run.started    flow, input, parent, parent_seq, parent_actor, start_at (a delayed start: not
                  dispatched before that time), schedule, scheduled_at (started by a schedule),
                  timeout_secs (cancelled if not ended this long after it began),
-                 queue (waits for a place in that flow queue: actors/run_queues.py), priority (there)
+                 queue (waits for a place in that flow queue: actors/run_queues.py), priority and
+                 queue_key (there)
                  (a fork's, actors/run_forks.py: forked_from, fork_seq, copied, attrs, messages)
   step.started   seq, name, attempt
   step.failed    seq, attempt, error            (an attempt failed; another may follow)
@@ -97,7 +98,7 @@ class Run:
                  "attrs", "channels", "waiting", "parent", "parent_seq", "parent_actor", "pending", "updates",
                  "updating", "created_at", "ended_at", "msg_counter", "waiters", "journal_bytes", "over_limit", "lost",
                  "stale", "link_checked", "forked_from", "fork_seq", "start_at", "schedule", "scheduled_at",
-                 "timeout_secs", "timing_out", "queue", "admitted_at", "priority")
+                 "timeout_secs", "timing_out", "queue", "admitted_at", "priority", "queue_key")
 
     def __init__(self, run_id: str, flow: str, tenant: str) -> None:
         self.run_id = run_id
@@ -138,6 +139,7 @@ class Run:
         self.queue = ""                        # the flow queue it runs under (actors/run_queues.py)
         self.admitted_at = 0.0                 # when it got its place there (0: it waits for one)
         self.priority = 0                      # in its queue: lower numbers are admitted first
+        self.queue_key = ""                    # its key in a queue per key (actors/flow_queues.py)
 
     @property
     def ended(self) -> bool:
@@ -186,6 +188,8 @@ class Run:
             body["queue"] = self.queue
             if self.priority:
                 body["priority"] = self.priority
+            if self.queue_key:
+                body["queue_key"] = self.queue_key
             if self.admitted_at:
                 body["admitted_at"] = self.admitted_at
         if self.parent:
@@ -247,6 +251,7 @@ def apply(run: Run, record: dict[str, Any]) -> None:
         run.timeout_secs = float(record.get("timeout_secs") or 0.0)
         run.queue = record.get("queue") or ""
         run.priority = record["priority"] if type(record.get("priority")) is int else 0
+        run.queue_key = record["queue_key"] if type(record.get("queue_key")) is str else ""
         if run.status == "pending":
             run.status = "running"
         if record.get("forked_from"):

@@ -96,6 +96,5 @@ def fork_fields(source_id: str, records: list[dict[str, Any]], tenant: str, seq:
               "copied": [_copy(source.ops[s]) for s in range(seq)], "attrs": attrs, "messages": messages}
     if source.queue:   # a fork keeps to its original's limits (a rate an outside API sets, most of all)
         fields["queue"] = source.queue
-        if source.priority:
-            fields["priority"] = source.priority
+        fields.update({f: getattr(source, f) for f in ("priority", "queue_key") if getattr(source, f)})
     return fields

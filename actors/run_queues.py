@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from actors.flow_queues import place_of
 from actors.flow_state import Run
 from broker.protocol import Kind, Message
 from broker.sharding import SCHEDULER
@@ -24,14 +25,19 @@ from broker.sharding import SCHEDULER
 class RunQueues:
     """A mixin of `actors.flow_runs.Flows`."""
 
+    def place(self, run: Run) -> str:
+        """Where the run waits: its queue, or its key's place in a queue per key."""
+        return place_of(self.queue_specs, run.queue, run.queue_key)
+
     def enqueue(self, run: Run) -> None:
-        body = {"queue": run.queue, "run_id": run.run_id, "tenant": run.tenant}
+        body = {"queue": self.place(run), "run_id": run.run_id, "tenant": run.tenant}
         if run.priority:
             body["priority"] = run.priority
         self.bus.send(SCHEDULER, Kind.QUEUE_REQUEST, body, session=run.run_id)
 
     def release_place(self, run: Run) -> None:
-        self.bus.send(SCHEDULER, Kind.QUEUE_RELEASE, {"queue": run.queue, "run_id": run.run_id}, session=run.run_id)
+        self.bus.send(SCHEDULER, Kind.QUEUE_RELEASE, {"queue": self.place(run), "run_id": run.run_id},
+                      session=run.run_id)
 
     def on_queue_grant(self, msg: Message) -> None:
         run_id = msg.body["run_id"]
@@ -40,7 +46,7 @@ class RunQueues:
             if run_id not in self.reloading:
                 self.bus.send(SCHEDULER, Kind.QUEUE_RELEASE, dict(msg.body), session=run_id)
             return
-        if run.queue != msg.body["queue"] or run.admitted_at or run_id in self.admitting or run.stale:
+        if self.place(run) != msg.body["queue"] or run.admitted_at or run_id in self.admitting or run.stale:
             return   # a grant sent again, or not this run's queue
         self.admitting.add(run.run_id)
         self.bus.spawn(self.or_reload(run, self._admit(run, float(msg.body.get("window_secs") or 0.0))))
@@ -51,7 +57,7 @@ class RunQueues:
         finally:
             self.admitting.discard(run.run_id)
         if window_secs > 0 and run.admitted_at:
-            self.queue_starts[run.run_id] = (run.queue, run.admitted_at, window_secs)
+            self.queue_starts[run.run_id] = (self.place(run), run.admitted_at, window_secs)
         if not run.ended and self.blocked_on(run) is None:
             self.dispatch(run)
 
@@ -65,7 +71,7 @@ class RunQueues:
         for run in self.runs.values():
             if not run.queue or run.ended or run.stale:
                 continue
-            mine = queues.setdefault(run.queue, {"held": [], "waiting": []})
+            mine = queues.setdefault(self.place(run), {"held": [], "waiting": []})
             if run.admitted_at or run.run_id in self.admitting:
                 mine["held"].append(run.run_id)
             elif not run.waits_to_start(now):

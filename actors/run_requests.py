@@ -166,7 +166,7 @@ class RunRequests:
         else:
             fields = {"flow": b["flow"], "input": b.get("input")}
             fields.update({f: b[f] for f in ("start_at", "schedule", "scheduled_at", "timeout_secs", "queue",
-                                             "priority") if b.get(f)})
+                                             "priority", "queue_key") if b.get(f)})
         if b.get("parent"):
             fields.update(parent=b["parent"], parent_seq=b["parent_seq"], parent_actor=b.get("parent_actor", ""))
         run = Run(b["run_id"], fields["flow"], b["tenant"])

@@ -46,7 +46,7 @@ from typing import Any, Awaitable, Callable
 import msgpack
 import orjson
 
-from actors.flow_queues import MAX_PRIORITY, valid_priority
+from actors.flow_queues import MAX_KEY, MAX_PRIORITY, valid_priority, valid_queue_key
 from broker.protocol import MAX_VALUE_BYTES
 
 __all__ = ["App", "Retry", "NO_RETRY", "Tool", "tool", "FlowContext", "StepContext", "StepFailed",
@@ -154,6 +154,12 @@ def _seconds(value: Any, what: str) -> float:
     if not math.isfinite(seconds):
         raise ValueError(f"{what} takes a finite number of seconds, got {value!r}")
     return max(0.0, seconds)
+
+
+def _queue_key(value: Any) -> str:
+    if not valid_queue_key(value):
+        raise ValueError(f"a queue_key is a string of 1 to {MAX_KEY} characters, got {value!r}")
+    return value
 
 
 def _priority(value: Any) -> int:
@@ -309,10 +315,10 @@ class FlowContext:
         raise WaitTimeout(f"no message on channel {channel!r} within {timeout}s")
 
     async def child(self, flow: str | Callable[..., Any], input: Any = None, run_id: str | None = None,
-                    queue: str | None = None, priority: int = 0) -> Any:
+                    queue: str | None = None, priority: int = 0, queue_key: str | None = None) -> Any:
         """Start a child flow — its name, or the flow function itself — and wait for its result;
         with `queue` (one of the server's `kernel.flow_queues`), it waits there for a place, before
-        the runs of a higher `priority` number."""
+        the runs of a higher `priority` number, and in a queue per key, its `queue_key`'s."""
         if callable(flow):                # the name this worker's app registered it under
             flows = getattr(getattr(self._rt, "app", None), "flows", {})
             flow = next((name for name, fn in flows.items() if fn is flow), flow.__name__)
@@ -321,7 +327,8 @@ class FlowContext:
         check_encodable(input, "a child flow's input")
         go = await self._op("child", flow, input=input, **({"child": run_id} if run_id else {}),
                             **({"queue": queue} if queue else {}),
-                            **({"priority": _priority(priority)} if queue and priority else {}))
+                            **({"priority": _priority(priority)} if queue and priority else {}),
+                            **({"queue_key": _queue_key(queue_key)} if queue and queue_key is not None else {}))
         if go.get("ok", True):
             return go.get("result")
         raise ChildFailed(f"child flow {flow!r} did not complete: {go.get('error', '')}")

@@ -129,16 +129,14 @@ class WorkerRequests:
             await self.record(run, "child.started", seq=seq, name=b["name"], child=child)
             op = run.ops[seq]
         self.bus.reply(msg, Kind.STEP_GO, {"action": _park(run)})
-        self.bus.spawn(self._start_child_run(run, op, b.get("input"), b.get("queue"), b.get("priority")))
+        self.bus.spawn(self._start_child_run(run, op, b.get("input"),
+                                             {f: b[f] for f in ("queue", "priority", "queue_key") if b.get(f)}))
 
-    async def _start_child_run(self, run: Run, op: Op, child_input: Any, queue: str | None = None,
-                               priority: int | None = None) -> None:
+    async def _start_child_run(self, run: Run, op: Op, child_input: Any, queued: dict | None = None) -> None:
         start = {"flow": op.name, "run_id": op.child, "tenant": run.tenant, "input": child_input,
                  "parent": run.run_id, "parent_seq": op.seq, "parent_actor": self.bus.name}
-        if queue:
-            start["queue"] = queue
-            if priority:
-                start["priority"] = priority
+        if queued and queued.get("queue"):   # its queue, and there its priority and key
+            start.update(queued)
         try:
             reply = await self.bus.request(actor_name(op.child, self.shards), Kind.FLOW_START, start, timeout=30.0)
         except BusError as exc:

@@ -290,10 +290,12 @@ SPECS: dict[Kind, Spec] = {
     # a delayed start's time (epoch seconds); the run is not dispatched before it. schedule,
     # scheduled_at: the schedule that starts it, and for which of its times (actors/schedules.py).
     # timeout_secs: the run is cancelled if it has not ended this long after it began. queue: the
-    # flow queue it waits in for a place, priority: before the runs there of higher numbers.
+    # flow queue it waits in for a place, priority: before the runs there of higher numbers,
+    # queue_key: its key in a queue per key (actors/flow_queues.py).
     Kind.FLOW_START: _spec({"run_id": str, "tenant": str}, flow=str, input=object, parent=str, parent_seq=int,
                            parent_actor=str, new=bool, deadline=_NUM, fork_of=str, fork_seq=int, start_at=_NUM,
-                           schedule=str, scheduled_at=_NUM, timeout_secs=_NUM, queue=str, priority=int),
+                           schedule=str, scheduled_at=_NUM, timeout_secs=_NUM, queue=str, priority=int,
+                           queue_key=str),
     Kind.FLOW_GET: _spec({"run_id": str, "tenant": str}, wait=_NUM),  # wait: seconds to wait for the end
     # A run's operations (steps, sleeps, waits, children, attribute writes) after seq `after`, in
     # order; a page holds at most `limit` of them and about STEPS_PAGE_BYTES of their values.
@@ -311,7 +313,8 @@ SPECS: dict[Kind, Spec] = {
     # op: step, sleep, wait, child, attr_set; with the op's own fields (see actors/flow_runs.py)
     Kind.STEP_START: _spec({"run_id": str, "exec": int, "seq": int, "op": str, "name": str}, sync=bool,
                            max_attempts=int, due=_NUM, channel=str, timeout=_NUM, flow=str, input=object,
-                           child=str, key=str, value=object, results_due=list, queue=str, priority=int),
+                           child=str, key=str, value=object, results_due=list, queue=str, priority=int,
+                           queue_key=str),
     # action: run (attempt), replay (recorded outcome), suspend (wait for a timer, message or child),
     # continue (a wait/sleep already satisfied), fail (retries spent), abort (execution superseded)
     Kind.STEP_GO: _spec({"action": str}, attempt=int, ok=bool, result=object, error=str, heartbeat=object),

@@ -14,7 +14,7 @@ import orjson
 from aiohttp import web
 
 from actors.flow_client import WAITABLE, FlowClient, FlowError
-from actors.flow_queues import MAX_PRIORITY, parse_queues, valid_priority
+from actors.flow_queues import MAX_KEY, MAX_PRIORITY, parse_queues, valid_priority, valid_queue_key
 from broker.client import BusError
 from broker.protocol import MAX_VALUE_BYTES, Kind
 from broker.sharding import SCHEDULER
@@ -125,6 +125,17 @@ def known_queue(config: Config, body: dict) -> str | None:
     return queue
 
 
+def _queue_key(config: Config, queue: str | None, body: dict) -> str | None:
+    """The body's `queue_key`: a start into a queue per key names one, no other start does (400)."""
+    key, spec = body.get("queue_key"), parse_queues(config.kernel.flow_queues).get(queue) if queue else None
+    per_key = spec is not None and spec.per_key
+    if (key is None) == per_key or (key is not None and not valid_queue_key(key)):
+        raise ApiError(400, "invalid_queue_key", f"queue {queue!r} is per key: a start names its queue_key, 1 to "
+                                                 f"{MAX_KEY} characters" if per_key else
+                                                 "queue_key is only for a start into a queue per key")
+    return key
+
+
 class FlowRoutes:
     def __init__(self, gateway: "Gateway") -> None:
         self.gw = gateway
@@ -140,9 +151,9 @@ class FlowRoutes:
         flow = _name(request, "flow", "flow")
         tenant = self.gw.tenant_of(request)
         body = await self.gw.json_body(request)
-        _only(body, ("input", "run_id", "start_at", "delay_secs", "timeout_secs", "queue", "priority"),
+        _only(body, ("input", "run_id", "start_at", "delay_secs", "timeout_secs", "queue", "priority", "queue_key"),
               '{"input": ..., "run_id": ..., "start_at" or "delay_secs": ..., "timeout_secs": ..., "queue": ..., '
-              '"priority": ...}')
+              '"priority": ..., "queue_key": ...}')
         _check_size(body.get("input"), "input")
         start_at, timeout = _start_at(body), body.get("timeout_secs")
         if timeout is not None and (type(timeout) not in (int, float) or not 0 < timeout <= MAX_DELAY_SECS):
@@ -152,10 +163,11 @@ class FlowRoutes:
         if not valid_priority(priority) or (priority and queue is None):
             raise ApiError(400, "invalid_priority", f"priority must be a whole number, 0 (the default: first) to "
                                                     f"{MAX_PRIORITY}, given with a queue")
+        queue_key = _queue_key(self.gw.config, queue, body)
         chosen, new = self.client.run_id(flow, tenant, *_new_run(request, body))
         try:
             run = await self.client.start_run(flow, body.get("input"), internal(tenant, chosen), new, tenant,
-                                              start_at, timeout, queue, priority)
+                                              start_at, timeout, queue, priority, queue_key)
         except FlowError as exc:
             raise _error(exc) from None
         return json_response(_outward(run, tenant), status=201 if run.get("created") else 200)
@@ -190,7 +202,9 @@ class FlowRoutes:
         for name, spec in parse_queues(self.gw.config.kernel.flow_queues).items():
             counted = counts.get(name) or {}
             queue = {"name": name, "limit": spec.limit, "running": counted.get("running", 0),
-                     "waiting": counted.get("waiting", 0), "rate": spec.rate()}
+                     "waiting": counted.get("waiting", 0), "rate": spec.rate(), "per_key": spec.per_key}
+            if spec.per_key:
+                queue["keys"] = counted.get("keys", 0)
             if queue["rate"] is not None:
                 queue["rate"]["started"] = counted.get("started_in_window", 0)
             listed.append(queue)

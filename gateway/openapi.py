@@ -140,7 +140,9 @@ SCHEMAS: dict[str, Any] = {
                                                    "enqueued until the queue has a place for it"},
         "priority": {"type": "integer", "minimum": 0, "maximum": 2 ** 31 - 1,
                      "description": "with a queue: admitted before the runs waiting there with higher numbers "
-                                    "(default 0, first)"}}},
+                                    "(default 0, first)"},
+        "queue_key": {"type": "string", "minLength": 1, "maxLength": 200,
+                      "description": "in a queue per key (and only there): the key whose limit the run keeps to"}}},
     "Run": {"type": "object", "required": ["run_id", "status"],
             "properties": {"run_id": {"type": "string"}, "status": {"type": "string"}, "flow": {"type": "string"},
                            "created": {"type": "boolean"}, "result": ANY, "error": {"type": "string"},
@@ -150,7 +152,7 @@ SCHEMAS: dict[str, Any] = {
                            "schedule": {"type": "string"}, "scheduled_at": {"type": "number"},
                            "timeout_at": {"type": "number"}, "queue": {"type": "string"},
                            "admitted_at": {"type": "number", "description": "when the run got its queue's place"},
-                           "priority": {"type": "integer"}}},
+                           "priority": {"type": "integer"}, "queue_key": {"type": "string"}}},
     "ScheduleDefinition": {"type": "object", "required": ["flow", "cron"], "properties": {
         "flow": NAME, "cron": {"type": "string", "description": "5 fields (minute hour day month weekday), or 6 "
                                                                 "with seconds first; or @daily, @hourly, ..."},
@@ -375,7 +377,7 @@ PATHS: dict[str, dict] = {
         "summary": "The flow queues (kernel.flow_queues): each one's limit and rate, runs admitted and runs waiting",
         "responses": {"200": {"description": "every queue", "content": _json({
             "type": "object", "required": ["queues"], "properties": {"queues": {"type": "array", "items": {
-                "type": "object", "required": ["name", "limit", "running", "waiting", "rate"],
+                "type": "object", "required": ["name", "limit", "running", "waiting", "rate", "per_key"],
                 "properties": {"name": {"type": "string"},
                                "limit": {"type": ["integer", "null"], "description": "runs at once (null: no limit)"},
                                "running": {"type": "integer"}, "waiting": {"type": "integer"},
@@ -383,7 +385,11 @@ PATHS: dict[str, dict] = {
                                         "description": "at most `starts` runs admitted in any `per_secs`; "
                                                        "`started`: those admitted in the last `per_secs`",
                                         "properties": {"starts": {"type": "integer"}, "per_secs": {"type": "number"},
-                                                       "started": {"type": "integer"}}}}}}}})},
+                                                       "started": {"type": "integer"}}},
+                               "per_key": {"type": "boolean", "description": "the limit and rate hold for each "
+                                                                             "queue_key apart"},
+                               "keys": {"type": "integer", "description": "a queue per key's keys with runs "
+                                                                          "running or waiting"}}}}}})},
                       **_errors(401, 503)}}},
     "/v1/schedules": {"get": {
         "summary": "The tenant's schedules, by name",

@@ -1,6 +1,7 @@
 """End-to-end: flow queues (`kernel.flow_queues`) on the real process set — a queue's runs wait
 `enqueued` and run at most its limit at once, also through a kill -9 of an actor holding some of
-them and of the scheduler; a queue's rate spaces its admissions; an enqueued run can be
+them and of the scheduler; a queue's rate spaces its admissions; lower priority numbers go
+first; a queue per key keeps its limit for each key; an enqueued run can be
 cancelled and never runs; a run or a schedule naming no such queue is a 400."""
 import json
 import time
@@ -25,11 +26,11 @@ def most_at_once(path) -> int:
 
 
 def test_a_queue_runs_at_most_its_limit_at_once_through_an_actors_kill(make_server, make_worker, tmp_path):
-    server = make_server({"kernel": {"flow_queues": "two=2, one=1, rated=*@2/1s"}})
+    server = make_server({"kernel": {"flow_queues": "two=2, one=1, rated=*@2/1s, per_user=1 per key"}})
     make_worker(server)
     base, log = server.url, tmp_path / "occupied.txt"
     status, _, body = start(base, {"file": str(log)}, queue="three")
-    assert (status, body["error"]["code"]) == (400, "unknown_queue") and "one, rated, two" in body["error"]["message"]
+    assert (status, body["error"]["code"]) == (400, "unknown_queue") and "one, per_user, rated, two" in body["error"]["message"]
     assert start(base, {"file": str(log)}, queue=["two"])[2]["error"]["code"] == "unknown_queue"
     # a schedule's runs may wait in a queue too (one place: they never overlap)
     yearly = {"flow": "queued", "cron": "0 0 1 1 *", "input": {"file": str(log)}}
@@ -46,7 +47,7 @@ def test_a_queue_runs_at_most_its_limit_at_once_through_an_actors_kill(make_serv
         runs.append(body["run_id"])
     assert body["status"] == "enqueued"   # the 8th: two places, and none given yet
     status, _, listed = get_json(f"{base}/v1/queues")
-    assert status == 200 and [q["name"] for q in listed["queues"]] == ["two", "one", "rated"]
+    assert status == 200 and [q["name"] for q in listed["queues"]] == ["two", "one", "rated", "per_user"]
     two = listed["queues"][0]
     assert two["limit"] == 2 and two["running"] <= 2 and two["waiting"] >= 1   # the 8th at least waits
     status, _, cancelled = get_json(f"{base}/v1/runs/q-7:cancel", method="POST")
@@ -68,7 +69,7 @@ def test_a_queue_runs_at_most_its_limit_at_once_through_an_actors_kill(make_serv
     wait_until(lambda: scrape(base).get('agentos_flow_queue_running{queue="two"}') == 0, 10, "the places back")
     assert scrape(base).get('agentos_flow_queue_waiting{queue="two"}') == 0
     assert get_json(f"{base}/v1/queues")[2]["queues"][0] == {"name": "two", "limit": 2, "running": 0, "waiting": 0,
-                                                             "rate": None}
+                                                             "rate": None, "per_key": False}
 
     # a rate: two admitted in any second, however many places are free
     for i in range(6):
@@ -135,3 +136,17 @@ def test_a_queue_runs_at_most_its_limit_at_once_through_an_actors_kill(make_serv
     admitted = {run_id: get_json(f"{base}/v1/runs/{run_id}?wait=30")[2]["admitted_at"]
                 for run_id in ("p-low", "p-high", "p-none")}
     assert sorted(admitted, key=admitted.get) == ["p-none", "p-high", "p-low"], admitted
+
+    # a queue per key: one run of each user at a time, the users side by side
+    assert start(base, {"file": str(log)}, queue="per_user")[2]["error"]["code"] == "invalid_queue_key"
+    assert start(base, {"file": str(log)}, queue="one", queue_key="alice")[2]["error"]["code"] == "invalid_queue_key"
+    for run_id, key, secs in (("alice-1", "alice", 1.2), ("alice-2", "alice", 0.05), ("bob-1", "bob", 0.05)):
+        status, _, body = start(base, {"file": str(log), "secs": secs}, queue="per_user", run_id=run_id, queue_key=key)
+        assert status == 201 and body["queue_key"] == key, body
+    per_user = get_json(f"{base}/v1/queues")[2]["queues"][3]
+    assert per_user["per_key"] is True and per_user["limit"] == 1
+    done = {run_id: get_json(f"{base}/v1/runs/{run_id}?wait=30")[2] for run_id in ("alice-1", "alice-2", "bob-1")}
+    assert all(run["status"] == "completed" for run in done.values()), done
+    first = done["alice-1"]["admitted_at"]
+    assert done["alice-2"]["admitted_at"] - first > 1.0   # after alice's first had its 1.2 s
+    assert done["bob-1"]["admitted_at"] - first < 1.0     # bob's did not wait for alice's
