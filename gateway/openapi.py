@@ -183,6 +183,7 @@ SCHEMAS: dict[str, Any] = {
                                                "started_at": {"type": ["number", "null"]},
                                                "ended_at": {"type": ["number", "null"]},
                                                "parent": {"type": "string"}, "queue": {"type": "string"},
+                                               "queue_key": {"type": "string"},
                                                "schedule": {"type": "string"},
                                                "forked_from": {"type": "string"}}}}}},
     "Steps": {"type": "object", "required": ["run_id", "steps", "next_after"],

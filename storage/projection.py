@@ -11,7 +11,7 @@ from storage.records import RecordKind
 Row = tuple[Any, ...]
 _pack = msgpack.Packer(use_bin_type=True).pack
 _MESSAGE_FIELDS = ("role", "content")
-LISTED_EXTRA = ("queue", "schedule", "forked_from")   # a run's start fields its listing names (`extra`)
+LISTED_EXTRA = ("queue", "queue_key", "schedule", "forked_from")   # a run's start fields its listing names (`extra`)
 
 
 def _json(value: Any) -> str | None:

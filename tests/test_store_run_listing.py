@@ -106,7 +106,7 @@ def test_runs_started_in_a_window_of_time_are_listed_in_either_order(store):
 def test_a_fork_a_queued_run_and_a_schedules_run_are_listed_as_such(tmp_path):
     log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=8 << 20)
     log.write([flow_record("f1", "t", "run.started", 151.0, flow="a", input="x" * 300_000, forked_from="r05",
-                           fork_seq=1, queue="reports", schedule=""),
+                           fork_seq=1, queue="reports", queue_key="alice", schedule=""),
                flow_record("s1", "t", "run.started", 152.0, flow="b", input=None, schedule="daily",
                            scheduled_at=152.0, queue=7),   # (not a name: passed over)
                flow_record("s1", "t", "run.ended", 153.0, status="completed", result=1)], sync=True)
@@ -117,7 +117,7 @@ def test_a_fork_a_queued_run_and_a_schedules_run_are_listed_as_such(tmp_path):
         s.load_all()
         assert s.query("runs", "", tenant="t", limit=10)[0] == [
             {"run_id": "f1", "flow": "a", "status": "open", "started_at": 151.0, "ended_at": None,
-             "forked_from": "r05", "queue": "reports"},
+             "forked_from": "r05", "queue": "reports", "queue_key": "alice"},
             {"run_id": "s1", "flow": "b", "status": "completed", "started_at": 152.0, "ended_at": 153.0,
              "schedule": "daily"}]
     finally:
