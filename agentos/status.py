@@ -158,6 +158,20 @@ def _queue(stats: dict) -> str:
     return " ".join(parts) or ("unreachable" if "error" in stats else "-")
 
 
+def flow_queues(processes: list[dict]) -> str | None:
+    """A line of each flow queue's runs, as the scheduler counts them (None: there are none)."""
+    stats = next((r.get("stats") or {} for r in processes if r["name"] == "scheduler"), {})
+    parts = []
+    for name, q in (stats.get("flow_queues") or {}).items():
+        text = f"{name} {q['running']}/{'*' if q['limit'] is None else q['limit']} running, {q['waiting']} waiting"
+        if "keys" in q:
+            text += f", over {q['keys']} keys (the limit is each key's)"
+        if "started_in_window" in q:
+            text += f", {q['started_in_window']} admitted in its rate's window"
+        parts.append(text)
+    return "flow queues: " + "; ".join(parts) if parts else None
+
+
 def main(config: Config, as_json: bool = False, out=None) -> int:
     out = out or sys.stdout
     data = collect(config)
@@ -176,6 +190,9 @@ def main(config: Config, as_json: bool = False, out=None) -> int:
         print(f"{r['name']:<12} {r['pid'] or '-':>7} {uptime:>9} {r['restarts']:>8} "
               f"{r.get('rss_kib', 0) / 1024:>8.1f} {r.get('private_dirty_kib', 0) / 1024:>14.1f}  "
               f"{_queue(r.get('stats', {}))}", file=out)
+    queues = flow_queues(data["processes"])
+    if queues:
+        print(queues, file=out)
     s3 = data.get("object_storage")
     if s3:
         print(f"object storage: bucket {s3['bucket']}, {s3['puts_per_sec']} PUTs/s "

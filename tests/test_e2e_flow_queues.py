@@ -150,3 +150,7 @@ def test_a_queue_runs_at_most_its_limit_at_once_through_an_actors_kill(make_serv
     first = done["alice-1"]["admitted_at"]
     assert done["alice-2"]["admitted_at"] - first > 1.0   # after alice's first had its 1.2 s
     assert done["bob-1"]["admitted_at"] - first < 1.0     # bob's did not wait for alice's
+    shown = server.cli("status")
+    assert shown.returncode == 0, shown.stderr
+    (line,) = [line for line in shown.stdout.splitlines() if line.startswith("flow queues: ")]
+    assert "two 0/2 running, 0 waiting" in line and "rated 0/* running" in line and "per_user 0/1 running" in line
