@@ -19,8 +19,10 @@ they are admitted at once, with no limit left to keep.
 A queue declared `per key` keeps its limit and rate for each key its runs name (`queue_key`:
 a user, a customer, a document), as DBOS's partitioned queues and as Restate's virtual objects
 serialize a key's calls: `"per_user=1 per key"` runs one run of each user at a time, any number
-of users at once. Each key is a place of its own (`queue/key`) with its own pool, made when a
-run first waits there and dropped once nothing holds, waits or counts in its window.
+of users at once. `per tenant` does the same with each run's tenant for its key: a cap on what
+one tenant of a shared server runs at once. Each key is a place of its own (`queue/key`) with
+its own pool, made when a run first waits there and dropped once nothing holds, waits or counts
+in its window.
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ MAX_WINDOW_SECS = 86_400.0
 MAX_PRIORITY = 2 ** 31 - 1
 _NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}\Z")
 _RATE = re.compile(r"(\d+)/(\d+(?:\.\d+)?)s?\Z")
-_PER_KEY = re.compile(r"\s+per\s+key\Z")
+_PER = re.compile(r"\s+per\s+(key|tenant)\Z")
 MAX_KEY = 200
 _UNLIMITED = 10 ** 9             # a rate alone: the pool's places never run out
 
@@ -62,16 +64,16 @@ class QueueSpec:
     limit: int | None            # runs at once (None: no limit, a rate alone)
     starts: int = 0              # with `per_secs`: at most this many admitted in any window of it
     per_secs: float = 0.0
-    per_key: bool = False        # the limit and rate hold for each of its runs' keys apart
+    per: str | None = None       # "key", "tenant": the limit and rate hold for each of its runs' keys (tenants) apart
 
     def rate(self) -> dict | None:
         return {"starts": self.starts, "per_secs": self.per_secs} if self.starts else None
 
 
 def parse_queues(spec: str) -> dict[str, QueueSpec]:
-    """`"reports=2, mail=10@50/30s, hooks=*@5/1s, per_user=1 per key"` -> reports: 2 at once;
-    mail: 10 at once and 50 admitted in any 30 s; hooks: 5 admitted in any second, however many
-    run; per_user: one at once of each key's runs."""
+    """`"reports=2, mail=10@50/30s, hooks=*@5/1s, per_user=1 per key, fair=5 per tenant"` ->
+    reports: 2 at once; mail: 10 at once and 50 admitted in any 30 s; hooks: 5 admitted in any
+    second, however many run; per_user: one at once of each key's runs; fair: 5 of each tenant's."""
     queues: dict[str, QueueSpec] = {}
     for part in (p.strip() for p in spec.split(",")):
         if not part:
@@ -80,8 +82,8 @@ def parse_queues(spec: str) -> dict[str, QueueSpec]:
         if not sep or not _NAME.match(name):
             raise QueueSpecError(f"{part!r}: each queue is name=limit or name=limit@starts/secs, perhaps then "
                                  "'per key', a name of letters, digits and _.:-")
-        per_key = bool(_PER_KEY.search(value))
-        value = _PER_KEY.sub("", value)
+        per = _PER.search(value)
+        value = _PER.sub("", value)
         limit, at, rate = (x.strip() for x in value.partition("@"))
         if at:
             matched = _RATE.match(rate)
@@ -102,16 +104,17 @@ def parse_queues(spec: str) -> dict[str, QueueSpec]:
             places = int(limit)
         if name in queues:
             raise QueueSpecError(f"queue {name!r} is named twice")
-        queues[name] = QueueSpec(places, starts, per_secs, per_key)
+        queues[name] = QueueSpec(places, starts, per_secs, per[1] if per else None)
     return queues
 
 
-def place_of(specs: dict[str, QueueSpec], queue: str, key: str) -> str:
-    """Where a run of `queue` with `key` waits: the queue itself, or for a queue per key its
-    key's place, `queue/key` (a queue's name holds no '/'). The actors and the scheduler read the
-    same config, so they name the same place."""
+def place_of(specs: dict[str, QueueSpec], queue: str, key: str, tenant: str) -> str:
+    """Where a run of `queue` with `key` waits: the queue itself, or for a queue per key (per
+    tenant) its key's (tenant's) place, `queue/key` (a queue's name holds no '/'). The actors and
+    the scheduler read the same config, so they name the same place."""
     spec = specs.get(queue)
-    return f"{queue}/{key}" if spec is not None and spec.per_key else queue
+    per = spec.per if spec is not None else None
+    return f"{queue}/{key}" if per == "key" else f"{queue}/{tenant}" if per == "tenant" else queue
 
 
 @dataclass
@@ -164,7 +167,7 @@ class QueuePools:
     def __init__(self, specs: dict[str, QueueSpec], now: float) -> None:
         self.specs = specs
         self.adopt_until = now + ADOPT_SECS
-        self.pools = {name: self._new(spec) for name, spec in specs.items() if not spec.per_key}
+        self.pools = {name: self._new(spec) for name, spec in specs.items() if not spec.per}
 
     def _new(self, spec: QueueSpec) -> QueuePool:
         pool = QueuePool(limit=_UNLIMITED if spec.limit is None else spec.limit, starts=spec.starts,
@@ -179,7 +182,7 @@ class QueuePools:
         if pool is None:
             queue, slash, _ = place.partition("/")
             spec = self.specs.get(queue)
-            if spec is not None and spec.per_key and slash:
+            if spec is not None and spec.per and slash:
                 pool = self.pools[place] = self._new(spec)
         return pool
 
@@ -241,7 +244,7 @@ class QueuePools:
         with how many keys have places."""
         out: dict[str, dict] = {name: {"limit": spec.limit, "running": 0, "waiting": 0,
                                        **({"started_in_window": 0} if spec.starts else {}),
-                                       **({"keys": 0} if spec.per_key else {})}
+                                       **({"keys": 0} if spec.per else {})}
                                 for name, spec in self.specs.items()}
         for place, pool in self.pools.items():
             counts = out[place.partition("/")[0]]

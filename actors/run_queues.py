@@ -27,7 +27,7 @@ class RunQueues:
 
     def place(self, run: Run) -> str:
         """Where the run waits: its queue, or its key's place in a queue per key."""
-        return place_of(self.queue_specs, run.queue, run.queue_key)
+        return place_of(self.queue_specs, run.queue, run.queue_key, run.tenant)
 
     def enqueue(self, run: Run) -> None:
         body = {"queue": self.place(run), "run_id": run.run_id, "tenant": run.tenant}

@@ -60,9 +60,9 @@ class KernelConfig:
     approve_tools: str = ""
     approval_timeout_secs: float = 600.0
     # Flow queues, how many of a queue's runs run at once and, after @, how many are admitted in
-    # any window of seconds, for each key apart if "per key" ("reports=2, mail=10@50/30s,
-    # hooks=*@5/1s, per_user=1 per key"; actors/flow_queues.py): a start naming one waits,
-    # enqueued, for a place.
+    # any window of seconds, for each key (tenant) apart if "per key" ("per tenant")
+    # ("reports=2, mail=10@50/30s, hooks=*@5/1s, per_user=1 per key, fair=5 per tenant";
+    # actors/flow_queues.py): a start naming one waits, enqueued, for a place.
     flow_queues: str = ""
     run_dir: str = ""
     # A turn whose client disconnected is cancelled after this grace, unless a client resumes its

@@ -165,7 +165,7 @@ def flow_queues(processes: list[dict]) -> str | None:
     for name, q in (stats.get("flow_queues") or {}).items():
         text = f"{name} {q['running']}/{'*' if q['limit'] is None else q['limit']} running, {q['waiting']} waiting"
         if "keys" in q:
-            text += f", over {q['keys']} keys (the limit is each key's)"
+            text += f", over {q['keys']} keys (the limit is each one's)"
         if "started_in_window" in q:
             text += f", {q['started_in_window']} admitted in its rate's window"
         parts.append(text)

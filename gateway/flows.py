@@ -128,7 +128,7 @@ def known_queue(config: Config, body: dict) -> str | None:
 def _queue_key(config: Config, queue: str | None, body: dict) -> str | None:
     """The body's `queue_key`: a start into a queue per key names one, no other start does (400)."""
     key, spec = body.get("queue_key"), parse_queues(config.kernel.flow_queues).get(queue) if queue else None
-    per_key = spec is not None and spec.per_key
+    per_key = spec is not None and spec.per == "key"
     if (key is None) == per_key or (key is not None and not valid_queue_key(key)):
         raise ApiError(400, "invalid_queue_key", f"queue {queue!r} is per key: a start names its queue_key, 1 to "
                                                  f"{MAX_KEY} characters" if per_key else
@@ -202,8 +202,8 @@ class FlowRoutes:
         for name, spec in parse_queues(self.gw.config.kernel.flow_queues).items():
             counted = counts.get(name) or {}
             queue = {"name": name, "limit": spec.limit, "running": counted.get("running", 0),
-                     "waiting": counted.get("waiting", 0), "rate": spec.rate(), "per_key": spec.per_key}
-            if spec.per_key:
+                     "waiting": counted.get("waiting", 0), "rate": spec.rate(), "per": spec.per}
+            if spec.per:
                 queue["keys"] = counted.get("keys", 0)
             if queue["rate"] is not None:
                 queue["rate"]["started"] = counted.get("started_in_window", 0)

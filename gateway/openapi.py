@@ -378,7 +378,7 @@ PATHS: dict[str, dict] = {
         "summary": "The flow queues (kernel.flow_queues): each one's limit and rate, runs admitted and runs waiting",
         "responses": {"200": {"description": "every queue", "content": _json({
             "type": "object", "required": ["queues"], "properties": {"queues": {"type": "array", "items": {
-                "type": "object", "required": ["name", "limit", "running", "waiting", "rate", "per_key"],
+                "type": "object", "required": ["name", "limit", "running", "waiting", "rate", "per"],
                 "properties": {"name": {"type": "string"},
                                "limit": {"type": ["integer", "null"], "description": "runs at once (null: no limit)"},
                                "running": {"type": "integer"}, "waiting": {"type": "integer"},
@@ -387,10 +387,10 @@ PATHS: dict[str, dict] = {
                                                        "`started`: those admitted in the last `per_secs`",
                                         "properties": {"starts": {"type": "integer"}, "per_secs": {"type": "number"},
                                                        "started": {"type": "integer"}}},
-                               "per_key": {"type": "boolean", "description": "the limit and rate hold for each "
-                                                                             "queue_key apart"},
-                               "keys": {"type": "integer", "description": "a queue per key's keys with runs "
-                                                                          "running or waiting"}}}}}})},
+                               "per": {"enum": ["key", "tenant", None], "description": "the limit and rate hold for each "
+                                                                      "queue_key (tenant) apart"},
+                               "keys": {"type": "integer", "description": "a queue per key's (tenant's) keys with "
+                                                                          "runs running or waiting"}}}}}})},
                       **_errors(401, 503)}}},
     "/v1/schedules": {"get": {
         "summary": "The tenant's schedules, by name",

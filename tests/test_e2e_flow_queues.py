@@ -69,7 +69,7 @@ def test_a_queue_runs_at_most_its_limit_at_once_through_an_actors_kill(make_serv
     wait_until(lambda: scrape(base).get('agentos_flow_queue_running{queue="two"}') == 0, 10, "the places back")
     assert scrape(base).get('agentos_flow_queue_waiting{queue="two"}') == 0
     assert get_json(f"{base}/v1/queues")[2]["queues"][0] == {"name": "two", "limit": 2, "running": 0, "waiting": 0,
-                                                             "rate": None, "per_key": False}
+                                                             "rate": None, "per": None}
 
     # a rate: two admitted in any second, however many places are free
     for i in range(6):
@@ -144,7 +144,7 @@ def test_a_queue_runs_at_most_its_limit_at_once_through_an_actors_kill(make_serv
         status, _, body = start(base, {"file": str(log), "secs": secs}, queue="per_user", run_id=run_id, queue_key=key)
         assert status == 201 and body["queue_key"] == key, body
     per_user = get_json(f"{base}/v1/queues")[2]["queues"][3]
-    assert per_user["per_key"] is True and per_user["limit"] == 1
+    assert per_user["per"] == "key" and per_user["limit"] == 1
     done = {run_id: get_json(f"{base}/v1/runs/{run_id}?wait=30")[2] for run_id in ("alice-1", "alice-2", "bob-1")}
     assert all(run["status"] == "completed" for run in done.values()), done
     first = done["alice-1"]["admitted_at"]

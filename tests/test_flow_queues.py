@@ -19,13 +19,14 @@ from test_flow_results_due import running_flows
 
 
 def test_the_spec_names_each_queue_once_with_a_whole_limit_and_perhaps_a_rate():
-    assert parse_queues("reports=2, mail = 10 @ 50/30s, hooks=*@5/0.5, users=1 per key, api=*@2/1s  per  key") == {
+    assert parse_queues("reports=2, mail = 10 @ 50/30s, hooks=*@5/0.5, users=1 per key, api=*@2/1s  per  key, "
+                        "fair=3 per tenant") == {
         "reports": QueueSpec(2), "mail": QueueSpec(10, 50, 30.0), "hooks": QueueSpec(None, 5, 0.5),
-        "users": QueueSpec(1, per_key=True), "api": QueueSpec(None, 2, 1.0, per_key=True)}
+        "users": QueueSpec(1, per="key"), "api": QueueSpec(None, 2, 1.0, per="key"), "fair": QueueSpec(3, per="tenant")}
     assert parse_queues("") == {}
     for bad in ("reports", "reports=0", "reports=1.5", "a b=1", "x=1,x=2", "q=-1", "q=100001", "q=*", "q=1@0/1s",
                 "q=1@5/0s", "q=1@5", "q=1@5/1m", "q=*@", "q=1@5/86401", "q=1@100001/1s", "q=@5/1s", "q=1 per",
-                "q=per key", "q=1 per keys"):
+                "q=per key", "q=1 per keys", "q=1 per user"):
         with pytest.raises(QueueSpecError):
             parse_queues(bad)
     config = Config()
@@ -100,13 +101,13 @@ def test_lower_priority_numbers_go_first_and_tenants_take_turns_among_equals():
 
 def test_a_queue_per_key_keeps_its_limit_for_each_key_and_forgets_a_key_with_nothing_left():
     t0 = 100.0
-    specs = parse_queues("users=1 per key, plain=1")
-    assert place_of(specs, "users", "alice") == "users/alice" and place_of(specs, "plain", "alice") == "plain"
-    assert place_of(specs, "gone", "alice") == "gone"
+    specs = parse_queues("users=1 per key, plain=1, fair=2 per tenant")
+    assert place_of(specs, "users", "alice", "t") == "users/alice" and place_of(specs, "plain", "alice", "t") == "plain"
+    assert place_of(specs, "gone", "alice", "t") == "gone" and place_of(specs, "fair", "", "acme") == "fair/acme"
     pools = QueuePools(specs, t0)
     t1 = t0 + ADOPT_SECS
     got = [g for run_id, key in (("a1", "alice"), ("a2", "alice"), ("b1", "bob"))
-           for g in pools.request(place_of(specs, "users", key), run_id, "actor/0", "t", t1)]
+           for g in pools.request(place_of(specs, "users", key, "t"), run_id, "actor/0", "t", t1)]
     assert got == [("actor/0", "users/alice", "a1"), ("actor/0", "users/bob", "b1")]   # a key at a time each
     assert pools.stats(t1)["users"] == {"limit": 1, "running": 2, "waiting": 1, "keys": 2}
     assert pools.release("users/alice", "a1", t1 + 1) == [("actor/0", "users/alice", "a2")]
@@ -120,6 +121,10 @@ def test_a_queue_per_key_keeps_its_limit_for_each_key_and_forgets_a_key_with_not
     assert pools.tick(t1 + 1) == [] and pools.release("users/carol", "c1", t1 + 2) == [("actor/0", "users/carol", "c2")]
     # a place the config no longer makes (a queue per key named without a key): no limit left
     assert pools.request("users", "x", "actor/0", "t", t1) == [("actor/0", "users", "x")]
+    # per tenant: each tenant's runs keep to the limit apart
+    got = [g[2] for run_id, tenant in (("a1", "acme"), ("a2", "acme"), ("a3", "acme"), ("b1", "bolt"))
+           for g in pools.request(place_of(specs, "fair", "", tenant), run_id, "actor/0", tenant, t1)]
+    assert got == ["a1", "a2", "b1"] and pools.stats(t1)["fair"] == {"limit": 2, "running": 3, "waiting": 1, "keys": 2}
 
 
 def test_a_rate_admits_no_more_in_any_window_than_it_allows_whatever_places_are_free():
