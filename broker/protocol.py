@@ -266,7 +266,7 @@ SPECS: dict[Kind, Spec] = {
     # ...]): once it has loaded that far (a reader that knows what it has not seen yet).
     Kind.STORE_QUERY: _spec({"query": str, "session": str}, tenant=str, turn=str, after=int, limit=int,
                             before=int, desc=bool, sync=bool, sync_to=list, flow=str, status=str, at=_NUM,
-                            since=_NUM, until=_NUM),
+                            since=_NUM, until=_NUM, queue=str),
     Kind.STORE_ROWS: _spec({"rows": list}, next_after=(int, str), error=str),   # a position, or a session id
     # Delete the rows of these runs (their retention is over and the log no longer has them).
     Kind.STORE_PURGE: _spec({"runs": list}),

@@ -185,14 +185,14 @@ class HistoryRoutes:
 
     async def list_runs(self, request: web.Request) -> web.Response:
         """The tenant's flow runs, a page at a time by id, optionally of one flow, one status
-        (open: not ended) and those started in a window of time: after a cursor, or with `order=desc` from the last down, before one
+        (open: not ended), one flow queue and those started in a window of time: after a cursor, or with `order=desc` from the last down, before one
         (the ids the server makes begin with their start time: the newest first). A page
         filtered so may hold fewer runs than `limit` and still name the next (storage/
         store_queries.py q_runs): the listing ends where `next_after` (`next_before`) is null."""
         tenant = self.gw.tenant_of(request)
         desc, cursor_name = _order(request, ("asc", "desc"))
-        cursor, flow, status = (request.query.get(k) for k in (cursor_name, "flow", "status"))
-        for name, value in ((cursor_name, cursor), ("flow", flow)):
+        cursor, flow, status, queue = (request.query.get(k) for k in (cursor_name, "flow", "status", "queue"))
+        for name, value in ((cursor_name, cursor), ("flow", flow), ("queue", queue)):
             if value is not None and not FLOW_NAME.match(value):
                 raise ApiError(400, "invalid_parameter", f"{name} must be 1-200 characters of letters, digits "
                                                          "and . _ : -")
@@ -201,8 +201,8 @@ class HistoryRoutes:
         query = {"query": "runs", "session": internal(tenant, cursor) if cursor else "", "tenant": tenant,
                  "sync": True, "limit": int_param(request, "limit", 100, 1, 1000), "desc": desc}
         since, until = _time_param(request, "started_after"), _time_param(request, "started_before")
-        query.update({k: v for k, v in (("flow", flow), ("status", status), ("since", since), ("until", until))
-                      if v is not None})
+        query.update({k: v for k, v in (("flow", flow), ("status", status), ("since", since), ("until", until),
+                                        ("queue", queue)) if v is not None})
         body = await self._query(query)
         nxt = body.get("next_after")
         return json_response({"runs": [{**row, "run_id": external(tenant, row["run_id"]),

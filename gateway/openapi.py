@@ -320,6 +320,7 @@ PATHS: dict[str, dict] = {
                               "down (the newest first, of ids the server made), the next page before "
                               "`next_before`"),
                        _param("flow", NAME, "query", False, "only runs of this flow"),
+                       _param("queue", NAME, "query", False, "only runs that wait or waited in this flow queue"),
                        _param("started_after", {"type": "number"}, "query", False,
                               "only runs started at or after this time (UNIX seconds)"),
                        _param("started_before", {"type": "number"}, "query", False,

@@ -256,7 +256,8 @@ class StoreService:
                                                        int(b.get("after", -1) if b.get("after") is not None else -1),
                                                        int(b.get("limit") or 100), b.get("before"),
                                                        bool(b.get("desc")), b.get("flow"), b.get("status"),
-                                                       b.get("at"), b.get("since"), b.get("until")))
+                                                       b.get("at"), b.get("since"), b.get("until"),
+                                                       b.get("queue")))
         except (asyncio.TimeoutError, BusError):
             self.bus.reply(msg, Kind.STORE_ROWS, {"rows": [], "error": "the store is too far behind the log"})
             return

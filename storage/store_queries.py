@@ -31,10 +31,10 @@ class StoreQueries:
               after: int = -1, limit: int = 100, before: int | None = None,
               desc: bool = False, flow: str | None = None, status: str | None = None,
               at: float | None = None, since: float | None = None,
-              until: float | None = None) -> tuple[list[dict[str, Any]], int | str | None]:
+              until: float | None = None, queue: str | None = None) -> tuple[list[dict[str, Any]], int | str | None]:
         """(rows, cursor for the next page or None). A transcript or events page may also be bounded
         above (`before`, exclusive) and come newest first (`desc`; its cursor is then the oldest
-        row's, for the page before it). A page of runs may be of one `flow` and one `status`, of
+        row's, for the page before it). A page of runs may be of one `flow`, one `status` and one `queue`, of
         runs started in [`since`, `until`), and newest first too (`desc`: `session` is then the
         cursor below which it starts). Sessions
         with `desc` come the most recently active first, below the cursor (`at`, `session`)."""
@@ -43,7 +43,8 @@ class StoreQueries:
             if not tenant or (status is not None and status not in RUN_STATUSES) or before is not None:
                 raise ValueError(f"runs: a tenant, a status of {', '.join(RUN_STATUSES)}, and no before "
                                  "(the cursor is `session`)")
-            return self.roomy(StoreQueries.q_runs, self, session, tenant, limit, flow, status, desc, since, until)
+            return self.roomy(StoreQueries.q_runs, self, session, tenant, limit, flow, status, desc, since, until,
+                              queue)
         if name == "sessions" and desc:
             if before is not None or (session and at is None):
                 raise ValueError("sessions, most recent first: the cursor is a session and its time (at)")
@@ -259,20 +260,20 @@ class StoreQueries:
         return [{"run_id": run} for (run,) in rows], None
 
     def q_runs(self, cursor_run: str, tenant: str, limit: int, flow: str | None, status: str | None,
-               desc: bool = False, since: float | None = None,
-               until: float | None = None) -> tuple[list[dict[str, Any]], str | None]:
+               desc: bool = False, since: float | None = None, until: float | None = None,
+               queue: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
         """The tenant's flow runs by id after `cursor_run` ('' = from the first), or with `desc`
         from the last down, before `cursor_run` ('' = from the last); not the agent turns' own
         (their ids hold a '/'); only those started in [`since`, `until`) if given. Each with its
         flow, status ('open' until it ends), times, and its parent, queue, schedule and the run it
-        was forked from if it has them. Of one `flow` or one
-        `status`, a page reads at most RUNS_SCAN runs, so it may hold fewer than `limit`, even
+        was forked from if it has them. Of one `flow`, one `status` or one `queue`, a page reads
+        at most RUNS_SCAN runs, so it may hold fewer than `limit`, even
         none, and still name the next: the listing ends where the cursor is None."""
         # The page's starts first (a top-N of one record type), then the ends in its range of ids,
         # from the columns the loader fills for this (schema.py `name`, `parent`): no body is read
         # (a GROUP BY of every run's start and end, whole bodies, went past the store's memory
         # limit at 100,000 runs; the heads of the bodies alone took 130-250 ms a page there).
-        picky = flow is not None or status is not None
+        picky = flow is not None or status is not None or queue is not None
         bound, bound_args = ("run > ?", [cursor_run]) if not desc else ("run < ?", [cursor_run]) if cursor_run \
             else ("true", [])
         # A window on the start's time is cheap whatever the ids: the log's order is the time's, so
@@ -304,7 +305,8 @@ class StoreQueries:
                 row["parent"] = parent or first["parent"]
             if extra:
                 row.update(orjson.loads(extra))
-            if (flow is None or row["flow"] == flow) and (status is None or row["status"] == status):
+            if (flow is None or row["flow"] == flow) and (status is None or row["status"] == status) \
+                    and (queue is None or row.get("queue") == queue):
                 out.append(row)
                 if len(out) > limit:
                     return out[:limit], out[limit - 1]["run_id"]

@@ -122,6 +122,9 @@ def test_a_queue_runs_at_most_its_limit_at_once_through_an_actors_kill(make_serv
     listed = {r["run_id"]: r for r in get_json(f"{base}/v1/runs?flow=queued&limit=1000")[2]["runs"]}
     assert listed["short-fork"]["forked_from"] == "short" and listed["short-fork"]["queue"] == "one"
     assert listed["short-fork-2"]["queue"] == "two" and listed["rated-0"]["queue"] == "rated"
+    rated = get_json(f"{base}/v1/runs?queue=rated")[2]["runs"]
+    assert sorted(r["run_id"] for r in rated) == [f"rated-{i}" for i in range(6)]
+    assert get_json(f"{base}/v1/runs?queue=no%20such")[0] == 400
 
     # priorities: lower numbers first, whatever the order they came in
     for bad in ({"priority": -1}, {"priority": "high"}, {"priority": 2 ** 31}):

@@ -103,7 +103,7 @@ def test_runs_started_in_a_window_of_time_are_listed_in_either_order(store):
     assert listing(store, until=100.0)[0] == []
 
 
-def test_a_fork_a_queued_run_and_a_schedules_run_are_listed_as_such(tmp_path):
+def test_a_fork_a_queued_run_and_a_schedules_run_are_listed_as_such_and_by_queue(tmp_path):
     log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=8 << 20)
     log.write([flow_record("f1", "t", "run.started", 151.0, flow="a", input="x" * 300_000, forked_from="r05",
                            fork_seq=1, queue="reports", queue_key="alice", schedule=""),
@@ -115,6 +115,7 @@ def test_a_fork_a_queued_run_and_a_schedules_run_are_listed_as_such(tmp_path):
     s.open()
     try:
         s.load_all()
+        assert [r["run_id"] for r in s.query("runs", "", tenant="t", limit=10, queue="reports")[0]] == ["f1"]
         assert s.query("runs", "", tenant="t", limit=10)[0] == [
             {"run_id": "f1", "flow": "a", "status": "open", "started_at": 151.0, "ended_at": None,
              "forked_from": "r05", "queue": "reports", "queue_key": "alice"},
