@@ -214,7 +214,9 @@ class Schedules:
                 "schedule": d["name"], "scheduled_at": at}
         if d.get("queue"):   # a queue of one place: the schedule's runs never overlap, they wait their turn
             body["queue"] = d["queue"]
-            body["queue_key"] = d["name"]   # (in a queue per key, each schedule's runs have their own places)
+            spec = self.queue_specs.get(d["queue"])
+            if spec is not None and spec.per == "key":   # each schedule's runs have a place of their own there
+                body["queue_key"] = d["name"]
         give_up = at + max(float(d["catchup_secs"]), START_RETRY_SECS)
         tries = 0
         try:

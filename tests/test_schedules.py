@@ -9,6 +9,7 @@ import time
 import pytest
 
 from actors.cron import Cron, CronError
+from actors.flow_queues import parse_queues
 from actors.flow_state import replay
 from actors.schedules import SCHEDULE_FLOW, run_name, schedule_key
 from agentos import metrics
@@ -128,7 +129,11 @@ def test_a_schedule_is_saved_as_a_run_armed_on_a_timer_and_each_time_starts_one_
         assert flows.schedule_next[run.run_id] % 86400 == 0
         started.clear()
         await flows._start_scheduled(run, changed, 86400.0)
-        assert started[0][1]["queue"] == "nightly"
+        assert started[0][1]["queue"] == "nightly" and "queue_key" not in started[0][1]
+        flows.queue_specs = parse_queues("nightly=1 per key")   # a queue per key: the schedule's name is its key
+        started.clear()
+        await flows._start_scheduled(run, changed, 2 * 86400.0)
+        assert started[0][1]["queue_key"] == "tick"
 
         await handlers[Kind.SCHEDULE_LIST](ask(Kind.SCHEDULE_LIST, {"tenant": "acme"}, 4))
         assert [s["name"] for s in bus.sent[-1][2]["schedules"]] == ["tick"]
