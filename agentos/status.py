@@ -163,9 +163,11 @@ def flow_queues(processes: list[dict]) -> str | None:
     stats = next((r.get("stats") or {} for r in processes if r["name"] == "scheduler"), {})
     parts = []
     for name, q in (stats.get("flow_queues") or {}).items():
-        text = f"{name} {q['running']}/{'*' if q['limit'] is None else q['limit']} running, {q['waiting']} waiting"
-        if "keys" in q:
-            text += f", over {q['keys']} keys (the limit is each one's)"
+        limit = "*" if q["limit"] is None else q["limit"]
+        if "keys" in q:   # (a queue per key or per tenant: its limit holds for each key)
+            text = f"{name} {q['running']} running, {q['waiting']} waiting, over {q['keys']} keys ({limit} at once each)"
+        else:
+            text = f"{name} {q['running']}/{limit} running, {q['waiting']} waiting"
         if "started_in_window" in q:
             text += f", {q['started_in_window']} admitted in its rate's window"
         parts.append(text)

@@ -156,4 +156,4 @@ def test_a_queue_runs_at_most_its_limit_at_once_through_an_actors_kill(make_serv
     shown = server.cli("status")
     assert shown.returncode == 0, shown.stderr
     (line,) = [line for line in shown.stdout.splitlines() if line.startswith("flow queues: ")]
-    assert "two 0/2 running, 0 waiting" in line and "rated 0/* running" in line and "per_user 0/1 running" in line
+    assert "two 0/2 running, 0 waiting" in line and "rated 0/* running" in line and "per_user 0 running, 0 waiting, over 0 keys (1 at once each)" in line
