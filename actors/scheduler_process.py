@@ -151,7 +151,7 @@ class Scheduler:
         self.bus.reply(msg, Kind.STATS_REPLY, {"role": "scheduler", "stats": stats})
 
     async def ticker(self) -> None:
-        last_tick = time.monotonic()
+        last_tick = queues_counted = time.monotonic()
         while True:
             await asyncio.sleep(0.1)
             now = time.monotonic()
@@ -173,9 +173,11 @@ class Scheduler:
                 self.trace_ids = {p: ids for p, ids in self.trace_ids.items() if p in self.pool.waiting}
             metrics.permits_in_use.set(len(self.pool.held))
             metrics.permit_queue.set(len(self.pool.waiting))
-            for name, counts in self.queues.stats(now).items():
-                metrics.flow_queue_running.labels(name).set(counts["running"])
-                metrics.flow_queue_waiting.labels(name).set(counts["waiting"])
+            if now - queues_counted >= 1.0:   # (a pass over every key's place of a queue per key)
+                queues_counted = now
+                for name, counts in self.queues.stats(now).items():
+                    metrics.flow_queue_running.labels(name).set(counts["running"])
+                    metrics.flow_queue_waiting.labels(name).set(counts["waiting"])
 
 
 def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> int:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from actors.flow_queues import ADOPT_SECS, QueuePools, QueueSpec, QueueSpecError, parse_queues, place_of
+from actors.flow_queues import ADOPT_SECS, SWEEP_SECS, QueuePools, QueueSpec, QueueSpecError, parse_queues, place_of
 from actors.flow_state import replay
 from agentos.config import Config, ConfigError, validate
 from broker.protocol import Kind, Message
@@ -112,15 +112,25 @@ def test_a_queue_per_key_keeps_its_limit_for_each_key_and_forgets_a_key_with_not
     assert pools.stats(t1)["users"] == {"limit": 1, "running": 2, "waiting": 1, "keys": 2}
     assert pools.release("users/alice", "a1", t1 + 1) == [("actor/0", "users/alice", "a2")]
     pools.release("users/bob", "b1", t1 + 1)
-    pools.tick(t1 + 2)
+    pools.tick(t1 + SWEEP_SECS)
     assert set(pools.pools) == {"plain", "users/alice"}   # bob's place is gone: nothing holds or waits there
-    assert pools.stats(t1 + 2)["users"]["keys"] == 1
+    assert pools.stats(t1 + SWEEP_SECS)["users"]["keys"] == 1
     # a new scheduler makes a key's place from an actor's report of what it holds
     pools = QueuePools(specs, t0)
     assert pools.sync("actor/0", 1, {"users/carol": {"held": ["c1"], "waiting": [["c2", "t"]]}}, t0 + 1) == []
     assert pools.tick(t1 + 1) == [] and pools.release("users/carol", "c1", t1 + 2) == [("actor/0", "users/carol", "c2")]
     # a place the config no longer makes (a queue per key named without a key): no limit left
     assert pools.request("users", "x", "actor/0", "t", t1) == [("actor/0", "users", "x")]
+    # a holder's sync that names nothing in a place it held: the place goes back (a release lost)
+    pools = QueuePools(specs, t0)
+    assert pools.request("users/dave", "d1", "actor/1", "t", t1) == [("actor/1", "users/dave", "d1")]
+    assert pools.request("users/dave", "d2", "actor/0", "t", t1) == []
+    assert pools.sync("actor/1", 1, {}, t1 + 1) == []    # a grant may still be on its way
+    assert pools.sync("actor/1", 1, {}, t1 + 3) == [("actor/0", "users/dave", "d2")]
+    # a new incarnation that names nothing: what the old one held goes back
+    assert pools.request("users/dave", "d3", "actor/1", "t", t1 + 4) == []
+    assert pools.sync("actor/0", 1, {"users/dave": {"held": ["d2"], "waiting": []}}, t1 + 5) == []
+    assert pools.sync("actor/0", 2, {}, t1 + 6) == [("actor/1", "users/dave", "d3")]
     # per tenant: each tenant's runs keep to the limit apart
     got = [g[2] for run_id, tenant in (("a1", "acme"), ("a2", "acme"), ("a3", "acme"), ("b1", "bolt"))
            for g in pools.request(place_of(specs, "fair", "", tenant), run_id, "actor/0", tenant, t1)]
