@@ -90,6 +90,7 @@ BENCHMARKS = {
     "soak": "bench.soak",
     "startup": "bench.startup",
     "failover": "bench.failover",
+    "queue-places": "bench.queue_places",
 }
 
 
