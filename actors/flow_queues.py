@@ -226,7 +226,12 @@ class QueuePools:
 
     def release(self, queue: str, run_id: str, now: float) -> list[QueueGrant]:
         pool = self.pools.get(queue)
-        return [] if pool is None else self._grants(queue, pool.release(run_id, now))
+        if pool is None:
+            return []
+        grants = self._grants(queue, pool.release(run_id, now))
+        if pool.waiting:   # (a place free and the rate's window full: time lets the next in)
+            self.astir.add(queue)
+        return grants
 
     def sync(self, holder: str, incarnation: int, queues: dict, now: float) -> list[QueueGrant]:
         """What one actor holds and waits for in each queue (`waiting`: [[run id, tenant] or
@@ -273,8 +278,9 @@ class QueuePools:
                 grants += self._grants(name, pool.tick(now))
                 if now >= pool.paused_until:
                     pool.paused_until = 0.0   # its wait is over
-            if pool is None or not pool.waiting or not (pool.starts or pool.paused_until):
-                self.astir.discard(name)   # (with no rate, only a release lets its waiters in now)
+            if pool is None or not pool.waiting or not (pool.starts or pool.paused_until) or (
+                    not pool.paused_until and len(pool.held) >= pool.limit):
+                self.astir.discard(name)   # only a release (or a sync that frees a place) lets them in now
         if now >= self.next_sweep:
             self.next_sweep = now + SWEEP_SECS
             for name, pool in list(self.pools.items()):

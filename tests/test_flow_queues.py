@@ -159,6 +159,12 @@ def test_a_rate_admits_no_more_in_any_window_than_it_allows_whatever_places_are_
     assert [g[2] for g in pools.release("both", "b0", t1 + 0.2)] == ["b2"]
     assert pools.release("both", "b1", t1 + 0.3) == [] and pools.tick(t1 + 9.95) == []
     assert [g[2] for g in pools.tick(t1 + 10.05)] == ["b3"]   # b0's start left the window
+    # a place freed while the window is full: time lets the next in once the window moves on
+    pools = QueuePools(parse_queues("slow=1@1/10s"), t0)
+    assert pools.request("slow", "s1", "actor/0", "t", t1) == [("actor/0", "slow", "s1")]
+    assert pools.request("slow", "s2", "actor/0", "t", t1) == [] and pools.tick(t1 + 0.1) == []
+    assert pools.release("slow", "s1", t1 + 1) == [] and pools.tick(t1 + 5) == []
+    assert pools.tick(t1 + 10.05) == [("actor/0", "slow", "s2")]
 
 
 def test_a_new_scheduler_counts_the_admissions_its_holders_report_in_the_rates_window():
