@@ -7,9 +7,9 @@ dispatch) and gives the place back when the run's end is in the log.
 Every SYNC_SECS it tells the scheduler what it holds (admitted runs) and waits for, which is how
 a lost request, grant or release, or a restart of either side, comes right: a place nobody
 lists goes back to the queue. For a queue with a rate it also lists the runs it admitted within
-the rate's window (which the grant tells), with their ages: what a new scheduler counts. A run's admission is in its journal, so a restarted actor lists
-the admitted runs it recovered as held, not as new requests, and a queue is not run over its
-limit by a crash.
+the rate's window (which the grant tells), with their ages: what a new scheduler counts. A run's
+admission is in its journal, so a restarted actor lists the admitted runs it recovered as held,
+not as new requests, and a queue is not run over its limit by a crash.
 """
 from __future__ import annotations
 
