@@ -31,8 +31,11 @@ def past_deadline(body: dict[str, Any], now: float) -> bool:
     deadline = body.get("deadline")
     return isinstance(deadline, (int, float)) and now > deadline - DEADLINE_MARGIN_SECS
 
-# What a run is in the listing of runs (the store query `runs`, GET /v1/runs): open until it ends.
-RUN_STATUSES = ("open", "completed", "failed", "cancelled")
+# What a run is in the listing of runs (the store query `runs`, GET /v1/runs), as GET /v1/runs/{id}
+# names it: scheduled (a delayed start whose time has not come), enqueued (waits for a place in its
+# flow queue) or running until it ends. A filter may also ask for `open`: any of those three.
+RUN_STATES_OPEN = ("scheduled", "enqueued", "running")
+RUN_STATUSES = ("open", *RUN_STATES_OPEN, "completed", "failed", "cancelled")
 
 # The largest value a run records (a step's, tool's, handler's or flow's result, a flow's input,
 # an attribute, a channel message), as msgpack. Each travels the bus in one message and lands in

@@ -185,8 +185,10 @@ class HistoryRoutes:
 
     async def list_runs(self, request: web.Request) -> web.Response:
         """The tenant's flow runs, a page at a time by id, optionally of one flow, one status
-        (open: not ended), one flow queue and those started in a window of time: after a cursor, or with `order=desc` from the last down, before one
-        (the ids the server makes begin with their start time: the newest first). A page
+        (scheduled, enqueued, running, or open: any of those; completed, failed, cancelled), one
+        flow queue and those started in a window of time: after a cursor, or with `order=desc`
+        from the last down, before one (the ids the server makes begin with their start time:
+        the newest first). A page
         filtered so may hold fewer runs than `limit` and still name the next (storage/
         store_queries.py q_runs): the listing ends where `next_after` (`next_before`) is null."""
         tenant = self.gw.tenant_of(request)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from broker.protocol import RUN_STATUSES
+
 ID = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:\\-]{0,127}$"}
 NAME = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:\\-]{0,199}$"}
 ANY: dict = {}
@@ -179,8 +181,9 @@ SCHEMAS: dict[str, Any] = {
                             "runs": {"type": "array", "items": {
                                 "type": "object", "required": ["run_id", "flow", "status", "started_at", "ended_at"],
                                 "properties": {"run_id": {"type": "string"}, "flow": {"type": ["string", "null"]},
-                                               "status": {"enum": ["open", "completed", "failed", "cancelled"]},
+                                               "status": {"enum": [s for s in RUN_STATUSES if s != "open"]},
                                                "started_at": {"type": ["number", "null"]},
+                                               "start_at": {"type": "number"},
                                                "ended_at": {"type": ["number", "null"]},
                                                "parent": {"type": "string"}, "queue": {"type": "string"},
                                                "queue_key": {"type": "string"},
@@ -325,8 +328,8 @@ PATHS: dict[str, dict] = {
                               "only runs started at or after this time (UNIX seconds)"),
                        _param("started_before", {"type": "number"}, "query", False,
                               "only runs started before this time (UNIX seconds)"),
-                       _param("status", {"type": "string", "enum": ["open", "completed", "failed", "cancelled"]},
-                              "query", False, "only runs in this state (open: not ended)"), LIMIT],
+                       _param("status", {"type": "string", "enum": list(RUN_STATUSES)},
+                              "query", False, "only runs in this state (open: scheduled, enqueued or running)"), LIMIT],
         "responses": {"200": {"description": "a page of runs", "content": _json(_ref("Runs"))},
                       **_errors(400, 401, 503)}}},
     "/v1/runs/{run_id}": {"get": {

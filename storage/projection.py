@@ -12,6 +12,7 @@ Row = tuple[Any, ...]
 _pack = msgpack.Packer(use_bin_type=True).pack
 _MESSAGE_FIELDS = ("role", "content")
 LISTED_EXTRA = ("queue", "queue_key", "schedule", "forked_from")   # a run's start fields its listing names (`extra`)
+LISTED_TIMES = ("start_at",)    # and those that are times (a delayed start's: the listing says `scheduled`)
 
 
 def _json(value: Any) -> str | None:
@@ -39,6 +40,15 @@ def _text(value: Any) -> str | None:
     if value is not None and type(value) is not str:
         raise TypeError(f"a text column given {type(value).__name__}")
     return value
+
+
+def _listed(start: dict[str, Any]) -> dict[str, Any]:
+    """What a run's start gives its listing beside its flow and parent (junk is left out: the
+    record is a peer's, and its listing is no reason to refuse it)."""
+    out: dict[str, Any] = {f: start[f] for f in LISTED_EXTRA if type(start.get(f)) is str and start[f]}
+    out.update((f, start[f]) for f in LISTED_TIMES
+               if type(start.get(f)) in (int, float) and 0 < start[f] < 1e12)   # finite, JSON-safe
+    return out
 
 
 def _blob(value: Any) -> bytes:
@@ -78,8 +88,7 @@ def project(kind: int, body: dict[str, Any], writer: int, lsn: int) -> Iterator[
         # for the listing of runs (storage/store_queries.py q_runs); never a reason to refuse the record
         name = body.get("flow") if kind_of == "run.started" else body.get("status") if kind_of == "run.ended" else None
         parent = body.get("parent") if kind_of == "run.started" else None
-        extra = {f: body[f] for f in LISTED_EXTRA if type(body.get(f)) is str and body[f]} \
-            if kind_of == "run.started" else None
+        extra = _listed(body) if kind_of == "run.started" else None
         yield "flow_records", (_text(body.get("run", "")), tenant, kind_of, _i32(body.get("seq", -1)), _pack(body),
                                at, writer, lsn, name if type(name) is str else None,
                                parent if type(parent) is str and parent else None, _json(extra or None))

@@ -6,13 +6,14 @@ thread with cursors of their own (`on_pass`: a pass's question never holds up a 
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Any, Callable, Iterator, TypeVar
 
 import duckdb
 import msgpack
 import orjson
 
-from broker.protocol import RUN_STATUSES
+from broker.protocol import RUN_STATES_OPEN, RUN_STATUSES
 from storage import duck_memory, records, schema, session_summary
 from storage.newest_blobs import Newest
 
@@ -265,8 +266,9 @@ class StoreQueries:
         """The tenant's flow runs by id after `cursor_run` ('' = from the first), or with `desc`
         from the last down, before `cursor_run` ('' = from the last); not the agent turns' own
         (their ids hold a '/'); only those started in [`since`, `until`) if given. Each with its
-        flow, status ('open' until it ends), times, and its parent, queue, schedule and the run it
-        was forked from if it has them. Of one `flow`, one `status` or one `queue`, a page reads
+        flow, status (scheduled, enqueued or running until it ends; the filter `open` is any of
+        them), times, and its parent, queue, schedule, delayed start and the run it was forked
+        from if it has them. Of one `flow`, one `status` or one `queue`, a page reads
         at most RUNS_SCAN runs, so it may hold fewer than `limit`, even
         none, and still name the next: the listing ends where the cursor is None."""
         # The page's starts first (a top-N of one record type), then the ends in its range of ids,
@@ -294,23 +296,36 @@ class StoreQueries:
             [min(page[0][0], page[-1][0]), max(page[0][0], page[-1][0]), tenant]).fetchall()}
         older = [run for run, name, _, _, _ in page if name is None or (run in ends and ends[run][0] is None)]
         heads = self._older_heads(older) if older else {}
+        extras = {run: orjson.loads(extra) for run, _, _, _, extra in page if extra}
+        queued = [run for run, extra in extras.items() if run not in ends and extra.get("queue")]
+        admitted = self._admitted(queued, tenant) if queued else set()
+        now = time.time()
         out: list[dict[str, Any]] = []
-        for run, name, parent, at, extra in page:
-            end = ends.get(run)
+        for run, name, parent, at, _ in page:
+            end, extra = ends.get(run), extras.get(run, {})
             first, last = heads.get((run, "run.started"), {}), heads.get((run, "run.ended"), {})
-            row = {"run_id": run, "flow": name or first.get("flow"),
-                   "status": "open" if end is None else end[0] or last.get("status"),
+            # As the run's own view says (actors/flow_state.py Run.summary), from its start and
+            # whether it was admitted: a delayed start cannot have run anything before its time.
+            state = end[0] or last.get("status") if end else "scheduled" if extra.get("start_at", 0) > now \
+                else "enqueued" if extra.get("queue") and run not in admitted else "running"
+            row = {"run_id": run, "flow": name or first.get("flow"), "status": state,
                    "started_at": at, "ended_at": end[1] if end else None}
             if parent or first.get("parent"):
                 row["parent"] = parent or first["parent"]
-            if extra:
-                row.update(orjson.loads(extra))
-            if (flow is None or row["flow"] == flow) and (status is None or row["status"] == status) \
-                    and (queue is None or row.get("queue") == queue):
+            row.update(extra)
+            if (flow is None or row["flow"] == flow) and (queue is None or row.get("queue") == queue) \
+                    and (status is None or state == status or (status == "open" and state in RUN_STATES_OPEN)):
                 out.append(row)
                 if len(out) > limit:
                     return out[:limit], out[limit - 1]["run_id"]
         return out, (page[-1][0] if picky and len(page) == RUNS_SCAN else None)
+
+    def _admitted(self, runs: list[str], tenant: str) -> set[str]:
+        """Which of these runs (queued, not ended) have had their place in their queue."""
+        rows = self.cursors["flows"].execute(
+            "SELECT DISTINCT run FROM flow_records WHERE type = 'run.admitted' AND run >= ? AND run <= ? "
+            "AND tenant = ?", [min(runs), max(runs), tenant]).fetchall()
+        return {run for (run,) in rows} & set(runs)
 
     def _older_heads(self, runs: list[str]) -> dict[tuple[str, str], dict[str, Any]]:
         """The flow, parent and status of runs whose starts or ends were loaded before the

@@ -64,6 +64,8 @@ def test_delayed_runs_wait_for_their_time_and_runs_past_their_timeout_are_cancel
 
     server.kill9(actor_name("at-1", 2))   # its timer is gone with it: the actor sets it again
     assert run_of(base, "at-1", "")["status"] == "scheduled"
+    listed = {r["run_id"]: r for r in get_json(f"{base}/v1/runs?status=scheduled")[2]["runs"]}
+    assert "at-1" in listed and listed["at-1"]["start_at"] == timed["start_at"], listed
 
     for run in (later, timed):
         done = run_of(base, run["run_id"])

@@ -95,12 +95,17 @@ def test_a_queue_runs_at_most_its_limit_at_once_through_an_actors_kill(make_serv
     assert done["status"] == "completed" and done["timeout_at"] > began + 1.5, done
 
     # a flow's child in a queue (ctx.child(..., queue=)) waits there like any run
-    start(base, {"file": str(log), "secs": 2.0}, queue="one", run_id="long-2")
+    start(base, {"file": str(log), "secs": 3.0}, queue="one", run_id="long-2")
     status, _, parent = get_json(f"{base}/v1/flows/parent_in_queue/runs", method="POST", body=json.dumps(
         {"input": {"file": str(log), "secs": 0.1, "queue": "one", "child": "queued-child", "priority": 4}}).encode())
     assert status == 201
-    wait_until(lambda: get_json(f"{base}/v1/runs/queued-child")[2].get("status") == "enqueued", 20,
-               "the child to wait in its queue")
+    wait_until(lambda: get_json(f"{base}/v1/runs/queued-child")[2].get("status") == "enqueued"
+               and get_json(f"{base}/v1/runs/long-2")[2].get("status") == "running", 20,
+               "the child to wait in its queue behind a run")
+    # the listing tells the two apart as the runs' own views do (while long-2 has its 3 s)
+    listed = {r["run_id"]: r["status"] for r in get_json(f"{base}/v1/runs?queue=one&status=open")[2]["runs"]}
+    assert listed == {"long-2": "running", "queued-child": "enqueued"}, listed
+    assert [r["run_id"] for r in get_json(f"{base}/v1/runs?status=enqueued")[2]["runs"]] == ["queued-child"]
     done = get_json(f"{base}/v1/runs/{parent['run_id']}?wait=30")[2]
     assert done["status"] == "completed" and done["result"] == "queued-child", done
     child = get_json(f"{base}/v1/runs/queued-child")[2]

@@ -1,6 +1,8 @@
 """The store's listing of a tenant's flow runs (GET /v1/runs): by id, a page at a time, of one
 flow or one status, never another tenant's runs nor the agent turns' own, on a journal loaded
 from a real log."""
+import time
+
 import pytest
 
 from storage import records, segments, store_queries
@@ -55,7 +57,8 @@ def test_runs_are_listed_by_id_with_their_flow_status_and_times_a_page_at_a_time
     assert [r["run_id"] for r in runs] == sorted([f"r{n:02d}" for n in range(30)] + ["r05.0", "r07.1"])
     assert pages == 8     # 32 runs, 4 a page
     by_id = {r["run_id"]: r for r in runs}
-    assert by_id["r00"] == {"run_id": "r00", "flow": "a", "status": "open", "started_at": 100.0, "ended_at": None}
+    assert by_id["r00"] == {"run_id": "r00", "flow": "a", "status": "running", "started_at": 100.0,
+                            "ended_at": None}
     assert by_id["r01"] == {"run_id": "r01", "flow": "b", "status": "completed", "started_at": 101.0,
                             "ended_at": 201.0}
     assert by_id["r02"]["status"] == "failed" and by_id["r05.0"]["parent"] == "r05"
@@ -73,9 +76,10 @@ def test_a_listing_of_one_flow_or_one_status_reads_a_bounded_share_a_page(store,
     assert [r["run_id"] for r in of_c] == [f"r{n:02d}" for n in range(2, 30, 3)]
     open_a, _ = listing(store, flow="a", status="open")
     assert [r["run_id"] for r in open_a] == sorted([f"r{n:02d}" for n in range(0, 30, 3)] + ["r05.0"])
-    assert listing(store, status="open")[0] == [r for r in listing(store)[0] if r["status"] == "open"]
+    assert listing(store, status="open")[0] == [r for r in listing(store)[0] if r["ended_at"] is None] == \
+        listing(store, status="running")[0]
     with pytest.raises(ValueError):
-        store.query("runs", "", tenant="t", status="running")
+        store.query("runs", "", tenant="t", status="pending")
     assert store.query("runs", "", tenant="nobody")[0] == []
 
 
@@ -85,7 +89,7 @@ def test_runs_are_listed_from_the_last_down_with_the_same_states_and_filters(sto
     assert runs == ascending[::-1] and pages == 8
     # each page's ends are those of its own runs, when the cursor runs down through ended runs
     assert [(r["run_id"], r["status"]) for r in store.query("runs", "r06", tenant="t", limit=3, desc=True)[0]] == \
-        [("r05.0", "open"), ("r05", "completed"), ("r04", "failed")]
+        [("r05.0", "running"), ("r05", "completed"), ("r04", "failed")]
     monkeypatch.setattr(store_queries, "RUNS_SCAN", 5)
     assert listing(store, desc=True, status="failed")[0] == listing(store, status="failed")[0][::-1]
     assert listing(store, desc=True, flow="a", status="open")[0] == listing(store, flow="a", status="open")[0][::-1]
@@ -104,23 +108,42 @@ def test_runs_started_in_a_window_of_time_are_listed_in_either_order(store):
 
 
 def test_a_fork_a_queued_run_and_a_schedules_run_are_listed_as_such_and_by_queue(tmp_path):
+    later = time.time() + 3600
     log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=8 << 20)
     log.write([flow_record("f1", "t", "run.started", 151.0, flow="a", input="x" * 300_000, forked_from="r05",
                            fork_seq=1, queue="reports", queue_key="alice", schedule=""),
                flow_record("s1", "t", "run.started", 152.0, flow="b", input=None, schedule="daily",
                            scheduled_at=152.0, queue=7),   # (not a name: passed over)
-               flow_record("s1", "t", "run.ended", 153.0, status="completed", result=1)], sync=True)
+               flow_record("s1", "t", "run.ended", 153.0, status="completed", result=1),
+               # a queued run that got its place, a delayed start to come and one whose time came
+               flow_record("q1", "t", "run.started", 154.0, flow="a", input=None, queue="reports"),
+               flow_record("q1", "t", "run.admitted", 154.5),
+               flow_record("w1", "t", "run.started", 155.0, flow="a", input=None, start_at=later, queue="reports"),
+               flow_record("w2", "t", "run.started", 156.0, flow="a", input=None, start_at=157.0),
+               flow_record("w3", "t", "run.started", 157.0, flow="a", input=None, start_at=float("inf"))],
+              sync=True)
     log.close()
     s = Store(tmp_path, writers=1, memory_limit_mb=64)
     s.open()
     try:
         s.load_all()
-        assert [r["run_id"] for r in s.query("runs", "", tenant="t", limit=10, queue="reports")[0]] == ["f1"]
+        assert [r["run_id"] for r in s.query("runs", "", tenant="t", limit=10, queue="reports")[0]] == ["f1", "q1", "w1"]
         assert s.query("runs", "", tenant="t", limit=10)[0] == [
-            {"run_id": "f1", "flow": "a", "status": "open", "started_at": 151.0, "ended_at": None,
+            {"run_id": "f1", "flow": "a", "status": "enqueued", "started_at": 151.0, "ended_at": None,
              "forked_from": "r05", "queue": "reports", "queue_key": "alice"},
+            {"run_id": "q1", "flow": "a", "status": "running", "started_at": 154.0, "ended_at": None,
+             "queue": "reports"},
             {"run_id": "s1", "flow": "b", "status": "completed", "started_at": 152.0, "ended_at": 153.0,
-             "schedule": "daily"}]
+             "schedule": "daily"},
+            {"run_id": "w1", "flow": "a", "status": "scheduled", "started_at": 155.0, "ended_at": None,
+             "start_at": later, "queue": "reports"},
+            {"run_id": "w2", "flow": "a", "status": "running", "started_at": 156.0, "ended_at": None,
+             "start_at": 157.0},
+            {"run_id": "w3", "flow": "a", "status": "running", "started_at": 157.0, "ended_at": None}]  # (junk)
+        states = {state: [r["run_id"] for r in s.query("runs", "", tenant="t", limit=10, status=state)[0]]
+                  for state in ("enqueued", "scheduled", "running", "open", "completed")}
+        assert states == {"enqueued": ["f1"], "scheduled": ["w1"], "running": ["q1", "w2", "w3"],
+                          "open": ["f1", "q1", "w1", "w2", "w3"], "completed": ["s1"]}
     finally:
         s.close()
 
@@ -188,7 +211,8 @@ def test_every_page_size_order_and_filter_lists_what_a_model_of_the_journal_says
                             rows, cursor = s.query("runs", cursor, tenant="t", limit=limit, flow=flow,
                                                    status=status, desc=desc)
                             assert len(rows) <= limit
-                            got += [(r["run_id"], r["flow"], r["status"]) for r in rows]
+                            got += [(r["run_id"], r["flow"], "open" if r["status"] == "running" else r["status"])
+                                    for r in rows]
                             if cursor is None:
                                 break
                         expected = [(run, *model[run]) for run in (want[::-1] if desc else want)]
