@@ -11,8 +11,8 @@ neither side's restart runs a queue over its limit: a new scheduler grants nothi
 holders have had the time of a sync to tell it what they hold, and a restarted actor lists the
 admitted runs it recovered as held in its first sync (which drops its earlier incarnation's).
 The rate's window is kept the same way: each actor reports its admissions of the last window
-with their ages, so a new scheduler counts them (only a restart of an actor together with the
-scheduler forgets that actor's admissions of runs that have ended since).
+with their ages, so a new scheduler counts them; an actor that restarted too reads its
+admissions of the window back from the journal first, ended runs' included.
 A queue taken out of `kernel.flow_queues` while runs waited in it does not hold them for good:
 they are admitted at once, with no limit left to keep.
 

@@ -151,6 +151,7 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules, RunQue
         wait until this is done (a worker of a run from before the restart may be asking)."""
         while True:
             try:
+                await self.recover_queue_starts()
                 rows = (await self.query("open_runs", "", sync=True))["rows"]
                 mine = [r["run_id"] for r in rows if shard_of(r["run_id"].split("/", 1)[0], self.shards) == self.index]
                 for run_id in mine:

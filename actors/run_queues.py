@@ -9,7 +9,9 @@ a lost request, grant or release, or a restart of either side, comes right: a pl
 lists goes back to the queue. For a queue with a rate it also lists the runs it admitted within
 the rate's window (which the grant tells), with their ages: what a new scheduler counts. A run's
 admission is in its journal, so a restarted actor lists the admitted runs it recovered as held,
-not as new requests, and a queue is not run over its limit by a crash.
+not as new requests, and a queue is not run over its limit by a crash; and it reads the
+admissions within each rate's window back from the journal, ended runs' too, so the rate holds
+when the scheduler restarted with it.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import time
 from actors.flow_queues import place_of
 from actors.flow_state import Run
 from broker.protocol import Kind, Message
-from broker.sharding import SCHEDULER
+from broker.sharding import SCHEDULER, shard_of
 
 
 class RunQueues:
@@ -60,6 +62,25 @@ class RunQueues:
             self.queue_starts[run.run_id] = (self.place(run), run.admitted_at, window_secs)
         if not run.ended and self.blocked_on(run) is None:
             self.dispatch(run)
+
+    async def recover_queue_starts(self) -> None:
+        """After a start: this shard's admissions within their queues' rate windows, ended runs'
+        too, from the journal, to list in its syncs as before the restart. A scheduler that
+        restarted with this actor has only these to count what those windows hold."""
+        windows = {name: spec.per_secs for name, spec in self.queue_specs.items() if spec.starts}
+        if not windows:
+            return
+        now = time.time()
+        rows = (await self.query("recent_admissions", "", after=int(now - max(windows.values())) - 1,
+                                 sync=True))["rows"]
+        for row in rows:
+            run_id, queue, at = row["run_id"], row["queue"], row["at"]
+            window = windows.get(queue)
+            if window is None or now - at >= window or run_id in self.queue_starts \
+                    or shard_of(run_id.split("/", 1)[0], self.shards) != self.index:
+                continue
+            self.queue_starts[run_id] = (place_of(self.queue_specs, queue, row["queue_key"], row["tenant"]), at,
+                                         window)
 
     def queue_ended(self, run: Run, appended: asyncio.Future) -> None:
         """The run's end is being appended: its place goes back once that is in the log."""

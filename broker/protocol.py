@@ -262,7 +262,7 @@ SPECS: dict[Kind, Spec] = {
     Kind.LOG_MEND: _spec({"position": int}),
     Kind.LOG_MENDED: _spec({"bytes": int}, why=str, retry=bool, whole=bool),
     # query: messages, events, sessions (`session`: the cursor, the id to list after), checkpoint_chain,
-    # blob_latest, blob_filter, flow_records, open_runs, expired_runs, count, log_ends (see
+    # blob_latest, blob_filter, flow_records, open_runs, expired_runs, recent_admissions, count, log_ends (see
     # storage/store_queries.py `QUERIES`), runs (`session`: the run id to list after; `flow`,
     # `status`: one of RUN_STATUSES);
     # `sync`: answer once the store has loaded everything in the logs now; `sync_to` ([[log, position],

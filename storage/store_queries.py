@@ -21,6 +21,7 @@ MAX_LIMIT = 1000
 EXPIRED_PER_ANSWER = 5000     # runs per `expired_runs` answer (see q_expired_runs)
 RUNS_SCAN = 1000              # runs a page of `runs` filtered by flow or by status reads at most
 HEAD_BYTES = 1024             # of an older run's start or end body: what a listing reads (see q_runs)
+ADMISSIONS_PER_ANSWER = 20_000   # the latest admissions into flow queues a `recent_admissions` answer holds
 T = TypeVar("T")
 
 
@@ -336,6 +337,25 @@ class StoreQueries:
             "AND type IN ('run.started', 'run.ended')", [runs]).fetchall()
         return {(run, kind): records.head_fields(head, ("flow", "parent", "status")) for run, kind, head in rows}
 
+    def q_recent_admissions(self, session, tenant, turn, after, limit):
+        """Runs admitted into a flow queue at or after `after` (UNIX seconds), ended or not, with
+        the queue and key they waited in (the latest ADMISSIONS_PER_ANSWER): what a restarted
+        actor lists of a rate's window to a scheduler that may have restarted too
+        (actors/run_queues.py)."""
+        rows = self.cursors["flows"].execute(
+            "WITH a AS (SELECT run, max(ts) AS admitted FROM flow_records WHERE type = 'run.admitted' AND ts >= ? "
+            "GROUP BY run ORDER BY admitted DESC LIMIT ?) "
+            "SELECT a.run, s.tenant, a.admitted, s.extra FROM a JOIN flow_records s ON s.run = a.run "
+            "AND s.type = 'run.started' AND s.extra IS NOT NULL",
+            [float(after), ADMISSIONS_PER_ANSWER]).fetchall()
+        out = []
+        for run, tenant, at, extra in rows:
+            listed = orjson.loads(extra)
+            if listed.get("queue"):
+                out.append({"run_id": run, "tenant": tenant, "at": at, "queue": listed["queue"],
+                            "queue_key": listed.get("queue_key", "")})
+        return out, None
+
     def q_expired_runs(self, session, tenant, turn, after, limit):
         """Runs that ended before `after` (UNIX seconds) as [run, log, position of its first record,
         of its last] (a run's records all go to one log), with how far each log has been loaded."""
@@ -388,5 +408,6 @@ QUERIES = {"messages": StoreQueries.q_messages, "events": StoreQueries.q_events,
            "checkpoint_chain": StoreQueries.q_checkpoint_chain, "blob_latest": StoreQueries.q_blob_latest,
            "blob_filter": StoreQueries.q_blob_filter,
            "count": StoreQueries.q_count, "flow_records": StoreQueries.q_flow_records,
-           "open_runs": StoreQueries.q_open_runs, "expired_runs": StoreQueries.q_expired_runs}
+           "open_runs": StoreQueries.q_open_runs, "expired_runs": StoreQueries.q_expired_runs,
+           "recent_admissions": StoreQueries.q_recent_admissions}
 PAGED_BOTH_WAYS = {"messages", "events"}
