@@ -188,9 +188,9 @@ class HistoryRoutes:
         (scheduled, enqueued, running, or open: any of those; completed, failed, cancelled), one
         flow queue and those started in a window of time: after a cursor, or with `order=desc`
         from the last down, before one (the ids the server makes begin with their start time:
-        the newest first). A page
-        filtered so may hold fewer runs than `limit` and still name the next (storage/
-        store_queries.py q_runs): the listing ends where `next_after` (`next_before`) is null."""
+        the newest first). A page filtered so may hold fewer runs than `limit` and still name
+        the next (storage/run_queries.py q_runs): the listing ends where `next_after`
+        (`next_before`) is null."""
         tenant = self.gw.tenant_of(request)
         desc, cursor_name = _order(request, ("asc", "desc"))
         cursor, flow, status, queue = (request.query.get(k) for k in (cursor_name, "flow", "status", "queue"))

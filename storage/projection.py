@@ -85,7 +85,7 @@ def project(kind: int, body: dict[str, Any], writer: int, lsn: int) -> Iterator[
                               _blob(body.get("payload", b"")), at, writer, lsn)
     elif kind == RecordKind.FLOW:
         kind_of = _text(body.get("type", ""))
-        # for the listing of runs (storage/store_queries.py q_runs); never a reason to refuse the record
+        # for the listing of runs (storage/run_queries.py q_runs); never a reason to refuse the record
         name = body.get("flow") if kind_of == "run.started" else body.get("status") if kind_of == "run.ended" else None
         parent = body.get("parent") if kind_of == "run.started" else None
         extra = _listed(body) if kind_of == "run.started" else None

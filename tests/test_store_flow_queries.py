@@ -6,7 +6,7 @@ import time
 from storage import records, segments
 from storage.records import RecordKind
 from storage.store import Store
-from storage.store_queries import EXPIRED_PER_ANSWER
+from storage.run_queries import EXPIRED_PER_ANSWER
 
 RUNS = 20_000
 OPEN_EVERY = 1_000

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from storage import records, segments, store_queries
+from storage import records, run_queries, segments
 from storage.records import RecordKind
 from storage.store import Store
 
@@ -68,7 +68,7 @@ def test_runs_are_listed_by_id_with_their_flow_status_and_times_a_page_at_a_time
 
 
 def test_a_listing_of_one_flow_or_one_status_reads_a_bounded_share_a_page(store, monkeypatch):
-    monkeypatch.setattr(store_queries, "RUNS_SCAN", 5)   # a page reads at most five runs
+    monkeypatch.setattr(run_queries, "RUNS_SCAN", 5)   # a page reads at most five runs
     failed, pages = listing(store, status="failed")
     assert [r["run_id"] for r in failed] == [f"r{n:02d}" for n in range(30) if n % 3 and n % 2 == 0]
     assert pages == 7     # 32 runs, five read a page: pages of fewer than four, and the listing went on
@@ -90,7 +90,7 @@ def test_runs_are_listed_from_the_last_down_with_the_same_states_and_filters(sto
     # each page's ends are those of its own runs, when the cursor runs down through ended runs
     assert [(r["run_id"], r["status"]) for r in store.query("runs", "r06", tenant="t", limit=3, desc=True)[0]] == \
         [("r05.0", "running"), ("r05", "completed"), ("r04", "failed")]
-    monkeypatch.setattr(store_queries, "RUNS_SCAN", 5)
+    monkeypatch.setattr(run_queries, "RUNS_SCAN", 5)
     assert listing(store, desc=True, status="failed")[0] == listing(store, status="failed")[0][::-1]
     assert listing(store, desc=True, flow="a", status="open")[0] == listing(store, flow="a", status="open")[0][::-1]
     assert store.query("runs", "r00", tenant="t", desc=True) == ([], None)
@@ -200,7 +200,7 @@ def test_every_page_size_order_and_filter_lists_what_a_model_of_the_journal_says
     try:
         s.load_all()
         for scan in (3, 1000):
-            monkeypatch.setattr(store_queries, "RUNS_SCAN", scan)
+            monkeypatch.setattr(run_queries, "RUNS_SCAN", scan)
             for limit in (2, 7, 50):
                 for flow, status in ((None, None), ("a", None), (None, "open"), ("b", "failed")):
                     want = [run for run in sorted(model) if flow in (None, model[run][0])
