@@ -1,4 +1,4 @@
-"""Where a `sync` read waits for writer/store to get to (storage/store_process.py), with a fake bus.
+"""Where a `sync` read waits for writer/store to get to (storage/store_progress.py), with a fake bus.
 
 What readers rely on: the target is where each log is durable as its writer says, not where its
 files end (a batch may be written and not yet fsync'd); a writer it has heard from that does not
