@@ -1,5 +1,6 @@
 """A benchmark stopped with SIGTERM stops what it started: the server tree (in a session of its own,
-so nothing else would), the mock model and the load generator."""
+so nothing else would), the mock model and the load generator, and the flow workers it was still
+starting."""
 import os
 import signal
 import subprocess
@@ -68,3 +69,44 @@ def test_sigterm_to_a_benchmark_stops_the_server_it_started(tmp_path):
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+
+
+def test_workers_a_benchmark_was_still_starting_when_stopped_are_stopped(tmp_path, monkeypatch):
+    """SIGTERM came while `bench chaos` waited for its worker to come up: the benchmark never got
+    the worker's handle to stop it, and a worker outlives its server (it waits for it to return)."""
+    from bench import steps
+
+    class NoServer:   # a worker waits for a bus that never answers, as it would for a dead server
+        work_dir = tmp_path
+        config_path = tmp_path / "agent-os.yaml"
+
+    NoServer.config_path.write_text(f"kernel:\n  run_dir: {tmp_path / 'run'}\n")
+    spawned: list[subprocess.Popen] = []
+
+    class Recorded(subprocess.Popen):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            spawned.append(self)
+
+    def sigterm(*_):
+        raise SystemExit(143)   # what the benchmarks' SIGTERM handler does
+
+    monkeypatch.setattr(subprocess, "Popen", Recorded)
+    previous = signal.signal(signal.SIGALRM, sigterm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.8)   # within its wait for the workers to come up
+        try:
+            steps.start_workers(NoServer, 2, 4)
+        except SystemExit as exc:
+            assert exc.code == 143
+        else:
+            raise AssertionError("start_workers was not interrupted")
+        assert len(spawned) == 2 and all(proc.poll() is not None for proc in spawned), \
+            [proc.pid for proc in spawned if proc.poll() is None]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        for proc in spawned:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
