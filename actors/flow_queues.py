@@ -20,9 +20,9 @@ A queue declared `per key` keeps its limit and rate for each key its runs name (
 a user, a customer, a document), as DBOS's partitioned queues and as Restate's virtual objects
 serialize a key's calls: `"per_user=1 per key"` runs one run of each user at a time, any number
 of users at once. `per tenant` does the same with each run's tenant for its key: a cap on what
-one tenant of a shared server runs at once. Each key is a place of its own (`queue/key`) with
-its own pool, made when a run first waits there and dropped once nothing holds, waits or counts
-in its window.
+one tenant of a shared server runs at once. A key is its tenant's (two tenants' "alice" are
+two keys). Each key is a place of its own (`queue/tenant/key`) with its own pool, made when a run
+first waits there and dropped once nothing holds, waits or counts in its window.
 """
 from __future__ import annotations
 
@@ -110,12 +110,14 @@ def parse_queues(spec: str) -> dict[str, QueueSpec]:
 
 
 def place_of(specs: dict[str, QueueSpec], queue: str, key: str, tenant: str) -> str:
-    """Where a run of `queue` with `key` waits: the queue itself, or for a queue per key (per
-    tenant) its key's (tenant's) place, `queue/key` (a queue's name holds no '/'). The actors and
-    the scheduler read the same config, so they name the same place."""
+    """Where a run of `queue` with `key` waits: the queue itself, or for a queue per tenant its
+    tenant's place, `queue/tenant`, or for a queue per key the tenant's key's, `queue/tenant/key`:
+    a key is what its tenant names, as its session and run ids are (gateway/tenancy.py), so two
+    tenants' "alice" are two places. Neither a queue's nor a tenant's name holds a '/'. The
+    actors and the scheduler read the same config, so they name the same place."""
     spec = specs.get(queue)
     per = spec.per if spec is not None else None
-    return f"{queue}/{key}" if per == "key" else f"{queue}/{tenant}" if per == "tenant" else queue
+    return f"{queue}/{tenant}/{key}" if per == "key" else f"{queue}/{tenant}" if per == "tenant" else queue
 
 
 @dataclass

@@ -12,7 +12,8 @@ GLOBEX = {"Authorization": "Bearer key-globex"}
 
 
 def test_keys_tenants_and_isolation(make_server, make_worker):
-    server = make_server({"auth": {"api_keys": {"key-acme": "acme", "key-globex": "globex"}}})
+    server = make_server({"auth": {"api_keys": {"key-acme": "acme", "key-globex": "globex"}},
+                          "kernel": {"flow_queues": "per_user=1 per key"}})
     make_worker(server)
     base = server.url
     assert get_json(f"{base}/v1/sessions/s1/messages")[0] == 401
@@ -59,6 +60,18 @@ def test_keys_tenants_and_isolation(make_server, make_worker):
                                 body=json.dumps({"input": 1, "run_id": "order-1"}).encode())
     assert status == 201 and other["run_id"] == "order-1"   # globex's own run of that name
     assert get_json(f"{base}/v1/runs/order-1", headers=ACME)[2]["flow"] == "waiter"
+
+    # a flow queue's key is its tenant's too: globex's "alice" does not wait behind acme's
+    occupied = server.work_dir / "occupied.txt"
+    for run_id, headers, secs in (("acme-alice", ACME, 3.0), ("globex-alice", GLOBEX, 0.05)):
+        status, _, run = get_json(f"{base}/v1/flows/queued/runs", method="POST", headers=headers, body=json.dumps(
+            {"input": {"file": str(occupied), "secs": secs}, "run_id": run_id, "queue": "per_user",
+             "queue_key": "alice"}).encode())
+        assert status == 201, run
+    done = get_json(f"{base}/v1/runs/globex-alice?wait=30", headers=GLOBEX)[2]
+    assert done["status"] == "completed" and done["queue_key"] == "alice", done
+    admitted = get_json(f"{base}/v1/runs/acme-alice", headers=ACME)[2]["admitted_at"]
+    assert done["admitted_at"] - admitted < 2.5, (admitted, done)   # not after acme's run's 3 s
 
 
 def test_a_tenant_lists_its_own_sessions_a_page_at_a_time(make_server):
@@ -131,3 +144,4 @@ def test_a_tenants_share_of_the_gate_does_not_starve_others(make_server):
     assert slow.terminal == "turn.completed"
     assert second.status == 429 and "share" in second.error["message"]
     assert other.terminal == "turn.completed"
+

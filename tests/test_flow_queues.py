@@ -102,18 +102,25 @@ def test_lower_priority_numbers_go_first_and_tenants_take_turns_among_equals():
 def test_a_queue_per_key_keeps_its_limit_for_each_key_and_forgets_a_key_with_nothing_left():
     t0 = 100.0
     specs = parse_queues("users=1 per key, plain=1, fair=2 per tenant")
-    assert place_of(specs, "users", "alice", "t") == "users/alice" and place_of(specs, "plain", "alice", "t") == "plain"
+    assert place_of(specs, "users", "alice", "t") == "users/t/alice" and place_of(specs, "plain", "alice", "t") == "plain"
     assert place_of(specs, "gone", "alice", "t") == "gone" and place_of(specs, "fair", "", "acme") == "fair/acme"
+    # a key is its tenant's: another tenant's "alice" is another place, and so is a key that
+    # names a tenant and a key (a tenant's name holds no '/')
+    assert place_of(specs, "users", "alice", "u") != place_of(specs, "users", "alice", "t")
+    assert place_of(specs, "users", "acme/alice", "default") != place_of(specs, "users", "alice", "acme")
     pools = QueuePools(specs, t0)
     t1 = t0 + ADOPT_SECS
-    got = [g for run_id, key in (("a1", "alice"), ("a2", "alice"), ("b1", "bob"))
-           for g in pools.request(place_of(specs, "users", key, "t"), run_id, "actor/0", "t", t1)]
-    assert got == [("actor/0", "users/alice", "a1"), ("actor/0", "users/bob", "b1")]   # a key at a time each
-    assert pools.stats(t1)["users"] == {"limit": 1, "running": 2, "waiting": 1, "keys": 2}
-    assert pools.release("users/alice", "a1", t1 + 1) == [("actor/0", "users/alice", "a2")]
-    pools.release("users/bob", "b1", t1 + 1)
+    got = [g for run_id, key, tenant in (("a1", "alice", "t"), ("a2", "alice", "t"), ("b1", "bob", "t"),
+                                         ("u1", "alice", "u"))
+           for g in pools.request(place_of(specs, "users", key, tenant), run_id, "actor/0", tenant, t1)]
+    assert got == [("actor/0", "users/t/alice", "a1"), ("actor/0", "users/t/bob", "b1"),   # a key at a time each
+                   ("actor/0", "users/u/alice", "u1")]
+    assert pools.stats(t1)["users"] == {"limit": 1, "running": 3, "waiting": 1, "keys": 3}
+    assert pools.release("users/t/alice", "a1", t1 + 1) == [("actor/0", "users/t/alice", "a2")]
+    pools.release("users/t/bob", "b1", t1 + 1)
+    pools.release("users/u/alice", "u1", t1 + 1)
     pools.tick(t1 + SWEEP_SECS)
-    assert set(pools.pools) == {"plain", "users/alice"}   # bob's place is gone: nothing holds or waits there
+    assert set(pools.pools) == {"plain", "users/t/alice"}   # bob's place is gone: nothing holds or waits there
     assert pools.stats(t1 + SWEEP_SECS)["users"]["keys"] == 1
     # a new scheduler makes a key's place from an actor's report of what it holds
     pools = QueuePools(specs, t0)
