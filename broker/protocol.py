@@ -36,6 +36,8 @@ def past_deadline(body: dict[str, Any], now: float) -> bool:
 # flow queue) or running until it ends. A filter may also ask for `open`: any of those three.
 RUN_STATES_OPEN = ("scheduled", "enqueued", "running")
 RUN_STATUSES = ("open", *RUN_STATES_OPEN, "completed", "failed", "cancelled")
+# What else a listing of runs may be filtered by: the run's start named this queue, key or schedule.
+RUN_MATCH = ("queue", "queue_key", "schedule")
 
 # The largest value a run records (a step's, tool's, handler's or flow's result, a flow's input,
 # an attribute, a channel message), as msgpack. Each travels the bus in one message and lands in
@@ -269,7 +271,7 @@ SPECS: dict[Kind, Spec] = {
     # ...]): once it has loaded that far (a reader that knows what it has not seen yet).
     Kind.STORE_QUERY: _spec({"query": str, "session": str}, tenant=str, turn=str, after=int, limit=int,
                             before=int, desc=bool, sync=bool, sync_to=list, flow=str, status=str, at=_NUM,
-                            since=_NUM, until=_NUM, queue=str),
+                            since=_NUM, until=_NUM, queue=str, queue_key=str, schedule=str),
     Kind.STORE_ROWS: _spec({"rows": list}, next_after=(int, str), error=str),   # a position, or a session id
     # Delete the rows of these runs (their retention is over and the log no longer has them).
     Kind.STORE_PURGE: _spec({"runs": list}),

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Callable
 from aiohttp import web
 
 from actors.closing import HOLD_SECS
+from actors.flow_queues import MAX_KEY, valid_queue_key
 from broker.client import BusError
-from broker.protocol import RUN_STATUSES, Kind
+from broker.protocol import RUN_MATCH, RUN_STATUSES, Kind
 from broker.sharding import STORE, actor_name
 from gateway.errors import LOG_WRITE_ERRORS, ApiError, int_param, json_response
 from gateway.flows import NAME as FLOW_NAME
@@ -186,25 +187,29 @@ class HistoryRoutes:
     async def list_runs(self, request: web.Request) -> web.Response:
         """The tenant's flow runs, a page at a time by id, optionally of one flow, one status
         (scheduled, enqueued, running, or open: any of those; completed, failed, cancelled), one
-        flow queue and those started in a window of time: after a cursor, or with `order=desc`
-        from the last down, before one (the ids the server makes begin with their start time:
-        the newest first). A page filtered so may hold fewer runs than `limit` and still name
-        the next (storage/run_queries.py q_runs): the listing ends where `next_after`
-        (`next_before`) is null."""
+        flow queue, queue key or schedule, and those started in a window of time: after a
+        cursor, or with `order=desc` from the last down, before one (the ids the server makes
+        begin with their start time: the newest first). A page filtered so may hold fewer runs
+        than `limit` and still name the next (storage/run_queries.py q_runs): the listing ends
+        where `next_after` (`next_before`) is null."""
         tenant = self.gw.tenant_of(request)
         desc, cursor_name = _order(request, ("asc", "desc"))
-        cursor, flow, status, queue = (request.query.get(k) for k in (cursor_name, "flow", "status", "queue"))
-        for name, value in ((cursor_name, cursor), ("flow", flow), ("queue", queue)):
+        cursor, flow, status = (request.query.get(k) for k in (cursor_name, "flow", "status"))
+        match = {k: request.query[k] for k in RUN_MATCH if k in request.query}
+        for name, value in ((cursor_name, cursor), ("flow", flow), ("queue", match.get("queue")),
+                            ("schedule", match.get("schedule"))):
             if value is not None and not FLOW_NAME.match(value):
                 raise ApiError(400, "invalid_parameter", f"{name} must be 1-200 characters of letters, digits "
                                                          "and . _ : -")
+        if "queue_key" in match and not valid_queue_key(match["queue_key"]):
+            raise ApiError(400, "invalid_parameter", f"queue_key must be 1-{MAX_KEY} characters")
         if status is not None and status not in RUN_STATUSES:
             raise ApiError(400, "invalid_parameter", f"status must be one of: {', '.join(RUN_STATUSES)}")
         query = {"query": "runs", "session": internal(tenant, cursor) if cursor else "", "tenant": tenant,
                  "sync": True, "limit": int_param(request, "limit", 100, 1, 1000), "desc": desc}
         since, until = _time_param(request, "started_after"), _time_param(request, "started_before")
-        query.update({k: v for k, v in (("flow", flow), ("status", status), ("since", since), ("until", until),
-                                        ("queue", queue)) if v is not None})
+        query.update({k: v for k, v in (("flow", flow), ("status", status), ("since", since), ("until", until))
+                      if v is not None}, **match)
         body = await self._query(query)
         nxt = body.get("next_after")
         return json_response({"runs": [{**row, "run_id": external(tenant, row["run_id"]),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from actors.flow_queues import MAX_KEY
 from broker.protocol import RUN_STATUSES
 
 ID = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:\\-]{0,127}$"}
@@ -324,6 +325,9 @@ PATHS: dict[str, dict] = {
                               "`next_before`"),
                        _param("flow", NAME, "query", False, "only runs of this flow"),
                        _param("queue", NAME, "query", False, "only runs that wait or waited in this flow queue"),
+                       _param("queue_key", {"type": "string", "minLength": 1, "maxLength": MAX_KEY}, "query", False,
+                              "only runs with this key in a queue per key"),
+                       _param("schedule", NAME, "query", False, "only runs this schedule started"),
                        _param("started_after", {"type": "number"}, "query", False,
                               "only runs started at or after this time (UNIX seconds)"),
                        _param("started_before", {"type": "number"}, "query", False,

@@ -41,20 +41,21 @@ class RunQueries:
 
     def q_runs(self, cursor_run: str, tenant: str, limit: int, flow: str | None, status: str | None,
                desc: bool = False, since: float | None = None, until: float | None = None,
-               queue: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
+               match: dict[str, str] | None = None) -> tuple[list[dict[str, Any]], str | None]:
         """The tenant's flow runs by id after `cursor_run` ('' = from the first), or with `desc`
         from the last down, before `cursor_run` ('' = from the last); not the agent turns' own
         (their ids hold a '/'); only those started in [`since`, `until`) if given. Each with its
         flow, status (scheduled, enqueued or running until it ends; the filter `open` is any of
         them), times, and its parent, queue, schedule, delayed start and the run it was forked
-        from if it has them. Of one `flow`, one `status` or one `queue`, a page reads
+        from if it has them. Of one `flow`, one `status` or those whose start named the `match`'s
+        queue, queue_key and schedule (broker/protocol.py RUN_MATCH), a page reads
         at most RUNS_SCAN runs, so it may hold fewer than `limit`, even
         none, and still name the next: the listing ends where the cursor is None."""
         # The page's starts first (a top-N of one record type), then the ends in its range of ids,
         # from the columns the loader fills for this (schema.py `name`, `parent`): no body is read
         # (a GROUP BY of every run's start and end, whole bodies, went past the store's memory
         # limit at 100,000 runs; the heads of the bodies alone took 130-250 ms a page there).
-        picky = flow is not None or status is not None or queue is not None
+        picky = flow is not None or status is not None or bool(match)
         bound, bound_args = ("run > ?", [cursor_run]) if not desc else ("run < ?", [cursor_run]) if cursor_run \
             else ("true", [])
         # A window on the start's time is cheap whatever the ids: the log's order is the time's, so
@@ -92,7 +93,7 @@ class RunQueries:
             if parent or first.get("parent"):
                 row["parent"] = parent or first["parent"]
             row.update(extra)
-            if (flow is None or row["flow"] == flow) and (queue is None or row.get("queue") == queue) \
+            if (flow is None or row["flow"] == flow) and all(row.get(k) == v for k, v in (match or {}).items()) \
                     and (status is None or state == status or (status == "open" and state in RUN_STATES_OPEN)):
                 out.append(row)
                 if len(out) > limit:

@@ -23,7 +23,7 @@ from agentos import metrics, native_memory, service
 from agentos.config import Config
 from agentos.rundir import RunDir
 from broker.client import Bus, BusError
-from broker.protocol import Kind, Message
+from broker.protocol import RUN_MATCH, Kind, Message
 from broker.sharding import STORE
 from storage import bucket_mending, payload_compaction, write_failures
 from storage.store import Store
@@ -137,7 +137,7 @@ class StoreService(LogProgress):
                                                        int(b.get("limit") or 100), b.get("before"),
                                                        bool(b.get("desc")), b.get("flow"), b.get("status"),
                                                        b.get("at"), b.get("since"), b.get("until"),
-                                                       b.get("queue")))
+                                                       {k: b[k] for k in RUN_MATCH if b.get(k) is not None}))
         except (asyncio.TimeoutError, BusError):
             self.bus.reply(msg, Kind.STORE_ROWS, {"rows": [], "error": "the store is too far behind the log"})
             return

@@ -12,7 +12,7 @@ import duckdb
 import msgpack
 import orjson
 
-from broker.protocol import RUN_STATUSES
+from broker.protocol import RUN_MATCH, RUN_STATUSES
 from storage import duck_memory, schema, session_summary
 from storage.newest_blobs import Newest
 from storage.run_queries import RunQueries
@@ -29,10 +29,12 @@ class StoreQueries(RunQueries):
               after: int = -1, limit: int = 100, before: int | None = None,
               desc: bool = False, flow: str | None = None, status: str | None = None,
               at: float | None = None, since: float | None = None,
-              until: float | None = None, queue: str | None = None) -> tuple[list[dict[str, Any]], int | str | None]:
+              until: float | None = None, match: dict[str, str] | None = None,
+              ) -> tuple[list[dict[str, Any]], int | str | None]:
         """(rows, cursor for the next page or None). A transcript or events page may also be bounded
         above (`before`, exclusive) and come newest first (`desc`; its cursor is then the oldest
-        row's, for the page before it). A page of runs may be of one `flow`, one `status` and one `queue`, of
+        row's, for the page before it). A page of runs may be of one `flow`, one `status` and one
+        `match` (queue, queue_key, schedule: broker/protocol.py RUN_MATCH), of
         runs started in [`since`, `until`), and newest first too (`desc`: `session` is then the
         cursor below which it starts). Sessions
         with `desc` come the most recently active first, below the cursor (`at`, `session`)."""
@@ -41,8 +43,10 @@ class StoreQueries(RunQueries):
             if not tenant or (status is not None and status not in RUN_STATUSES) or before is not None:
                 raise ValueError(f"runs: a tenant, a status of {', '.join(RUN_STATUSES)}, and no before "
                                  "(the cursor is `session`)")
+            if match and not set(match) <= set(RUN_MATCH):
+                raise ValueError(f"runs: match only {', '.join(RUN_MATCH)}")
             return self.roomy(StoreQueries.q_runs, self, session, tenant, limit, flow, status, desc, since, until,
-                              queue)
+                              match)
         if name == "sessions" and desc:
             if before is not None or (session and at is None):
                 raise ValueError("sessions, most recent first: the cursor is a session and its time (at)")

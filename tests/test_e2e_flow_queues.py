@@ -161,6 +161,9 @@ def test_a_queue_runs_at_most_its_limit_at_once_through_an_actors_kill(make_serv
     first = done["alice-1"]["admitted_at"]
     assert done["alice-2"]["admitted_at"] - first > 1.0   # after alice's first had its 1.2 s
     assert done["bob-1"]["admitted_at"] - first < 1.0     # bob's did not wait for alice's
+    assert [r["run_id"] for r in get_json(f"{base}/v1/runs?queue=per_user&queue_key=alice")[2]["runs"]] == \
+        ["alice-1", "alice-2"]
+    assert get_json(f"{base}/v1/runs?queue_key=" + "k" * 201)[0] == 400
     shown = server.cli("status")
     assert shown.returncode == 0, shown.stderr
     (line,) = [line for line in shown.stdout.splitlines() if line.startswith("flow queues: ")]

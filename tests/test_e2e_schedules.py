@@ -45,6 +45,11 @@ def test_a_schedule_starts_one_run_per_time_through_changes_kills_and_its_deleti
     assert run["status"] == "completed" and run["schedule"] == "every2" and run["flow"] == "ticked"
     assert run["scheduled_at"] % 2 == 0 and first == "every2-" + time.strftime(
         "%Y%m%dT%H%M%SZ", time.gmtime(run["scheduled_at"]))
+    # the listing finds a schedule's runs by its name, its tenant's only
+    listed = [r["run_id"] for r in call(f"{base}/v1/runs?schedule=every2&limit=1000", "GET")[2]["runs"]]
+    assert listed[:2] == runs_in(ticks)[:2] and all(r.startswith("every2-") for r in listed), listed
+    assert call(f"{base}/v1/runs?schedule=every2", "GET", headers=GLOBEX)[2]["runs"] == []
+    assert call(f"{base}/v1/runs?schedule=other", "GET")[2]["runs"] == []
 
     # Its actor's kill -9: the schedule comes back from its journal and goes on.
     killed_at = time.time()

@@ -127,7 +127,7 @@ def test_a_fork_a_queued_run_and_a_schedules_run_are_listed_as_such_and_by_queue
     s.open()
     try:
         s.load_all()
-        assert [r["run_id"] for r in s.query("runs", "", tenant="t", limit=10, queue="reports")[0]] == ["f1", "q1", "w1"]
+        assert [r["run_id"] for r in s.query("runs", "", tenant="t", limit=10, match={"queue": "reports"})[0]] == ["f1", "q1", "w1"]
         assert s.query("runs", "", tenant="t", limit=10)[0] == [
             {"run_id": "f1", "flow": "a", "status": "enqueued", "started_at": 151.0, "ended_at": None,
              "forked_from": "r05", "queue": "reports", "queue_key": "alice"},
@@ -140,6 +140,13 @@ def test_a_fork_a_queued_run_and_a_schedules_run_are_listed_as_such_and_by_queue
             {"run_id": "w2", "flow": "a", "status": "running", "started_at": 156.0, "ended_at": None,
              "start_at": 157.0},
             {"run_id": "w3", "flow": "a", "status": "running", "started_at": 157.0, "ended_at": None}]  # (junk)
+        def ids(**filters):
+            return [r["run_id"] for r in s.query("runs", "", tenant="t", limit=10, **filters)[0]]
+        assert ids(match={"queue_key": "alice"}) == ["f1"] and ids(match={"schedule": "daily"}) == ["s1"]
+        assert ids(match={"queue": "reports", "queue_key": "alice"}) == ["f1"]
+        assert ids(match={"queue": "reports", "queue_key": "bob"}) == [] == ids(match={"schedule": "weekly"})
+        with pytest.raises(ValueError):
+            ids(match={"flow": "a"})   # (a filter of its own)
         states = {state: [r["run_id"] for r in s.query("runs", "", tenant="t", limit=10, status=state)[0]]
                   for state in ("enqueued", "scheduled", "running", "open", "completed")}
         assert states == {"enqueued": ["f1"], "scheduled": ["w1"], "running": ["q1", "w2", "w3"],
