@@ -163,7 +163,7 @@ def test_random_and_oversized_frames_to_every_role(make_server):
         ctx.destroy(0)   # closes what an assertion left open: term() would wait for it
 
     def counted():
-        rows = {r["name"]: r for r in json.loads(server.cli("status", "--json").stdout)["processes"]}
+        rows = {r["name"]: r for r in server.status()["processes"]}
         if rows["broker"]["stats"].get("malformed", 0) < 300:
             return False
         return all(rows[name]["stats"].get("bus", {}).get("malformed", 0) > 0 for name in ROLES) and rows
@@ -256,7 +256,7 @@ def test_bodies_that_pass_the_spec_with_junk_values_to_every_role(make_server):
         ctx.destroy(0)   # closes what an assertion left open: term() would wait for it
 
     def dropped_by_all():   # each role drops the kinds only another role may send it: all of it was read
-        rows = {r["name"]: r for r in json.loads(server.cli("status", "--json").stdout)["processes"]}
+        rows = {r["name"]: r for r in server.status()["processes"]}
         return all(rows[name]["stats"].get("bus", {}).get("malformed", 0) > 0 for name in ROLES)
     wait_until(dropped_by_all, 20, "every role to drop what only another role may send", interval=0.5)
     answer = turn(server.url, "after-junk", "still fine?")   # gateway, actor, permits, log, store

@@ -86,7 +86,6 @@ def test_checkpoint_put_then_latest(shared_server):
 def test_group_commit_fsyncs_far_fewer_times_than_records(make_server):
     """Ten SYNC writers, each its own process waiting for every ack: one fsync serves many.
     Counted by writer/log/0 itself (`agent-os status`), so the gateway's own log is not in it."""
-    import json
     import subprocess
     import sys
     # A wide window: on a loaded machine (the suite runs on 4 workers) ten sender processes can take
@@ -95,9 +94,7 @@ def test_group_commit_fsyncs_far_fewer_times_than_records(make_server):
     server = make_server({"storage": {"commit_window_us": 1000000}})
 
     def writer_stats():
-        status = server.cli("status", "--json")
-        assert status.returncode == 0, status.stderr
-        (row,) = [p for p in json.loads(status.stdout)["processes"] if p["name"] == "writer/log/0"]
+        (row,) = [p for p in server.status()["processes"] if p["name"] == "writer/log/0"]
         return row["stats"]
 
     before = writer_stats()

@@ -81,8 +81,7 @@ def test_malformed_frames_leave_the_broker_serving(server):
             for sock in socks:
                 sock.send_multipart(payload)
         def malformed():
-            result = server.cli("status", "--json")
-            rows = json.loads(result.stdout)["processes"]
+            rows = server.status()["processes"]
             broker = next(r for r in rows if r["role"] == "broker")
             return broker["stats"].get("malformed", 0) >= 10 and broker["stats"]["malformed"]
         wait_until(malformed, 15, "the broker to count the malformed frames", interval=0.2)

@@ -304,7 +304,7 @@ def test_ended_runs_leave_the_actors_memory_with_what_refers_to_them(make_server
     assert all(result(server.url, run_id)["result"] == 100 for run_id in runs)
 
     def flows_in_actors() -> list[dict]:
-        rows = json.loads(server.cli("status", "--json").stdout)["processes"]
+        rows = server.status()["processes"]
         return [r["stats"]["flows"] for r in rows if r["name"].startswith("actor/")]
 
     wait_until(lambda: all(f["runs"] == {} and f["run_workers"] == 0 for f in flows_in_actors()), 30,

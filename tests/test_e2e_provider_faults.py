@@ -2,7 +2,6 @@
 within `provider.timeout_secs`; permits come back; a 429 pauses grants without failing the
 other tenants' turns."""
 import asyncio
-import json
 import time
 
 import aiohttp
@@ -44,7 +43,7 @@ def test_each_provider_fault_ends_the_turn_with_its_cause(faulty, marker, code, 
     wait_until(lambda: get_json(f"{faulty.mock_url}/stats")[2]["current"] == 0, 10, "the mock's streams to close")
 
     def permits_back():
-        rows = json.loads(faulty.cli("status", "--json").stdout)["processes"]
+        rows = faulty.status()["processes"]
         scheduler = next(r for r in rows if r["name"] == "scheduler")["stats"]
         return scheduler["held"] == 0 and scheduler["waiting"] == 0
     wait_until(permits_back, 10, "every permit to be released", interval=0.2)
