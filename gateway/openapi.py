@@ -184,7 +184,7 @@ SCHEMAS: dict[str, Any] = {
                                 "properties": {"run_id": {"type": "string"}, "flow": {"type": ["string", "null"]},
                                                "status": {"enum": [s for s in RUN_STATUSES if s != "open"]},
                                                "started_at": {"type": ["number", "null"]},
-                                               "start_at": {"type": "number"},
+                                               "start_at": {"type": "number"}, "priority": {"type": "integer"},
                                                "ended_at": {"type": ["number", "null"]},
                                                "parent": {"type": "string"}, "queue": {"type": "string"},
                                                "queue_key": {"type": "string"},

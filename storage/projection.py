@@ -12,7 +12,9 @@ Row = tuple[Any, ...]
 _pack = msgpack.Packer(use_bin_type=True).pack
 _MESSAGE_FIELDS = ("role", "content")
 LISTED_EXTRA = ("queue", "queue_key", "schedule", "forked_from")   # a run's start fields its listing names (`extra`)
-LISTED_TIMES = ("start_at",)    # and those that are times (a delayed start's: the listing says `scheduled`)
+# and those that are positive numbers: a delayed start's time (the listing says `scheduled`), a
+# queued run's priority (0, the default, is not recorded)
+LISTED_NUMBERS = ("start_at", "priority")
 
 
 def _json(value: Any) -> str | None:
@@ -46,7 +48,7 @@ def _listed(start: dict[str, Any]) -> dict[str, Any]:
     """What a run's start gives its listing beside its flow and parent (junk is left out: the
     record is a peer's, and its listing is no reason to refuse it)."""
     out: dict[str, Any] = {f: start[f] for f in LISTED_EXTRA if type(start.get(f)) is str and start[f]}
-    out.update((f, start[f]) for f in LISTED_TIMES
+    out.update((f, start[f]) for f in LISTED_NUMBERS
                if type(start.get(f)) in (int, float) and 0 < start[f] < 1e12)   # finite, JSON-safe
     return out
 

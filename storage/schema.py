@@ -52,9 +52,9 @@ flows.db
   flow_records(run, tenant, type, seq, body, ts, writer, lsn, name, parent, extra)
       the journals of flow runs (body = the whole msgpack record; see actors/flow_state.py);
       `name` is a start's flow and an end's status, `parent` a child's start's parent, `extra`
-      a start's queue, queue_key, schedule and forked_from as JSON (if any), so that a listing of
-      runs reads no body (NULL in rows loaded before 2026-12-06, `extra` before its evening,
-      and in the rest)
+      a start's queue, queue_key, priority, start_at, schedule and forked_from as JSON (if
+      any), so that a listing of runs reads no body (NULL in rows loaded before 2026-12-06,
+      `extra` before its evening, and in the rest)
 Every file
   loader_version(version)
       the writer/store that created the file empty (storage/loader_version.py); none in a file

@@ -108,7 +108,8 @@ def test_a_queue_runs_at_most_its_limit_at_once_through_an_actors_kill(make_serv
     # the listing tells the two apart as the runs' own views do (while long-2 has its 3 s)
     listed = {r["run_id"]: r["status"] for r in get_json(f"{base}/v1/runs?queue=one&status=open")[2]["runs"]}
     assert listed == {"long-2": "running", "queued-child": "enqueued"}, listed
-    assert [r["run_id"] for r in get_json(f"{base}/v1/runs?status=enqueued")[2]["runs"]] == ["queued-child"]
+    (waiting,) = get_json(f"{base}/v1/runs?status=enqueued")[2]["runs"]
+    assert waiting["run_id"] == "queued-child" and waiting["priority"] == 4, waiting
     done = get_json(f"{base}/v1/runs/{parent['run_id']}?wait=30")[2]
     assert done["status"] == "completed" and done["result"] == "queued-child", done
     child = get_json(f"{base}/v1/runs/queued-child")[2]

@@ -111,7 +111,7 @@ def test_a_fork_a_queued_run_and_a_schedules_run_are_listed_as_such_and_by_queue
     later = time.time() + 3600
     log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=8 << 20)
     log.write([flow_record("f1", "t", "run.started", 151.0, flow="a", input="x" * 300_000, forked_from="r05",
-                           fork_seq=1, queue="reports", queue_key="alice", schedule=""),
+                           fork_seq=1, queue="reports", queue_key="alice", schedule="", priority=3),
                flow_record("s1", "t", "run.started", 152.0, flow="b", input=None, schedule="daily",
                            scheduled_at=152.0, queue=7),   # (not a name: passed over)
                flow_record("s1", "t", "run.ended", 153.0, status="completed", result=1),
@@ -130,7 +130,7 @@ def test_a_fork_a_queued_run_and_a_schedules_run_are_listed_as_such_and_by_queue
         assert [r["run_id"] for r in s.query("runs", "", tenant="t", limit=10, match={"queue": "reports"})[0]] == ["f1", "q1", "w1"]
         assert s.query("runs", "", tenant="t", limit=10)[0] == [
             {"run_id": "f1", "flow": "a", "status": "enqueued", "started_at": 151.0, "ended_at": None,
-             "forked_from": "r05", "queue": "reports", "queue_key": "alice"},
+             "forked_from": "r05", "queue": "reports", "queue_key": "alice", "priority": 3},
             {"run_id": "q1", "flow": "a", "status": "running", "started_at": 154.0, "ended_at": None,
              "queue": "reports"},
             {"run_id": "s1", "flow": "b", "status": "completed", "started_at": 152.0, "ended_at": 153.0,
