@@ -48,9 +48,9 @@ class RunQueries:
         flow, status (scheduled, enqueued or running until it ends; the filter `open` is any of
         them), times, and its parent, queue, schedule, delayed start and the run it was forked
         from if it has them. Of one `flow`, one `status` or those whose start named the `match`'s
-        queue, queue_key and schedule (broker/protocol.py RUN_MATCH), a page reads
-        at most RUNS_SCAN runs, so it may hold fewer than `limit`, even
-        none, and still name the next: the listing ends where the cursor is None."""
+        queue, queue_key and schedule (broker/protocol.py RUN_MATCH), a page reads at most
+        RUNS_SCAN runs, so it may hold fewer than `limit`, even none, and still name the next:
+        the listing ends where the cursor is None."""
         # The page's starts first (a top-N of one record type), then the ends in its range of ids,
         # from the columns the loader fills for this (schema.py `name`, `parent`): no body is read
         # (a GROUP BY of every run's start and end, whole bodies, went past the store's memory
