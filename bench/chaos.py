@@ -56,7 +56,7 @@ from bench.sampling import memory_by_process
 from bench.server_log import logged_errors
 from bench.server_proc import ServerProcess, deep_merge, wait_until
 from bench.sse_client import run_turn
-from bench.steps import start_workers, stop_workers
+from bench.step_workers import start_workers, stop_workers
 
 FLOW_STEPS = 5
 # every QUEUED_EVERY-th run of a flow client waits for one of 2 places, admitted at most 10 a

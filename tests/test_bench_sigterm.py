@@ -74,7 +74,7 @@ def test_sigterm_to_a_benchmark_stops_the_server_it_started(tmp_path):
 def test_workers_a_benchmark_was_still_starting_when_stopped_are_stopped(tmp_path, monkeypatch):
     """SIGTERM came while `bench chaos` waited for its worker to come up: the benchmark never got
     the worker's handle to stop it, and a worker outlives its server (it waits for it to return)."""
-    from bench import steps
+    from bench import step_workers
 
     class NoServer:   # a worker waits for a bus that never answers, as it would for a dead server
         work_dir = tmp_path
@@ -96,7 +96,7 @@ def test_workers_a_benchmark_was_still_starting_when_stopped_are_stopped(tmp_pat
     try:
         signal.setitimer(signal.ITIMER_REAL, 0.8)   # within its wait for the workers to come up
         try:
-            steps.start_workers(NoServer, 2, 4)
+            step_workers.start_workers(NoServer, 2, 4)
         except SystemExit as exc:
             assert exc.code == 143
         else:
