@@ -9,6 +9,12 @@ its intermediate parent exits at once, so the kernel hands it to the supervisor,
 subreaper. The supervisor then waits for it, signals it and restarts it like any child it
 started itself, and the child's parent-death signal is tied to the supervisor as before.
 
+The first fork server is the supervisor's own fork, made before its event loop or any thread
+starts (`ForkServer.fork_first`): the supervisor imports the role modules itself, so the server
+needs no interpreter start and no import of what the two share (config, bus, metrics, asyncio:
+about 0.2 s of CPU at each `agent-os serve`). A server started again later, once the supervisor
+has threads and a loop that a fork would copy half-way, is `python -m agentos.forkserver`.
+
 The supervisor falls back to `python -m agentos.child` whenever the fork server cannot
 serve: not yet ready, dead, slow to answer, or the kernel refused to make it a subreaper.
 
@@ -30,6 +36,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 from agentos import module_command
@@ -82,6 +89,34 @@ class ForkServer:
         self.enabled = enabled and _become_subreaper()
         if enabled and not self.enabled:
             log.info("the kernel refused PR_SET_CHILD_SUBREAPER: children start with python -m agentos.child")
+
+    def fork_first(self, parent_pid: int) -> bool:
+        """Import the role modules here and fork the server from this process. Only while the
+        caller has no thread and no running event loop (a fork copies a lock held by another
+        thread as held); False otherwise, and `launch` starts one with its own interpreter."""
+        if not self.enabled or threading.active_count() != 1 or _loop_running():
+            return False
+        import_roles()
+        gc.freeze()   # as the server does: neither side's collections then write to the pages they share
+        self.close()
+        self.launches += 1
+        self.started_wall = time.time()
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:   # the server: never returns into the supervisor's code
+            code = 1
+            try:
+                mine.close()
+                _stdin_from_devnull()
+                os.setsid()
+                code = _run_server(parent_pid, theirs)
+            finally:
+                _exit(code)
+        theirs.close()
+        mine.setblocking(False)
+        self.sock = mine
+        self.proc = ForkedProcess(pid)
+        return True
 
     def launch(self) -> None:
         if not self.enabled:
@@ -243,21 +278,33 @@ def _serve(sock: socket.socket) -> list[str] | None:
         sock.send(json.dumps({"pid": int(text)} if text else {"error": "fork failed"}).encode())
 
 
+def import_roles() -> None:
+    from agentos.child import ROLES
+    for module in ROLES.values():
+        importlib.import_module(module)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The server started with its own interpreter: `python -m agentos.forkserver PARENT_PID FD`."""
     args = sys.argv[1:] if argv is None else argv
     parent, fd = int(args[0]), int(args[1])
+    from agentos import service
+    service.die_with_parent(parent)
+    import_roles()
+    gc.freeze()   # out of the collector's sight (see _run_server)
+    return _run_server(parent, socket.socket(fileno=fd))
+
+
+def _run_server(parent: int, sock: socket.socket) -> int:
+    """Serve forks with the role modules imported; in a forked child, be its role and exit."""
     from agentos import native_memory, service
     native_memory.limit_arenas()   # inherited by every child, before any thread starts
     service.die_with_parent(parent)
     service.set_title("forkserver")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from agentos.child import ROLES
-    for module in ROLES.values():
-        importlib.import_module(module)
-    # Out of the collector's sight: a child's full collections then do not walk the modules of
-    # other roles, and do not write to (and so copy) the pages it shares with this process.
-    gc.freeze()
-    sock = socket.socket(fileno=fd)
+    # The modules were imported out of the collector's sight (gc.freeze): a child's full
+    # collections then do not walk the modules of other roles, and do not write to (and so
+    # copy) the pages it shares with this process.
     sock.send(json.dumps({"ready": True, "pid": os.getpid()}).encode())
     child_args = _serve(sock)
     if child_args is None:
@@ -272,6 +319,21 @@ def main(argv: list[str] | None = None) -> int:
     from agentos import child
     code = child.main(child_args)
     _exit(0 if code is None else code)
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _stdin_from_devnull() -> None:
+    """As the server started with its own interpreter has it (and so every child it forks)."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
 
 
 def _exit(code: int) -> None:

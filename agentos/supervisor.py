@@ -80,6 +80,7 @@ class Supervisor:
         self.lease_keeper = None
         self.exit_code = service.EXIT_OK
         self.forks = ForkServer(self.env, log, enabled=config.kernel.fork_server)
+        self.forks.fork_first(os.getpid())   # before the event loop: see ForkServer.fork_first
         self.exited = asyncio.Event()   # a child's pidfd turned readable: the monitor looks now
         self.cpu_claim: int | None = None   # the descriptor whose lock holds the gateway's CPU
 
@@ -107,7 +108,8 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self.on_signal)
         loop.add_signal_handler(signal.SIGINT, self.on_signal)
-        self.forks.launch()  # it imports while the lease is taken
+        if self.forks.proc is None:
+            self.forks.launch()  # it imports while the lease is taken
         keeper_task = None
         if self.config.storage.s3.bucket:
             from agentos.lease import LeaseKeeper, node_id
