@@ -170,7 +170,7 @@ QueueGrant = tuple[str, str, str]   # (holder, queue, run id)
 
 
 def _has(pool: QueuePool, holder: str) -> bool:
-    return any(owner == holder for owner, _ in pool.held.values()) or \
+    return any(owner == holder for owner, *_ in pool.held.values()) or \
         any(w.holder == holder for w in pool.waiting.values())
 
 
@@ -236,9 +236,10 @@ class QueuePools:
         return grants
 
     def sync(self, holder: str, incarnation: int, queues: dict, now: float) -> list[QueueGrant]:
-        """What one actor holds and waits for in each queue (`waiting`: [[run id, tenant] or
-        [run id, tenant, priority]]), and the runs it admitted within a rate's window with their
-        ages (`started`: [[run id, seconds ago]]); a queue it does not name, nothing."""
+        """What one actor holds and waits for in each queue (`held`: [[run id, tenant]];
+        `waiting`: [[run id, tenant] or [run id, tenant, priority]]), and the runs it admitted
+        within a rate's window with their ages (`started`: [[run id, seconds ago]]); a queue it
+        does not name, nothing."""
         grants: list[QueueGrant] = []
         for name, listed in queues.items():
             if isinstance(name, str) and isinstance(listed, dict) and self._pool(name) is None:   # (as in `request`)
@@ -254,11 +255,18 @@ class QueuePools:
                 if (isinstance(started, list) and len(started) == 2 and isinstance(started[0], str)
                         and type(started[1]) in (int, float) and math.isfinite(started[1])):
                     pool.note_start(started[0], now - max(0.0, started[1]), now)
-            held = [str(r) for r in listed.get("held") or () if isinstance(r, str)]
+            tenants = {}   # (a run id alone: an actor of a version before tenants were listed)
+            for h in listed.get("held") or ():
+                if isinstance(h, str):
+                    tenants[h] = ""
+                elif isinstance(h, list) and len(h) == 2 and all(isinstance(x, str) for x in h):
+                    tenants[h[0]] = h[1]
+            held = list(tenants)
             waiting = [w for w in listed.get("waiting") or ()
                        if isinstance(w, list) and len(w) in (2, 3) and all(isinstance(x, str) for x in w[:2])
                        and (len(w) == 2 or type(w[2]) is int)]
-            grants += self._grants(name, pool.sync(holder, incarnation, held, [w[0] for w in waiting], now))
+            grants += self._grants(name, pool.sync(holder, incarnation, held, [w[0] for w in waiting], now,
+                                                   tenants=tenants))
             for run_id, tenant, *priority in waiting:   # asked before this scheduler began, or the request was lost
                 if run_id not in pool.waiting and run_id not in pool.held:
                     grants += self._grants(name, pool.request(run_id, holder, tenant, now, *priority))
@@ -290,18 +298,30 @@ class QueuePools:
                     del self.pools[name]
         return grants
 
-    def stats(self, now: float) -> dict[str, dict]:
+    def stats(self, now: float, tenant: str | None = None) -> dict[str, dict]:
         """Each queue's limit (None: a rate alone), runs admitted and not ended, runs waiting, and
         with a rate, the runs admitted in its last window; a queue per key's summed over its keys,
-        with how many keys have places."""
+        with how many keys have places. With `tenant`, also that tenant's own runs admitted and
+        waiting (`own_running`, `own_waiting`): a place of a queue per key or per tenant is one
+        tenant's (`place_of`), a shared one's permits say whose they are."""
+        own = {"own_running": 0, "own_waiting": 0} if tenant is not None else {}
         out: dict[str, dict] = {name: {"limit": spec.limit, "running": 0, "waiting": 0,
                                        **({"started_in_window": 0} if spec.starts else {}),
-                                       **({"keys": 0} if spec.per else {})}
+                                       **({"keys": 0} if spec.per else {}), **own}
                                 for name, spec in self.specs.items()}
         for place, pool in self.pools.items():
-            counts = out[place.partition("/")[0]]
+            queue, slash, rest = place.partition("/")
+            counts = out[queue]
             counts["running"] += len(pool.held)
             counts["waiting"] += len(pool.waiting)
+            if own and slash:
+                if rest.partition("/")[0] == tenant:
+                    counts["own_running"] += len(pool.held)
+                    counts["own_waiting"] += len(pool.waiting)
+            elif own:
+                running, waiting = pool.tenant_counts(tenant)
+                counts["own_running"] += running
+                counts["own_waiting"] += waiting
             if "started_in_window" in counts:
                 counts["started_in_window"] += pool.started_in_window(now)
             if "keys" in counts and (pool.held or pool.waiting):

@@ -33,7 +33,7 @@ class PermitPool:
     limit: int
     grace_secs: float = 2.0
     holder_timeout_secs: float = 15.0
-    held: dict[str, tuple[str, float]] = field(default_factory=dict)       # permit -> (holder, granted at)
+    held: dict[str, tuple[str, float, str]] = field(default_factory=dict)   # permit -> (holder, granted at, tenant)
     waiting: dict[str, _Waiter] = field(default_factory=dict)
     queues: dict[tuple[int, str], collections.deque] = field(default_factory=dict)   # (priority, tenant) -> waiters
     rotations: dict[int, collections.deque] = field(default_factory=dict)  # priority -> its tenants with waiters
@@ -66,9 +66,10 @@ class PermitPool:
         return self._grant(now)
 
     def sync(self, holder: str, incarnation: int, held: list[str], waiting: list[str], now: float,
-             backoff_secs: float = 0.0) -> list[Grant]:
+             backoff_secs: float = 0.0, tenants: dict[str, str] | None = None) -> list[Grant]:
         """`backoff_secs`: what is left of the holder's last back-off, repeated until it ends, so a
-        release that carried it and was lost (or a scheduler restart) does not cut the pause short."""
+        release that carried it and was lost (or a scheduler restart) does not cut the pause short.
+        `tenants`: whose each held permit is, where the holder says (for one adopted here)."""
         if backoff_secs > 0:
             self.paused_until = max(self.paused_until, now + backoff_secs)
         previous = self.incarnations.get(holder)
@@ -77,13 +78,14 @@ class PermitPool:
         if previous is not None and previous != incarnation:
             self._drop(holder, now, grace=0.0)
         listed = set(held)
-        for permit_id, (owner, granted_at) in list(self.held.items()):
+        for permit_id, (owner, granted_at, _) in list(self.held.items()):
             if owner == holder and permit_id not in listed and now - granted_at > self.grace_secs:
                 del self.held[permit_id]
         for permit_id in listed:
             if permit_id not in self.held:
                 self._unqueue(permit_id)
-                self.held[permit_id] = (holder, now)  # adopted after a scheduler restart
+                # adopted after a scheduler restart
+                self.held[permit_id] = (holder, now, (tenants or {}).get(permit_id, ""))
         still_waiting = set(waiting)
         for permit_id, waiter in list(self.waiting.items()):
             if waiter.holder == holder and permit_id not in still_waiting and now - waiter.since > self.grace_secs:
@@ -99,7 +101,7 @@ class PermitPool:
         return self._grant(now)
 
     def _drop(self, holder: str, now: float, grace: float) -> None:
-        for permit_id, (owner, granted_at) in list(self.held.items()):
+        for permit_id, (owner, granted_at, _) in list(self.held.items()):
             if owner == holder and now - granted_at >= grace:
                 del self.held[permit_id]
         for permit_id, waiter in list(self.waiting.items()):
@@ -145,10 +147,15 @@ class PermitPool:
                 del self.queues[(priority, tenant)]
                 self._left(priority, tenant)
             del self.waiting[waiter.permit_id]
-            self.held[waiter.permit_id] = (waiter.holder, now)
+            self.held[waiter.permit_id] = (waiter.holder, now, waiter.tenant)
             grants.append((waiter.holder, waiter.permit_id))
         self.granted_total += len(grants)
         return grants
+
+    def tenant_counts(self, tenant: str) -> tuple[int, int]:
+        """(held, waiting) of `tenant`'s permits."""
+        return (sum(1 for _, _, whose in self.held.values() if whose == tenant),
+                sum(len(queue) for (_, whose), queue in self.queues.items() if whose == tenant))
 
     def stats(self, now: float) -> dict:
         return {"limit": self.limit, "held": len(self.held), "waiting": len(self.waiting),

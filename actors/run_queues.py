@@ -94,7 +94,7 @@ class RunQueues:
                 continue
             mine = queues.setdefault(self.place(run), {"held": [], "waiting": []})
             if run.admitted_at or run.run_id in self.admitting:
-                mine["held"].append(run.run_id)
+                mine["held"].append([run.run_id, run.tenant])
             elif not run.waits_to_start(now):
                 mine["waiting"].append([run.run_id, run.tenant, run.priority] if run.priority
                                        else [run.run_id, run.tenant])

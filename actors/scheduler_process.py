@@ -146,7 +146,8 @@ class Scheduler:
         stats["backoffs"] = self.backoffs
         stats["tasks"] = self.board.stats()
         stats["timers"] = len(self.timers)
-        stats["flow_queues"] = self.queues.stats(time.monotonic())
+        tenant = msg.body.get("tenant")   # the gateway's GET /v1/queues: that tenant's own runs too
+        stats["flow_queues"] = self.queues.stats(time.monotonic(), tenant if isinstance(tenant, str) else None)
         stats["bus"] = self.bus.stats()
         self.bus.reply(msg, Kind.STATS_REPLY, {"role": "scheduler", "stats": stats})
 

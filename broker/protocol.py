@@ -194,7 +194,9 @@ SPECS: dict[Kind, Spec] = {
     Kind.PEER_RESTARTED: _spec({"name": str}),
     Kind.DRAIN: _spec({"deadline_secs": _NUM}),
     Kind.DRAINED: _spec({"in_flight": int}),
-    Kind.STATS: _spec(only_end=bool),   # only_end: a log writer answers {"end": …} alone (writer/store's `sync`)
+    # only_end: a log writer answers {"end": …} alone (writer/store's `sync`); tenant: the scheduler
+    # counts that tenant's own queued runs too (GET /v1/queues)
+    Kind.STATS: _spec(only_end=bool, tenant=str),
     Kind.STATS_REPLY: _spec({"role": str, "stats": dict}),
     Kind.ERROR: _spec({"code": str, "message": str}),
     # From the supervisor to the log writers after each renewal: acknowledge for this long at most.

@@ -191,10 +191,11 @@ class FlowRoutes:
 
     async def queues(self, request: web.Request) -> web.Response:
         """The flow queues (`kernel.flow_queues`): each one's limit and rate, runs admitted and
-        runs waiting, across tenants, as the scheduler that holds their places counts them."""
-        self.gw.tenant_of(request)   # (authenticated like every route)
+        runs waiting, across tenants and the caller's own (`own`), as the scheduler that holds
+        their places counts them."""
+        tenant = self.gw.tenant_of(request)
         try:
-            reply = await self.gw.bus.request(SCHEDULER, Kind.STATS, {}, timeout=5.0, attempt_secs=2.5)
+            reply = await self.gw.bus.request(SCHEDULER, Kind.STATS, {"tenant": tenant}, timeout=5.0, attempt_secs=2.5)
         except BusError as exc:
             raise ApiError(503, "unavailable", f"the scheduler did not answer: {exc}") from None
         counts = (reply.body.get("stats") or {}).get("flow_queues") or {}
@@ -202,7 +203,8 @@ class FlowRoutes:
         for name, spec in parse_queues(self.gw.config.kernel.flow_queues).items():
             counted = counts.get(name) or {}
             queue = {"name": name, "limit": spec.limit, "running": counted.get("running", 0),
-                     "waiting": counted.get("waiting", 0), "rate": spec.rate(), "per": spec.per}
+                     "waiting": counted.get("waiting", 0), "rate": spec.rate(), "per": spec.per,
+                     "own": {"running": counted.get("own_running", 0), "waiting": counted.get("own_waiting", 0)}}
             if spec.per:
                 queue["keys"] = counted.get("keys", 0)
             if queue["rate"] is not None:

@@ -386,7 +386,7 @@ PATHS: dict[str, dict] = {
         "summary": "The flow queues (kernel.flow_queues): each one's limit and rate, runs admitted and runs waiting",
         "responses": {"200": {"description": "every queue", "content": _json({
             "type": "object", "required": ["queues"], "properties": {"queues": {"type": "array", "items": {
-                "type": "object", "required": ["name", "limit", "running", "waiting", "rate", "per"],
+                "type": "object", "required": ["name", "limit", "running", "waiting", "rate", "per", "own"],
                 "properties": {"name": {"type": "string"},
                                "limit": {"type": ["integer", "null"], "description": "runs at once (null: no limit)"},
                                "running": {"type": "integer"}, "waiting": {"type": "integer"},
@@ -398,7 +398,11 @@ PATHS: dict[str, dict] = {
                                "per": {"enum": ["key", "tenant", None], "description": "the limit and rate hold for each "
                                                                       "queue_key (tenant) apart"},
                                "keys": {"type": "integer", "description": "a queue per key's (tenant's) keys with "
-                                                                          "runs running or waiting"}}}}}})},
+                                                                          "runs running or waiting"},
+                               "own": {"type": "object", "required": ["running", "waiting"],
+                                       "description": "the caller's (its tenant's) runs among `running` and `waiting`",
+                                       "properties": {"running": {"type": "integer"},
+                                                      "waiting": {"type": "integer"}}}}}}}})},
                       **_errors(401, 503)}}},
     "/v1/schedules": {"get": {
         "summary": "The tenant's schedules, by name",

@@ -53,6 +53,7 @@ def test_a_queue_runs_at_most_its_limit_at_once_through_an_actors_kill(make_serv
     assert status == 200 and [q["name"] for q in listed["queues"]] == ["two", "one", "rated", "per_user", "slow"]
     two = listed["queues"][0]
     assert two["limit"] == 2 and two["running"] <= 2 and two["waiting"] >= 1   # the 8th at least waits
+    assert two["own"] == {"running": two["running"], "waiting": two["waiting"]}   # one tenant: all its own
     status, _, cancelled = get_json(f"{base}/v1/runs/q-7:cancel", method="POST")
     assert (status, cancelled["status"]) == (200, "cancelled")
 
@@ -72,7 +73,8 @@ def test_a_queue_runs_at_most_its_limit_at_once_through_an_actors_kill(make_serv
     wait_until(lambda: scrape(base).get('agentos_flow_queue_running{queue="two"}') == 0, 10, "the places back")
     assert scrape(base).get('agentos_flow_queue_waiting{queue="two"}') == 0
     assert get_json(f"{base}/v1/queues")[2]["queues"][0] == {"name": "two", "limit": 2, "running": 0, "waiting": 0,
-                                                             "rate": None, "per": None}
+                                                             "rate": None, "per": None,
+                                                             "own": {"running": 0, "waiting": 0}}
 
     # a rate: two admitted in any second, however many places are free
     for i in range(6):

@@ -5,7 +5,7 @@ import json
 
 import aiohttp
 
-from harness import get_json, run_turn, start_turn, status_of, turn
+from harness import get_json, run_turn, start_turn, status_of, turn, wait_until
 
 ACME = {"Authorization": "Bearer key-acme"}
 GLOBEX = {"Authorization": "Bearer key-globex"}
@@ -63,7 +63,8 @@ def test_keys_tenants_and_isolation(make_server, make_worker):
 
     # a flow queue's key is its tenant's too: globex's "alice" does not wait behind acme's
     occupied = server.work_dir / "occupied.txt"
-    for run_id, headers, secs in (("acme-alice", ACME, 3.0), ("globex-alice", GLOBEX, 0.05)):
+    for run_id, headers, secs in (("acme-alice", ACME, 60.0), ("globex-alice", GLOBEX, 0.05),
+                                  ("acme-alice-2", ACME, 0.05)):
         status, _, run = get_json(f"{base}/v1/flows/queued/runs", method="POST", headers=headers, body=json.dumps(
             {"input": {"file": str(occupied), "secs": secs}, "run_id": run_id, "queue": "per_user",
              "queue_key": "alice"}).encode())
@@ -71,7 +72,15 @@ def test_keys_tenants_and_isolation(make_server, make_worker):
     done = get_json(f"{base}/v1/runs/globex-alice?wait=30", headers=GLOBEX)[2]
     assert done["status"] == "completed" and done["queue_key"] == "alice", done
     admitted = get_json(f"{base}/v1/runs/acme-alice", headers=ACME)[2]["admitted_at"]
-    assert done["admitted_at"] - admitted < 2.5, (admitted, done)   # not after acme's run's 3 s
+    assert done["admitted_at"] - admitted < 2.5, (admitted, done)   # not after acme's run's 60 s
+    # each tenant is told its own runs among the queue's: acme's second waits behind its first
+    def per_user(headers):
+        (queue,) = get_json(f"{base}/v1/queues", headers=headers)[2]["queues"]
+        return queue["running"], queue["waiting"], queue["own"]
+    wait_until(lambda: per_user(ACME) == (1, 1, {"running": 1, "waiting": 1}), 20, "acme's runs in per_user")
+    assert per_user(GLOBEX) == (1, 1, {"running": 0, "waiting": 0})
+    assert get_json(f"{base}/v1/runs/acme-alice:cancel", method="POST", headers=ACME)[0] == 200
+    assert get_json(f"{base}/v1/runs/acme-alice-2?wait=30", headers=ACME)[2]["status"] == "completed"
 
 
 def test_a_tenant_lists_its_own_sessions_a_page_at_a_time(make_server):

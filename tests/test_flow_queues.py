@@ -144,6 +144,37 @@ def test_a_queue_per_key_keeps_its_limit_for_each_key_and_forgets_a_key_with_not
     assert got == ["a1", "a2", "b1"] and pools.stats(t1)["fair"] == {"limit": 2, "running": 3, "waiting": 1, "keys": 2}
 
 
+def test_each_tenant_is_told_its_own_runs_among_a_queues_running_and_waiting():
+    t0 = 100.0
+    specs = parse_queues("q=2, users=1 per key, fair=1 per tenant")
+    pools = QueuePools(specs, t0)
+    t1 = t0 + ADOPT_SECS
+    for run_id, tenant in (("a1", "acme"), ("b1", "bolt"), ("a2", "acme"), ("b2", "bolt"), ("a3", "acme")):
+        pools.request("q", run_id, "actor/0", tenant, t1)
+    assert pools.stats(t1, "acme")["q"] == {"limit": 2, "running": 2, "waiting": 3, "own_running": 1, "own_waiting": 2}
+    assert pools.stats(t1, "bolt")["q"] == {"limit": 2, "running": 2, "waiting": 3, "own_running": 1, "own_waiting": 1}
+    assert pools.stats(t1, "nobody")["q"]["own_running"] == pools.stats(t1, "nobody")["q"]["own_waiting"] == 0
+    assert "own_running" not in pools.stats(t1)["q"]   # no tenant asked (agent-os status): the totals alone
+    pools.release("q", "a1", t1 + 1)   # b1 and a2 run now
+    assert (pools.stats(t1 + 1, "acme")["q"]["own_running"], pools.stats(t1 + 1, "acme")["q"]["own_waiting"]) == (1, 1)
+    # a key's place and a tenant's place are that tenant's
+    for run_id, place, tenant in (("u1", "users/acme/alice", "acme"), ("u2", "users/acme/alice", "acme"),
+                                  ("u3", "users/bolt/alice", "bolt"), ("f1", "fair/bolt", "bolt"),
+                                  ("f2", "fair/bolt", "bolt")):
+        pools.request(place, run_id, "actor/0", tenant, t1)
+    acme, bolt = pools.stats(t1, "acme"), pools.stats(t1, "bolt")
+    assert (acme["users"]["own_running"], acme["users"]["own_waiting"], acme["fair"]["own_running"]) == (1, 1, 0)
+    assert (bolt["users"]["own_running"], bolt["users"]["own_waiting"]) == (1, 0)
+    assert (bolt["fair"]["own_running"], bolt["fair"]["own_waiting"]) == (1, 1)
+    # a new scheduler learns whose each held run is from its actors' reports
+    pools = QueuePools(specs, t0)
+    report = {"q": {"held": [["a1", "acme"], ["b1", "bolt"]], "waiting": [["a2", "acme"]]}}
+    assert pools.sync("actor/0", 1, report, t0 + 1) == []
+    assert pools.stats(t0 + 1, "acme")["q"] == {"limit": 2, "running": 2, "waiting": 1, "own_running": 1,
+                                                "own_waiting": 1}
+    assert pools.stats(t0 + 1, "bolt")["q"]["own_running"] == 1
+
+
 def test_a_rate_admits_no_more_in_any_window_than_it_allows_whatever_places_are_free():
     t0 = 100.0
     pools = QueuePools(parse_queues("r=*@2/1s, both=2@3/10s"), t0)
@@ -217,7 +248,7 @@ def test_an_enqueued_run_is_admitted_on_its_grant_journaled_before_it_runs_and_i
         assert run.summary()["admitted_at"] == run.admitted_at
         flows.sync_queues()
         synced = sent(bus, Kind.QUEUE_SYNC)[-1]["queues"]["q"]
-        assert synced["held"] == ["q-1"] and synced["waiting"] == []
+        assert synced["held"] == [["q-1", "t"]] and synced["waiting"] == []   # whose it is: a new scheduler counts it
         # the queue's rate: the admission is reported, with its age, for the window the grant told
         ((started, age),) = synced["started"]
         assert started == "q-1" and 0 <= age < 5
