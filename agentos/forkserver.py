@@ -42,6 +42,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 
 from agentos import module_command
 
@@ -109,13 +110,13 @@ class ForkServer:
         self.started_wall = time.time()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
-        if pid == 0:   # the server: never returns into the supervisor's code
+        if pid == 0:   # the server, and each child it forks: never returns into the supervisor's code
             code = 1
             try:
                 mine.close()
                 _stdin_from_devnull()
                 os.setsid()
-                code = _run_server(parent_pid, theirs)
+                code = exit_code_of(lambda: _run_server(parent_pid, theirs))
             finally:
                 _exit(code)
         theirs.close()
@@ -325,6 +326,25 @@ def _run_server(parent: int, sock: socket.socket) -> int:
     from agentos import child
     code = child.main(child_args)
     _exit(0 if code is None else code)
+
+
+def exit_code_of(run) -> int:
+    """`run()`'s exit code as `sys.exit(run())` would make it, without unwinding the stack: a
+    SystemExit's code (a role's `service.die_with_parent` exits 3, which the supervisor reads), or
+    1 with the traceback on stderr for any other exception."""
+    try:
+        code = run()
+    except SystemExit as exc:
+        code = exc.code
+    except BaseException:
+        traceback.print_exc()
+        return 1
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
 
 
 def _loop_running() -> bool:

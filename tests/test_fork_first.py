@@ -48,3 +48,26 @@ def test_the_first_fork_server_is_forked_only_where_that_is_safe():
     assert out["title"] == "agent-os: forkserver"
     assert out["stdin"] == "/dev/null"   # not the supervisor's (a terminal under `make run`)
     assert out["gone"] is True
+
+
+def test_a_forked_process_exits_as_sys_exit_would_have_it(capsys):
+    """The fork server forked from the supervisor, and each child it forks, must not unwind into
+    the supervisor's code: what ends them is turned into the exit code the interpreter would give."""
+    from agentos.forkserver import exit_code_of
+    from agentos.service import EXIT_PARENT_GONE
+
+    def parent_gone():
+        raise SystemExit(EXIT_PARENT_GONE)
+
+    def crash():
+        raise ValueError("a role's bug")
+
+    def refuse():
+        raise SystemExit("agent-os: refused")
+
+    assert exit_code_of(lambda: 0) == 0 and exit_code_of(lambda: None) == 0 and exit_code_of(lambda: 2) == 2
+    assert exit_code_of(parent_gone) == EXIT_PARENT_GONE   # the supervisor reads it: not 1
+    assert exit_code_of(crash) == 1 and exit_code_of(refuse) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "ValueError: a role's bug" in err   # not lost in a silent exit
+    assert "agent-os: refused" in err
