@@ -15,9 +15,10 @@ needs no interpreter start and no import of what the two share (config, bus, met
 about 0.2 s of CPU at each `agent-os serve`, and 24 MiB less memory in a tree, PSS: the server
 and the children share the supervisor's pages of those modules). A server started again later,
 once the supervisor has threads and a loop that a fork would copy half-way, is
-`python -m agentos.forkserver`. That costs memory: the supervisor's copy of the role modules is
-then its own (private: +26 MiB in the chaos benchmark, where the fork server is killed four
-times) beside the new server's, until the tree starts again.
+`python -m agentos.forkserver`. That costs memory: once the children forked before are
+restarted too, the supervisor's copy of the role modules is its own (private: +26 MiB in the
+chaos benchmark, which kills the fork server and every role in turn) beside the new server's,
+until the tree starts again.
 
 The supervisor falls back to `python -m agentos.child` whenever the fork server cannot
 serve: not yet ready, dead, slow to answer, or the kernel refused to make it a subreaper.
