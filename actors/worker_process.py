@@ -305,13 +305,15 @@ def main(config: Config, modules: list[str], slots: int, name: str | None, log: 
         log.info("worker %s: %d slots; flows %s, tools %s, update handlers %s", worker_name, slots,
                  sorted(app.flows), sorted(app.tools), sorted(app.updates))
         await stop.wait()
+        log.info("worker %s stopping: %d step(s) and task(s) in flight cancelled, their runs retry them elsewhere",
+                 worker_name, len(runtime.running))
         announcer.cancel()
         for _, task in list(runtime.running.values()):
             task.cancel()
         await bus.close()
         return service.EXIT_OK
 
-    code = service.run(run)
+    code = service.run(run, interrupt=True)   # in a terminal of its own: Ctrl-C stops it
     busy = runtimes[0].threads.busy if runtimes else 0
     if busy:
         # A thread cannot be stopped, and the interpreter would wait for it at exit — an hour for

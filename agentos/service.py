@@ -2,7 +2,8 @@
 
 A child gets its title (`agent-os: actor/3`), dies with its supervisor (PR_SET_PDEATHSIG, so
 no orphan survives a kill -9 of the tree), ignores SIGINT (the supervisor owns Ctrl-C) and
-finishes its current work on SIGTERM: the signal handler only sets an event.
+finishes its current work on SIGTERM: the signal handler only sets an event. A process that runs
+in a terminal on its own (`agent-os worker`) stops on Ctrl-C as on SIGTERM.
 """
 from __future__ import annotations
 
@@ -97,9 +98,10 @@ def _lifelong_done(task: asyncio.Task) -> None:
         _Lifelong.stop.set()
 
 
-def run(main: Callable[[asyncio.Event], Awaitable[int | None]]) -> int:
-    """Run `main(stop_event)` on uvloop; SIGTERM sets the event, and so does a `lifelong` task's
-    death (the exit code is then EXIT_FAILURE)."""
+def run(main: Callable[[asyncio.Event], Awaitable[int | None]], interrupt: bool = False) -> int:
+    """Run `main(stop_event)` on uvloop; SIGTERM sets the event (SIGINT too with `interrupt`,
+    else it is ignored), and so does a `lifelong` task's death (the exit code is then
+    EXIT_FAILURE)."""
     import uvloop
 
     async def runner() -> int:
@@ -107,7 +109,10 @@ def run(main: Callable[[asyncio.Event], Awaitable[int | None]]) -> int:
         _Lifelong.died = False
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, stop.set)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if interrupt:
+            loop.add_signal_handler(signal.SIGINT, stop.set)
+        else:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         housekeeping = lifelong(_housekeeping())
         try:
             code = await main(stop)

@@ -358,6 +358,12 @@ def test_a_worker_stops_at_sigterm_though_a_blocking_step_runs(make_server, make
     worker.proc.send_signal(signal.SIGTERM)
     wait_until(lambda: worker.proc.poll() is not None, 20, "the worker to stop")
     assert "blocking step(s) still on their threads" in worker.log_path.read_text()
+    # run in a terminal, a worker stops on Ctrl-C as on SIGTERM (it ignored SIGINT, as the tree's
+    # children do, whose Ctrl-C is the supervisor's)
+    idle = make_worker(server)
+    idle.proc.send_signal(signal.SIGINT)
+    wait_until(lambda: idle.proc.poll() is not None, 20, "the worker to stop on SIGINT")
+    assert idle.proc.returncode == 0 and "stopping: 0 step(s)" in idle.log_path.read_text()
 
 
 def test_a_blocking_step_past_its_timeout_does_not_hold_up_its_retry(make_server, make_worker, tmp_path):
