@@ -22,7 +22,8 @@ Record types (body field `type`; every body has run, tenant, at, exec):
   step.heartbeat seq, attempt, value
   sleep          seq, name, due
   wait           seq, name, channel, due        (due 0 = no timeout)
-  op.done        seq, ok, result | error        (a sleep, wait, child or attribute write finished)
+  op.done        seq, ok, result | error        (a sleep, wait, child or attribute write finished;
+                                                 with op patch: a `ctx.patched` mark, taken at once)
   child.started  seq, name, child
   message        channel, msg_seq, message      (published to the run)
   message.taken  seq, channel, msg_seq          (consumed by the wait at seq)

@@ -7,7 +7,8 @@ sleep or a wait) completed steps return their recorded result instead of running
 **Flow code must be deterministic.** On replay it must ask for the same operations (steps,
 sleeps, waits, child flows, attribute writes) in the same order with the same names; anything
 that differs between runs (time, randomness, I/O) belongs inside a step. A replay that takes
-another path fails the run with a `NonDeterministic` error naming the operation.
+another path fails the run with a `NonDeterministic` error naming the operation. To change a
+flow while runs of it are in flight, branch on `await ctx.patched("an-id")` (below).
 
 Declare what a worker runs in one explicit table and point `agent-os worker` at it:
 
@@ -205,7 +206,15 @@ class FlowContext:
         """The run's attributes as of this execution (a copy: write with `set_attr`)."""
         return dict(self._attrs)
 
+    def _past_patch_marks(self) -> None:
+        """Pass over recorded patch marks whose `patched` call the code no longer makes (the
+        old path is gone, the new one is the only one)."""
+        while self._seq < len(self._journal) and self._journal[self._seq]["op"] == "patch":
+            self._seq += 1
+
     async def _op(self, op: str, name: str, **fields: Any) -> dict[str, Any]:
+        if op != "patch":
+            self._past_patch_marks()
         seq = self._seq
         self._seq += 1
         if seq < len(self._journal):
@@ -236,6 +245,7 @@ class FlowContext:
             raise ValueError("durability must be 'sync' or 'async'")
         retry = retry or Retry()
         name = name or getattr(fn, "__name__", "step")
+        self._past_patch_marks()
         if durability == "async":
             return await self._async_step(fn, args, kwargs, retry, timeout, name)
         seq = self._seq
@@ -332,6 +342,28 @@ class FlowContext:
         if go.get("ok", True):
             return go.get("result")
         raise ChildFailed(f"child flow {flow!r} did not complete: {go.get('error', '')}")
+
+    async def patched(self, patch_id: str) -> bool:
+        """Whether this run takes the path of code changed under `patch_id` (as Temporal's
+        `workflow.patched`): True where the run comes to this point with this code (a new run, or
+        one whose history ends before it), False where its history was made by the code before
+        the change, which it must then replay. So a flow can change while runs of it are in
+        flight: keep both paths until no run from before the change is left, then drop the call
+        and the old path (a run that recorded the patch passes over its mark on replay)."""
+        if not isinstance(patch_id, str) or not patch_id:
+            raise ValueError("a patch id is a non-empty string")
+        seq = self._seq
+        if seq < len(self._journal):
+            recorded = self._journal[seq]
+            if recorded["op"] == "patch" and recorded["name"] == patch_id:
+                self._seq += 1
+                return True
+            return False   # the old code's operation is recorded here
+        go = await self._op("patch", patch_id)
+        if go["action"] == "skip":   # the old code's operation, in flight when its worker died, is here
+            self._seq = seq
+            return False
+        return True
 
     async def set_attr(self, key: str, value: Any) -> None:
         """Set one of the run's attributes (journaled; readable without a worker)."""

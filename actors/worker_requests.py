@@ -37,6 +37,11 @@ class WorkerRequests:
         b = msg.body
         seq, kind, name = b["seq"], b["op"], b["name"]
         op = run.ops.get(seq)
+        if kind == "patch" and op is not None and op.op != "patch":
+            # `ctx.patched` where the code before the change recorded an operation of its own (one
+            # in flight when its execution ended): the run keeps to the old path
+            self.bus.reply(msg, Kind.STEP_GO, {"action": "skip"})
+            return
         if op is not None and (op.op != kind or op.name != name):
             self.bus.reply(msg, Kind.STEP_GO, {"action": "fail", "error": (
                 f"non-deterministic flow: operation {seq} was {op.op} {op.name!r} when the run first executed, "
@@ -46,7 +51,7 @@ class WorkerRequests:
             self.bus.reply(msg, Kind.STEP_GO, {"action": "replay", **_outcome(op)})
             return
         handler = {"step": self._start_step, "sleep": self._start_sleep, "wait": self._start_wait,
-                   "child": self._start_child, "attr_set": self._start_attr}.get(kind)
+                   "child": self._start_child, "attr_set": self._start_attr, "patch": self._start_patch}.get(kind)
         if handler is None:
             self.bus.reply(msg, Kind.STEP_GO, {"action": "fail", "error": f"unknown operation {kind!r}"})
             return
@@ -155,6 +160,11 @@ class WorkerRequests:
         b = msg.body
         first = self.record(run, "attr.set", key=b["key"], value=b.get("value"), seq=seq)
         await asyncio.gather(first, self.record(run, "op.done", seq=seq, op="attr_set", name=b["name"], ok=True))
+        self.bus.reply(msg, Kind.STEP_GO, {"action": "continue"})
+
+    async def _start_patch(self, msg: Message, run: Run, seq: int, op: Op | None) -> None:
+        """`ctx.patched` at the end of the run's history: the mark says the run takes the new path."""
+        await self.record(run, "op.done", seq=seq, op="patch", name=msg.body["name"], ok=True)
         self.bus.reply(msg, Kind.STEP_GO, {"action": "continue"})
 
     async def on_step_result(self, msg: Message) -> None:

@@ -196,7 +196,8 @@ SCHEMAS: dict[str, Any] = {
                                  "type": "object", "required": ["seq", "op", "name", "status", "started_at", "ended_at"],
                                  "properties": {"seq": {"type": "integer"},
                                                 "op": {"type": "string", "description": "step, sleep, wait, "
-                                                                                        "child or attr_set"},
+                                                                                        "child, attr_set or patch "
+                                                                                        "(a ctx.patched mark)"},
                                                 "name": {"type": "string"},
                                                 "status": {"enum": ["completed", "failed", "running", "waiting",
                                                                     "abandoned"]},

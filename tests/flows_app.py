@@ -328,6 +328,23 @@ async def queued(ctx, args):
     return await ctx.step(occupy, args["file"], ctx.run_id, args.get("secs", 0.5), name="occupy")
 
 
+def old_step(path: str) -> str:
+    effect(path, "old step")
+    return "old"
+
+
+def new_step(path: str) -> str:
+    effect(path, "new step")
+    return "new"
+
+
+async def versioned(ctx, args):
+    """A flow whose code changes while a run of it waits (flows_app_v2.py has the new code)."""
+    first = await ctx.step(old_step, args["file"])
+    message = await ctx.wait("go")
+    return {"first": first, "message": message}
+
+
 async def parent_in_queue(ctx, args):
     return await ctx.child(queued, args, run_id=args["child"], queue=args["queue"], priority=args.get("priority", 0))
 
@@ -340,5 +357,5 @@ def read_raw(q):
 app = App(flows=[five_steps, async_then_sync, async_then_sleep, async_gate_sleep, sync_then_check, sleeper, waiter, async_steps, with_attrs, parent, child, failing,
                  flaky, branchy, unencodable, returns_bytes, big_steps, sleeps_an_hour, parent_of_sleeper,
                  parent_of_waiter, one_blocking_step, kills_its_worker,
-                 stuck_step_then_retry, bytes_step, forkable, ticked, queued, parent_in_queue],
+                 stuck_step_then_retry, bytes_step, forkable, ticked, queued, parent_in_queue, versioned],
           tools=[get_weather, search, read_raw], updates={"incr": incr, "unencodable": unencodable_update})

@@ -40,9 +40,10 @@ class Server(ServerProcess):
 
 
 class Worker:
-    """`agent-os worker flows_app` against a server, as its own process (group)."""
+    """`agent-os worker flows_app` (or `module`, of tests/) against a server, as its own process (group)."""
 
-    def __init__(self, server: ServerProcess, slots: int = 16, env: dict[str, str] | None = None) -> None:
+    def __init__(self, server: ServerProcess, slots: int = 16, env: dict[str, str] | None = None,
+                 module: str = "flows_app") -> None:
         import os
         import subprocess
         import sys
@@ -50,7 +51,7 @@ class Worker:
         self.log_path = server.work_dir / f"worker-{id(self):x}.log"
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agentos.cli", "worker", "flows_app", "--slots", str(slots),
+            [sys.executable, "-m", "agentos.cli", "worker", module, "--slots", str(slots),
              "--config", str(server.config_path)],
             cwd=Path(__file__).parent, env=dict(os.environ, PYTHONPATH=str(REPO), **(env or {})),
             stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
