@@ -25,10 +25,11 @@ from agentos.config import Config
 from actors.sdk import App, FlowContext, Superseded, Suspended, check_encodable
 from broker.client import Bus, BusError
 from broker.sharding import SCHEDULER
-from broker.protocol import Kind, Message
+from broker.protocol import BROKER, Kind, Message
 from broker.address import bus_address
 
 REQUEST_TIMEOUT_SECS = 300.0
+REACH_TIMEOUT_SECS = 10.0        # how long a worker waits for the server's broker before it says it has none
 
 
 def load_app(spec: str) -> App:
@@ -283,6 +284,29 @@ async def _call(threads: SlotThreads, fn, *args: Any, **kwargs: Any) -> Any:
     return await threads.call(lambda: fn(*args, **kwargs))
 
 
+async def say_when_reached(bus: Bus, address: str, storage_dir: str, log: logging.Logger,
+                           timeout: float = REACH_TIMEOUT_SECS) -> None:
+    """Log once the server's broker answers, and warn while it does not: a worker pointed at a
+    bus no server listens on (an ipc address made from a relative storage.dir read in another
+    directory, a wrong host) would otherwise wait in silence, its hellos lost."""
+    unanswered = 0
+    while True:
+        try:
+            await bus.request(BROKER, Kind.PEERS, {}, timeout=timeout, attempt_secs=min(2.0, timeout))
+        except BusError:
+            unanswered += 1
+            if unanswered == 1 or unanswered % 6 == 0:
+                hint = ("; an ipc address is the server's run directory, named after its storage.dir as "
+                        f"resolved where it started (here: {storage_dir}): start the worker from that "
+                        "directory, or give both an absolute storage.dir or kernel.run_dir"
+                        if address.startswith("ipc://") else "")
+                log.warning("no answer from an agent-os server at %s for %.0f s%s", address, unanswered * timeout,
+                            hint)
+            continue
+        log.info("reached the server at %s", address)
+        return
+
+
 def main(config: Config, modules: list[str], slots: int, name: str | None, log: logging.Logger) -> int:
     from agentos import service
     from agentos.rundir import RunDir
@@ -296,18 +320,22 @@ def main(config: Config, modules: list[str], slots: int, name: str | None, log: 
     runtimes: list[WorkerRuntime] = []
 
     async def run(stop: asyncio.Event) -> int:
-        bus = Bus(worker_name, bus_address(config, run_dir), role="worker", heartbeat_secs=config.broker.heartbeat_secs, log=log,
-                       spill_bytes=config.broker.spill_ring_bytes)
+        address = bus_address(config, run_dir)
+        bus = Bus(worker_name, address, role="worker", heartbeat_secs=config.broker.heartbeat_secs, log=log,
+                  spill_bytes=config.broker.spill_ring_bytes)
         runtime = WorkerRuntime(app, bus, slots, log)
         runtimes.append(runtime)
         await bus.start()
         announcer = service.lifelong(runtime.announce())
+        reach = asyncio.ensure_future(say_when_reached(bus, address.endpoint, os.path.abspath(config.storage.dir),
+                                                       log))
         log.info("worker %s: %d slots; flows %s, tools %s, update handlers %s", worker_name, slots,
                  sorted(app.flows), sorted(app.tools), sorted(app.updates))
         await stop.wait()
         log.info("worker %s stopping: %d step(s) and task(s) in flight cancelled, their runs retry them elsewhere",
                  worker_name, len(runtime.running))
         announcer.cancel()
+        reach.cancel()
         for _, task in list(runtime.running.values()):
             task.cancel()
         await bus.close()

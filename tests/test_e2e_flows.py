@@ -363,7 +363,9 @@ def test_a_worker_stops_at_sigterm_though_a_blocking_step_runs(make_server, make
     idle = make_worker(server)
     idle.proc.send_signal(signal.SIGINT)
     wait_until(lambda: idle.proc.poll() is not None, 20, "the worker to stop on SIGINT")
-    assert idle.proc.returncode == 0 and "stopping: 0 step(s)" in idle.log_path.read_text()
+    said = idle.log_path.read_text()
+    assert idle.proc.returncode == 0 and "stopping: 0 step(s)" in said
+    assert "reached the server at ipc://" in said   # it says so, and would warn if none answered
 
 
 def test_a_blocking_step_past_its_timeout_does_not_hold_up_its_retry(make_server, make_worker, tmp_path):
