@@ -354,10 +354,12 @@ class FlowContext:
             raise ValueError("a patch id is a non-empty string")
         seq = self._seq
         if seq < len(self._journal):
-            recorded = self._journal[seq]
-            if recorded["op"] == "patch" and recorded["name"] == patch_id:
-                self._seq += 1
-                return True
+            at = seq   # its mark, perhaps after marks of patches whose calls the code has dropped since
+            while at < len(self._journal) and self._journal[at]["op"] == "patch":
+                if self._journal[at]["name"] == patch_id:
+                    self._seq = at + 1
+                    return True
+                at += 1
             return False   # the old code's operation is recorded here
         go = await self._op("patch", patch_id)
         if go["action"] == "skip":   # the old code's operation, in flight when its worker died, is here

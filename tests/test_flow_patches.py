@@ -88,6 +88,19 @@ def test_code_that_dropped_the_call_passes_over_recorded_marks():
     assert asyncio.run(async_step(ctx)) == "a" and rt.results == [(1, "a")] and rt.started == []
 
 
+def test_a_patch_after_the_mark_of_one_whose_call_was_dropped_still_finds_its_own():
+    async def second_change(ctx):   # "new-first" is gone; a later change is patched at the same point
+        if await ctx.patched("newer"):
+            return await ctx.step(lambda: "newer", name="newer_step")
+        return await ctx.step(lambda: "new", name="new_step")
+
+    ctx, rt = context([done(0, "patch", "new-first"), done(1, "patch", "newer"), done(2, "step", "newer_step", "n")])
+    assert asyncio.run(second_change(ctx)) == "n" and rt.started == []
+    # a run that took "new-first"'s path before "newer" existed keeps to it
+    ctx, rt = context([done(0, "patch", "new-first"), done(1, "step", "new_step", "recorded new")])
+    assert asyncio.run(second_change(ctx)) == "recorded new" and rt.started == []
+
+
 def test_dropping_the_new_path_instead_is_still_caught():
     ctx, _ = context([done(0, "patch", "new-first"), done(1, "step", "new_step", "recorded new")])
     try:
