@@ -106,10 +106,7 @@ class ForkServer:
         if threading.active_count() != 1:   # an import started one: not safe to fork after all
             return False
         gc.freeze()   # as the server does: neither side's collections then write to the pages they share
-        self.close()
-        self.launches += 1
-        self.started_wall = time.time()
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        mine, theirs = self._new_server_socket()
         pid = os.fork()
         if pid == 0:   # the server, and each child it forks: never returns into the supervisor's code
             code = 1
@@ -121,24 +118,28 @@ class ForkServer:
             finally:
                 _exit(code)
         theirs.close()
-        mine.setblocking(False)
-        self.sock = mine
         self.proc = ForkedProcess(pid)
         return True
 
     def launch(self) -> None:
         if not self.enabled:
             return
-        self.close()
-        self.launches += 1
-        self.started_wall = time.time()
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        _, theirs = self._new_server_socket()
         with theirs:
             self.proc = subprocess.Popen(
                 module_command("agentos.forkserver", str(os.getpid()), str(theirs.fileno())),
                 env=self.env, stdin=subprocess.DEVNULL, pass_fds=[theirs.fileno()], start_new_session=True)
+
+    def _new_server_socket(self) -> tuple[socket.socket, socket.socket]:
+        """For a new server, after the old one is stopped: (ours, kept as `self.sock`, and the
+        server's end)."""
+        self.close()
+        self.launches += 1
+        self.started_wall = time.time()
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         mine.setblocking(False)
         self.sock = mine
+        return mine, theirs
 
     async def wait_ready(self, timeout: float) -> bool:
         """Wait for the server's imports; False (and no server) if it did not get there."""
