@@ -9,9 +9,17 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import zygote  # noqa: E402
 from harness import Server, Worker  # noqa: E402
 from bench.s3_local import CREDENTIALS, S3Server  # noqa: E402
 from broker.server import Broker  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def stop_the_zygote():
+    """The test zygote (tests/zygote.py), if a test started one, goes with the test run."""
+    yield
+    zygote.close_shared()
 
 
 @pytest.fixture

@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import itertools
+import os
+import signal
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+import zygote
 from bench.sse_client import sse_events
 from bench.server_proc import REPO, ServerError, ServerProcess, cpu_seconds, deep_merge, pid_alive, wait_until  # noqa: F401
 
@@ -24,10 +30,40 @@ TEST_DEFAULTS = {
     "storage": {"segment_bytes": 8 << 20},
 }
 
+_cli_runs = itertools.count()
+
 
 class Server(ServerProcess):
     def __init__(self, tmp_path: Path, config: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> None:
         super().__init__(tmp_path, deep_merge(TEST_DEFAULTS, config or {}), env)
+
+    def launch(self) -> "Server":
+        """`agent-os serve`, forked from the test zygote (tests/zygote.py says why) unless it is off."""
+        if not zygote.enabled():
+            return super().launch()
+        self.proc = zygote.shared().launch("agentos.cli", ["serve", "--config", str(self.config_path), *self.args],
+                                           cwd=self.cwd, env=self.env, log=self.log_path)
+        return self
+
+    def cli(self, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess:
+        """`agent-os ARGS --config …`, its output captured, forked from the test zygote unless it is off."""
+        if not zygote.enabled():
+            return super().cli(*args, timeout=timeout)
+        command = [*args, "--config", str(self.config_path)]
+        out, err = (self.work_dir / f"cli-{os.getpid()}-{next(_cli_runs)}.{name}" for name in ("out", "err"))
+        try:
+            proc = zygote.shared().launch("agentos.cli", command, cwd=REPO, env=self.env, log=out, stderr=err,
+                                          safe_path=False)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise
+            return subprocess.CompletedProcess(proc.args, proc.returncode, out.read_text(), err.read_text())
+        finally:
+            out.unlink()
+            err.unlink()
 
     def status(self) -> dict[str, Any]:
         """What `agent-os status --json` prints, gathered in this process as that command does
@@ -44,17 +80,19 @@ class Worker:
 
     def __init__(self, server: ServerProcess, slots: int = 16, env: dict[str, str] | None = None,
                  module: str = "flows_app") -> None:
-        import os
-        import subprocess
-        import sys
         self.server = server
         self.log_path = server.work_dir / f"worker-{id(self):x}.log"
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agentos.cli", "worker", module, "--slots", str(slots),
-             "--config", str(server.config_path)],
-            cwd=Path(__file__).parent, env=dict(os.environ, PYTHONPATH=str(REPO), **(env or {})),
-            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        self._log = None
+        args = ["worker", module, "--slots", str(slots), "--config", str(server.config_path)]
+        cwd, env = Path(__file__).parent, dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
+        if zygote.enabled():
+            self.proc = zygote.shared().launch("agentos.cli", args, cwd=cwd, env=env, log=self.log_path,
+                                               safe_path=False)
+        else:
+            self._log = open(self.log_path, "ab")
+            self.proc = subprocess.Popen([sys.executable, "-m", "agentos.cli", *args], cwd=cwd, env=env,
+                                         stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
 
     @property
     def pid(self) -> int:
@@ -79,8 +117,6 @@ class Worker:
         return False
 
     def stop(self) -> None:
-        import os
-        import signal
         for sig in (signal.SIGTERM, signal.SIGKILL):
             if self.proc.poll() is not None:
                 break
@@ -92,7 +128,8 @@ class Worker:
                 self.proc.wait(5)
             except Exception:
                 continue
-        self._log.close()
+        if self._log is not None:
+            self._log.close()
 
 
 # -- clients ------------------------------------------------------------------------------

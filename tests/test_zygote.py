@@ -1,0 +1,82 @@
+"""The test zygote (tests/zygote.py): what it launches sees what a new interpreter started with
+the same command line would, and the harness hears how it ended as from a subprocess."""
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.server_proc import REPO, pid_alive, wait_until
+from zygote import Zygote
+
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture
+def zygote():
+    made = Zygote()
+    yield made
+    made.close()
+
+
+def by_subprocess(tmp_path: Path, env: dict, safe_path: bool, code: int) -> tuple[int, dict, str]:
+    out, err = tmp_path / "sub.out", tmp_path / "sub.err"
+    with open(out, "wb") as o, open(err, "wb") as e:
+        proc = subprocess.Popen([sys.executable, *(["-P"] if safe_path else []), "-m", "zygote_probe", str(code)],
+                                cwd=TESTS, env=env, stdin=subprocess.DEVNULL, stdout=o, stderr=e,
+                                start_new_session=True)
+        returncode = proc.wait(30)
+    return returncode, json.loads(out.read_text()), err.read_text()
+
+
+def by_zygote(zygote: Zygote, tmp_path: Path, env: dict, safe_path: bool, code: int) -> tuple[int, dict, str]:
+    out, err = tmp_path / "zyg.out", tmp_path / "zyg.err"
+    proc = zygote.launch("zygote_probe", [str(code)], cwd=TESTS, env=env, log=out, stderr=err, safe_path=safe_path)
+    return proc.wait(30), json.loads(out.read_text()), err.read_text()
+
+
+@pytest.mark.parametrize("safe_path", [False, True], ids=["python -m", "python -P -m"])
+def test_a_launch_sees_what_a_new_interpreter_with_its_command_line_sees(zygote, tmp_path, safe_path):
+    # with -P the working directory is not on the path: PYTHONPATH names it
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{TESTS}", ZYGOTE_PROBE=f"probe-{safe_path}")
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    expected = by_subprocess(tmp_path, env, safe_path, 3)
+    launched = by_zygote(zygote, tmp_path, env, safe_path, 3)
+    assert launched == expected
+    code, seen, err = launched
+    assert code == 3 and err == "to stderr\n" and seen["probe_env"] == f"probe-{safe_path}"
+    assert seen["title"] == "zygote-probe: a title of some length"
+    assert seen["session_leader"] and seen["stdin"] == "/dev/null" and seen["name"] == "__main__"
+    # imported as the process's environment says, not the zygote's
+    assert not seen["prometheus_imported"] and seen["our_modules"] == [] and seen["threads"] == 1
+
+
+def test_exits_and_signals_read_as_a_subprocess_reports_them(zygote, tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    sleeper = zygote.launch("zygote_probe", ["sleep"], cwd=TESTS, env=env, log=tmp_path / "s.out", safe_path=False)
+    with pytest.raises(subprocess.TimeoutExpired):
+        sleeper.wait(0.2)
+    assert sleeper.poll() is None and pid_alive(sleeper.pid)
+    sleeper.send_signal(signal.SIGKILL)
+    assert sleeper.wait(10) == -signal.SIGKILL and sleeper.returncode == -signal.SIGKILL
+    sleeper.kill()   # gone already: nothing happens, as with a subprocess
+
+    broken = zygote.launch("no_such_module_here", [], cwd=TESTS, env=env, log=tmp_path / "b.out")
+    assert broken.wait(10) == 1
+    assert "No module named no_such_module_here" in (tmp_path / "b.out").read_text()
+
+
+def test_closing_the_zygote_ends_it_and_leaves_what_it_launched_running(tmp_path):
+    zygote = Zygote()
+    sleeper = zygote.launch("zygote_probe", ["sleep"], cwd=TESTS, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                            log=tmp_path / "s.out", safe_path=False)
+    try:
+        zygote.close()
+        assert zygote.proc.returncode == 0
+        assert pid_alive(sleeper.pid)
+    finally:
+        os.kill(sleeper.pid, signal.SIGKILL)
+    wait_until(lambda: not pid_alive(sleeper.pid), 10, "the orphan to be reaped")
