@@ -69,6 +69,19 @@ def test_exits_and_signals_read_as_a_subprocess_reports_them(zygote, tmp_path):
     assert "No module named no_such_module_here" in (tmp_path / "b.out").read_text()
 
 
+def test_a_pid_the_kernel_gives_again_is_a_new_process_to_the_harness(zygote):
+    """The zygote reports an exit before the kernel can hand its pid to a later launch: the later
+    launch is running, whatever the earlier holder of its pid ended with."""
+    zygote._heard({"pid": 4242})
+    first = zygote._answers.get_nowait()
+    zygote._heard({"exited": 4242, "code": 3})
+    zygote._heard({"pid": 4242})
+    second = zygote._answers.get_nowait()
+    assert first.poll() == 3 and second.poll() is None and second is not first
+    zygote._heard({"exited": 4242, "code": -9})
+    assert second.wait(1) == -9 and first.returncode == 3
+
+
 def test_closing_the_zygote_ends_it_and_leaves_what_it_launched_running(tmp_path):
     zygote = Zygote()
     sleeper = zygote.launch("zygote_probe", ["sleep"], cwd=TESTS, env=dict(os.environ, PYTHONPATH=str(REPO)),

@@ -1,7 +1,7 @@
 """A preloaded interpreter that forks the suite's `python -m agentos.cli …` processes.
 
-Why: the suite starts about 175 of them (trees and workers), and each new interpreter spent about
-0.35 s of CPU importing the same third-party libraries (aiohttp, DuckDB, pyzmq, uvloop…) on a
+Why: the suite starts about 200 of them (trees, workers, CLI calls), and each new interpreter spent
+about 0.35 s of CPU importing the same third-party libraries (aiohttp, DuckDB, pyzmq, uvloop…) on a
 two-core machine where the suite is bound by CPU. The zygote imports those once; each launch is a
 fork of it that then does what `python [-P] -m MODULE ARGS` does: a session of its own, its
 working directory, its environment, stdin on /dev/null and stdout and stderr on its log,
@@ -12,13 +12,14 @@ Not preloaded: our own modules and prometheus-client. prometheus-client picks it
 mode from the environment when first imported (agentos/cli.py sets it up before that), so every
 launched process imports them under its own environment, as a new interpreter does.
 
-`TEST_ZYGOTE=0` makes the harness start plain subprocesses instead.
+What stays the zygote's: the third-party modules' import-time state, and the seed of str and
+bytes hashes (every process one zygote launches shares it, where new interpreters would each draw
+their own). `TEST_ZYGOTE=0` makes the harness start plain subprocesses instead.
 
 Protocol (JSON lines over a socket pair):
-    harness -> zygote  {"module", "args", "cwd", "env", "stdout", "stderr", "safe_path"}   fork one
-    zygote -> harness  {"pid": N}                                            its answer
-    zygote -> harness  {"exited": N, "code": C}                              when N ends (the
-                                                                             zygote is its parent)
+    harness -> zygote  {"module", "args", "cwd", "env", "stdout", "stderr", "safe_path"}: fork one
+    zygote -> harness  {"pid": N}: its answer
+    zygote -> harness  {"exited": N, "code": C}: N ended (the zygote is its parent, and reaps it)
 EOF on the socket stops the zygote; what it launched lives on, as subprocesses would.
 """
 from __future__ import annotations
@@ -47,27 +48,25 @@ def enabled() -> bool:
 # -- the harness's side ---------------------------------------------------------------------
 
 class Launched:
-    """What the harness keeps of a launched process: the part of `subprocess.Popen` it uses."""
+    """What the harness keeps of a launched process: the part of `subprocess.Popen` it uses. Its
+    `returncode` is set by the zygote's reader when the zygote reports the exit."""
 
-    def __init__(self, zygote: "Zygote", pid: int, args: list[str]) -> None:
-        self.zygote, self.pid, self.args = zygote, pid, args
+    def __init__(self, zygote: "Zygote", pid: int) -> None:
+        self.zygote, self.pid = zygote, pid
+        self.args: list[str] = []
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
-        if self.returncode is None:
-            self.returncode = self.zygote.exits.get(self.pid)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        if self.poll() is None:
-            with self.zygote.ended:
-                if not self.zygote.ended.wait_for(lambda: self.pid in self.zygote.exits, timeout):
-                    raise subprocess.TimeoutExpired(self.args, timeout)
-            self.returncode = self.zygote.exits[self.pid]
+        with self.zygote.ended:
+            if not self.zygote.ended.wait_for(lambda: self.returncode is not None, timeout):
+                raise subprocess.TimeoutExpired(self.args, timeout)
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
+        if self.returncode is None:
             os.kill(self.pid, sig)
 
     def terminate(self) -> None:
@@ -84,7 +83,7 @@ class Zygote:
                                      pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, start_new_session=True)
         theirs.close()
-        self.exits: dict[int, int] = {}
+        self.running: dict[int, Launched] = {}   # by pid, until the zygote reports its exit
         self.ended = threading.Condition()
         self._answers: queue.Queue = queue.Queue()
         self._launching = threading.Lock()
@@ -105,20 +104,30 @@ class Zygote:
                 answer = self._answers.get(timeout=30)
             except queue.Empty:
                 raise RuntimeError(f"the test zygote (pid {self.proc.pid}) did not answer a launch") from None
-        if "pid" not in answer:
+        if not isinstance(answer, Launched):
             raise RuntimeError(f"the test zygote could not launch {module} {args}: {answer}")
-        return Launched(self, answer["pid"], [sys.executable, "-m", module, *args])
+        answer.args = [sys.executable, "-m", module, *args]
+        return answer
 
     def _read(self) -> None:
         for line in self.sock.makefile("rb"):
-            message = json.loads(line)
-            if "exited" in message:
-                with self.ended:
-                    self.exits[message["exited"]] = message["code"]
-                    self.ended.notify_all()
-            else:
-                self._answers.put(message)
+            self._heard(json.loads(line))
         self._answers.put({"error": "the zygote is gone"})
+
+    def _heard(self, message: dict) -> None:
+        # In the zygote's order: a pid's exit is reported before the kernel can give the pid again
+        # (pid_max is 32768 here, and the suite forks more processes than that).
+        if "exited" in message:
+            with self.ended:
+                launched = self.running.pop(message["exited"], None)
+                if launched is not None:
+                    launched.returncode = message["code"]
+                self.ended.notify_all()
+        elif "pid" in message:
+            launched = self.running[message["pid"]] = Launched(self, message["pid"])
+            self._answers.put(launched)
+        else:
+            self._answers.put(message)
 
     def close(self) -> None:
         self.sock.shutdown(socket.SHUT_RDWR)
