@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -106,11 +107,7 @@ def cmd_log(args: argparse.Namespace) -> int:
         config = _load(args)
         config.storage.dir = str(wal_root.parent)    # the run directory held is that data directory's
         return _mend_logs(config, wal_root)
-    try:
-        return log_inspect.print_dump(wal_root, args.log, args.start, args.kind, args.session, args.limit)
-    except BrokenPipeError:   # `| head`
-        sys.stderr.close()
-        return 0
+    return log_inspect.print_dump(wal_root, args.log, args.start, args.kind, args.session, args.limit)
 
 
 def _check_bucket(config) -> int:
@@ -238,7 +235,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args) or 0
+    code = None
+    try:
+        code = args.func(args) or 0
+        sys.stdout.flush()   # here, not at exit: a reader that left is then an error we can see
+        return code
+    except BrokenPipeError:
+        if not reader_gone(sys.stdout.fileno()):
+            raise
+        # `agent-os log dump | head`: the reader has what it wanted. Python would print a
+        # traceback, and another as it flushed stdout at exit: stdout goes nowhere instead. The
+        # code is the command's if it had ended, else what a shell shows for a program SIGPIPE
+        # ended (as `cat` would be).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return code if code is not None else 128 + signal.SIGPIPE
+
+
+def reader_gone(fd: int) -> bool:
+    """Whether `fd` is a pipe or socket whose reading end is closed (poll says POLLERR)."""
+    import select
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
 
 
 if __name__ == "__main__":

@@ -138,3 +138,46 @@ def test_the_cli_checks_and_dumps_a_real_servers_logs(make_server):
     assert events[0] == "turn.started" and events[-1] == "turn.completed", events
     journal = [r["body"]["type"] for r in found if r["kind"] == "FLOW"]   # the turn's run
     assert journal[0] == "run.started" and journal[-1] == "run.ended", journal
+
+
+def cli_into_a_pipe_nobody_reads(*args: str, unbuffered: bool):
+    """`agent-os ARGS` with stdout on a pipe whose reader is gone, as `| head` leaves it."""
+    import os
+    import subprocess
+    import sys
+    from harness import REPO
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    reading, writing = os.pipe()
+    os.close(reading)
+    try:
+        return subprocess.run([sys.executable, "-m", "agentos.cli", *args], cwd=REPO, stdout=writing,
+                              stderr=subprocess.PIPE, text=True, timeout=60,
+                              env={**env, "PYTHONUNBUFFERED": "1"} if unbuffered else env)
+    finally:
+        os.close(writing)
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback_and_an_exit_code_that_says_what_happened(tmp_path):
+    """Written through a buffer, the output meets the closed pipe once the command has ended: its
+    own code stands. Written at once, it meets it mid-command: 141, as a shell shows a program
+    that SIGPIPE ended."""
+    two_segment_log(tmp_path / "wal")
+    (tmp_path / "empty").mkdir()
+    cases = {("dump", "logs"): 0, ("check", "logs"): 0, ("check", "empty"): 1}   # no logs: a failure
+    for unbuffered in (False, True):
+        for (action, where), code in cases.items():
+            data_dir = tmp_path if where == "logs" else tmp_path / "empty"
+            done = cli_into_a_pipe_nobody_reads("log", action, "--data-dir", str(data_dir), unbuffered=unbuffered)
+            assert (done.returncode, done.stderr) == (141 if unbuffered else code, ""), (action, where, done.stderr)
+
+
+def test_reader_gone_tells_a_closed_pipe_from_an_open_one():
+    import os
+    from agentos.cli import reader_gone
+    reading, writing = os.pipe()
+    try:
+        assert not reader_gone(writing)
+        os.close(reading)
+        assert reader_gone(writing)
+    finally:
+        os.close(writing)
