@@ -65,15 +65,21 @@ async def query_stats(address, names: list[str], timeout: float = 1.5) -> dict[s
         await bus.close()
 
 
-def collect(config: Config) -> dict[str, Any]:
-    run_dir = RunDir.for_config(config)
+def process_table(run_dir: RunDir) -> dict | None:
+    """The running server's process table from its run directory; None if no server runs there."""
     try:
         table = run_dir.read_json(run_dir.processes_path)
     except (OSError, ValueError):
+        return None
+    return table if Path(f"/proc/{table['supervisor']['pid']}").exists() else None
+
+
+def collect(config: Config) -> dict[str, Any]:
+    run_dir = RunDir.for_config(config)
+    table = process_table(run_dir)
+    if table is None:
         return {"running": False, "run_dir": str(run_dir.path), "processes": []}
     supervisor_pid = table["supervisor"]["pid"]
-    if not Path(f"/proc/{supervisor_pid}").exists():
-        return {"running": False, "run_dir": str(run_dir.path), "processes": []}
     now = time.time()
     rows = [{"name": "supervisor", "role": "supervisor", "pid": supervisor_pid,
              "uptime_secs": round(now - table["supervisor"]["started_at"], 1), "restarts": 0,

@@ -12,6 +12,7 @@ import zmq
 
 from agentos.config import Config
 from agentos.rundir import RunDir
+from agentos.status import process_table
 from broker import codec
 from broker.address import bus_address
 from broker.protocol import ProtocolError
@@ -37,6 +38,10 @@ def main(config: Config, session: str | None = None, kind: str | None = None, tu
     # here rather than leaving the command waiting for lines that never come.
     refusals = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH) if address.curve is not None else None
     sock.connect(address.trace)
+    if config.broker.transport == "ipc" and process_table(run_dir) is None:
+        # said, not refused: the tap is there once a server starts (a trace may begin first)
+        print(f"agent-os trace: no server is running (run dir {run_dir.path}); waiting for one to start",
+              file=sys.stderr, flush=True)
     deadline = time.monotonic() + timeout_secs if timeout_secs else None
     printed = 0
     try:

@@ -252,6 +252,7 @@ def test_trace_shows_the_hops_of_a_turn(shared_server, tmp_path):
             proc.terminate()
             proc.wait(10)
     assert whole_turns(), out.read_text()
+    assert "no server is running" not in out.read_text()
     start = next(line for line in out.read_text().splitlines() if " turn.start " in line)
     assert "gateway/0 -> actor/" in start and "hop=" in start and "ms" in start
 
