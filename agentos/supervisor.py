@@ -81,20 +81,11 @@ class Supervisor:
         self.exit_code = service.EXIT_OK
         self.forks = ForkServer(self.env, log, enabled=config.kernel.fork_server)
         if config.storage.s3.bucket and config.kernel.fork_server:
-            self._warm_s3()
+            from storage import s3
+            s3.warm(config.storage.s3)   # boto3's models then shared with the children forked
         self.forks.fork_first(os.getpid())   # before the event loop: see ForkServer.fork_first
         self.exited = asyncio.Event()   # a child's pidfd turned readable: the monitor looks now
         self.cpu_claim: int | None = None   # the descriptor whose lock holds the gateway's CPU
-
-    def _warm_s3(self) -> None:
-        """boto3 made ready here, to be shared by the children the fork server forks
-        (storage.s3.warm says why). Best effort: a client that cannot be made here fails where
-        it is used, with its own message."""
-        from storage import s3
-        try:
-            s3.warm(self.config.storage.s3)
-        except Exception as exc:
-            log.debug("no S3 client made ahead of the fork server: %s", exc)
 
     def plan(self) -> list[Child]:
         children = [Child("broker")]

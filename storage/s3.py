@@ -71,8 +71,12 @@ def warm(config: S3Config) -> None:
     and the credentials it found, and a process forked after this makes its own client for about
     0.02 s of CPU instead of 0.4 (the imports, and JSON models read and parsed again; measured).
     The supervisor calls it before it forks the first fork server, whose children write to the
-    bucket (writer/log, the gateway's log)."""
-    client(config)
+    bucket (writer/log, the gateway's log). Best effort: a client that cannot be made here fails
+    where it is used, with its own message."""
+    try:
+        client(config)
+    except Exception:
+        pass
 
 
 def _failed(exc: Exception) -> bool:

@@ -62,8 +62,8 @@ class Server(ServerProcess):
                 raise
             return subprocess.CompletedProcess(proc.args, proc.returncode, out.read_text(), err.read_text())
         finally:
-            out.unlink()
-            err.unlink()
+            out.unlink(missing_ok=True)
+            err.unlink(missing_ok=True)
 
     def status(self) -> dict[str, Any]:
         """What `agent-os status --json` prints, gathered in this process as that command does
