@@ -21,13 +21,14 @@ them, that the store has not heard of yet). A store that stops loading (stuck, o
 the appends while half the room left is still free, and the store has that half when it loads
 again. A log on a volume of its own (`storage.dir/wal`) needs no room for the store's copies, and
 its compaction reserve frees it; `storage.min_free_bytes: 0` turns the floor off (the store's
-part too).
+part too). writer/store's own copies leave the margin itself (LoadFloor).
 
 Zeroing a spare segment ahead of use (storage/spares.py) and making the compaction reserve
 (storage/compaction_reserve.py) leave the margin too: either would otherwise take the room back.
 A compaction reserve a pass took is kept free, even with the floor off, until it is made again.
 
-Owns: whether the log's disk has room for an append. Never does: free anything.
+Owns: whether the log's disk has room for an append, and writer/store's payloads for a write.
+Never does: free anything.
 """
 from __future__ import annotations
 
@@ -145,6 +146,42 @@ class FreeSpaceFloor:
         except OSError:
             return None, 0
         return disk.f_bavail * disk.f_frsize, margin(self.setting, self.segment_bytes, disk.f_blocks * disk.f_frsize)
+
+
+class LoadFloor:
+    """writer/store's part of the floor: where its files share a volume with the logs, its copies
+    of the checkpoints it loads leave the logs' margin free. The logs stop at the margin plus what
+    the store has yet to load, so the copies may take what the store is behind, never the margin:
+    that room is a segment's rewrite, the compaction that drops the superseded checkpoints the
+    store has loaded. A store that took it, on a disk something else had filled besides (a test
+    left 2 MiB for a 2.9 MB load), left compaction no room for any rewrite, and with the log's
+    superseded half not dropped it had none to load the rest in: each waited on the other, the
+    disk full for good (under load, 2 of 8 runs). Held to the margin, the store loads what fits,
+    compaction frees the log's superseded records behind it, and the store loads the rest."""
+
+    def __init__(self, store_dir: Path, wal_root: Path, min_free_bytes: int, segment_bytes: int,
+                 statvfs=os.statvfs) -> None:
+        self.store_dir = store_dir
+        self.wal_root = wal_root
+        self.setting = min_free_bytes
+        self.segment_bytes = segment_bytes
+        self.statvfs = statvfs
+
+    def check(self, length: int) -> None:
+        """Raises ENOSPC if writing `length` bytes to the store's files leaves the logs' volume
+        fewer than their margin's bytes free."""
+        if self.setting == 0 or _device(self.store_dir) != _device(self.wal_root):
+            return
+        try:
+            disk = self.statvfs(self.store_dir)
+        except OSError:   # cannot tell: the write itself says if the disk is full
+            return
+        free = disk.f_bavail * disk.f_frsize
+        kept = margin(self.setting, self.segment_bytes, disk.f_blocks * disk.f_frsize)
+        if free - length < kept:
+            raise OSError(errno.ENOSPC, f"fewer than {kept:,} bytes would be left free on the disk writer/store "
+                                        "shares with the logs (their margin, storage.min_free_bytes: room for "
+                                        "compaction's rewrites)")
 
 
 def _device(path: Path) -> int | None:

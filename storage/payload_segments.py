@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 from storage import freeing
@@ -62,6 +63,8 @@ class Appender:
         self.rows = 0
         self.pending: list[bytes] = []
         self.begun: list[int] = []     # segments begun since the last `mark()`
+        # raises (ENOSPC) if writing so many bytes would take room the disk keeps (free_space.LoadFloor)
+        self.floor: Callable[[int], None] | None = None
 
     def append(self, data: bytes) -> tuple[int, int]:
         """(place, length) of `data`, written on the next `sync()`."""
@@ -96,6 +99,8 @@ class Appender:
             self._write(chunk, size, at)
 
     def _write(self, parts: list[bytes], size: int, at: int) -> int:
+        if self.floor is not None:
+            self.floor(size)
         written = os.pwritev(self.fd, parts, at)
         if written < size:      # a short write (rare): the rest the plain way
             rest = memoryview(b"".join(parts))[written:]

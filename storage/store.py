@@ -22,6 +22,7 @@ from storage import (compaction_reserve, loader_version, payload_segments, recor
                      session_summary)
 from storage.bloom import BloomFilter
 from storage.duck_memory import MemoryLimit
+from storage.free_space import LoadFloor
 from storage.jsonl_events import JsonlEvents
 from storage.newest_blobs import NewestBlobs
 from storage.payload_segments import PayloadSegments
@@ -49,7 +50,7 @@ OPEN_ROWS_PER_FETCH = 10_000
 class Store(StoreQueries, SessionClosing, StoreDeletions, SessionSummaries):
     def __init__(self, data_dir: Path, writers: int, memory_limit_mb: int, jsonl_dir: str = "",
                  log: logging.Logger | None = None,
-                 payload_segment_bytes: int = payload_segments.SEGMENT_BYTES) -> None:
+                 payload_segment_bytes: int = payload_segments.SEGMENT_BYTES, min_free_bytes: int = 0) -> None:
         self.db_dir = data_dir / "db"
         self.wal_root = data_dir / "wal"
         self.writers = writers
@@ -80,6 +81,7 @@ class Store(StoreQueries, SessionClosing, StoreDeletions, SessionSummaries):
         self.loading = threading.Lock()   # held while a batch loads; a recycle waits for it
         self.passing = threading.Lock()   # held while a pass's question runs; a recycle waits for it
         self.payloads = PayloadSegments(self.db_dir / payload_segments.DIR_NAME, payload_segment_bytes)
+        self.payloads.loader.floor = LoadFloor(self.db_dir, self.wal_root, min_free_bytes, payload_segment_bytes).check
         self.payload_cursor = -1      # the payload segment a compaction pass looked at last
         self.read_bytes = READ_BYTES
         # "kind:session" of every checkpoint loaded: a session not in it has none (storage/bloom.py)

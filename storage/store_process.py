@@ -39,7 +39,8 @@ class StoreService(LogProgress):
         self.log = log
         self.config = config
         self.store = Store(Path(config.storage.dir), config.logs, config.storage.duckdb_memory_limit_mb,
-                           config.storage.jsonl_dir, log, payload_segment_bytes=config.storage.segment_bytes)
+                           config.storage.jsonl_dir, log, payload_segment_bytes=config.storage.segment_bytes,
+                           min_free_bytes=config.storage.min_free_bytes)
         self.queries = ThreadPoolExecutor(1, thread_name_prefix="store-query")
         # a latest read whose place is known (storage/newest_blobs.py): one payload read, which need
         # not queue behind the queries (nor a reopen or a payload compaction's swap on their thread)

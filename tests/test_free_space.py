@@ -182,3 +182,25 @@ def test_while_the_compaction_reserve_is_taken_its_room_is_kept_even_with_the_fl
     assert not refused(floor, 512 << 10) and not floor.leaves_margin(1 << 20)
     floor.reserve(True, 256 << 10)                      # made again
     assert not refused(floor, (1 << 20) - BLOCK) and floor.leaves_margin(1 << 20)
+
+
+def test_writer_stores_copies_leave_the_logs_margin_on_their_volume(tmp_path):
+    """The store's copies of what it loads may take what it is behind, never the margin: that is
+    compaction's room to rewrite a segment without the records the store has loaded."""
+    disk = FakeDisk(total=1 << 30, free=10 << 20)
+
+    def floor(setting, wal=tmp_path / "wal", statvfs=disk.statvfs):
+        return free_space.LoadFloor(tmp_path / "db", wal, setting, 1 << 20, statvfs=statvfs)
+    floor(8 << 20).check(2 << 20)
+    with pytest.raises(OSError) as err:
+        floor(8 << 20).check((2 << 20) + BLOCK)
+    assert err.value.errno == errno.ENOSPC and "fewer than 8,388,608 bytes" in err.value.strerror
+    floor(free_space.AUTO).check(8 << 20)                 # automatic: two segments here (2 MiB)
+    with pytest.raises(OSError):
+        floor(free_space.AUTO).check((8 << 20) + BLOCK)
+    floor(8 << 20, wal=Path("/proc")).check(1 << 30)      # the logs on another volume: nothing to keep
+    floor(0).check(1 << 40)                               # the floor off
+
+    def broken(_path):
+        raise OSError(errno.EIO, "no")
+    floor(8 << 20, statvfs=broken).check(1 << 40)         # cannot tell: the write itself says

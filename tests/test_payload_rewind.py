@@ -3,6 +3,7 @@
 the payloads it had copied left every retry less room, and writer/store never caught up."""
 import errno
 import os
+from types import SimpleNamespace
 
 import duckdb
 import pytest
@@ -75,14 +76,15 @@ def blob(session, seq, payload):
                                 "at": 1.0})
 
 
-def twenty_sessions(tmp_path, segment_bytes=32 << 10):
+def twenty_sessions(tmp_path, segment_bytes=32 << 10, min_free_bytes=0):
     """A store over a log of twenty sessions' 10 KB checkpoints, none loaded yet."""
     log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=1 << 20)
     payloads = {i: os.urandom(10_000) for i in range(20)}
     log.write(b"".join(records.frame(RecordKind.BLOB, f"b{i}".encode(), blob(f"s{i}", i, p))
                        for i, p in payloads.items()), sync=True)
     log.close()
-    store = Store(tmp_path, writers=1, memory_limit_mb=64, payload_segment_bytes=segment_bytes)
+    store = Store(tmp_path, writers=1, memory_limit_mb=64, payload_segment_bytes=segment_bytes,
+                  min_free_bytes=min_free_bytes)
     store.open()
     return store, list(payloads.values())
 
@@ -107,6 +109,30 @@ def test_a_load_duckdb_could_not_commit_gives_its_payloads_room_back(tmp_path, m
     store.load_all()
     assert [store.query("blob_latest", f"s{i}")[0][0]["payload"] for i in range(20)] == payloads
     assert sum(on_disk(directory).values()) == store.payloads.total_bytes == 200_000
+    store.close()
+
+
+def test_a_load_whose_copies_would_take_the_logs_margin_fails_as_on_a_full_disk_and_gives_its_room_back(tmp_path):
+    """The logs' margin (storage.min_free_bytes) is compaction's room for a segment's rewrite: a
+    store that loaded into it left compaction none, and the disk stayed full for good. With room
+    above the margin for two of its 32 KB segments but not the batch's 200 KB, the load fails with
+    ENOSPC (the retry path of a full disk), keeps none of its copies, and loads once there is room."""
+    store, payloads = twenty_sessions(tmp_path, min_free_bytes=8 << 20)
+    directory = tmp_path / "db" / "payloads"
+    room = {"above": 64 << 10}    # free above the margin, less what the payload files hold
+
+    def statvfs(_path):
+        free = (8 << 20) + room["above"] - sum(on_disk(directory).values())
+        return SimpleNamespace(f_frsize=1, f_blocks=1 << 30, f_bavail=free)
+    store.payloads.loader.floor.__self__.statvfs = statvfs   # the store's own floor, on a disk we tell
+    with pytest.raises(OSError) as err:
+        store.load_once()
+    assert err.value.errno == errno.ENOSPC and "shares with the logs" in err.value.strerror
+    assert sum(on_disk(directory).values()) == 0 and store.payloads.total_bytes == 0
+    assert store.query("count", "")[0][0]["checkpoints"] == 0
+    room["above"] = 1 << 20       # compaction freed the log's superseded records
+    store.load_all()
+    assert [store.query("blob_latest", f"s{i}")[0][0]["payload"] for i in range(20)] == payloads
     store.close()
 
 
