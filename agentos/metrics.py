@@ -211,8 +211,15 @@ def render() -> bytes:
     return generate_latest(REGISTRY)
 
 
-def mark_dead(pid: int) -> None:
-    """A process of the tree was reaped (see agentos/metrics_files.py)."""
+def mark_dead(pid: int, fold: bool = True) -> None:
+    """A process of the tree was reaped (see agentos/metrics_files.py); `fold=False` leaves its
+    counts for one `fold_dead()` after many."""
     path = multiproc_dir()
     if path:
-        metrics_files.retire(pid, path)
+        metrics_files.retire(pid, path, fold)
+
+
+def fold_dead() -> None:
+    path = multiproc_dir()
+    if path:
+        metrics_files.fold_dead(path)

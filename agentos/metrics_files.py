@@ -39,8 +39,10 @@ log = logging.getLogger("agent-os.metrics")
 _scrape_lock = threading.Lock()    # scrapes run on executor threads (flock is per open file)
 
 
-def retire(pid: int, path: str) -> None:
-    """The process `pid` is gone (reaped): its live gauges go, its counts into the archives.
+def retire(pid: int, path: str, fold_now: bool = True) -> None:
+    """The process `pid` is gone (reaped): its live gauges go, its counts into the archives
+    (`fold_now=False`: left as dead files, for one fold of many: a tree that stops folded the
+    whole archive again for each of its processes, most of the supervisor's CPU in a stop).
 
     The renames too are made holding the lock scrapes take: a scrape lists the directory, and a
     listing taken during a rename to a new name can miss the file under either name (ext4; by
@@ -50,10 +52,20 @@ def retire(pid: int, path: str) -> None:
     try:
         with _folding(path):
             _mark_dead(pid, path)
-            fold(path)
+            if fold_now:
+                fold(path)
     except OSError as exc:    # a full disk, say: the dead files stay, and the next fold takes them
         _mark_dead(pid, path)   # done already unless the lock itself failed
         log.warning("could not fold the metrics of pid %d: %s", pid, exc)
+
+
+def fold_dead(path: str) -> None:
+    """Fold the dead files left by `retire(…, fold_now=False)` (a scrape folds them too)."""
+    try:
+        with _folding(path):
+            fold(path)
+    except OSError as exc:    # the dead files stay, and the next fold takes them
+        log.warning("could not fold the metrics of dead processes: %s", exc)
 
 
 def _mark_dead(pid: int, path: str) -> None:

@@ -331,7 +331,8 @@ class Supervisor:
                 self.bus = None
             await self.stop_child(child, grace)
         if self.forks.proc is not None:
-            metrics.mark_dead(self.forks.proc.pid)
+            metrics.mark_dead(self.forks.proc.pid, fold=False)
+        metrics.fold_dead()   # once for every process stopped
         self.forks.close()
         if self.cpu_claim is not None:   # every child is gone: another server may take the CPU
             os.close(self.cpu_claim)
@@ -357,7 +358,7 @@ class Supervisor:
                 log.warning("%s did not stop within %.0fs; killing it", child.name, grace)
         _signal_group(proc.pid, signal.SIGKILL)  # anything it left in its group goes too
         proc.wait()
-        metrics.mark_dead(proc.pid)
+        metrics.mark_dead(proc.pid, fold=False)   # stop_all folds them all at once
         child.proc = None
         self._unwatch_exit(child)
 

@@ -74,6 +74,22 @@ def test_a_dead_processes_counts_stay_in_the_sums_in_one_file_per_type(tmp_path)
     assert _metric_files(tmp_path) == ["counter_archive.db", "histogram_archive.db"]
 
 
+def test_processes_retired_without_a_fold_are_counted_once_and_folded_at_once_after(tmp_path):
+    """A tree that stops retires every process, then folds once (agentos/supervisor.py `stop_all`)."""
+    from agentos.metrics_files import fold_dead, retire
+    retire(_process_that_counts(tmp_path), str(tmp_path))
+    pids = [_process_that_counts(tmp_path) for _ in range(2)]
+    for pid in pids:
+        retire(pid, str(tmp_path), fold_now=False)
+    assert _metric_files(tmp_path) == sorted(["counter_archive.db", "histogram_archive.db",
+                                              *(f"{t}_dead-{p}.db" for t in ("counter", "histogram") for p in pids)])
+    fold_dead(str(tmp_path))
+    assert _metric_files(tmp_path) == ["counter_archive.db", "histogram_archive.db"]
+    text = _scrape(tmp_path)
+    assert "agentos_admission_rejected_total 6.0" in text and "agentos_turn_duration_ms_count 3.0" in text
+    assert "agentos_in_flight_turns" not in text            # their live gauges went with them
+
+
 def test_a_live_process_is_read_beside_the_archive(tmp_path):
     from agentos.metrics_files import retire
     retire(_process_that_counts(tmp_path), str(tmp_path))
