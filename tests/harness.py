@@ -82,17 +82,9 @@ class Worker:
                  module: str = "flows_app") -> None:
         self.server = server
         self.log_path = server.work_dir / f"worker-{id(self):x}.log"
-        self._log = None
         args = ["worker", module, "--slots", str(slots), "--config", str(server.config_path)]
-        cwd, env = Path(__file__).parent, dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
-        if zygote.enabled():
-            self.proc = zygote.shared().launch("agentos.cli", args, cwd=cwd, env=env, log=self.log_path,
-                                               safe_path=False)
-        else:
-            self._log = open(self.log_path, "ab")
-            self.proc = subprocess.Popen([sys.executable, "-m", "agentos.cli", *args], cwd=cwd, env=env,
-                                         stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
+        self.proc = launch_python("agentos.cli", args, Path(__file__).parent,
+                                  dict(os.environ, PYTHONPATH=str(REPO), **(env or {})), self.log_path)
 
     @property
     def pid(self) -> int:
@@ -128,8 +120,16 @@ class Worker:
                 self.proc.wait(5)
             except Exception:
                 continue
-        if self._log is not None:
-            self._log.close()
+
+
+def launch_python(module: str, args: list[str], cwd: Path, env: dict[str, str], log: Path):
+    """`python -m MODULE ARGS` in `cwd` (on its path), in a session of its own, stdout and stderr
+    appended to `log`: forked from the test zygote unless it is off, then a subprocess."""
+    if zygote.enabled():
+        return zygote.shared().launch(module, args, cwd=cwd, env=env, log=log, safe_path=False)
+    with open(log, "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", module, *args], cwd=cwd, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
 
 
 # -- clients ------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import duckdb
 import orjson
 
 from broker.sharding import shard_of
-from harness import Server, get_json, run_turn, scrape, turn, wait_until
+from harness import REPO, Server, get_json, launch_python, run_turn, scrape, turn, wait_until
 from storage import records, segments
 from storage.records import RecordKind
 
@@ -85,9 +85,8 @@ def test_checkpoint_put_then_latest(shared_server):
 
 def test_group_commit_fsyncs_far_fewer_times_than_records(make_server):
     """Ten SYNC writers, each its own process waiting for every ack: one fsync serves many.
-    Counted by writer/log/0 itself (`agent-os status`), so the gateway's own log is not in it."""
-    import subprocess
-    import sys
+    Counted by writer/log/0 itself (`agent-os status`), so the gateway's own log is not in it.
+    The writers begin together, once all are connected (each one's start is an interpreter's)."""
     # A wide window: on a loaded machine (the suite runs on 4 workers) ten sender processes can take
     # hundreds of milliseconds to all send again (with 200 ms, one suite run saw 507 fsyncs for
     # 1,500 records, another 287); the writer waits at most this long for them.
@@ -99,14 +98,21 @@ def test_group_commit_fsyncs_far_fewer_times_than_records(make_server):
 
     before = writer_stats()
     endpoint = f"ipc://{server.rundir}/broker.sock"
-    procs = [subprocess.Popen([sys.executable, str(Path(__file__).parent / "sync_appender.py"), endpoint,
-                               f"appender/{i}", "150"], stdout=subprocess.PIPE, text=True) for i in range(10)]
+    go, logs = server.work_dir / "go", [server.work_dir / f"appender-{i}.log" for i in range(10)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(Path(__file__).parent)]))
+    procs = [launch_python("sync_appender", [endpoint, f"appender/{i}", "150", str(go)], REPO, env, log)
+             for i, log in enumerate(logs)]
     try:
-        outputs = [p.communicate(timeout=60)[0] for p in procs]
+        wait_until(lambda: all(b"ready" in log.read_bytes() for log in logs) or any(p.poll() is not None for p in procs),
+                   60, "the appenders to connect")
+        go.touch()
+        for p in procs:
+            p.wait(60)
     finally:
         for p in procs:
             p.kill()
-    assert all(o.strip() == "done 150" for o in outputs), outputs
+    outputs = [log.read_text() for log in logs]
+    assert all(o.split() == ["ready", "done", "150"] for o in outputs), outputs
     after = writer_stats()
     records_written = after["records"] - before["records"]
     fsyncs = after["fsyncs"] - before["fsyncs"]
