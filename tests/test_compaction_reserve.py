@@ -12,7 +12,7 @@ import pytest
 
 from storage import compaction, compaction_reserve
 from storage.free_space import FreeSpaceFloor
-from test_e2e_full_disk import tmpfs
+from disk_filling import tmpfs
 
 NO_FLOOR = SimpleNamespace(storage=SimpleNamespace(min_free_bytes=0))
 

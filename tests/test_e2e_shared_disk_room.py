@@ -10,7 +10,7 @@ import urllib.request
 from agentos.config import BrokerConfig
 
 from harness import Server, scrape, wait_until
-from test_e2e_full_disk import fill_with_checkpoints, put, put_new_sessions, read_back, tmpfs
+from disk_filling import fill_with_checkpoints, put, put_new_sessions, read_back, tmpfs
 
 SMALL = {"storage": {"segment_bytes": 256 << 10, "spare_segments": 1, "compaction_interval_secs": 1}}
 
