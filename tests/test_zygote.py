@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.server_proc import REPO, pid_alive, wait_until
-from zygote import Zygote
+from zygote import Zygote, ZygoteGone
 
 TESTS = Path(__file__).parent
 
@@ -92,4 +92,21 @@ def test_closing_the_zygote_ends_it_and_leaves_what_it_launched_running(tmp_path
         assert pid_alive(sleeper.pid)
     finally:
         os.kill(sleeper.pid, signal.SIGKILL)
+    wait_until(lambda: not pid_alive(sleeper.pid), 10, "the orphan to be reaped")
+
+
+def test_a_wait_on_a_launch_whose_zygote_died_says_so_at_once(tmp_path):
+    """Only the zygote reaps what it launched: once it is gone, a wait cannot end with a code, and
+    ran to its timeout (forever without one). It now says why."""
+    zygote = Zygote()
+    sleeper = zygote.launch("zygote_probe", ["sleep"], cwd=TESTS, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                            log=tmp_path / "s.out", safe_path=False)
+    try:
+        zygote.proc.kill()
+        with pytest.raises(ZygoteGone, match=f"how pid {sleeper.pid} .*zygote_probe sleep.* cannot be known"):
+            sleeper.wait(60)
+        assert sleeper.poll() is None and pid_alive(sleeper.pid)   # an orphan, still running
+    finally:
+        os.kill(sleeper.pid, signal.SIGKILL)
+        zygote.close()
     wait_until(lambda: not pid_alive(sleeper.pid), 10, "the orphan to be reaped")

@@ -47,6 +47,10 @@ def enabled() -> bool:
 
 # -- the harness's side ---------------------------------------------------------------------
 
+class ZygoteGone(RuntimeError):
+    """A launch's exit was asked for after the zygote ended: no one can report it any more."""
+
+
 class Launched:
     """What the harness keeps of a launched process: the part of `subprocess.Popen` it uses. Its
     `returncode` is set by the zygote's reader when the zygote reports the exit."""
@@ -61,8 +65,11 @@ class Launched:
 
     def wait(self, timeout: float | None = None) -> int:
         with self.zygote.ended:
-            if not self.zygote.ended.wait_for(lambda: self.returncode is not None, timeout):
+            if not self.zygote.ended.wait_for(lambda: self.returncode is not None or self.zygote.gone, timeout):
                 raise subprocess.TimeoutExpired(self.args, timeout)
+        if self.returncode is None:   # its parent, the only one that could tell, is gone
+            raise ZygoteGone(f"the test zygote (pid {self.zygote.proc.pid}) is gone: how pid {self.pid} "
+                             f"({' '.join(self.args[2:])}) ends cannot be known")
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
@@ -85,6 +92,7 @@ class Zygote:
         theirs.close()
         self.running: dict[int, Launched] = {}   # by pid, until the zygote reports its exit
         self.ended = threading.Condition()
+        self.gone = False   # the zygote's end of the socket closed: no exit is reported after
         self._answers: queue.Queue = queue.Queue()
         self._launching = threading.Lock()
         self._reader = threading.Thread(target=self._read, name="zygote-reader", daemon=True)
@@ -112,6 +120,9 @@ class Zygote:
     def _read(self) -> None:
         for line in self.sock.makefile("rb"):
             self._heard(json.loads(line))
+        with self.ended:   # a wait on what it launched would otherwise run to its timeout
+            self.gone = True
+            self.ended.notify_all()
         self._answers.put({"error": "the zygote is gone"})
 
     def _heard(self, message: dict) -> None:
