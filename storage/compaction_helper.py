@@ -12,7 +12,7 @@ The protocol, on the helper's stdin and stdout: each message is a 4-byte little-
 and a msgpack map. The log's process sends a job (segment_rewrites.py lists them), the helper
 answers with the job's result or `{"error": text}`; one job at a time. The helper ends when its
 stdin does (its parent stopped), at once if its parent dies, never on a signal to its parent's
-process group; the next job starts it again after a crash.
+process group (it has a group of its own); the next job starts it again after a crash.
 """
 from __future__ import annotations
 
@@ -99,8 +99,12 @@ class Helper:
             self._end()
 
     def _start(self) -> None:
+        # A group of its own: a signal to its log's group must not reach it before it ignores
+        # one (a helper still importing died of the supervisor's SIGTERM to a stopping log, the
+        # pass under way failed, and an ERROR was logged at the stop)
         self.proc = subprocess.Popen(module_command("storage.compaction_helper", self.name, str(os.getpid())),
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
+                                     process_group=0)
         cpu_layout.background_process(self.proc.pid)
 
     def _end(self) -> None:
