@@ -93,6 +93,19 @@ def put_new_sessions(base, count, timeout=30.0):
     wait_until(all_taken, timeout, f"{count} new sessions' checkpoints to be taken", interval=0.5)
 
 
+def wait_for_the_store(base, timeout=60.0):
+    """Until writer/store has loaded all the logs held when asked: a list of sessions is answered
+    once it has (read-your-writes). Its lag metric will not do: a store stopped, or starved, last
+    reported it before it fell behind."""
+    def caught_up():
+        try:
+            with urllib.request.urlopen(f"{base}/v1/sessions?limit=1", timeout=40) as resp:
+                return resp.status == 200
+        except (OSError, http.client.HTTPException):   # 503 while it loads, or our own timeout
+            return False
+    wait_until(caught_up, timeout, "writer/store to load the logs", interval=0.5)
+
+
 def read_back(base, kept):
     """Every acknowledged checkpoint is there, and the hot session's newest is the one PUT after."""
     for sid, payload in kept.items():
