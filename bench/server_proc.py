@@ -132,7 +132,7 @@ class ServerProcess:
     def wait_ready(self, timeout: float = 60.0) -> None:
         def ready():
             if self.proc.poll() is not None:
-                raise ServerError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+                raise ServerError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
             if self.port is None:
                 return False
             try:
@@ -196,10 +196,16 @@ class ServerProcess:
         return [p for p in self.seen_pids | {self.proc.pid} if pid_alive(p)]
 
     def log(self) -> str:
+        """The tree's whole log: a check that a line is there, or that none is an ERROR, reads all
+        of it (a tail of 6,000 characters lost the line a test looked for once more followed)."""
         try:
-            return self.log_path.read_text(errors="replace")[-6000:]
+            return self.log_path.read_text(errors="replace")
         except OSError:
             return ""
+
+    def log_tail(self, chars: int = 6000) -> str:
+        """The log's end, for a message."""
+        return self.log()[-chars:]
 
     # -- the tree -------------------------------------------------------------------------
 

@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         rows, counts, phases = asyncio.run(soak(server, args))
         if "exited" in phases:
             print(f"soak: the server exited with {phases['exited']} after {phases['load_end']:.0f} s "
-                  f"({sum(counts.values())} turns):\n{server.log()}", file=sys.stderr)
+                  f"({sum(counts.values())} turns):\n{server.log_tail()}", file=sys.stderr)
             results.write_rows(rows)
             results.write_summary(f"# Memory soak: the server exited with {phases['exited']} after "
                                   f"{phases['load_end']:.0f} s; no verdict\n")

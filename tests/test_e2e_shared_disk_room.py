@@ -10,7 +10,7 @@ import urllib.request
 from agentos.config import BrokerConfig
 
 from harness import Server, scrape, wait_until
-from disk_filling import fill_with_checkpoints, put, put_new_sessions, read_back, tmpfs
+from disk_filling import fill_with_checkpoints, put, put_new_sessions, read_back, tmpfs, wait_for_the_store
 
 SMALL = {"storage": {"segment_bytes": 256 << 10, "spare_segments": 1, "compaction_interval_secs": 1}}
 
@@ -45,9 +45,11 @@ def test_a_load_that_found_no_room_gives_it_back_and_the_store_catches_up(tmp_pa
             finally:
                 os.kill(store, signal.SIGCONT)
             assert len(kept) > 50
-            wait_until(lambda: put(server.url, "hot", "k", b"after" * 2400)[0] == 200, 30,
-                       "writer/store to catch up and the log to take appends again", interval=0.5)
+            # (a PUT taken is no sign of it: the fill's last refusal can leave room for one more)
+            wait_for_the_store(server.url)
             assert "a batch into DuckDB failed" in server.log()   # the first load did not fit
+            wait_until(lambda: put(server.url, "hot", "k", b"after" * 2400)[0] == 200, 30,
+                       "the log to take appends again", interval=0.5)
             put_new_sessions(server.url, 10)
             read_back(server.url, kept)
         finally:
