@@ -21,6 +21,7 @@ DAYS = {name: i for i, name in enumerate("SUN MON TUE WED THU FRI SAT".split())}
 FIELDS = (("second", 0, 59, {}), ("minute", 0, 59, {}), ("hour", 0, 23, {}), ("day of month", 1, 31, {}),
           ("month", 1, 12, MONTHS), ("day of week", 0, 7, DAYS))
 SEARCH_STEPS = 200_000   # of the search for the next time: past it, the expression never matches
+MONTH_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)   # the most each month has
 
 
 class CronError(ValueError):
@@ -78,6 +79,11 @@ class Cron:
         except (zoneinfo.ZoneInfoNotFoundError, ValueError, TypeError):
             raise CronError(f"{timezone!r} is not a time zone this machine knows (as 'UTC' or 'Europe/Berlin')") \
                 from None
+        # Days of the month no month it names has (Feb 30, Apr 31), and any weekday: said at once.
+        # The search found it out too, but only at its end: 0.3-0.9 s of CPU on the gateway's
+        # loop for each PUT of such a schedule, every other request waiting.
+        if not self.any_day and self.any_weekday and all(min(self.days) > MONTH_DAYS[m - 1] for m in self.months):
+            raise CronError(f"{expression!r} matches no time")
         if self.next_after(datetime.datetime(2000, 1, 1, tzinfo=datetime.timezone.utc).timestamp()) is None:
             raise CronError(f"{expression!r} matches no time")
 

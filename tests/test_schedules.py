@@ -4,6 +4,7 @@ starting one run named after it, a time missed while the actor was down started 
 catch-up, a deletion starting nothing more. The end-to-end case is test_e2e_schedules.py."""
 import asyncio
 import calendar
+import datetime
 import time
 
 import pytest
@@ -76,6 +77,25 @@ def test_times_in_finds_the_latest_times_of_a_window_without_walking_every_secon
 def test_cron_errors_say_what_is_wrong(expression, zone, says):
     with pytest.raises(CronError, match=says):
         Cron(expression, zone)
+
+
+@pytest.mark.parametrize("expression", ["0 0 31 2 *", "0 0 30,31 2 *", "* * 31 4,6,9,11 *", "0 0 30-31 FEB *"])
+def test_days_no_month_named_has_are_refused_without_a_search(expression, monkeypatch):
+    # the search would say so too, but only after 200,000 steps (0.3-0.9 s on the gateway's loop)
+    def search(self, start):
+        raise AssertionError("searched")
+    monkeypatch.setattr(Cron, "_search", search)
+    with pytest.raises(CronError, match="matches no time"):
+        Cron(expression)
+
+
+@pytest.mark.parametrize("expression,first", [
+    ("0 0 29 2 *", "2000-02-29 00:00"),       # a leap year's day
+    ("0 0 31 2 1", "2000-02-07 00:00"),       # both restricted: a Monday of February will do
+    ("0 0 31 2,3 *", "2000-03-31 00:00"), ("0 0 30 * 5", "2000-01-07 00:00")])
+def test_days_some_month_has_or_a_weekday_beside_them_still_match(expression, first):
+    at = Cron(expression).next_after(datetime.datetime(2000, 1, 1, tzinfo=datetime.timezone.utc).timestamp())
+    assert datetime.datetime.fromtimestamp(at, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M") == first
 
 
 def ask(kind: Kind, body: dict, msg_id: int = 1) -> Message:
