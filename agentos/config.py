@@ -156,7 +156,7 @@ class StorageConfig:
     # messages before the next fsync (their acks just went out, they are about to send again).
     commit_window_us: int = 2000
     duckdb_memory_limit_mb: int = 64
-    duckdb_recycle_secs: float = 300.0   # each DuckDB file is reopened this often (its native memory starts over)
+    duckdb_recycle_secs: float = 300.0   # the DuckDB files are reopened this often (their native memory starts over)
     s3: S3Config = field(default_factory=S3Config)
 
 

@@ -1,8 +1,8 @@
 """DuckDB's memory limit, raised for a statement that holds a big value, then lowered again.
 
-writer/store keeps each DuckDB file to a small memory limit (storage/store.py says why). But a
+writer/store keeps its DuckDB files to a small memory limit (storage/store.py says why). But a
 row may hold a value of up to MAX_VALUE_BYTES (a flow's result, a tool's output, a long message),
-and DuckDB gives such a value blocks of its own size: at 16 MB, three 4 MB values in a batch, or
+and DuckDB gives such a value blocks of its own size: at 16 MB (once each file's limit), three 4 MB values in a batch, or
 one 8 MB value in a batch of its own, cannot be loaded or read back. The loader then retried that
 batch for ever and loaded nothing after it. Worse, a COMMIT whose autocheckpoint cannot pin such a
 block is durable yet invalidates the file (DuckDB's FatalException). So the loader commits a batch
@@ -31,7 +31,8 @@ T = TypeVar("T")
 
 
 class MemoryLimit:
-    """One DuckDB file's limit. `run(handle, fn)` calls fn(); refused for memory, once more raised."""
+    """The DuckDB instance's limit, which its files share. `run(handle, fn)` calls fn(); refused
+    for memory, once more raised."""
 
     def __init__(self, base_mb: int) -> None:
         self.base_mb = base_mb
@@ -55,7 +56,7 @@ class MemoryLimit:
 
     @contextmanager
     def raised(self, handle: duckdb.DuckDBPyConnection) -> Iterator[None]:
-        """The limit raised while inside (`handle`: the caller's own connection or cursor of the file)."""
+        """The limit raised while inside (`handle`: the caller's own cursor of the instance)."""
         with self.lock:
             self.raised_by += 1
             self.retries += 1

@@ -236,8 +236,8 @@ def open_summary(con: duckdb.DuckDBPyConnection, db: str, positions: dict[int, i
     """At open, before loading: make the tables, then sum the rows the table does not hold yet —
     all of them in a file made before it, else those past its progress (a crash came before their
     merge). Returns (whether the file was made before it, sessions merged)."""
-    existed = {name for (name,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE table_name IN (?, ?)",
-                                               [TABLE, PROGRESS]).fetchall()}
+    existed = {name for (name,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE table_name IN (?, ?) "
+                                               "AND database_name = current_database()", [TABLE, PROGRESS]).fetchall()}
     if TABLE in existed and PROGRESS not in existed:   # merged in every batch, by the first version: built again
         con.execute(f"DROP TABLE {TABLE}")
         existed.clear()

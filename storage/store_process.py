@@ -206,18 +206,16 @@ class StoreService(LogProgress):
             "waiting_queries": len(self.waiters), "bus": self.bus.stats()}})
 
     async def recycle_files(self) -> None:
-        """Reopen the DuckDB files one after the other, each once per `storage.duckdb_recycle_secs`."""
+        """Reopen the DuckDB files (their one instance) once per `storage.duckdb_recycle_secs`."""
         period = self.config.storage.duckdb_recycle_secs
         if not period:
             return
-        names = list(self.store.conns)
         while True:
-            for db in names:
-                await asyncio.sleep(period / len(names))
-                try:
-                    await self.loop.run_in_executor(self.queries, self.store.recycle, db)
-                except Exception:   # DuckDB trouble: the next round tries again
-                    self.log.exception("reopening %s.db failed", db)
+            await asyncio.sleep(period)
+            try:
+                await self.loop.run_in_executor(self.queries, self.store.recycle)
+            except Exception:   # DuckDB trouble: the next round tries again
+                self.log.exception("reopening the DuckDB files failed")
 
     async def compact_payloads(self) -> None:
         """Every `storage.compaction_interval_secs`, once they hold enough (`payload_compaction.threshold`):

@@ -188,10 +188,7 @@ def test_reads_bounded_by_a_sessions_life_return_all_its_rows_among_many_row_gro
 
 def crash(store):
     """Gone without its close: DuckDB keeps what was committed, the sums in memory are lost."""
-    for cursor in [*store.cursors.values(), *store.pass_cursors.values()]:
-        cursor.close()
-    for con in store.conns.values():
-        con.close()
+    store._close_instance()
     store.payloads.close()
 
 

@@ -148,14 +148,13 @@ def test_reopening_the_duckdb_files_mid_load_keeps_every_row_and_the_progress(tm
     try:
         for round_ in range(6):
             log.write(b"".join(frames(50, start=round_ * 50)), sync=True)
-            for db in ("events", "messages", "flows", "access"):
-                store.recycle(db)
+            store.recycle()
     finally:
         stop.set()
         thread.join(30)
     store.load_all()
     assert store.query("count", "")[0][0]["events"] == 300
-    assert store.stats["reopened"] == 24
+    assert store.stats["reopened"] == 6
     store.close()
     again = Store(tmp_path, writers=1, memory_limit_mb=64)   # after a restart: nothing loaded twice
     again.open()
@@ -353,8 +352,9 @@ def test_payload_segments_sync_in_chunks_start_anew_when_full_and_read_back_ever
 
 
 def test_a_flow_record_bigger_than_duckdbs_memory_limit_loads_and_reads_back(tmp_path):
-    """A 12 MB value with DuckDB held to 16 MB per file: the loader retried that batch for ever (and
-    loaded nothing after it) before it learnt to raise the limit for the one commit."""
+    """A 12 MB value with DuckDB held to 16 MB per file (as it was then; now 64 MB for the four):
+    the loader retried that batch for ever (and loaded nothing after it) before it learnt to raise
+    the limit for the one commit."""
     log = segments.SegmentLog(tmp_path / "wal" / "0", segment_bytes=64 << 20)
     big = {"run": "r1", "tenant": "t", "type": "step.done", "seq": 0, "result": "x" * (12 << 20), "at": 1.0}
     log.write(records.frame(RecordKind.FLOW, b"f1", records.encode_body(big)) + b"".join(frames(3)), sync=True)
@@ -371,8 +371,8 @@ def test_a_flow_record_bigger_than_duckdbs_memory_limit_loads_and_reads_back(tmp
         assert store.stats["load_errors"] == 0 and store.stats["records"] == 10
         rows = store.query("flow_records", "r1")[0]
         assert [len(r["result"]) for r in rows] == [12 << 20] + [4 << 20] * 6
-        assert store.memory["flows"].raised_by == 0
-        assert store.conns["flows"].execute("SELECT current_setting('memory_limit')").fetchone()[0] == "15.2 MiB"
+        assert store.memory["flows"].raised_by == 0 and store.memory["flows"].retries >= 7
+        assert store.conns["flows"].execute("SELECT current_setting('memory_limit')").fetchone()[0] == "61.0 MiB"
     finally:
         store.close()
 

@@ -173,7 +173,7 @@ def test_a_compaction_pass_question_holds_up_no_read_and_a_reopen_waits_for_it(t
             assert await loop.run_in_executor(None, inside.wait, 5)
             await asyncio.wait_for(service.on_query(_message(Kind.STORE_QUERY, count, 2)), 2.0)
             assert len(bus.replies) == 1 and bus.replies[0]["rows"][0]["checkpoints"] == 0
-            reopen = loop.run_in_executor(service.queries, service.store.recycle, "messages")
+            reopen = loop.run_in_executor(service.queries, service.store.recycle)
             await asyncio.sleep(0.3)
             assert not reopen.done() and not question.done()
             release.set()
