@@ -5,13 +5,8 @@ them with DuckDB's appender in one transaction per file, together with that file
 Under overload it falls behind; it never drops. Queries (storage/store_queries.py) run on a
 separate thread with their own cursors, so a slow query never stops loading; compaction's and
 retention's questions and deletions run on a third with cursors of their own (`on_pass`), so a
-pass's half-second question never stops a read. Only this process imports DuckDB.
-
-The four files are attached to one DuckDB instance (`_open_instance`): an instance costs about
-20 ms of CPU to start (an in-memory one too) and eight threads whatever its `threads` setting; an
-attached file 0.4 ms and none. Each file's connections are cursors of that instance with the file as their default
-database (`USE`), so every statement names its tables as before and each transaction stays in
-one file. The memory limit is the instance's, shared by the files.
+pass's half-second question never stops a read. Only this process imports DuckDB. The four
+files share one DuckDB instance (storage/duck_files.py).
 """
 from __future__ import annotations
 
@@ -24,8 +19,8 @@ from typing import Callable
 import duckdb
 
 from agentos import metrics, native_memory
-from storage import (compaction_reserve, loader_version, payload_segments, records, schema, segments, session_closing,
-                     session_summary)
+from storage import (compaction_reserve, duck_files, loader_version, payload_segments, records, schema, segments,
+                     session_closing, session_summary)
 from storage.bloom import BloomFilter
 from storage.duck_memory import MemoryLimit
 from storage.free_space import LoadFloor
@@ -49,7 +44,6 @@ LOAD_RETRY_SECS = 1.0           # a batch that failed is tried again after this 
 SMALLER_RETRY_SECS = 0.1        # …or this, when the next one is smaller (down to MIN_READ_BYTES)
 MIN_DB_MEMORY_MB = 16          # per file: the instance gets at least this for each
 BIG_RECORD_BYTES = 512 << 10   # past this a value takes blocks of its own size in DuckDB
-CHECKPOINT_THRESHOLD = "4MB"
 OPEN_ROWS_PER_FETCH = 10_000
 
 
@@ -160,42 +154,12 @@ class Store(StoreQueries, SessionClosing, StoreDeletions, SessionSummaries):
         return self.db_dir / name
 
     def _open_instance(self) -> None:
-        """The DuckDB instance: the first file opened, the others attached under their names;
-        then each file's three connections (`conns`, `cursors`, `pass_cursors`)."""
-        first, *others = schema.DATABASES
-        # Small on purpose: DuckDB keeps the blocks it wrote in its buffer pool until the limit
-        # presses, so a generous limit reads as memory that grows with the database.
-        # One thread: every DuckDB thread builds its own share of a query's hash tables, and under
-        # this limit two threads ran out of memory (open_runs over 20k finished runs, and every
-        # restarted actor then waited on it for good) where one thread spills to disk and answers.
-        # The loader appends from one thread anyway.
-        instance = duckdb.connect(str(self.db_dir / f"{first}.db"),
-                                  config={"memory_limit": f"{self.instance_memory_mb}MB", "threads": 1})
-        try:
-            # A small WAL: appended rows leave memory for the file sooner, and a restart replays less.
-            instance.execute(f"SET checkpoint_threshold = '{CHECKPOINT_THRESHOLD}'")
-            for db in others:
-                path = str(self.db_dir / f"{db}.db").replace("'", "''")
-                instance.execute(f"ATTACH '{path}' AS \"{db}\"")
-            for db in schema.DATABASES:
-                self.conns[db], self.cursors[db], self.pass_cursors[db] = (self._cursor(instance, db) for _ in range(3))
-        except BaseException:
-            instance.close()
-            raise
-        self.instance = instance
-
-    @staticmethod
-    def _cursor(instance: duckdb.DuckDBPyConnection, db: str) -> duckdb.DuckDBPyConnection:
-        cursor = instance.cursor()
-        cursor.execute(f'USE "{db}"')
-        return cursor
+        self.instance = duck_files.open_files(self.db_dir, self.instance_memory_mb,
+                                              self.conns, self.cursors, self.pass_cursors)
 
     def _close_instance(self) -> None:
-        for cursor in [*self.conns.values(), *self.cursors.values(), *self.pass_cursors.values()]:
-            cursor.close()
-        if self.instance is not None:
-            self.instance.close()
-            self.instance = None
+        instance, self.instance = self.instance, None
+        duck_files.close_files(instance, self.conns, self.cursors, self.pass_cursors)
 
     def recycle(self) -> None:
         """Close and reopen the DuckDB instance. DuckDB's native memory creeps under a steady
