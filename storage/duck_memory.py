@@ -1,18 +1,18 @@
 """DuckDB's memory limit, raised for a statement that holds a big value, then lowered again.
 
-writer/store keeps its DuckDB files to a small memory limit (storage/store.py says why). But a
+writer/store keeps its DuckDB files to a small memory limit (storage/duck_files.py says why). But a
 row may hold a value of up to MAX_VALUE_BYTES (a flow's result, a tool's output, a long message),
-and DuckDB gives such a value blocks of its own size: at 16 MB (once each file's limit), three 4 MB values in a batch, or
-one 8 MB value in a batch of its own, cannot be loaded or read back. The loader then retried that
-batch for ever and loaded nothing after it. Worse, a COMMIT whose autocheckpoint cannot pin such a
-block is durable yet invalidates the file (DuckDB's FatalException). So the loader commits a batch
-that holds a big record with the limit raised up front (`raised`), and any other statement DuckDB
-refuses for memory runs once more raised (`run`); the limit goes back down when the last raised
-statement ends (the loader, the query thread and the pass thread may each be in one). A COMMIT
-refused for memory comes as a TransactionException ("Failed to commit: could not allocate
-block…"), not as OutOfMemoryException; the transaction is rolled back, so it too runs once more
-raised (it used to go to the loader's generic retry: an ERROR in the log and a second's pause in
-loading).
+and DuckDB gives such a value blocks of its own size: at 16 MB (each file's limit once), three 4 MB
+values in a batch, or one 8 MB value in a batch of its own, cannot be loaded or read back. The
+loader then retried that batch for ever and loaded nothing after it. Worse, a COMMIT whose
+autocheckpoint cannot pin such a block is durable yet invalidates the file (DuckDB's
+FatalException). So the loader commits a batch that holds a big record with the limit raised up
+front (`raised`), and any other statement DuckDB refuses for memory runs once more raised (`run`);
+the limit goes back down when the last raised statement ends (the loader, the query thread and the
+pass thread may each be in one). A COMMIT refused for memory comes as a TransactionException
+("Failed to commit: could not allocate block…"), not as OutOfMemoryException; the transaction is
+rolled back, so it too runs once more raised (it used to go to the loader's generic retry: an ERROR
+in the log and a second's pause in loading).
 """
 from __future__ import annotations
 
