@@ -79,6 +79,7 @@ class Supervisor:
         self.standby = standby
         self.lease_keeper = None
         self.exit_code = service.EXIT_OK
+        self.started_at = time.time()
         self.forks = ForkServer(self.env, log, enabled=config.kernel.fork_server)
         if config.storage.s3.bucket and config.kernel.fork_server:
             from storage import s3
@@ -377,14 +378,11 @@ class Supervisor:
                  "started_at": c.started_wall if c.proc else None, "restarts": c.restarts,
                  "crash_loop": c.in_crash_loop} for c in self.children]
         self.run_dir.write_json(self.run_dir.processes_path, {
-            "supervisor": {"pid": os.getpid(), "started_at": _STARTED_AT},
+            "supervisor": {"pid": os.getpid(), "started_at": self.started_at},
             "forkserver": {"pid": self.forks.proc.pid if self.forks.proc else None,
                            "restarts": max(0, self.forks.launches - 1), "started_at": self.forks.started_wall},
             "listen": self.config.gateway.listen, "gateway_port": self.run_dir.read_port("gateway"),
             "stopping": self.stopping, "children": rows})
-
-
-_STARTED_AT = time.time()
 
 
 def _signal_group(pid: int, sig: int) -> None:

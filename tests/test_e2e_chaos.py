@@ -48,7 +48,9 @@ def test_twenty_seconds_of_sigkills_lose_nothing_acknowledged(tmp_path):
     assert (folder / "summary.md").exists() and (folder / "chaos.png").exists()
     server_log = (folder / "server.log").read_text()
     assert "restarting" in server_log   # the tree's own account is kept
-    assert "compaction: dropped" in server_log   # the kills met compaction passes that did something
+    # the kills met compaction passes that did something: a log's (once a segment was sealed) or the
+    # payload file's (on a slow machine the log may not fill its first segment in 20 s)
+    assert re.search(r"compaction: (dropped|payload segment \d+ rewritten)", server_log)
     assert (folder / "worker-0.log").exists()
     # and its count of errors is the log's: ERROR and CRITICAL records, not the kills' WARNINGs
     errors = [line for line in server_log.splitlines() if re.match(r"\S+ \S+ \S+ (ERROR|CRITICAL) ", line)]

@@ -103,7 +103,13 @@ def test_status_lists_every_role_with_a_pid(server):
     for row in names.values():
         assert row["pid"] and pid_alive(row["pid"])
         assert row["rss_kib"] > 0 and row["private_dirty_kib"] > 0
+    assert data["memory_total"] == {key: sum(row[key] for row in names.values())
+                                    for key in ("rss_kib", "private_dirty_kib", "private_kib", "pss_kib")}
     assert data["admission_limit"] == 0 and data["in_flight_turns"] == 0
+    # the harness's poll: the same table and stats, without reading each process's memory
+    polled = server.status()
+    assert {r["name"] for r in polled["processes"]} == set(names) and "memory_total" not in polled
+    assert all("rss_kib" not in r and r["stats"] for r in polled["processes"] if r["role"] == "actor")
     text = server.cli("status")
     assert "actor/1" in text.stdout and "Private_Dirty" in text.stdout
 

@@ -5,12 +5,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from bench.server_proc import REPO, pid_alive, wait_until
-from zygote import Zygote, ZygoteGone
+from harness import Server, scrape, turn
+from zygote import SERVE, Zygote, ZygoteGone, shared
 
 TESTS = Path(__file__).parent
 
@@ -110,3 +112,32 @@ def test_a_wait_on_a_launch_whose_zygote_died_says_so_at_once(tmp_path):
         os.kill(sleeper.pid, signal.SIGKILL)
         zygote.close()
     wait_until(lambda: not pid_alive(sleeper.pid), 10, "the orphan to be reaped")
+
+
+def test_a_tree_the_serve_zygote_launched_counts_in_its_own_run_directory(tmp_path):
+    """The serve zygote imported the server's modules, and made their metric values, with
+    prometheus-client in multiprocess mode and a directory of its own. The tree it launches
+    counts in its run directory alone (a gauge made at import included), and its supervisor's
+    start is its launch, not the zygote's imports."""
+    zygote = shared(SERVE)
+    # it answers a launch once it has imported what it preloads
+    probe = zygote.launch("zygote_probe", ["0"], cwd=TESTS, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                          log=tmp_path / "probe.out", safe_path=False)
+    assert probe.wait(30) == 0
+    launched_at = time.time()
+    server = Server(tmp_path, {"kernel": {"max_in_flight_turns": 37}}).start()
+    try:
+        assert turn(server.url, "s1", "hello").text
+        assert server.table()["supervisor"]["started_at"] >= launched_at
+        def turns_counted():   # hot paths flush their counts about once a second
+            return sum(v for k, v in scrape(server.url).items() if k.startswith("agentos_turns_total{"))
+        wait_until(lambda: turns_counted() == 1, 10, "the turn to be counted")
+        values = scrape(server.url)
+        assert values["agentos_admission_limit"] == 37 and values["agentos_in_flight_turns"] == 0
+        tree = {server.proc.pid, *server.pids().values()}
+        written = {int(f.stem.rsplit("_", 1)[1]) for f in (server.rundir / "metrics").glob("*_*.db")}
+        assert written and written <= tree
+        assert {f.name for f in Path(zygote.metrics_dir).iterdir()} == {
+            f.name for f in Path(zygote.metrics_dir).glob(f"*_{zygote.proc.pid}.db")}
+    finally:
+        server.stop()

@@ -8,9 +8,15 @@ working directory, its environment, stdin on /dev/null and stdout and stderr on 
 sys.argv and sys.path as that command line makes them, and its exit code from `sys.exit` or an
 exception. The process tree it starts is the real one, forked by the real supervisor.
 
-Not preloaded: our own modules and prometheus-client. prometheus-client picks its multiprocess
-mode from the environment when first imported (agentos/cli.py sets it up before that), so every
-launched process imports them under its own environment, as a new interpreter does.
+Not preloaded by the plain zygote: our own modules and prometheus-client. prometheus-client
+picks its multiprocess mode from the environment when first imported (agentos/cli.py sets it up
+before that), so every launched process imports them under its own environment, as a new
+interpreter does. `agent-os serve`, which always runs in multiprocess mode, has a zygote of its
+own (`shared(SERVE)`) that also imports what a supervisor and its fork server import, about 0.2 s
+of CPU a tree: prometheus-client in multiprocess mode (its metric values, made in the zygote,
+reopen their files in the directory the launched supervisor names at their first use, as they
+do after any fork), our modules, and the roles'. Our modules read no environment and no clock
+at import, so a fork of that zygote starts as a new interpreter would.
 
 What stays the zygote's: the third-party modules' import-time state, and the seed of str and
 bytes hashes (every process one zygote launches shares it, where new interpreters would each draw
@@ -29,10 +35,12 @@ import os
 import queue
 import runpy
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import NoReturn
@@ -83,10 +91,16 @@ class Launched:
         self.send_signal(signal.SIGKILL)
 
 
+PLAIN, SERVE = "plain", "serve"   # the zygote kinds: see the module's docstring
+
+
 class Zygote:
-    def __init__(self) -> None:
+    def __init__(self, kind: str = PLAIN) -> None:
         self.sock, theirs = socket.socketpair()
-        self.proc = subprocess.Popen([sys.executable, "-P", str(Path(__file__)), str(theirs.fileno())],
+        # where the serve zygote's own metric values write (see _preload_the_server)
+        self.metrics_dir = tempfile.mkdtemp(prefix="zygote-metrics-") if kind == SERVE else ""
+        self.proc = subprocess.Popen([sys.executable, "-P", str(Path(__file__)), str(theirs.fileno()), kind,
+                                      self.metrics_dir],
                                      pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, start_new_session=True)
         theirs.close()
@@ -145,27 +159,27 @@ class Zygote:
         self.proc.wait(10)
         self._reader.join(10)
         self.sock.close()
+        if self.metrics_dir:
+            shutil.rmtree(self.metrics_dir, ignore_errors=True)
 
 
-_zygote: Zygote | None = None
+_zygotes: dict[str, Zygote] = {}
 _made = threading.Lock()
 
 
-def shared() -> Zygote:
-    """This test process's zygote, started at first use (`close_shared` stops it)."""
-    global _zygote
+def shared(kind: str = PLAIN) -> Zygote:
+    """This test process's zygote of that kind, started at first use (`close_shared` stops it)."""
     with _made:
-        if _zygote is None or _zygote.proc.poll() is not None:
-            _zygote = Zygote()
-        return _zygote
+        zygote = _zygotes.get(kind)
+        if zygote is None or zygote.proc.poll() is not None:
+            zygote = _zygotes[kind] = Zygote(kind)
+        return zygote
 
 
 def close_shared() -> None:
-    global _zygote
     with _made:
-        if _zygote is not None:
-            _zygote.close()
-            _zygote = None
+        while _zygotes:
+            _zygotes.popitem()[1].close()
 
 
 # -- the zygote's side ------------------------------------------------------------------------
@@ -241,6 +255,18 @@ def _path_for(request: dict) -> list[str]:
     return first + [os.path.abspath(p) for p in extra] + _BASE_PATH
 
 
+def _preload_the_server(metrics_dir: str) -> None:
+    """What `agent-os serve` imports before its first fork, in prometheus-client's multiprocess
+    mode. The values made at import write to `metrics_dir` until a launched process's first use
+    (its pid differs) reopens them where its own PROMETHEUS_MULTIPROC_DIR says."""
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    import agentos.cli  # noqa: F401
+    import agentos.supervisor  # noqa: F401
+    from agentos import forkserver
+    forkserver.import_roles()
+    del os.environ["PROMETHEUS_MULTIPROC_DIR"]
+
+
 def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
     ours = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
@@ -248,6 +274,8 @@ def main() -> None:
     import importlib
     for module in PRELOADED:
         importlib.import_module(module)
+    if sys.argv[2] == SERVE:
+        _preload_the_server(sys.argv[3])
     import setproctitle
     # set up here: once a child has replaced its environment, setproctitle finds no room to write
     # (a title of "agent-os: …" is how `agent-os serve` tells a live server from a reused pid)
