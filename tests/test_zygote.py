@@ -3,6 +3,7 @@ the same command line would, and the harness hears how it ended as from a subpro
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -141,3 +142,14 @@ def test_a_tree_the_serve_zygote_launched_counts_in_its_own_run_directory(tmp_pa
             f.name for f in Path(zygote.metrics_dir).glob(f"*_{zygote.proc.pid}.db")}
     finally:
         server.stop()
+
+
+def test_the_serve_zygote_removes_its_metrics_directory_when_its_harness_is_gone():
+    zygote = Zygote(SERVE)
+    try:
+        wait_until(lambda: any(Path(zygote.metrics_dir).iterdir()), 30, "the zygote to import the server")
+        zygote.sock.shutdown(socket.SHUT_RDWR)   # its EOF, as when the test process dies without `close()`
+        assert zygote.proc.wait(10) == 0
+        assert not Path(zygote.metrics_dir).exists()
+    finally:
+        zygote.close()

@@ -283,7 +283,9 @@ def main() -> None:
     assert threading.active_count() == 1, "a preloaded module started a thread: forks would copy it half-way"
     sys.stdout.flush()
     sys.stderr.flush()
-    _serve(sock)
+    _serve(sock)   # returns here in the zygote alone, at EOF: a launched process ends by SystemExit
+    if sys.argv[2] == SERVE:   # also when the harness could not say so (a test process killed)
+        shutil.rmtree(sys.argv[3], ignore_errors=True)
 
 
 if __name__ == "__main__":
