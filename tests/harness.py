@@ -41,8 +41,9 @@ class Server(ServerProcess):
         """`agent-os serve`, forked from the test zygote (tests/zygote.py says why) unless it is off."""
         if not zygote.enabled():
             return super().launch()
-        self.proc = zygote.shared(zygote.SERVE).launch("agentos.cli", ["serve", "--config", str(self.config_path), *self.args],
-                                           cwd=self.cwd, env=self.env, log=self.log_path)
+        args = ["serve", "--config", str(self.config_path), *self.args]
+        self.proc = zygote.shared(zygote.SERVE).launch("agentos.cli", args, cwd=self.cwd, env=self.env,
+                                                       log=self.log_path)
         return self
 
     def cli(self, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess:
