@@ -24,8 +24,11 @@ def test_every_offered_scenario_does_work_without_errors(postgres_installed):
     for scenario, row in rows.items():
         assert row["system"] == "dbos" and row["scenario"] == scenario and row["clients"] == 4
         assert row["errors"] == 0 and row["ops_per_sec"] > 0, json.dumps(row)   # whole: a dict's repr is cut short
-        assert row["p50_ms"] is not None and row["app_cpu_percent"] > 0
-    assert rows["sync_steps"]["unit"] == "steps/s" and rows["sync_steps"]["step_p50_ms"] > 0
+        # a 10-step workflow's own p50 needs one to end inside the window: on a starved machine
+        # (its steps at 112 ms) none did, and its steps' p50 is what the row is about
+        latency = "step_p50_ms" if row["unit"] == "steps/s" else "p50_ms"
+        assert row[latency] is not None and row[latency] > 0 and row["app_cpu_percent"] > 0, json.dumps(row)
+    assert rows["sync_steps"]["unit"] == "steps/s"
     wake = rows["channel_wake"]
     assert 0 < wake["p50_ms"] < 10_000   # the send to the woken step, not the whole cycle of setup
 
