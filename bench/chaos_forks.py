@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 
 if TYPE_CHECKING:
-    from bench.chaos import Ledger
+    from bench.chaos_clients import Ledger
 
 RUN_FORK_EVERY = 3        # every third run a flow client started is forked
 SESSION_FORK_EVERY = 5    # every fifth completed turn of a turn client forks its session

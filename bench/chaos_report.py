@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from bench.results import ResultsDir, markdown_table, pyplot
 
 if TYPE_CHECKING:
-    from bench.chaos import Ledger
+    from bench.chaos_clients import Ledger
 
 
 def accounting(args, ledger: "Ledger", kills: list[dict], checked: dict, lost_checkpoints: list,

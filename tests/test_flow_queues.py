@@ -12,7 +12,8 @@ import pytest
 
 from actors.flow_queues import ADOPT_SECS, SWEEP_SECS, QueuePools, QueueSpec, QueueSpecError, parse_queues, place_of
 from actors.flow_state import replay
-from agentos.config import Config, ConfigError, validate
+from agentos.config import Config, ConfigError
+from agentos.config_checks import validate
 from broker.protocol import Kind, Message
 from test_delayed_starts import sent, start
 from test_flow_results_due import running_flows

@@ -1,0 +1,128 @@
+"""The chaos benchmark's load clients (bench/chaos.py) and the ledger of what the server
+acknowledged to them: turns over SSE, numbered checkpoints, flow runs (some through a flow queue)."""
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import random
+import time
+
+import aiohttp
+
+from bench.chaos_forks import RUN_FORK_EVERY, SESSION_FORK_EVERY, fork_run, fork_session
+from bench.sse_client import run_turn
+
+FLOW_STEPS = 5
+# every QUEUED_EVERY-th run of a flow client waits for one of 2 places, admitted at most 10 a
+# second, with a priority of 0, 1 or 2: the queue's places, rate and order through the kills
+QUEUE, QUEUE_LIMIT = "chaos", "2@10/1s"
+QUEUED_EVERY = 3
+
+
+class Ledger:
+    """What the server acknowledged, and how every stream ended."""
+
+    def __init__(self) -> None:
+        self.turns = collections.Counter()
+        self.completed: list[tuple[str, str, str]] = []   # (session, turn id, streamed text)
+        self.resumed = 0
+        self.reordered = 0
+        self.checkpoints: dict[str, list[int]] = collections.defaultdict(list)   # session -> acknowledged numbers
+        self.checkpoint_errors = collections.Counter()
+        self.flows: dict[str, str] = {}                   # run id -> idempotency key
+        self.flow_errors = collections.Counter()
+        self.closed: list[str] = []                      # sessions whose close was acknowledged
+        self.close_errors = collections.Counter()
+        self.session_forks: dict[str, int] = {}          # forked session -> the messages it was answered with
+        self.forks = collections.Counter()               # acknowledged forks: runs, sessions
+        self.fork_errors = collections.Counter()
+        self.timeline: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+        self.t0 = time.monotonic()
+
+    def tick(self, what: str) -> None:
+        self.timeline[int(time.monotonic() - self.t0)][what] += 1
+
+
+async def turn_client(http, base: str, index: int, ledger: Ledger, stop: asyncio.Event, deadline: float,
+                      pause: float) -> None:
+    session, n = f"chaos-t{index}", 0
+    while not stop.is_set():
+        n += 1
+        # Every fourth time two turns at once: one supersedes the other, perhaps before it ran;
+        # every seventh the client cancels its turn a few milliseconds in.
+        texts = [f"turn {n} of client {index}"] + ([f"turn {n}b of client {index}"] if n % 4 == 0 else [])
+        cancel = [_cancel_soon(http, base, session, random.uniform(0.0, 0.03))] if n % 7 == 3 else []
+        outs = (await asyncio.gather(*(run_turn(http, base, session, text, deadline) for text in texts),
+                                     *cancel))[:len(texts)]
+        for out in outs:
+            ledger.turns[out.outcome] += 1
+            ledger.resumed += out.resumes > 0
+            ledger.reordered += not out.gapless
+            if out.outcome == "completed":
+                ledger.completed.append((session, out.turn_id, out.text))
+                ledger.tick("turns")
+                if len(ledger.completed) % SESSION_FORK_EVERY == 0:
+                    await fork_session(http, base, session, f"chaos-fork-{len(ledger.completed)}", ledger)
+        refused = any(out.outcome in ("refused", "rejected") for out in outs)
+        await asyncio.sleep(pause if not refused else 0.5)
+
+
+async def _cancel_soon(http, base: str, session: str, after: float) -> None:
+    await asyncio.sleep(after)
+    try:
+        async with http.delete(f"{base}/v1/sessions/{session}/turns/current",
+                               timeout=aiohttp.ClientTimeout(total=30)) as resp:
+            await resp.read()
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        pass    # a kill in the way: the turn then simply runs to its end
+
+
+async def checkpoint_client(http, base: str, index: int, ledger: Ledger, stop: asyncio.Event, pause: float) -> None:
+    session, n = f"chaos-c{index}", 0
+    padding = os.urandom(1024).hex().encode()
+    while not stop.is_set():
+        n += 1
+        try:
+            async with http.put(f"{base}/v1/sessions/{session}/checkpoints/v{n}", data=b"%d:" % n + padding,
+                                timeout=aiohttp.ClientTimeout(total=30)) as resp:
+                await resp.read()
+                if resp.status == 200:
+                    ledger.checkpoints[session].append(n)
+                    ledger.tick("checkpoints")
+                else:
+                    ledger.checkpoint_errors[resp.status] += 1
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            ledger.checkpoint_errors["connection"] += 1
+            await asyncio.sleep(0.5)
+        await asyncio.sleep(pause)
+
+
+async def flow_client(http, base: str, index: int, ledger: Ledger, stop: asyncio.Event, pause: float) -> None:
+    n = 0
+    while not stop.is_set():
+        n += 1
+        key = f"chaos-f{index}-{n}"
+        for _ in range(20):   # the same key until the server answers: a retry never starts a second run
+            try:
+                body = {"input": FLOW_STEPS}
+                if n % QUEUED_EVERY == 1:
+                    body.update(queue=QUEUE, priority=n // QUEUED_EVERY % 3)
+                async with http.post(f"{base}/v1/flows/sync_steps/runs", json=body,
+                                     headers={"Idempotency-Key": key},
+                                     timeout=aiohttp.ClientTimeout(total=30)) as resp:
+                    body = await resp.json(content_type=None)
+                    if resp.status in (200, 201):
+                        ledger.flows[body["run_id"]] = key
+                        ledger.tick("flows")
+                        ledger.forks["queued"] += body.get("queue") == QUEUE
+                        if n % RUN_FORK_EVERY == 0:
+                            await fork_run(http, base, body["run_id"], f"{key}-fork", ledger, stop)
+                        break
+                    ledger.flow_errors[resp.status] += 1
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+                ledger.flow_errors["connection"] += 1
+            await asyncio.sleep(0.5)
+            if stop.is_set():
+                break
+        await asyncio.sleep(pause)
