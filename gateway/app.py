@@ -215,7 +215,7 @@ class Gateway:
                 raise ApiError(503, "actor_unavailable", f"the session's actor did not answer: {exc}",
                                {"Retry-After": self.retry_after}) from None
             except asyncio.CancelledError:   # the client left before its turn started
-                self._cancel_unstarted(stream, "disconnect")
+                self._cancel_unstarted(stream, "disconnect", keyed is not None)
                 raise
             if started.kind is not Kind.TURN_STARTED:   # a keyed start whose turn is not to be streamed
                 code = started.body.get("code") or "conflict"
@@ -261,12 +261,16 @@ class Gateway:
         finally:
             self._unsubscribe(stream)
 
-    def _cancel_unstarted(self, stream: TurnStream, reason: str) -> None:
+    def _cancel_unstarted(self, stream: TurnStream, reason: str, keyed: bool = False) -> None:
         """A start nobody will stream (the client left, or was answered 503) may still reach a
         stalled actor, in its queue or resent, and the turn ran for nobody. The actor cancels it,
-        or, if the cancel comes first, never starts it (actors/actor_process.py)."""
+        or, if the cancel comes first, never starts it (actors/actor_process.py). A keyed start's
+        client may send it again for the stream: a turn the actor had begun (its answer not yet
+        read here) is then cancelled only after `kernel.disconnect_grace_secs`, as a broken
+        stream's. At once, it was cancelled under the client that came back for it."""
+        grace = {"after_secs": self.config.kernel.disconnect_grace_secs} if keyed else {}
         self.bus.request_callback(stream.actor, Kind.TURN_CANCEL, {
-            "session": stream.session, "turn_id": stream.turn_id, "reason": reason}, _unanswered_cancel,
+            "session": stream.session, "turn_id": stream.turn_id, "reason": reason, **grace}, _unanswered_cancel,
             timeout=DISCONNECT_CANCEL_SECS, attempt_secs=2.0, session=stream.session)
 
     def _subscribe(self, stream: TurnStream) -> TurnStream:

@@ -1,13 +1,16 @@
 """A turn start nobody will stream is not run, and a close its gateway gave up on holds nothing:
-unit-tested on an actor without processes (the end-to-end case, a start queued at a stalled
+unit-tested on an actor (and a gateway) without processes (the end-to-end case, a start queued at a stalled
 actor, is in test_e2e_turns.py)."""
 import asyncio
 import logging
 import time
 
+import pytest
+
 from actors.actor_process import Actor
 from agentos.config import Config
 from broker.protocol import Kind, Message
+from gateway.app import Gateway
 
 
 def answering_actor(monkeypatch) -> tuple[Actor, list]:
@@ -49,5 +52,31 @@ def test_a_close_that_comes_after_its_gateway_gave_up_holds_nothing(monkeypatch)
                        {"session": "s", "deadline": time.time() - 0.1})
         await asyncio.wait_for(actor.on_session_close(late), 5.0)   # (begun, it waits for the runs' load)
         assert "s" not in actor.closing and replies == []
+
+    asyncio.run(go())
+
+
+def test_a_keyed_start_whose_client_left_is_cancelled_after_the_grace_and_any_other_at_once(monkeypatch):
+    """A client that leaves before its start is answered: the gateway cancels the turn. A keyed
+    one's client may send the start again for the stream, so its cancel waits the disconnect grace
+    (on a machine starved to 0.75 of a CPU, the actor had begun the turn, and a cancel at once
+    ended it under the client that came back). Gateway without processes; its bus faked."""
+    async def go():
+        config = Config()
+        config.kernel.disconnect_grace_secs = 7
+        gateway = Gateway(config, "ipc:///nonexistent/bus.sock", 0, logging.getLogger("test"))
+        sent = []
+
+        async def client_left(*args, **kwargs):
+            raise asyncio.CancelledError
+
+        monkeypatch.setattr(gateway.bus, "request", client_left)
+        monkeypatch.setattr(gateway.bus, "request_callback", lambda actor, kind, body, *a, **k: sent.append((kind, body)))
+        for keyed in ("kabc", None):
+            with pytest.raises(asyncio.CancelledError):
+                await gateway._stream_turn(None, "s", "t", "hi", "s", None, keyed)
+        assert [(kind, body["reason"], body.get("after_secs")) for kind, body in sent] == [
+            (Kind.TURN_CANCEL, "disconnect", 7), (Kind.TURN_CANCEL, "disconnect", None)]
+        assert gateway.streams == {}
 
     asyncio.run(go())
