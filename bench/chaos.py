@@ -57,7 +57,7 @@ from bench.results import ResultsDir
 from bench.s3_local import CREDENTIALS, S3Server
 from bench.sampling import memory_by_process
 from bench.server_log import logged_errors
-from bench.server_proc import ServerProcess, deep_merge, wait_until
+from bench.server_proc import ServerProcess, deep_merge, pid_alive, wait_until
 from bench.step_workers import start_workers, stop_workers
 
 VERIFY_CONCURRENCY = 16     # runs asked at once when the load has stopped
@@ -84,7 +84,9 @@ async def killer(server: ServerProcess, every: float, rng: random.Random, stop: 
             rng.shuffle(deck)
             if not deck:
                 continue
-        up = [r for r in deck if r in pids]   # one still restarting from an earlier kill waits its turn
+        # one still restarting from an earlier kill waits its turn; so does one dead and not yet
+        # reaped (a slow supervisor's table still names it): a SIGKILL to it kills nothing
+        up = [r for r in deck if r in pids and pid_alive(pids[r])]
         if not up:
             continue
         role = up[-1]

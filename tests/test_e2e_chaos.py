@@ -59,3 +59,34 @@ def test_twenty_seconds_of_sigkills_lose_nothing_acknowledged(tmp_path):
     pids = [k["pid"] for k in kills + row["stalls"]] + [m["pid"] for m in row["memory_kib"].values()]
     assert not [p for p in pids if pid_alive(p)]   # the benchmark left nothing running
 
+
+
+def test_the_killer_leaves_a_role_whose_process_is_dead_and_not_yet_reaped():
+    """A slow supervisor's table still names a killed role's old process until it reaps it: a
+    SIGKILL to that zombie succeeds and kills nothing. Counted as a kill, the role then had fewer
+    restarts than kills (seen at 0.75 of a CPU). A fake server; the zombie is a real one."""
+    import asyncio
+    import random
+    import time
+    import types
+
+    from bench.chaos import killer
+
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 10
+        while pid_alive(zombie.pid):   # (a zombie is not alive)
+            assert time.monotonic() < deadline, "the child did not exit"
+            time.sleep(0.01)
+        server = types.SimpleNamespace(pids=lambda: {"supervisor": 1, "actor/0": zombie.pid}, seen_pids=set())
+        kills: list[dict] = []
+
+        async def go():
+            stop = asyncio.Event()
+            asyncio.get_running_loop().call_later(0.3, stop.set)
+            await killer(server, 0.02, random.Random(1), stop, kills, time.monotonic(), [])
+
+        asyncio.run(go())
+        assert kills == []
+    finally:
+        zombie.wait()
