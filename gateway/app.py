@@ -265,9 +265,8 @@ class Gateway:
         """A start nobody will stream (the client left, or was answered 503) may still reach a
         stalled actor, in its queue or resent, and the turn ran for nobody. The actor cancels it,
         or, if the cancel comes first, never starts it (actors/actor_process.py). A keyed start's
-        client may send it again for the stream: a turn the actor had begun (its answer not yet
-        read here) is then cancelled only after `kernel.disconnect_grace_secs`, as a broken
-        stream's. At once, it was cancelled under the client that came back for it."""
+        client may send it again: a turn the actor had begun is then cancelled only after the
+        disconnect grace, as a broken stream's (at once, it ended under the client that came back)."""
         grace = {"after_secs": self.config.kernel.disconnect_grace_secs} if keyed else {}
         self.bus.request_callback(stream.actor, Kind.TURN_CANCEL, {
             "session": stream.session, "turn_id": stream.turn_id, "reason": reason, **grace}, _unanswered_cancel,
