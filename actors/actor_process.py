@@ -43,7 +43,7 @@ class Actor:
         self.turns: dict[str, Turn] = {}
         self.finished: collections.deque[Turn] = collections.deque()
         self.closing = ClosingSessions()
-        self.unstarted_cancels: dict[str, float] = {}   # turn id -> when forgotten: cancelled before its start came
+        self.dropped_streams: dict[str, float] = {}   # stream -> when forgotten: its gateway cancelled it
         self.bus = Bus(self.name, bus_endpoint, {}, heartbeat_secs=config.broker.heartbeat_secs, log=log,
                        spill_bytes=config.broker.spill_ring_bytes)
         self.provider = Provider(config.provider)
@@ -109,6 +109,8 @@ class Actor:
     def on_turn_start(self, msg: Message, journal_checked: bool = False) -> None:
         b = msg.body
         turn_id, session_id = b["turn_id"], b["session"]
+        if b.get("stream") in self.dropped_streams:
+            return   # its client left, or its gateway answered 503, before this came: nobody reads it
         known = self.turns.get(turn_id)
         if known is not None and b.get("keyed"):   # its Idempotency-Key again: that turn, from its start
             self._stream_again(msg, known)
@@ -119,8 +121,8 @@ class Actor:
         if b.get("keyed") and not journal_checked:
             self.bus.spawn(self._keyed_start(msg))
             return
-        if self.unstarted_cancels.pop(turn_id, None) is not None or past_deadline(b, time.time()):
-            return   # its client left, or its gateway answered 503 (this actor was stalled): nobody streams it
+        if past_deadline(b, time.time()):
+            return   # its gateway answered 503 (this actor was stalled): nobody streams it
         if session_id in self.closing:   # it starts once the close is done, on an empty session
             self.bus.spawn(self._start_after_close(msg))
             return
@@ -130,6 +132,7 @@ class Actor:
         turn = Turn(self.bus, turn_id, session_id, b["tenant"], b["input"], msg.src,
                     self.config.kernel.delta_window_ms / 1000.0)
         turn.system = b.get("system")
+        turn.stream = b.get("stream") or ""
         started = turn.record(Kind.TURN_STARTED, {"data": {"turn_id": turn_id, "session_id": session_id}})
         self.bus.reply(msg, Kind.TURN_STARTED, started)
         session.active = turn
@@ -144,9 +147,7 @@ class Actor:
             self.bus.reply(msg, Kind.TURN_STATUS, {"turn_id": turn.turn_id, "state": "unknown", "code": "conflict",
                                                    "error": "this Idempotency-Key began a turn with another input"})
             return
-        if turn.pending_cancel is not None:   # its client is back
-            turn.pending_cancel.cancel()
-            turn.pending_cancel = None
+        self._held_by(turn, b.get("stream"))
         self.bus.reply(msg, Kind.TURN_STARTED, turn.events[0][1])
         turn.replay(1, msg.src)
 
@@ -179,16 +180,31 @@ class Actor:
             return    # a slow close: the gateway has answered 503, and the client may try again
         self.on_turn_start(msg)
 
+    @staticmethod
+    def _held_by(turn: Turn, stream: str | None) -> None:
+        """A client's stream (its start again, or a resume) now reads the turn: a disconnect's
+        cancel in its grace is off, and one from an older stream, arriving later, is stale."""
+        if turn.pending_cancel is not None:
+            turn.pending_cancel.cancel()
+            turn.pending_cancel = None
+        turn.stream = stream or ""
+
     def on_turn_cancel(self, msg: Message) -> None:
+        """Cancel the session's turn (the one named, if named). A gateway's cancel names the
+        stream it gave up: a start or resume of that stream that comes after it is not run,
+        and the turn is left to a later stream of the same client (a keyed start sent again)."""
         session = self.sessions.get(msg.body["session"])
         turn = session.active if session is not None else None
         wanted = msg.body.get("turn_id") or ""
+        stream = msg.body.get("stream") or ""
         cancelled = False
-        if wanted and wanted not in self.turns:   # its start, overtaken by this cancel, must not run
+        if stream:
             now = time.monotonic()
-            if len(self.unstarted_cancels) > 10_000:
-                self.unstarted_cancels = {t: until for t, until in self.unstarted_cancels.items() if until > now}
-            self.unstarted_cancels[wanted] = now + TURN_START_TIMEOUT_SECS
+            if len(self.dropped_streams) > 10_000:
+                self.dropped_streams = {t: until for t, until in self.dropped_streams.items() if until > now}
+            self.dropped_streams[stream] = now + TURN_START_TIMEOUT_SECS
+            if turn is not None and turn.stream and turn.stream != stream:
+                turn = None   # another stream reads it now
         if turn is not None and (not wanted or wanted == turn.turn_id):
             reason = msg.body.get("reason") or "cancelled"
             grace = float(msg.body.get("after_secs") or 0.0)
@@ -208,9 +224,10 @@ class Actor:
         if turn.resumed:  # finishing after our restart: its old stream cannot continue
             self.bus.reply(msg, Kind.TURN_STATUS, {"turn_id": turn.turn_id, "state": "resumed"})
             return
-        if turn.pending_cancel is not None:  # its client is back
-            turn.pending_cancel.cancel()
-            turn.pending_cancel = None
+        if msg.body.get("stream") in self.dropped_streams:
+            self.bus.reply(msg, Kind.TURN_STATUS, {"turn_id": turn.turn_id, "state": "unknown"})
+            return   # a probe of a stream its gateway has since cancelled: nobody reads it
+        self._held_by(turn, msg.body.get("stream"))
         turn.replay(msg.body["after"], msg.src)
         status = {"turn_id": turn.turn_id, "state": "ended" if turn.ended else "running"}
         if turn.ended and turn.events:

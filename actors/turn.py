@@ -22,7 +22,7 @@ class Turn:
     __slots__ = ("turn_id", "session_id", "tenant", "input", "gateway", "bus", "events", "seq", "task",
                  "cancel_reason", "started_at", "first_token_at", "ended_at", "_pending_text", "_flush_scheduled",
                  "outcome", "delta_window", "_last_flush", "replay_pos", "resumed", "pending_cancel", "running",
-                 "system", "approvals")
+                 "system", "approvals", "stream")
 
     def __init__(self, bus: Bus, turn_id: str, session_id: str, tenant: str, text: str, gateway: str,
                  delta_window_secs: float = 0.0) -> None:
@@ -50,6 +50,7 @@ class Turn:
         self.running = False                 # its task has taken its first step (see cancel)
         self.system: str | None = None       # its own instructions, in place of provider.system_prompt
         self.approvals: dict = {}            # call id -> a tool call waiting for a person (actors/tool_approvals.py)
+        self.stream = ""                     # the gateway stream that now reads it: a cancel from an older one is stale
 
     @property
     def ended(self) -> bool:

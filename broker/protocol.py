@@ -206,8 +206,10 @@ SPECS: dict[Kind, Spec] = {
     # system: the turn's instructions, in place of provider.system_prompt
     # keyed: its id comes from an Idempotency-Key: a known turn is streamed again, not started anew,
     # and one the journal holds is refused (TURN_STATUS back, code turn_exists or conflict)
+    # stream: the gateway's id for the client stream asking (start, resume, cancel): the turn is
+    # the latest one's, and a stream cancelled once is not started or streamed again
     Kind.TURN_START: _spec({"turn_id": str, "session": str, "tenant": str, "input": str}, deadline=_NUM,
-                           system=str, keyed=bool),
+                           system=str, keyed=bool, stream=str),
     Kind.TURN_STARTED: _spec({"turn_id": str, "seq": int}, data=dict),
     Kind.TURN_DELTA: _spec({"turn_id": str, "seq": int, "text": str}),
     Kind.TURN_DONE: _spec({"turn_id": str, "seq": int}, data=dict),
@@ -216,8 +218,8 @@ SPECS: dict[Kind, Spec] = {
     Kind.TURN_FAILED: _spec({"turn_id": str, "seq": int, "code": str, "message": str}),
     Kind.TURN_CANCELLED: _spec({"turn_id": str, "seq": int, "reason": str}),
     # turn_id "" = whatever runs; after_secs: cancel then, unless a client resumes the stream first
-    Kind.TURN_CANCEL: _spec({"session": str}, turn_id=str, reason=str, after_secs=_NUM),
-    Kind.TURN_RESUME: _spec({"turn_id": str, "session": str, "after": int}),
+    Kind.TURN_CANCEL: _spec({"session": str}, turn_id=str, reason=str, after_secs=_NUM, stream=str),
+    Kind.TURN_RESUME: _spec({"turn_id": str, "session": str, "after": int}, stream=str),
     # Reply to a resume of a turn the actor does not know (lost in a crash) or that is alive.
     # last: an ended turn's terminal event id; approvals: the tool calls a running turn waits on
     Kind.TURN_STATUS: _spec({"turn_id": str, "state": str}, last=int, approvals=list, code=str, error=str),

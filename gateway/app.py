@@ -208,14 +208,16 @@ class Gateway:
                                                  {"turn_id": turn_id, "session": sid, "tenant": tenant, "input": text,
                                                   "deadline": time.time() + TURN_START_TIMEOUT_SECS,
                                                   **({"system": system} if system is not None else {}),
-                                                  **({"keyed": True} if keyed else {})},
+                                                  "stream": stream.token, **({"keyed": True} if keyed else {})},
                                                  timeout=TURN_START_TIMEOUT_SECS, session=sid, turn=turn_id)
-            except BusError as exc:
-                self._cancel_unstarted(stream, "start_timeout")
+            except BusError as exc:   # a start nobody will stream may still reach a stalled actor
+                self._cancel_stream(stream, "start_timeout")
                 raise ApiError(503, "actor_unavailable", f"the session's actor did not answer: {exc}",
                                {"Retry-After": self.retry_after}) from None
             except asyncio.CancelledError:   # the client left before its turn started
-                self._cancel_unstarted(stream, "disconnect", keyed is not None)
+                # a keyed start's client may send it again: a turn begun waits the grace, as a broken
+                # stream's (at once, it ended under the client that came back)
+                self._cancel_stream(stream, "disconnect", self.config.kernel.disconnect_grace_secs if keyed else 0.0)
                 raise
             if started.kind is not Kind.TURN_STARTED:   # a keyed start whose turn is not to be streamed
                 code = started.body.get("code") or "conflict"
@@ -245,7 +247,8 @@ class Gateway:
         try:
             try:
                 status = await self.bus.request(actor, Kind.TURN_RESUME, {"turn_id": turn_id, "session": sid,
-                                                                          "after": after}, timeout=10.0, session=sid)
+                                                                          "after": after, "stream": stream.token},
+                                                timeout=10.0, session=sid)
             except BusError as exc:
                 raise ApiError(503, "actor_unavailable", f"the session's actor did not answer: {exc}") from None
             state = status.body["state"]
@@ -261,15 +264,15 @@ class Gateway:
         finally:
             self._unsubscribe(stream)
 
-    def _cancel_unstarted(self, stream: TurnStream, reason: str, keyed: bool = False) -> None:
-        """A start nobody will stream (the client left, or was answered 503) may still reach a
-        stalled actor, in its queue or resent, and the turn ran for nobody. The actor cancels it,
-        or, if the cancel comes first, never starts it (actors/actor_process.py). A keyed start's
-        client may send it again: a turn the actor had begun is then cancelled only after the
-        disconnect grace, as a broken stream's (at once, it ended under the client that came back)."""
-        grace = {"after_secs": self.config.kernel.disconnect_grace_secs} if keyed else {}
+    def _cancel_stream(self, stream: TurnStream, reason: str, grace_secs: float = 0.0) -> None:
+        """Cancel the turn of a stream nobody reads, after `grace_secs` unless a client comes back
+        for it. Sent until the actor takes it: sent once, an actor stalled past the broker's peer
+        timeout lost it, and a turn nobody reads ran (and paid for tokens) to its end. It names the
+        stream: a start of it that comes later is not run, and a later stream of the turn (a keyed
+        start sent again) is not cancelled by it (actors/actor_process.py)."""
         self.bus.request_callback(stream.actor, Kind.TURN_CANCEL, {
-            "session": stream.session, "turn_id": stream.turn_id, "reason": reason, **grace}, _unanswered_cancel,
+            "session": stream.session, "turn_id": stream.turn_id, "stream": stream.token, "reason": reason,
+            **({"after_secs": grace_secs} if grace_secs else {})}, _unanswered_cancel,
             timeout=DISCONNECT_CANCEL_SECS, attempt_secs=2.0, session=stream.session)
 
     def _subscribe(self, stream: TurnStream) -> TurnStream:
@@ -300,12 +303,7 @@ class Gateway:
             return response
         except (asyncio.CancelledError, ConnectionError) as exc:
             if stream.terminal is None:
-                # sent until the actor takes it: sent once, an actor stalled past the broker's peer
-                # timeout lost it, and a turn nobody reads ran (and paid for tokens) to its end
-                self.bus.request_callback(stream.actor, Kind.TURN_CANCEL, {
-                    "session": stream.session, "turn_id": stream.turn_id, "reason": "disconnect",
-                    "after_secs": self.config.kernel.disconnect_grace_secs}, _unanswered_cancel,
-                    timeout=DISCONNECT_CANCEL_SECS, attempt_secs=2.0, session=stream.session)
+                self._cancel_stream(stream, "disconnect", self.config.kernel.disconnect_grace_secs)
             if isinstance(exc, asyncio.CancelledError):
                 raise
             # The client went away between two writes (its connection was found closed before
@@ -385,7 +383,8 @@ class Gateway:
         try:
             status = await self.bus.request(stream.actor, Kind.TURN_RESUME,
                                             {"turn_id": stream.turn_id, "session": stream.session,
-                                             "after": stream.last_seq}, timeout=5.0, session=stream.session)
+                                             "after": stream.last_seq, "stream": stream.token}, timeout=5.0,
+                                            session=stream.session)
             stream.failed_probes = 0
             stream.last_event_at = time.monotonic()
             if status.body["state"] == "unknown":

@@ -8,6 +8,7 @@ skips or repeats an event, whatever the bus lost or re-sent.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Any
 
@@ -50,7 +51,8 @@ def render(seq: int, name: bytes, data: dict[str, Any]) -> bytes:
 
 class TurnStream:
     __slots__ = ("turn_id", "session", "actor", "tenant", "last_seq", "chunks", "waiter", "last_event_at",
-                 "terminal", "reorder", "gap_since", "probing", "failed_probes", "external_session")
+                 "terminal", "reorder", "gap_since", "probing", "failed_probes", "external_session",
+                 "token")
 
     def __init__(self, turn_id: str, session: str, actor: str, tenant: str, external_session: str | None = None) -> None:
         self.turn_id = turn_id
@@ -67,6 +69,8 @@ class TurnStream:
         self.gap_since = 0.0
         self.probing = False
         self.failed_probes = 0
+        # names this stream to the actor (TURN_START's `stream`), unique across gateways and restarts
+        self.token = os.urandom(8).hex()
 
     def push(self, kind: Kind, body: dict[str, Any]) -> None:
         seq = body["seq"]
