@@ -198,11 +198,13 @@ class Actor:
         wanted = msg.body.get("turn_id") or ""
         stream = msg.body.get("stream") or ""
         cancelled = False
-        if stream:
+        if stream:   # (kept in the order they expire: the oldest first)
             now = time.monotonic()
-            if len(self.dropped_streams) > 10_000:
-                self.dropped_streams = {t: until for t, until in self.dropped_streams.items() if until > now}
-            self.dropped_streams[stream] = now + TURN_START_TIMEOUT_SECS
+            dropped = self.dropped_streams
+            while dropped and dropped[oldest := next(iter(dropped))] <= now:
+                del dropped[oldest]
+            dropped.pop(stream, None)
+            dropped[stream] = now + TURN_START_TIMEOUT_SECS
             if turn is not None and turn.stream and turn.stream != stream:
                 turn = None   # another stream reads it now
         if turn is not None and (not wanted or wanted == turn.turn_id):

@@ -31,8 +31,10 @@ def message(kind, turn_id, age=0.0, src="gateway/0#1", **body):
 def test_a_start_overtaken_by_its_cancel_or_older_than_its_gateway_waited_is_not_run(monkeypatch):
     async def go():
         actor, replies = answering_actor(monkeypatch)
+        actor.dropped_streams["g0"] = time.monotonic() - 1   # a stream dropped long ago
         # the client left; its cancel, resent, reached the actor before the start it cancels
         actor.on_turn_cancel(message(Kind.TURN_CANCEL, "t-left", reason="disconnect", stream="g1"))
+        assert list(actor.dropped_streams) == ["g1"]          # the expired one forgotten
         assert replies == [(Kind.TURN_STATUS, {"turn_id": "t-left", "state": "idle"})]
         actor.on_turn_start(message(Kind.TURN_START, "t-left", tenant="", input="hi", stream="g1"))
         # a start that waited at a stalled actor until its gateway had answered 503
