@@ -134,6 +134,7 @@ async def load(server: ServerProcess, args, ledger: Ledger, kills: list[dict], s
         chaos_to = time.monotonic() - ledger.t0
         await asyncio.sleep(args.cooldown)     # load goes on while the last restarts finish
         stop_load.set()
+        phase(ledger, "load stopped: waiting for the clients' last streams")
         await asyncio.gather(*tasks)
         scheduled = expected_runs(made, await delete_schedule(http, base))
         ledger.flows.update(dict.fromkeys(scheduled, "schedule"))
@@ -208,6 +209,11 @@ def restarts_by_role(server: ServerProcess) -> dict[str, int]:
     return {**{row["name"]: row["restarts"] for row in table["children"]}, "forkserver": table["forkserver"]["restarts"]}
 
 
+def phase(ledger: Ledger, what: str) -> None:
+    """Where the run is, on stderr beside the kills: a slow run's output says which wait was long."""
+    print(f"  {time.monotonic() - ledger.t0:7.1f}s  {what}", file=sys.stderr, flush=True)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="agent-os bench chaos", description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=10.0, help="how long roles are killed")
@@ -277,15 +283,20 @@ def main(argv: list[str] | None = None) -> int:
             workers = start_workers(server, 1, 16)
             print(f"chaos: {args.duration:.0f}s of kills every ~{args.kill_every}s on {server.url}", file=sys.stderr)
             phases = asyncio.run(load(server, args, ledger, kills, s3, outages, stalls))
+            phase(ledger, "clients done: waiting for the tree to be ready")
             server.wait_ready(120)
             wait_until(lambda: all(r["pid"] for r in server.table()["children"]), 60, "every role to be running")
+            phase(ledger, "verifying what was acknowledged")
             checked = asyncio.run(verify(server, ledger, timeout=max(60.0, args.deadline)))
+            phase(ledger, "verified")
             time.sleep(2.0)
             after = memory_by_process(server)
             restarts = restarts_by_role(server)
         finally:
+            phase(ledger, "stopping the tree")
             stop_workers(workers)
             server.stop()
+            phase(ledger, "stopped")
         in_log = checkpoints_in_log(work / "data")
         jsonl = chaos_jsonl.compare(chaos_jsonl.events_in_log(work / "data"),
                                     *chaos_jsonl.events_in_file(work / "jsonl"), closable)

@@ -23,15 +23,19 @@ def test_twenty_seconds_of_sigkills_lose_nothing_acknowledged(tmp_path):
            "--turn-clients", "4", "--checkpoint-clients", "2", "--flow-clients", "2", "--close-clients", "1",
            "--busy-log",   # 1 MiB segments, a compaction pass every 2 s: kills land in rotations and rewrites
            "--stall-every", "5",   # and a role stopped for 2-6 s now and then: slow, not dead
-           "--results-root", str(tmp_path)]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           "--results-root", str(tmp_path / "results")]
+    printed = tmp_path / "printed.txt"   # a file, not a pipe: read also when pytest's timeout ends the test
+    with printed.open("w") as sink:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, text=True)
     try:
-        output, _ = proc.communicate(timeout=240)
+        proc.wait(timeout=240)
     finally:
         if proc.poll() is None:   # SIGTERM: the benchmark stops its server tree on the way out
             proc.send_signal(signal.SIGTERM)
-            proc.communicate(timeout=60)
-    (folder,) = tmp_path.iterdir()
+            proc.wait(timeout=60)
+        output = printed.read_text()
+        print(output[-6000:])   # shown if the test fails: its kills, and which of its waits was long
+    (folder,) = (tmp_path / "results").iterdir()
     row = json.loads((folder / "rows.jsonl").read_text())
     kills = [json.loads(line) for line in (folder / "kills.jsonl").read_text().splitlines()]
     assert proc.returncode == 0, output[-4000:]
