@@ -14,7 +14,7 @@ Each time its expression matches, it starts a run of its flow and input named
 again (after a crash, or by the watchdog and the timer both) names the same run, so a time
 starts one run, however often it is fired. A time missed while the owning actor was down or
 stalled is started when it is back if it is at most `catchup_secs` old (each such time, the latest
-MAX_CATCHUP_RUNS of them; older ones are skipped). A schedule's runs may overlap: each time
+MAX_CATCHUP_RUNS of them; older ones are skipped), also when a change or the deletion comes first. A schedule's runs may overlap: each time
 starts its own, unless the schedule names a flow queue (`queue`): then they wait for its places
 like any run of it (a queue of one: one at a time, in order).
 """
@@ -102,6 +102,8 @@ class Schedules:
                 return
             run = self._schedule(key, b["tenant"])
             created = run is None
+            if run is not None:
+                self._catch_up_first(run)
             try:
                 if run is None:
                     run = Run(f"{key}/{time.time_ns():x}", SCHEDULE_FLOW, b["tenant"])
@@ -143,6 +145,7 @@ class Schedules:
             if run is None:
                 self.bus.reply(msg, Kind.SCHEDULE, {"found": False})
                 return
+            self._catch_up_first(run)
             before = run.status, run.error, run.ended_at
             try:
                 await self.end(run, "cancelled", error="schedule deleted")
@@ -168,6 +171,12 @@ class Schedules:
         if known is None or known[0] != d.get("updated_at"):
             known = self.schedule_crons[run.run_id] = (d.get("updated_at"), Cron(d["cron"], d.get("timezone") or "UTC"))
         return known[1]
+
+    def _catch_up_first(self, run: Run) -> None:
+        """Before a change or the deletion: the times due before it start, under the definition
+        they were due under. Back from a restart or a stall, the watchdog's next turn would start
+        them, and a change can come first (as the actor came back, a deletion had made them lost)."""
+        self.tick_schedule(run, time.time(), resync=False)
 
     def tick_schedule(self, run: Run, wall: float, resync: bool) -> None:
         """The watchdog's turn, and its timer's: start what is due, arm the next time."""

@@ -229,6 +229,44 @@ def test_after_a_restart_each_time_missed_within_the_catch_up_starts_and_no_time
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("change", ["delete", "put"])
+def test_a_change_that_comes_before_the_catch_up_still_starts_the_times_missed_before_it(change):
+    """Back from a restart (or a stall), the actor starts the times its schedule missed at the
+    watchdog's next turn; a deletion or a change can come first (the chaos benchmark, at a quarter
+    of a CPU, deleted its schedule as its actor came back: 21 missed seconds never started). Times
+    due before the change are started first, under the definition they were due under."""
+    now = time.time()
+    journal = [{"run": "acme~@sched:tick/1", "tenant": "acme", "type": "run.started", "at": now - 3600, "exec": 0,
+                "flow": SCHEDULE_FLOW, "input": {**DEFINITION, "catchup_secs": 5.0, "timezone": "UTC",
+                                                 "updated_at": now - 3600}}]
+
+    async def main():
+        flows, bus, log, _ = running_flows()
+        asked = []
+
+        async def request(dest, kind, body, **_):
+            asked.append(body)
+            return Message(dest, Kind.FLOW_RUN, 9, time.time(), 0, "", "", {"run_id": body["run_id"], "status": "x",
+                                                                               "created": True})
+        bus.request = request
+        run = flows.runs["acme~@sched:tick/1"] = replay("acme~@sched:tick/1", journal)   # loaded, not yet ticked
+        handlers = flows.handlers()
+        wall = time.time()
+        if change == "delete":
+            await handlers[Kind.SCHEDULE_DELETE](ask(Kind.SCHEDULE_DELETE, {"key": DEFINITION["key"], "tenant": "acme"}))
+            assert bus.sent[-1][2]["found"] is True and run.ended
+        else:
+            await handlers[Kind.SCHEDULE_PUT](ask(Kind.SCHEDULE_PUT, {**DEFINITION, "cron": "@daily"}))
+            assert bus.sent[-1][2]["schedule"]["cron"] == "@daily"
+        await asyncio.sleep(0.05)
+        got = [b["scheduled_at"] for b in asked]
+        assert len(got) == 5 and got == [got[0] + i for i in range(5)]          # the last 5 s, each once
+        assert int(wall) <= got[-1] <= time.time()
+        assert {(b["flow"], str(b["input"])) for b in asked} == {("work", "{'n': 1}")}
+
+    asyncio.run(main())
+
+
 def test_schedule_keys_and_run_names_keep_the_tenant():
     assert schedule_key("acme~nightly") == "acme~@sched:nightly" and schedule_key("nightly") == "@sched:nightly"
     assert run_name("@sched:nightly", utc("2026-12-06T01:00:00")) == "nightly-20261206T010000Z"
