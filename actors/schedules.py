@@ -14,9 +14,10 @@ Each time its expression matches, it starts a run of its flow and input named
 again (after a crash, or by the watchdog and the timer both) names the same run, so a time
 starts one run, however often it is fired. A time missed while the owning actor was down or
 stalled is started when it is back if it is at most `catchup_secs` old (each such time, the latest
-MAX_CATCHUP_RUNS of them; older ones are skipped), also when a change or the deletion comes first. A schedule's runs may overlap: each time
-starts its own, unless the schedule names a flow queue (`queue`): then they wait for its places
-like any run of it (a queue of one: one at a time, in order).
+MAX_CATCHUP_RUNS of them; older ones are skipped), also when a change or the deletion comes first.
+A schedule's runs may overlap: each time starts its own, unless the schedule names a flow queue
+(`queue`): then they wait for its places like any run of it (a queue of one: one at a time, in
+order).
 """
 from __future__ import annotations
 
