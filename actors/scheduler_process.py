@@ -44,7 +44,8 @@ class Scheduler:
         return {Kind.PERMIT_REQUEST: self.on_request, Kind.PERMIT_RELEASE: self.on_release,
                 Kind.PERMIT_SYNC: self.on_sync, Kind.STATS: self.on_stats,
                 Kind.TASK_SUBMIT: self.on_submit, Kind.TASK_DECLINE: self.on_decline, Kind.TASK_DONE: self.on_done,
-                Kind.WORKER_HELLO: self.on_worker_hello, Kind.TIMER_SET: self.on_timer_set,
+                Kind.WORKER_HELLO: self.on_worker_hello, Kind.WORKER_BYE: self.on_worker_bye,
+                Kind.TIMER_SET: self.on_timer_set,
                 Kind.TOOLS_LIST: self.on_tools_list, Kind.TASK_CANCEL: self.on_cancel,
                 Kind.QUEUE_REQUEST: self.on_queue_request, Kind.QUEUE_RELEASE: self.on_queue_release,
                 Kind.QUEUE_SYNC: self.on_queue_sync}
@@ -91,6 +92,11 @@ class Scheduler:
                 [f"update:{n}" for n in b["handlers"]])
         self._offer(self.board.hello(msg.src, caps, b["slots"], [str(t) for t in b["running"]], b["incarnation"],
                                      time.monotonic(), b.get("tool_schemas")))
+
+    def on_worker_bye(self, msg: Message) -> None:
+        if self.board.leave(msg.src, msg.body["incarnation"]):   # (the ticker sends its tasks' TASK_LOST)
+            self.log.info("worker %s left; its tasks go back to their actors", msg.src)
+        self.bus.reply(msg, Kind.WORKER_BYE, {"incarnation": msg.body["incarnation"]})
 
     def on_timer_set(self, msg: Message) -> None:
         self.timers.set(msg.body["timer_id"], msg.src, msg.body["run_id"], float(msg.body["due"]))

@@ -81,6 +81,15 @@ class TaskBoard:
                 self.tasks.pop(task_id, None)
         return self._match(now)
 
+    def leave(self, worker: str, incarnation: int) -> bool:
+        """A worker that says it stops: gone now (`lost` holds what it had been given). False if
+        this incarnation of it is not known (it left already, or a new one said hello since)."""
+        info = self.workers.get(worker)
+        if info is None or info.incarnation != incarnation:
+            return False
+        self._forget(info)
+        return True
+
     def stalled(self, now: float) -> None:
         """The scheduler did not run for a while: its workers' hellos meanwhile waited or bounced,
         and their silence says nothing (each would have been taken for dead, its tasks lost)."""

@@ -338,6 +338,10 @@ def main(config: Config, modules: list[str], slots: int, name: str | None, log: 
         reach.cancel()
         for _, task in list(runtime.running.values()):
             task.cancel()
+        try:   # the scheduler forgets it now, and its runs retry their tasks elsewhere without waiting
+            await bus.request(SCHEDULER, Kind.WORKER_BYE, {"incarnation": bus.incarnation}, timeout=1.0)
+        except BusError:
+            pass   # (no scheduler now: it takes the silence for the stop, as it would a crash)
         await bus.close()
         return service.EXIT_OK
 

@@ -148,6 +148,7 @@ class Kind(enum.StrEnum):
     TASK_LOST = "task.lost"
     WORKER_HELLO = "worker.hello"
     WORKER_ALIVE = "worker.alive"
+    WORKER_BYE = "worker.bye"
     TOOLS_LIST = "tools.list"
     TOOLS = "tools"
     # timer.*: durable timers held by the scheduler
@@ -346,6 +347,9 @@ SPECS: dict[Kind, Spec] = {
     Kind.WORKER_HELLO: _spec({"slots": int, "running": list, "incarnation": int, "flows": list, "tools": list,
                               "handlers": list}, tool_schemas=list),
     Kind.WORKER_ALIVE: _spec({"runs": list, "tasks": list}),
+    # worker -> scheduler as it stops (and back, the same): it is forgotten now, its tasks back to
+    # their actors, and not after the silence that says a worker died
+    Kind.WORKER_BYE: _spec({"incarnation": int}),
     Kind.TOOLS_LIST: _spec(),
     Kind.TOOLS: _spec({"tools": list}),  # OpenAI tool schemas advertised by live workers
     Kind.TIMER_SET: _spec({"timer_id": str, "run_id": str, "due": _NUM}),

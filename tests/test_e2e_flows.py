@@ -353,11 +353,13 @@ def test_a_worker_stops_at_sigterm_though_a_blocking_step_runs(make_server, make
     server = make_server()
     worker = make_worker(server)
     marks = server.work_dir / "blocking-marks"
-    start(server.url, "one_blocking_step", {"seconds": 3600, "marks": str(marks)})
+    run_id = start(server.url, "one_blocking_step", {"seconds": 3600, "marks": str(marks)})[2]["run_id"]
     wait_until(lambda: marks.exists(), 20, "the step to block on its thread")
     worker.proc.send_signal(signal.SIGTERM)
     wait_until(lambda: worker.proc.poll() is not None, 20, "the worker to stop")
     assert "blocking step(s) still on their threads" in worker.log_path.read_text()
+    # (its run would take the next worker's slot at once: the stopped one said it left)
+    assert get_json(f"{server.url}/v1/runs/{run_id}:cancel", method="POST")[0] == 200
     # run in a terminal, a worker stops on Ctrl-C as on SIGTERM (it ignored SIGINT, as the tree's
     # children do, whose Ctrl-C is the supervisor's)
     idle = make_worker(server)

@@ -47,6 +47,16 @@ def test_silent_workers_expire_and_lost_offers_come_back_to_the_slot_count():
     assert [(w, t["task_id"]) for w, t in board.lost] == [("w", "t2")]   # what the scheduler reports lost
 
 
+def test_a_worker_that_says_it_stops_is_gone_at_once_with_its_tasks_lost_and_only_that_incarnation():
+    board = TaskBoard(worker_timeout_secs=3)
+    board.hello("w", ["tool:x"], 1, [], 7, 0)
+    board.submit(task(1, "tool", "x"), 0)
+    assert board.leave("w", 8) is False and board.stats()["workers"] == 1   # not the one that said hello
+    assert board.leave("w", 7) is True and board.stats()["workers"] == 0
+    assert [(w, t["task_id"]) for w, t in board.lost] == [("w", "t1")]       # back to its actor now
+    assert board.leave("w", 7) is False and board.expire(10) == []           # once
+
+
 def test_a_stall_of_the_scheduler_itself_takes_no_worker_for_dead():
     """Workers' hellos wait unread (or bounce) while the scheduler is stopped or starved: after 5 s
     of that, every worker looked silent past its timeout, and its tasks went back as lost."""
