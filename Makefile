@@ -25,8 +25,10 @@ run: $(STAMP)
 	$(VENV)/bin/agent-os serve $(if $(CONFIG),--config $(CONFIG))
 
 # The suite mostly waits on real process trees, so it runs on TEST_WORKERS pytest-xdist workers
-# (TEST_WORKERS=0 runs it in this process, in order).
-TEST_WORKERS ?= 4
+# (TEST_WORKERS=0 runs it in this process, in order). Six on two cores: at four, its tests' waits
+# (trees starting, kills, timers) left the CPUs idle 27% of the run, at six 12.5% (814 tests in
+# 199 s at 4, 163 s at 6, 176 s at 8, in one half hour; bench/RECORD.md, sixty-sixth session).
+TEST_WORKERS ?= 6
 
 # pytest keeps the test modules it rewrote for their asserts only where bytecode may be written:
 # collecting the suite took 4.7 s of CPU in each worker without them, 1.6 s with.

@@ -87,7 +87,7 @@ def test_group_commit_fsyncs_far_fewer_times_than_records(make_server):
     """Ten SYNC writers, each its own process waiting for every ack: one fsync serves many.
     Counted by writer/log/0 itself (`agent-os status`), so the gateway's own log is not in it.
     The writers begin together, once all are connected (each one's start is an interpreter's)."""
-    # A wide window: on a loaded machine (the suite runs on 4 workers) ten sender processes can take
+    # A wide window: on a loaded machine (the suite runs on 6 workers) ten sender processes can take
     # hundreds of milliseconds to all send again (with 200 ms, one suite run saw 507 fsyncs for
     # 1,500 records, another 287); the writer waits at most this long for them.
     server = make_server({"storage": {"commit_window_us": 1000000}})
