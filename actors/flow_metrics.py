@@ -1,7 +1,7 @@
 """Flow runs and their steps in /metrics, counted as their records are appended
 (actors/flow_runs.py `Flows.record`): runs started and ended by flow (and how they ended), steps
 by outcome (`completed`, `failed`: their last attempt failed, `retried`: an attempt failed and
-another follows). Agent turns' own runs and schedules are not counted here (turns have
+another follows, `interrupted`: its worker stopped cleanly mid-attempt). Agent turns' own runs and schedules are not counted here (turns have
 `agentos_turns_total`).
 
 A flow name is a label; clients name flows, so one process labels at most MAX_FLOWS of them and
@@ -31,6 +31,8 @@ def count(flow: str, kind: str, fields: dict[str, Any]) -> None:
         metrics.inc(metrics.flow_steps.labels("completed" if fields.get("ok", True) else "failed"))
     elif kind == "step.failed":
         metrics.inc(metrics.flow_steps.labels("retried"))
+    elif kind == "step.interrupted":
+        metrics.inc(metrics.flow_steps.labels("interrupted"))
     elif kind == "run.started":
         metrics.inc(metrics.flow_runs_started.labels(_label(flow)))
     elif kind == "run.ended":

@@ -45,7 +45,7 @@ from storage.log_client import LogClient
 from storage.records import RecordKind
 
 EXEC_GRACE_SECS = 4.0
-MAX_LOST_EXECUTIONS = 5         # in a row, with no record between: then the run fails (on_task_lost)
+MAX_LOST_EXECUTIONS = 5         # in a row, with no record between, their workers dead: the run fails (on_task_lost)
 TIMER_GRACE_SECS = 2.0
 RESYNC_SECS = 10.0
 UNCOUNTED = frozenset({"turn", SCHEDULE_FLOW})   # in actors/flow_metrics.py: turns have their own
@@ -351,11 +351,14 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules, RunQue
 
     def on_task_lost(self, msg: Message) -> None:
         """The worker running this execution died with it. Again and again with no step between,
-        and it is the run's own code that kills them: it fails rather than take down every worker."""
+        and it is the run's own code that kills them: it fails rather than take down every worker.
+        A worker that said goodbye as it stopped (a deploy, a scale-down) says nothing of the
+        run's code: its execution goes to the next worker and is not counted."""
         run = self.runs.get(msg.body["run_id"])
         if run is None or run.ended or run.exec != msg.body["exec"]:
             return
-        run.lost += 1
+        if not msg.body.get("left"):
+            run.lost += 1
         if run.lost < MAX_LOST_EXECUTIONS:
             if self.blocked_on(run) is None:
                 self.dispatch(run)   # now, not after the watchdog's grace

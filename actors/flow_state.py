@@ -18,6 +18,8 @@ Record types (body field `type`; every body has run, tenant, at, exec):
                  (a fork's, actors/run_forks.py: forked_from, fork_seq, copied, attrs, messages)
   step.started   seq, name, attempt
   step.failed    seq, attempt, error            (an attempt failed; another may follow)
+  step.interrupted seq, attempt                 (its worker stopped cleanly mid-attempt: not counted
+                                                 against the step's retries)
   step.done      seq, name, ok, result | error  (the step's outcome, final)
   step.heartbeat seq, attempt, value
   sleep          seq, name, due
@@ -45,14 +47,16 @@ WAITABLE = ("suspended",)   # besides its end, what a caller of FLOW_GET may wai
 
 
 class Op:
-    __slots__ = ("seq", "op", "name", "attempts", "done", "ok", "result", "error", "heartbeat", "due", "channel",
-                 "child", "started_at", "ended_at")
+    __slots__ = ("seq", "op", "name", "attempts", "interrupted", "interrupted_last", "done", "ok", "result", "error",
+                 "heartbeat", "due", "channel", "child", "started_at", "ended_at")
 
     def __init__(self, seq: int, op: str, name: str) -> None:
         self.seq = seq
         self.op = op
         self.name = name
         self.attempts = 0
+        self.interrupted = 0        # attempts its workers' clean stops cut short: they do not count
+        self.interrupted_last = 0   # the last of them (each is counted once)
         self.done = False
         self.ok = True
         self.result: Any = None
@@ -74,6 +78,8 @@ class Op:
                                "started_at": self.started_at, "ended_at": self.ended_at if self.done else None}
         if self.op == "step":
             out["attempts"] = self.attempts
+            if self.interrupted:
+                out["interrupted"] = self.interrupted
         if self.done and self.ok:
             out["result"] = self.result
         elif self.error:   # a failed outcome, or the last failed attempt of a step still retried
@@ -260,6 +266,13 @@ def apply(run: Run, record: dict[str, Any]) -> None:
     elif kind == "step.started":
         op = _op(run, record, "step")
         op.attempts = max(op.attempts, int(record.get("attempt", 1)))
+    elif kind == "step.interrupted":
+        op = _op(run, record, "step")
+        attempt = int(record.get("attempt", 1))
+        op.attempts = max(op.attempts, attempt)
+        if attempt > op.interrupted_last:
+            op.interrupted += 1
+            op.interrupted_last = attempt
     elif kind == "step.failed":
         op = _op(run, record, "step")
         op.attempts = max(op.attempts, int(record.get("attempt", 1)))

@@ -169,10 +169,10 @@ class Scheduler:
             self._admit(self.queues.tick(now))
             for gone in self.board.expire(now):
                 self.log.warning("worker %s stopped answering; its tasks go back to their actors", gone)
-            for worker, task in self.board.lost:
+            for worker, task, left in self.board.lost:
                 if task.get("kind") == "flow" and task.get("run_id"):
                     self.bus.send(task["actor"], Kind.TASK_LOST, {"run_id": task["run_id"], "exec": int(task["exec"]),
-                                                                  "worker": worker}, session=task["run_id"])
+                                                                  "worker": worker, "left": left}, session=task["run_id"])
             self.board.lost.clear()
             for actor, timer_id, run_id in self.timers.due(time.time()):
                 self.bus.send(actor, Kind.TIMER_FIRE, {"timer_id": timer_id, "run_id": run_id}, session=run_id)

@@ -38,6 +38,7 @@ Declare what a worker runs in one explicit table and point `agent-os worker` at 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import math
 import time
@@ -261,6 +262,11 @@ class FlowContext:
                 result = await self._attempt(fn, args, kwargs, timeout, seq, attempt, go.get("heartbeat"))
                 check_encodable(result, f"the result of step {name!r}")
             except (Suspended, Superseded):
+                raise
+            except asyncio.CancelledError:
+                if getattr(self._rt, "stopping", False):   # not the step's doing: its next attempt is not its last
+                    with contextlib.suppress(Exception):   # (not said: the attempt counts, as a crash's does)
+                        await self._rt.step_result(self, seq, attempt, False, interrupted=True, name=name, sync=True)
                 raise
             except Exception as exc:  # the step's own failure: journaled, then retried or raised
                 final = attempt >= retry.max_attempts

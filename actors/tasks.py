@@ -54,7 +54,7 @@ class TaskBoard:
         self.queues: dict[str, collections.OrderedDict[str, dict]] = {}
         self.tasks: dict[str, tuple[str, dict]] = {}            # task id -> (worker, task)
         self._rotation: collections.deque[str] = collections.deque()
-        self.lost: list[tuple[str, dict]] = []     # tasks of expired workers, for the scheduler to report
+        self.lost: list[tuple[str, dict, bool]] = []   # (worker, task, it left): for the scheduler to report
         self.offered_total = 0
 
     # -- workers -----------------------------------------------------------------------------
@@ -87,7 +87,7 @@ class TaskBoard:
         info = self.workers.get(worker)
         if info is None or info.incarnation != incarnation:
             return False
-        self._forget(info)
+        self._forget(info, left=True)
         return True
 
     def stalled(self, now: float) -> None:
@@ -98,20 +98,20 @@ class TaskBoard:
 
     def expire(self, now: float) -> list[str]:
         """Workers silent too long are gone; returns their names (`lost` then holds the tasks
-        they had been given, as (worker, task))."""
+        they had been given)."""
         gone = [w for w in self.workers.values() if now - w.last_seen > self.worker_timeout]
         for info in gone:
             self._forget(info)
         return [info.name for info in gone]
 
-    def _forget(self, info: WorkerInfo) -> None:
+    def _forget(self, info: WorkerInfo, left: bool = False) -> None:
         del self.workers[info.name]
         if info.name in self._rotation:
             self._rotation.remove(info.name)
         for task_id in info.assigned:
             held = self.tasks.pop(task_id, None)
             if held is not None:
-                self.lost.append(held)
+                self.lost.append((*held, left))
 
     def tools(self) -> dict[str, dict]:
         """Tool schemas advertised by live workers, by tool name."""

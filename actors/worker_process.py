@@ -30,6 +30,7 @@ from broker.address import bus_address
 
 REQUEST_TIMEOUT_SECS = 300.0
 REACH_TIMEOUT_SECS = 10.0        # how long a worker waits for the server's broker before it says it has none
+STOP_REPORT_SECS = 1.0           # how long a stopping worker waits for its steps to report themselves interrupted
 
 
 def load_app(spec: str) -> App:
@@ -124,6 +125,7 @@ class WorkerRuntime:
         self.log = log
         self.threads = SlotThreads(slots, log)
         self.running: dict[str, tuple[dict, asyncio.Task]] = {}
+        self.stopping = False   # its steps cancelled now are interrupted, not failed (actors/sdk.py)
         bus.on(Kind.TASK_OFFER, self.on_offer)
         bus.on(Kind.TASK_CANCEL, self.on_cancel)
 
@@ -160,7 +162,8 @@ class WorkerRuntime:
 
     def _ended(self, task_id: str) -> None:
         self.running.pop(task_id, None)
-        self.bus.send(SCHEDULER, Kind.TASK_DONE, {"task_id": task_id})
+        if not self.stopping:   # (stopping, its goodbye says it for all: their runs hear at once to go on elsewhere)
+            self.bus.send(SCHEDULER, Kind.TASK_DONE, {"task_id": task_id})
 
     async def run_flow(self, task: dict) -> None:
         fn = self.app.flows.get(task["name"])
@@ -336,8 +339,12 @@ def main(config: Config, modules: list[str], slots: int, name: str | None, log: 
                  worker_name, len(runtime.running))
         announcer.cancel()
         reach.cancel()
-        for _, task in list(runtime.running.values()):
+        runtime.stopping = True
+        cancelled = [task for _, task in runtime.running.values()]
+        for task in cancelled:
             task.cancel()
+        if cancelled:   # each tells its run the attempt was cut short (a second at most: an actor may be down)
+            await asyncio.wait(cancelled, timeout=STOP_REPORT_SECS)
         try:   # the scheduler forgets it now, and its runs retry their tasks elsewhere without waiting
             await bus.request(SCHEDULER, Kind.WORKER_BYE, {"incarnation": bus.incarnation}, timeout=1.0)
         except BusError:

@@ -77,10 +77,11 @@ class WorkerRequests:
     async def _start_step(self, msg: Message, run: Run, seq: int, op: Op | None) -> None:
         b = msg.body
         attempts = op.attempts if op is not None else 0
+        failed = attempts - (op.interrupted if op is not None else 0)
         limit = int(b.get("max_attempts") or 1)
-        if attempts >= limit:
+        if failed >= limit:
             ack = self.record(run, "step.done", seq=seq, name=b["name"], ok=False, attempt=attempts,
-                              error=f"retries spent: {attempts} attempts failed ({op.error if op else ''})")
+                              error=f"retries spent: {failed} attempts failed ({op.error if op else ''})")
             await ack
             self.bus.reply(msg, Kind.STEP_GO, {"action": "replay", **_outcome(run.ops[seq])})
             return
@@ -175,6 +176,14 @@ class WorkerRequests:
             return
         b = msg.body
         sync = bool(b.get("sync", True))
+        if b.get("interrupted"):
+            op = run.ops.get(b["seq"])
+            if op is not None and not op.done and op.attempts == b["attempt"] and op.interrupted_last < b["attempt"]:
+                ack = self.record(run, "step.interrupted", seq=b["seq"], attempt=b["attempt"])
+                if ack is not None:
+                    await ack
+            self.bus.reply(msg, Kind.FLOW_ACK, {"ok": True})
+            return
         if b["ok"]:
             ack = self.record(run, "step.done", sync, seq=b["seq"], name=b.get("name", ""), ok=True,
                               result=b.get("result"), attempt=b["attempt"])

@@ -44,7 +44,8 @@ flow_runs_started = Counter("agentos_flow_runs_started_total", "Flow runs starte
                             ["flow"])
 flow_runs_ended = Counter("agentos_flow_runs_ended_total", "Flow runs ended, by flow and status", ["flow", "status"])
 flow_steps = Counter("agentos_flow_steps_total", "Flow steps' attempts, by outcome: completed, failed (the last "
-                     "attempt), retried (another attempt follows)", ["outcome"])
+                     "attempt), retried (another attempt follows), interrupted (its worker stopped cleanly "
+                     "mid-attempt; not counted against its retries)", ["outcome"])
 flow_runs_open = Gauge("agentos_flow_runs_open", "Flow runs started and not ended, in their actors' memory",
                        multiprocess_mode="livesum")
 schedule_starts = Counter("agentos_schedule_starts_total",

@@ -330,8 +330,9 @@ SPECS: dict[Kind, Spec] = {
     # continue (a wait/sleep already satisfied), fail (retries spent), abort (execution superseded),
     # skip (a patch where the code before it recorded another operation: the old path)
     Kind.STEP_GO: _spec({"action": str}, attempt=int, ok=bool, result=object, error=str, heartbeat=object),
+    # (interrupted: its worker stopped cleanly mid-attempt, which does not count against its retries)
     Kind.STEP_RESULT: _spec({"run_id": str, "exec": int, "seq": int, "attempt": int, "ok": bool}, result=object,
-                            error=str, sync=bool, name=str, final=bool),
+                            error=str, sync=bool, name=str, final=bool, interrupted=bool),
     Kind.STEP_HEARTBEAT: _spec({"run_id": str, "exec": int, "seq": int, "attempt": int}, value=object),
     Kind.TASK_SUBMIT: _spec({"task_id": str, "kind": str, "name": str, "tenant": str}, run_id=str, exec=int,
                             payload=object),
@@ -342,8 +343,9 @@ SPECS: dict[Kind, Spec] = {
     Kind.TASK_RESULT: _spec({"task_id": str, "ok": bool}, result=object, error=str),
     # actor -> worker running it (stop it now) and -> scheduler (drop it if still queued)
     Kind.TASK_CANCEL: _spec({"task_id": str}),
-    # scheduler -> actor: the worker a flow execution was given to went silent (died) with it
-    Kind.TASK_LOST: _spec({"run_id": str, "exec": int, "worker": str}),
+    # scheduler -> actor: the worker a flow execution was given to went silent (died) with it, or
+    # said goodbye as it stopped (`left`)
+    Kind.TASK_LOST: _spec({"run_id": str, "exec": int, "worker": str}, left=bool),
     Kind.WORKER_HELLO: _spec({"slots": int, "running": list, "incarnation": int, "flows": list, "tools": list,
                               "handlers": list}, tool_schemas=list),
     Kind.WORKER_ALIVE: _spec({"runs": list, "tasks": list}),

@@ -201,7 +201,11 @@ SCHEMAS: dict[str, Any] = {
                                                 "name": {"type": "string"},
                                                 "status": {"enum": ["completed", "failed", "running", "waiting",
                                                                     "abandoned"]},
-                                                "attempts": {"type": "integer"}, "started_at": {"type": "number"},
+                                                "attempts": {"type": "integer"},
+                                                "interrupted": {"type": "integer", "description": "attempts "
+                                                                "cut short by their worker's clean stop (not "
+                                                                "counted against the step's retries)"},
+                                                "started_at": {"type": "number"},
                                                 "ended_at": {"type": ["number", "null"]}, "result": ANY,
                                                 "error": {"type": "string"}, "child": {"type": "string"},
                                                 "channel": {"type": "string"}, "due": {"type": "number"},

@@ -1,4 +1,8 @@
+import asyncio
+import time
+
 from actors.tasks import TaskBoard, Timers
+from broker.protocol import Kind, Message
 
 
 def task(i, kind="flow", name="order", run=None):
@@ -44,7 +48,7 @@ def test_silent_workers_expire_and_lost_offers_come_back_to_the_slot_count():
     offers = board.hello("w", ["tool:x"], 1, [], 1, 5)
     assert [t["task_id"] for _, t in offers] == ["t2"]
     assert board.expire(9) == ["w"] and board.stats()["workers"] == 0
-    assert [(w, t["task_id"]) for w, t in board.lost] == [("w", "t2")]   # what the scheduler reports lost
+    assert [(w, t["task_id"], left) for w, t, left in board.lost] == [("w", "t2", False)]   # what the scheduler reports lost
 
 
 def test_a_worker_that_says_it_stops_is_gone_at_once_with_its_tasks_lost_and_only_that_incarnation():
@@ -53,7 +57,7 @@ def test_a_worker_that_says_it_stops_is_gone_at_once_with_its_tasks_lost_and_onl
     board.submit(task(1, "tool", "x"), 0)
     assert board.leave("w", 8) is False and board.stats()["workers"] == 1   # not the one that said hello
     assert board.leave("w", 7) is True and board.stats()["workers"] == 0
-    assert [(w, t["task_id"]) for w, t in board.lost] == [("w", "t1")]       # back to its actor now
+    assert [(w, t["task_id"], left) for w, t, left in board.lost] == [("w", "t1", True)]   # back to its actor now
     assert board.leave("w", 7) is False and board.expire(10) == []           # once
 
 
@@ -65,7 +69,7 @@ def test_a_stall_of_the_scheduler_itself_takes_no_worker_for_dead():
     board.submit(task(1, "tool", "x"), 0)
     board.stalled(5)                 # the ticker's first tick after the stall
     assert board.expire(5.1) == [] and not board.lost
-    assert board.expire(8.5) == ["w"] and [t["task_id"] for _, t in board.lost] == ["t1"]   # silent since
+    assert board.expire(8.5) == ["w"] and [t["task_id"] for _, t, _ in board.lost] == ["t1"]   # silent since
 
 
 def test_a_task_is_offered_only_while_a_live_worker_has_its_capability():
@@ -166,3 +170,29 @@ def test_a_timer_that_is_not_a_time_holds_back_no_other():
     for bad in (float("nan"), float("inf")):
         with pytest.raises(ValueError, match="finite"):
             asyncio.run(ctx.sleep(bad))
+
+
+def test_executions_whose_workers_said_goodbye_go_to_the_next_worker_and_are_not_counted_as_deaths():
+    """A run whose workers die with it again and again fails (its code may be what kills them);
+    workers stopped cleanly (a deploy, a scale-down) say nothing of its code, however often."""
+    from actors.flow_runs import MAX_LOST_EXECUTIONS
+    from test_delayed_starts import sent
+    from test_flow_results_due import running_flows
+
+    def lost(run, left):
+        return Message("scheduler", Kind.TASK_LOST, 1, time.time(), 0, run.run_id, "",
+                       {"run_id": run.run_id, "exec": run.exec, "worker": "worker/0", "left": left})
+
+    async def main():
+        flows, bus, _, run = running_flows()
+        bus.incarnation = 1
+        for _ in range(MAX_LOST_EXECUTIONS + 2):
+            flows.on_task_lost(lost(run, left=True))
+        assert not run.ended and run.lost == 0
+        assert len(sent(bus, Kind.TASK_SUBMIT)) == MAX_LOST_EXECUTIONS + 2   # each to the next worker at once
+        for _ in range(MAX_LOST_EXECUTIONS):
+            flows.on_task_lost(lost(run, left=False))
+        await asyncio.sleep(0.05)   # (the failure is written through the run's log)
+        assert run.ended and run.status == "failed", run.status
+
+    asyncio.run(main())
