@@ -1,8 +1,8 @@
 """Flow runs and their steps in /metrics, counted as their records are appended
 (actors/flow_runs.py `Flows.record`): runs started and ended by flow (and how they ended), steps
 by outcome (`completed`, `failed`: their last attempt failed, `retried`: an attempt failed and
-another follows, `interrupted`: its worker stopped cleanly mid-attempt). Agent turns' own runs and schedules are not counted here (turns have
-`agentos_turns_total`).
+another follows, `interrupted`: its worker stopped cleanly mid-attempt). Agent turns' own runs
+and schedules are not counted here (turns have `agentos_turns_total`).
 
 A flow name is a label; clients name flows, so one process labels at most MAX_FLOWS of them and
 counts the rest under `_other` (each label is a series in every scrape, for good).

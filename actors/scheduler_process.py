@@ -171,8 +171,8 @@ class Scheduler:
                 self.log.warning("worker %s stopped answering; its tasks go back to their actors", gone)
             for worker, task, left in self.board.lost:
                 if task.get("kind") == "flow" and task.get("run_id"):
-                    self.bus.send(task["actor"], Kind.TASK_LOST, {"run_id": task["run_id"], "exec": int(task["exec"]),
-                                                                  "worker": worker, "left": left}, session=task["run_id"])
+                    body = {"run_id": task["run_id"], "exec": int(task["exec"]), "worker": worker, "left": left}
+                    self.bus.send(task["actor"], Kind.TASK_LOST, body, session=task["run_id"])
             self.board.lost.clear()
             for actor, timer_id, run_id in self.timers.due(time.time()):
                 self.bus.send(actor, Kind.TIMER_FIRE, {"timer_id": timer_id, "run_id": run_id}, session=run_id)
