@@ -9,7 +9,7 @@ import importlib
 import sys
 
 from agentos import config as config_mod
-from agentos import cpu_layout, native_memory, service
+from agentos import cpu_layout, native_memory, role_lock, service
 from agentos.rundir import RunDir
 from broker.sharding import STORE, log_writer
 
@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     service.set_title(name)
     service.die_with_parent(parent)
     log = service.setup_logging(name)
+    if not role_lock.hold(run_dir, name, log):   # another process of this role lives on
+        return service.EXIT_FAILURE
     try:
         config = config_mod.from_dict(run_dir.read_json(run_dir.config_path))
     except (OSError, ValueError) as exc:

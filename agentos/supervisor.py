@@ -18,7 +18,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
-from agentos import cpu_layout, metrics, module_command, service
+from agentos import cpu_layout, metrics, module_command, service, strays
 from agentos.child import process_name
 from agentos.config import Config
 from agentos.forkserver import ForkedProcess, ForkServer
@@ -266,10 +266,12 @@ class Supervisor:
         forks.poll_ready()
 
     def reap_strangers(self) -> None:
-        """As a subreaper we inherit any orphan of the tree: reap those that are not our children."""
+        """As a subreaper we inherit any orphan of the tree: reap those that are not our children,
+        and kill those of them that would otherwise go on as a second of one of our roles."""
         ours = {c.proc.pid for c in self.children if c.proc is not None}
         if self.forks.proc is not None:
             ours.add(self.forks.proc.pid)
+        strays.kill_strays(ours, log)
         while True:
             try:
                 info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
