@@ -266,8 +266,7 @@ class Supervisor:
         forks.poll_ready()
 
     def reap_strangers(self) -> None:
-        """As a subreaper we inherit any orphan of the tree: reap those that are not our children,
-        and kill those of them that would otherwise go on as a second of one of our roles."""
+        """As a subreaper we inherit any orphan of the tree: reap those not our children, kill our strays."""
         ours = {c.proc.pid for c in self.children if c.proc is not None}
         if self.forks.proc is not None:
             ours.add(self.forks.proc.pid)
