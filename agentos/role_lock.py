@@ -12,7 +12,7 @@ whole, and acknowledged work was lost.
 A restart never waits here: the supervisor starts a role again only after it reaped the last one,
 and a process's flock goes with its last open descriptor, at its exit. So a lock held means
 another live process of this role; the newcomer waits (that one may be on its way out) and gives
-up after DUPLICATE_WAIT_SECS (the supervisor also kills such strays: agentos/supervisor.py).
+up after DUPLICATE_WAIT_SECS (the supervisor also kills such strays: agentos/strays.py).
 """
 from __future__ import annotations
 
