@@ -46,6 +46,7 @@ from storage.records import RecordKind
 
 EXEC_GRACE_SECS = 4.0
 MAX_LOST_EXECUTIONS = 5         # in a row, with no record between, their workers dead: the run fails (on_task_lost)
+MAX_LEFT_EXECUTIONS = 20        # the same, their workers stopped cleanly: no deploys come that fast, a kill(self) does
 TIMER_GRACE_SECS = 2.0
 RESYNC_SECS = 10.0
 UNCOUNTED = frozenset({"turn", SCHEDULE_FLOW})   # in actors/flow_metrics.py: turns have their own
@@ -126,7 +127,7 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules, RunQue
         apply(run, body)
         if run.flow not in UNCOUNTED:
             flow_metrics.count(run.flow, kind, fields)
-        run.lost = 0   # it moves on: the workers that died before were not its doing
+        run.lost = run.left = 0   # it moves on: the workers that died or stopped before were not its doing
         if run.journal_bytes > MAX_RUN_BYTES and not run.over_limit and not run.ended and run.flow != "turn":
             run.over_limit = True   # this record is kept; the run's end follows it
             self.bus.spawn(self.or_reload(run, self.end(run, "failed", error=(
@@ -352,20 +353,26 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules, RunQue
     def on_task_lost(self, msg: Message) -> None:
         """The worker running this execution died with it. Again and again with no step between,
         and it is the run's own code that kills them: it fails rather than take down every worker.
-        A worker that said goodbye as it stopped (a deploy, a scale-down) says nothing of the
-        run's code: its execution goes to the next worker and is not counted."""
+        A worker that said goodbye as it stopped (a deploy, a scale-down) says little of the run's
+        code: its execution goes to the next worker and counts toward a far higher bound."""
         run = self.runs.get(msg.body["run_id"])
         if run is None or run.ended or run.exec != msg.body["exec"]:
             return
-        if not msg.body.get("left"):
+        if msg.body.get("left"):
+            run.left += 1
+        else:
             run.lost += 1
-        if run.lost < MAX_LOST_EXECUTIONS:
+        if run.lost < MAX_LOST_EXECUTIONS and run.left < MAX_LEFT_EXECUTIONS:
             if self.blocked_on(run) is None:
                 self.dispatch(run)   # now, not after the watchdog's grace
             return
-        self.bus.spawn(self.or_reload(run, self.end(run, "failed", error=(
-            f"its last {run.lost} executions died with their workers ({msg.body['worker']} the last) before "
-            "taking a step: its code may crash the worker process"))))
+        if run.lost >= MAX_LOST_EXECUTIONS:
+            error = (f"its last {run.lost} executions died with their workers ({msg.body['worker']} the last) "
+                     "before taking a step: its code may crash the worker process")
+        else:
+            error = (f"its workers stopped under its last {run.left} executions ({msg.body['worker']} the last) "
+                     "before it took a step: its code may stop the worker process")
+        self.bus.spawn(self.or_reload(run, self.end(run, "failed", error=error)))
 
     def _forget(self, run_id: str) -> None:
         """An ended run leaves memory (its journal stays in the log and DuckDB), with what refers to it."""

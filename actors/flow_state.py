@@ -104,6 +104,7 @@ class Run:
     __slots__ = ("run_id", "flow", "tenant", "input", "status", "result", "error", "exec", "last_alive", "ops",
                  "attrs", "channels", "waiting", "parent", "parent_seq", "parent_actor", "pending", "updates",
                  "updating", "created_at", "ended_at", "msg_counter", "waiters", "journal_bytes", "over_limit", "lost",
+                 "left",
                  "stale", "link_checked", "forked_from", "fork_seq", "start_at", "schedule", "scheduled_at",
                  "timeout_secs", "timing_out", "queue", "admitted_at", "priority", "queue_key")
 
@@ -134,6 +135,7 @@ class Run:
         self.journal_bytes = 0                 # of the values its records hold (MAX_RUN_BYTES)
         self.over_limit = False
         self.lost = 0                          # executions in a row whose worker died with them
+        self.left = 0                          # executions in a row whose worker stopped cleanly under them
         self.stale = False                     # left memory for its journal (actors/run_reloads.py)
         self.link_checked = self.last_alive    # when it last asked after its parent or child (actors/run_links.py)
         self.forked_from = ""                  # the run this one is a fork of (actors/run_forks.py), and where

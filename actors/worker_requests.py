@@ -25,6 +25,9 @@ from broker.sharding import actor_name
 UNKNOWN_TASK_GRACE_SECS = 2.0
 RESULTS_DUE_SECS = 12.0   # two of the worker's 5 s attempts at an ASYNC result (actors/worker_process.py)
 UNKNOWN_TASK_FORGET_SECS = 60.0   # a task not reported for this long is forgotten (it ended)
+# a step whose workers stopped cleanly under it this often fails: no deploy schedule cuts one
+# step that often, but code that stops its own worker (SIGTERM to itself) would go on forever
+MAX_INTERRUPTED_ATTEMPTS = 20
 
 
 class WorkerRequests:
@@ -79,9 +82,14 @@ class WorkerRequests:
         attempts = op.attempts if op is not None else 0
         failed = attempts - (op.interrupted if op is not None else 0)
         limit = int(b.get("max_attempts") or 1)
+        error = None
         if failed >= limit:
-            ack = self.record(run, "step.done", seq=seq, name=b["name"], ok=False, attempt=attempts,
-                              error=f"retries spent: {failed} attempts failed ({op.error if op else ''})")
+            error = f"retries spent: {failed} attempts failed ({op.error if op else ''})"
+        elif op is not None and op.interrupted >= MAX_INTERRUPTED_ATTEMPTS:
+            error = (f"its workers stopped under it {op.interrupted} times: its code may stop the worker "
+                     "process (a deploy that often would never let it finish either)")
+        if error is not None:
+            ack = self.record(run, "step.done", seq=seq, name=b["name"], ok=False, attempt=attempts, error=error)
             await ack
             self.bus.reply(msg, Kind.STEP_GO, {"action": "replay", **_outcome(run.ops[seq])})
             return

@@ -5,6 +5,7 @@ attempt now running; a replay of the journal gives the same counts."""
 import asyncio
 
 from actors.flow_state import replay
+from actors.worker_requests import MAX_INTERRUPTED_ATTEMPTS
 from broker.protocol import Kind
 from test_flow_results_due import from_worker, running_flows
 
@@ -47,5 +48,33 @@ def test_interrupted_attempts_are_journaled_once_and_leave_the_steps_retries_who
         assert (view["status"], view["attempts"], view["interrupted"]) == ("failed", 4, 2), view
         again = replay("r-1", log.appended)
         assert (again.ops[0].attempts, again.ops[0].interrupted) == (4, 2)
+
+    asyncio.run(main())
+
+
+def test_a_step_its_workers_stop_under_again_and_again_fails_with_the_reason():
+    """Code that stops its own worker (a SIGTERM to itself) is interrupted, not failed, every
+    time: without a bound it went from worker to worker as long as workers came back."""
+    async def main():
+        flows, bus, log, run = running_flows()
+        handlers = flows.handlers()
+        ids = iter(range(1, 1000))
+
+        async def start():
+            await handlers[Kind.STEP_START](from_worker(Kind.STEP_START, next(ids), seq=0, op="step", name="s",
+                                                        sync=True, max_attempts=3))
+            return bus.sent[-1][2]
+
+        for attempt in range(1, MAX_INTERRUPTED_ATTEMPTS + 1):
+            assert await start() == {"action": "run", "attempt": attempt}
+            await handlers[Kind.STEP_RESULT](from_worker(Kind.STEP_RESULT, next(ids), seq=0, attempt=attempt,
+                                                         ok=False, sync=True, name="s", interrupted=True))
+        ended = await start()
+        assert ended["action"] == "replay" and ended["ok"] is False, ended
+        assert f"its workers stopped under it {MAX_INTERRUPTED_ATTEMPTS} times" in ended["error"], ended
+        view = run.ops[0].view(run_ended=False)
+        assert (view["status"], view["attempts"], view["interrupted"]) == ("failed", MAX_INTERRUPTED_ATTEMPTS,
+                                                                           MAX_INTERRUPTED_ATTEMPTS), view
+        assert replay("r-1", log.appended).ops[0].error == ended["error"]
 
     asyncio.run(main())

@@ -174,7 +174,7 @@ def test_a_timer_that_is_not_a_time_holds_back_no_other():
 
 def test_executions_whose_workers_said_goodbye_go_to_the_next_worker_and_are_not_counted_as_deaths():
     """A run whose workers die with it again and again fails (its code may be what kills them);
-    workers stopped cleanly (a deploy, a scale-down) say nothing of its code, however often."""
+    workers stopped cleanly (a deploy, a scale-down) say little of its code."""
     from actors.flow_runs import MAX_LOST_EXECUTIONS
     from test_delayed_starts import sent
     from test_flow_results_due import running_flows
@@ -194,5 +194,34 @@ def test_executions_whose_workers_said_goodbye_go_to_the_next_worker_and_are_not
             flows.on_task_lost(lost(run, left=False))
         await asyncio.sleep(0.05)   # (the failure is written through the run's log)
         assert run.ended and run.status == "failed", run.status
+
+    asyncio.run(main())
+
+
+def test_a_run_whose_workers_stop_under_it_with_no_step_between_fails_at_a_far_higher_bound():
+    """Flow code that stops its own worker (a SIGTERM to itself) between steps would go from
+    worker to worker for as long as workers came back. A step taken between resets the count."""
+    from actors.flow_runs import MAX_LEFT_EXECUTIONS
+    from test_flow_results_due import running_flows
+
+    def left(run):
+        return Message("scheduler", Kind.TASK_LOST, 1, time.time(), 0, run.run_id, "",
+                       {"run_id": run.run_id, "exec": run.exec, "worker": "worker/7", "left": True})
+
+    async def main():
+        flows, bus, log, run = running_flows()
+        bus.incarnation = 1
+        for _ in range(MAX_LEFT_EXECUTIONS - 1):
+            flows.on_task_lost(left(run))
+        await flows.record(run, "step.started", seq=0, name="s", attempt=1)   # it moved on
+        for _ in range(MAX_LEFT_EXECUTIONS - 1):
+            flows.on_task_lost(left(run))
+        await asyncio.sleep(0.05)
+        assert not run.ended, run.error
+        flows.on_task_lost(left(run))
+        await asyncio.sleep(0.05)   # (the failure is written through the run's log)
+        assert run.ended and run.status == "failed", run.status
+        assert f"its workers stopped under its last {MAX_LEFT_EXECUTIONS} executions (worker/7 the last)" in run.error
+        assert log.appended[-1]["type"] == "run.ended", log.appended[-1]
 
     asyncio.run(main())
