@@ -15,7 +15,7 @@ from agentos.config import Config
 from agentos.rundir import RunDir
 from actors.flow_queues import QueueGrant, QueuePools, parse_queues
 from actors.permits import Grant, PermitPool
-from actors.tasks import Offer, TaskBoard, Timers
+from actors.tasks import HANDED_BACK_GRACE_SECS, Offer, TaskBoard, Timers
 from broker.client import Bus
 from broker.sharding import SCHEDULER
 from broker.protocol import Kind, Message
@@ -69,16 +69,21 @@ class Scheduler:
     def on_submit(self, msg: Message) -> None:
         task = {**msg.body, "actor": msg.src}
         if (task.get("kind") in ("update", "tool") and not self.board.offered(task)
+                and not self.board.handed_back_waits(task)
                 and time.monotonic() - self.started > self.board.worker_timeout):  # workers have said hello
             # An update is a caller waiting with the run's lock held, a tool a model that named one
             # no worker has (they do make names up): either fails now, not after its timeout. (A
-            # flow run waits in its queue for a worker that has its flow.)
-            what = "an update handler" if task["kind"] == "update" else "a tool"
-            self.bus.send(msg.src, Kind.TASK_RESULT, {"task_id": task["task_id"], "ok": False,
-                                                      "error": f"no worker has {what} named {task['name']!r}"},
-                          session=task.get("run_id") or "")
+            # flow run waits in its queue for a worker that has its flow; a task whose worker went
+            # waits in its queue a while for the next: actors/tasks.py.)
+            self._fail(task, "")
             return
         self._offer(self.board.submit(task, time.monotonic()))
+
+    def _fail(self, task: dict, why: str) -> None:
+        what = "an update handler" if task["kind"] == "update" else "a tool"
+        self.bus.send(task["actor"], Kind.TASK_RESULT, {"task_id": task["task_id"], "ok": False,
+                                                        "error": f"no worker has {what} named {task['name']!r}{why}"},
+                      session=task.get("run_id") or "")
 
     def on_decline(self, msg: Message) -> None:
         self._offer(self.board.decline(msg.src, msg.body["task_id"], time.monotonic()))
@@ -94,8 +99,9 @@ class Scheduler:
                                      time.monotonic(), b.get("tool_schemas")))
 
     def on_worker_bye(self, msg: Message) -> None:
-        if self.board.leave(msg.src, msg.body["incarnation"]):   # (the ticker sends its tasks' TASK_LOST)
-            self.log.info("worker %s left; its tasks go back to their actors", msg.src)
+        if self.board.leave(msg.src, msg.body["incarnation"], time.monotonic()):   # (the ticker sends TASK_LOST)
+            self.log.info("worker %s left; its tasks go to the next worker", msg.src)
+            self._offer(self.board.offers(time.monotonic()))
         self.bus.reply(msg, Kind.WORKER_BYE, {"incarnation": msg.body["incarnation"]})
 
     def on_timer_set(self, msg: Message) -> None:
@@ -168,7 +174,10 @@ class Scheduler:
             self._send(self.pool.tick(now))
             self._admit(self.queues.tick(now))
             for gone in self.board.expire(now):
-                self.log.warning("worker %s stopped answering; its tasks go back to their actors", gone)
+                self.log.warning("worker %s stopped answering; its tasks go to the next worker", gone)
+                self._offer(self.board.offers(now))
+            for task in self.board.stranded(now):
+                self._fail(task, f": its worker went {HANDED_BACK_GRACE_SECS:g}s ago and none has come since")
             for worker, task, left in self.board.lost:
                 if task.get("kind") == "flow" and task.get("run_id"):
                     body = {"run_id": task["run_id"], "exec": int(task["exec"]), "worker": worker, "left": left}

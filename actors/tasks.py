@@ -7,6 +7,12 @@ that is full after all declines, and the task goes back to the front of its queu
 never spends an attempt. A flow run has at most one queued task: a newer submission for the same
 run replaces the older one (its execution was superseded).
 
+A tool call or an update handler whose worker left or died goes back to the front of its
+queue at once, for the next worker that has it (a deploy's new worker, say), not after its
+actor's watchdog; if none comes within `HANDED_BACK_GRACE_SECS`, it fails, as a new one no live
+worker has does at once. A flow run's execution goes back to its actor instead (`lost`), which
+counts it against the run.
+
 The queue itself is not the durable part: every queued task belongs to a run or a turn whose
 journal is durable, and its actor submits it again if it does not start (after a scheduler
 restart, or a worker that died). The same holds for timers: actors set them again from their
@@ -21,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 Offer = tuple[str, dict]  # (worker, task)
+HANDED_BACK_GRACE_SECS = 30.0   # a tool call or update handed back waits this long for a worker that has it (a deploy's)
 
 
 @dataclass
@@ -54,7 +61,9 @@ class TaskBoard:
         self.queues: dict[str, collections.OrderedDict[str, dict]] = {}
         self.tasks: dict[str, tuple[str, dict]] = {}            # task id -> (worker, task)
         self._rotation: collections.deque[str] = collections.deque()
-        self.lost: list[tuple[str, dict, bool]] = []   # (worker, task, it left): for the scheduler to report
+        self.lost: list[tuple[str, dict, bool]] = []   # (worker, flow task, it left): for the scheduler to report
+        self.handed_back: dict[str, tuple[float, dict]] = {}   # tool or update task id -> (when its worker went, task)
+        self.cancelled: set[str] = set()          # ids of tasks cancelled while with a worker: not handed back
         self.offered_total = 0
 
     # -- workers -----------------------------------------------------------------------------
@@ -65,7 +74,7 @@ class TaskBoard:
         info = self.workers.get(worker)
         if info is None or info.incarnation != incarnation:
             if info is not None:
-                self._forget(info)
+                self._forget(info, now)
             info = self.workers[worker] = WorkerInfo(worker, set(capabilities), slots, incarnation, now)
             self._rotation.append(worker)
         info.capabilities = set(capabilities)
@@ -79,15 +88,36 @@ class TaskBoard:
             if task_id not in still and now - offered_at > self.offer_grace:
                 del info.assigned[task_id]
                 self.tasks.pop(task_id, None)
+                self.cancelled.discard(task_id)
+        self._adopt(info, still, now)
         return self._match(now)
 
-    def leave(self, worker: str, incarnation: int) -> bool:
-        """A worker that says it stops: gone now (`lost` holds what it had been given). False if
-        this incarnation of it is not known (it left already, or a new one said hello since)."""
+    def _adopt(self, info: WorkerInfo, running: set[str], now: float) -> None:
+        """A worker taken for gone (stalled past its timeout) comes back still running tasks that
+        were queued again meanwhile: they are its, not offered to it again (it would decline
+        each while it runs it, and run it once more after it finished)."""
+        for task_id in running:
+            if task_id in self.tasks:
+                continue
+            for queue in self.queues.values():
+                task = queue.get(task_id)   # (a tool's or update's key is its id; a run's is not)
+                if task is not None and task["task_id"] == task_id:
+                    del queue[task_id]
+                    self.handed_back.pop(task_id, None)
+                    info.assigned[task_id] = now
+                    self.tasks[task_id] = (info.name, task)
+                    break
+        for cap in [cap for cap, queue in self.queues.items() if not queue]:
+            del self.queues[cap]
+
+    def leave(self, worker: str, incarnation: int, now: float) -> bool:
+        """A worker that says it stops: gone now. `lost` holds the flow tasks it had been given;
+        its other tasks wait first in their queues (`offers`). False if this incarnation of it is
+        not known (it left already, or a new one said hello since)."""
         info = self.workers.get(worker)
         if info is None or info.incarnation != incarnation:
             return False
-        self._forget(info, left=True)
+        self._forget(info, now, left=True)
         return True
 
     def stalled(self, now: float) -> None:
@@ -97,21 +127,53 @@ class TaskBoard:
             info.last_seen = now
 
     def expire(self, now: float) -> list[str]:
-        """Workers silent too long are gone; returns their names (`lost` then holds the tasks
-        they had been given)."""
+        """Workers silent too long are gone, as in `leave`; returns their names."""
         gone = [w for w in self.workers.values() if now - w.last_seen > self.worker_timeout]
         for info in gone:
-            self._forget(info)
+            self._forget(info, now)
         return [info.name for info in gone]
 
-    def _forget(self, info: WorkerInfo, left: bool = False) -> None:
+    def _forget(self, info: WorkerInfo, now: float, left: bool = False) -> None:
         del self.workers[info.name]
         if info.name in self._rotation:
             self._rotation.remove(info.name)
         for task_id in info.assigned:
             held = self.tasks.pop(task_id, None)
-            if held is not None:
+            if held is None:
+                continue
+            task = held[1]
+            if task.get("kind") == "flow":
                 self.lost.append((*held, left))
+            elif task_id not in self.cancelled:
+                queue = self.queues.setdefault(capability(task), collections.OrderedDict())
+                queue[_queue_key(task)] = task
+                queue.move_to_end(_queue_key(task), last=False)
+                self.handed_back.setdefault(task_id, (now, task))
+            self.cancelled.discard(task_id)
+
+    def offers(self, now: float) -> list[Offer]:
+        """What can be offered now (after workers went: the tasks they handed back)."""
+        return self._match(now)
+
+    def stranded(self, now: float) -> list[dict]:
+        """Tasks handed back that no live worker has had a place for since `HANDED_BACK_GRACE_SECS`:
+        out of their queue, for the scheduler to fail."""
+        out = []
+        for task_id, (since, task) in list(self.handed_back.items()):
+            if now - since < HANDED_BACK_GRACE_SECS:
+                continue
+            del self.handed_back[task_id]   # (one a live worker has waits in its queue like any other)
+            queue = self.queues.get(capability(task))
+            if queue is not None and _queue_key(task) in queue and not self.offered(task):
+                del queue[_queue_key(task)]
+                if not queue:
+                    del self.queues[capability(task)]
+                out.append(task)
+        return out
+
+    def handed_back_waits(self, task: dict[str, Any]) -> bool:
+        """Is this task one its worker handed back, waiting for the next (its actor sent it again)?"""
+        return task["task_id"] in self.handed_back
 
     def tools(self) -> dict[str, dict]:
         """Tool schemas advertised by live workers, by tool name."""
@@ -153,7 +215,9 @@ class TaskBoard:
         """Drop a queued task; for one already offered, the worker that has it (to be told)."""
         assigned = self.tasks.get(task_id)
         if assigned is not None:
+            self.cancelled.add(task_id)
             return assigned[0]
+        self.handed_back.pop(task_id, None)
         for cap, queue in list(self.queues.items()):
             for key, task in list(queue.items()):
                 if task["task_id"] == task_id:
@@ -170,6 +234,7 @@ class TaskBoard:
         if entry is None or entry[0] != worker:
             return None
         del self.tasks[task_id]
+        self.cancelled.discard(task_id)
         info = self.workers.get(worker)
         if info is not None:
             info.assigned.pop(task_id, None)
@@ -184,6 +249,7 @@ class TaskBoard:
                 if worker is None:
                     break
                 _, task = queue.popitem(last=False)
+                self.handed_back.pop(task["task_id"], None)
                 worker.assigned[task["task_id"]] = now
                 self.tasks[task["task_id"]] = (worker.name, task)
                 offers.append((worker.name, task))

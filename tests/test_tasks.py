@@ -41,11 +41,11 @@ def test_a_newer_task_for_the_same_run_replaces_the_queued_one():
 
 def test_silent_workers_expire_and_lost_offers_come_back_to_the_slot_count():
     board = TaskBoard(worker_timeout_secs=3, offer_grace_secs=2)
-    board.hello("w", ["tool:x"], 1, [], 1, 0)
-    board.submit(task(1, "tool", "x"), 0)
-    assert board.submit(task(2, "tool", "x"), 0) == []
+    board.hello("w", ["flow:order"], 1, [], 1, 0)
+    board.submit(task(1), 0)
+    assert board.submit(task(2), 0) == []
     # The worker never saw t1 (or finished it and the notice was lost): after the grace, the slot is free.
-    offers = board.hello("w", ["tool:x"], 1, [], 1, 5)
+    offers = board.hello("w", ["flow:order"], 1, [], 1, 5)
     assert [t["task_id"] for _, t in offers] == ["t2"]
     assert board.expire(9) == ["w"] and board.stats()["workers"] == 0
     assert [(w, t["task_id"], left) for w, t, left in board.lost] == [("w", "t2", False)]   # what the scheduler reports lost
@@ -53,23 +53,79 @@ def test_silent_workers_expire_and_lost_offers_come_back_to_the_slot_count():
 
 def test_a_worker_that_says_it_stops_is_gone_at_once_with_its_tasks_lost_and_only_that_incarnation():
     board = TaskBoard(worker_timeout_secs=3)
-    board.hello("w", ["tool:x"], 1, [], 7, 0)
-    board.submit(task(1, "tool", "x"), 0)
-    assert board.leave("w", 8) is False and board.stats()["workers"] == 1   # not the one that said hello
-    assert board.leave("w", 7) is True and board.stats()["workers"] == 0
+    board.hello("w", ["flow:order"], 1, [], 7, 0)
+    board.submit(task(1), 0)
+    assert board.leave("w", 8, 1) is False and board.stats()["workers"] == 1   # not the one that said hello
+    assert board.leave("w", 7, 1) is True and board.stats()["workers"] == 0
     assert [(w, t["task_id"], left) for w, t, left in board.lost] == [("w", "t1", True)]   # back to its actor now
-    assert board.leave("w", 7) is False and board.expire(10) == []           # once
+    assert board.leave("w", 7, 1) is False and board.expire(10) == []           # once
 
 
 def test_a_stall_of_the_scheduler_itself_takes_no_worker_for_dead():
     """Workers' hellos wait unread (or bounce) while the scheduler is stopped or starved: after 5 s
     of that, every worker looked silent past its timeout, and its tasks went back as lost."""
     board = TaskBoard(worker_timeout_secs=3)
-    board.hello("w", ["tool:x"], 1, [], 1, 0)
-    board.submit(task(1, "tool", "x"), 0)
+    board.hello("w", ["flow:order"], 1, [], 1, 0)
+    board.submit(task(1), 0)
     board.stalled(5)                 # the ticker's first tick after the stall
     assert board.expire(5.1) == [] and not board.lost
     assert board.expire(8.5) == ["w"] and [t["task_id"] for _, t, _ in board.lost] == ["t1"]   # silent since
+
+
+def test_a_tool_call_whose_worker_went_goes_first_to_the_next_worker_that_has_it():
+    """Its actor's watchdog would send it again only after its grace (4 s): a deploy held every
+    tool call in flight that long. Sent again by the actor meanwhile, it is not run twice."""
+    board = TaskBoard(worker_timeout_secs=3)
+    board.hello("a", ["tool:x"], 1, [], 1, 0)
+    board.hello("b", ["tool:x"], 1, [], 1, 0)
+    board.hello("c", ["flow:order"], 1, [], 1, 0)
+    offers = board.submit(task(1, "tool", "x"), 0) + board.submit(task(2, "tool", "x"), 0)
+    assert [w for w, _ in offers] == ["a", "b"]
+    assert board.submit(task(3, "tool", "x"), 0) == [] and board.submit(task(4), 0) == [("c", task(4))]
+    assert board.leave("a", 1, 1) and not board.lost
+    assert [(w, t["task_id"]) for w, t in board.offers(1)] == []          # every worker that has it is busy
+    assert board.stats()["queued"] == 2 and board.handed_back_waits(task(1, "tool", "x"))
+    assert board.submit(task(1, "tool", "x"), 2) == [] and board.stats()["queued"] == 2   # its actor's again: one
+    assert [(w, t["task_id"]) for w, t in board.done("b", "t2", 3)] == [("b", "t1")]   # ahead of t3, queued after it
+    assert board.expire(7) == ["b", "c"] and [t["task_id"] for _, t, _ in board.lost] == ["t4"]   # a run's: to its actor
+    offers = board.hello("d", ["tool:x"], 2, [], 1, 8)                    # the deploy's new worker
+    assert sorted(t["task_id"] for _, t in offers) == ["t1", "t3"]
+
+
+def test_a_tool_call_handed_back_fails_once_no_worker_has_come_for_it_a_while():
+    from actors.tasks import HANDED_BACK_GRACE_SECS as grace
+    board = TaskBoard(worker_timeout_secs=3)
+    board.hello("a", ["tool:x", "tool:y"], 2, [], 1, 0)
+    board.submit(task(1, "tool", "x"), 0)
+    board.submit(task(2, "tool", "y"), 0)
+    board.leave("a", 1, 1)
+    assert board.stranded(1 + grace - 0.1) == [] and board.stats()["queued"] == 2
+    board.hello("b", ["tool:y"], 0, [], 1, 2)                      # has y, no free slot: y waits for it
+    assert [t["task_id"] for t in board.stranded(1 + grace)] == ["t1"]
+    assert board.stats()["queued"] == 1 and not board.handed_back_waits(task(1, "tool", "x"))
+    assert board.stranded(100) == []                               # each once
+
+
+def test_a_tool_call_cancelled_while_with_its_worker_is_not_handed_back_when_the_worker_goes():
+    board = TaskBoard(worker_timeout_secs=3)
+    board.hello("a", ["tool:x"], 1, [], 1, 0)
+    board.submit(task(1, "tool", "x"), 0)
+    assert board.cancel("t1") == "a"                               # its worker is told, and still has it
+    assert board.expire(4) == ["a"] and board.stats()["queued"] == 0 and board.stranded(100) == []
+    assert board.hello("b", ["tool:x"], 1, [], 1, 5) == []
+
+
+def test_a_worker_taken_for_gone_comes_back_with_its_tool_call_and_keeps_it():
+    """Queued again while its worker was stalled, it was offered to that worker once it came back
+    still running it: declined, offered, declined, and run once more after it finished."""
+    board = TaskBoard(worker_timeout_secs=3)
+    board.hello("a", ["tool:x"], 1, [], 1, 0)
+    board.submit(task(1, "tool", "x"), 0)
+    assert board.expire(4) == ["a"] and board.stats()["queued"] == 1
+    assert board.hello("a", ["tool:x"], 1, ["t1"], 1, 5) == []          # its own again, not an offer
+    assert board.stats()["queued"] == 0 and board.stats()["assigned"] == 1
+    assert board.done("a", "t1", 6) == [] and board.stats()["assigned"] == 0
+    assert board.hello("a", ["tool:x"], 1, [], 1, 7) == []
 
 
 def test_a_task_is_offered_only_while_a_live_worker_has_its_capability():
