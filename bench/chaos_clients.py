@@ -28,6 +28,7 @@ class Ledger:
         self.completed: list[tuple[str, str, str]] = []   # (session, turn id, streamed text)
         self.resumed = 0
         self.reordered = 0
+        self.hung: list[dict] = []   # each hung stream: its turn, when posted (s from t0, the kills' clock), how far it got
         self.checkpoints: dict[str, list[int]] = collections.defaultdict(list)   # session -> acknowledged numbers
         self.checkpoint_errors = collections.Counter()
         self.flows: dict[str, str] = {}                   # run id -> idempotency key
@@ -53,10 +54,14 @@ async def turn_client(http, base: str, index: int, ledger: Ledger, stop: asyncio
         # every seventh the client cancels its turn a few milliseconds in.
         texts = [f"turn {n} of client {index}"] + ([f"turn {n}b of client {index}"] if n % 4 == 0 else [])
         cancel = [_cancel_soon(http, base, session, random.uniform(0.0, 0.03))] if n % 7 == 3 else []
+        posted = round(time.monotonic() - ledger.t0, 2)
         outs = (await asyncio.gather(*(run_turn(http, base, session, text, deadline) for text in texts),
                                      *cancel))[:len(texts)]
         for out in outs:
             ledger.turns[out.outcome] += 1
+            if out.outcome == "hung":
+                ledger.hung.append({"session": session, "turn_id": out.turn_id, "posted_at": posted,
+                                    "last_event_id": out.last_id, "resumes": out.resumes, "status": out.status})
             ledger.resumed += out.resumes > 0
             ledger.reordered += not out.gapless
             if out.outcome == "completed":

@@ -17,13 +17,13 @@ def accounting(args, ledger: "Ledger", kills: list[dict], checked: dict, lost_ch
         + len(checked["lost"]["closes"]) + len(checked["lost"].get("session_forks", ()))
     before = phases["before"]
     return {
-        "duration_secs": args.duration, "kills": len(kills),
+        "duration_secs": args.duration, "deadline_secs": args.deadline, "kills": len(kills),
         "kills_by_role": dict(collections.Counter(k["role"] for k in kills)),
         "restarts_by_role": restarts,
         "lost": lost, "lost_turns": checked["lost"]["turns"][:20], "lost_flows": checked["lost"]["flows"][:20],
         "lost_checkpoints": lost_checkpoints[:20], "closes_undone": checked["lost"]["closes"][:20],
         "lost_session_forks": checked["lost"].get("session_forks", [])[:20],
-        "hung": ledger.turns["hung"],
+        "hung": ledger.turns["hung"], "hung_streams": ledger.hung[:20],
         "turn_outcomes": dict(ledger.turns), "turns_resumed": ledger.resumed, "streams_with_gaps": ledger.reordered,
         "acknowledged": {"turns": len(ledger.completed), "checkpoints": sum(map(len, ledger.checkpoints.values())),
                          "flows": len(ledger.flows), "closes": len(ledger.closed),
@@ -65,6 +65,10 @@ def write_report(results: ResultsDir, row: dict, kills: list[dict], ledger: "Led
         markdown_table(["outcome", "turns"], sorted(row["turn_outcomes"].items())), "",
         f"Streams picked up again with Last-Event-ID after a drop: {row['turns_resumed']}; "
         f"streams whose event ids had a gap or repeat: {row['streams_with_gaps']}.", "",
+        *([f"Hung streams (posted at: seconds on the kills' clock; a stream's deadline {row['deadline_secs']:g} s): "
+           + "; ".join(f"{h['session']} turn {h['turn_id']} posted at {h['posted_at']} s, last event id "
+                       f"{h['last_event_id']}, picked up again {h['resumes']} times" for h in row["hung_streams"]), ""]
+          if row.get("hung_streams") else []),
         f"Flow runs: {row['flow_results']}; start errors seen by clients (retried with the same key): "
         f"{row['flow_errors']}. Checkpoint PUT errors: {row['checkpoint_errors']}. Close errors (retried): "
         f"{row['close_errors']}; closed sessions found again: {row['closes_undone']}. Fork errors (a run's "
