@@ -7,7 +7,9 @@ and goes to another worker without spending an attempt. Every second it also tel
 which of its runs and tasks are still running, so a worker that dies is noticed in seconds.
 
 The worker holds no durable state: a flow's journal lives with its actor, and a killed worker's
-executions are dispatched again elsewhere (a step it was in spends one attempt).
+executions are dispatched again elsewhere (a step it was in spends one attempt). Stopped
+(SIGTERM, Ctrl-C), it cuts its steps short as interrupted, which spends no attempt, and says
+goodbye; with `--drain SECS` it first takes no new task and lets those it runs end (`drain`).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -126,6 +129,7 @@ class WorkerRuntime:
         self.threads = SlotThreads(slots, log)
         self.running: dict[str, tuple[dict, asyncio.Task]] = {}
         self.stopping = False   # its steps cancelled now are interrupted, not failed (actors/sdk.py)
+        self.draining = False   # stopping soon: it takes no new task, and lets those it runs go on a while
         bus.on(Kind.TASK_OFFER, self.on_offer)
         bus.on(Kind.TASK_CANCEL, self.on_cancel)
 
@@ -133,7 +137,7 @@ class WorkerRuntime:
 
     def on_offer(self, msg: Message) -> None:
         task = msg.body
-        if len(self.running) >= self.slots or task["task_id"] in self.running:
+        if len(self.running) >= self.slots or task["task_id"] in self.running or self.draining:
             self.bus.send(SCHEDULER, Kind.TASK_DECLINE, {"task_id": task["task_id"]})
             return
         runner = {"flow": self.run_flow, "tool": self.run_tool, "update": self.run_update}.get(task["kind"])
@@ -259,7 +263,8 @@ class WorkerRuntime:
 
     def hello(self) -> None:
         self.bus.send(SCHEDULER, Kind.WORKER_HELLO, {
-            "slots": self.slots, "running": list(self.running), "incarnation": self.bus.incarnation,
+            "slots": 0 if self.draining else self.slots, "running": list(self.running),
+            "incarnation": self.bus.incarnation,
             "flows": list(self.app.flows), "tools": list(self.app.tools), "handlers": list(self.app.updates),
             "tool_schemas": [t.schema() for t in self.app.tools.values()]})
 
@@ -310,7 +315,30 @@ async def say_when_reached(bus: Bus, address: str, storage_dir: str, log: loggin
         return
 
 
-def main(config: Config, modules: list[str], slots: int, name: str | None, log: logging.Logger) -> int:
+async def drain(runtime: WorkerRuntime, stop: asyncio.Event, secs: float, log: logging.Logger) -> None:
+    """Take no new task (its hellos say no free slot; an offer already sent is declined, to go to
+    another worker) and give those running up to `secs` to end: a deploy need not cut a long step
+    short. A second signal ends the wait at once."""
+    runtime.draining = True
+    runtime.hello()
+    stop.clear()   # (the signal handlers set it again)
+    log.info("draining: %d step(s) and task(s) in flight, up to %gs to end (signal again to stop at once)",
+             len(runtime.running), secs)
+    deadline = time.monotonic() + secs
+    while runtime.running and not stop.is_set() and time.monotonic() < deadline:
+        try:
+            await asyncio.wait_for(stop.wait(), min(0.1, max(0.0, deadline - time.monotonic())))
+        except asyncio.TimeoutError:
+            pass
+    if runtime.running:
+        log.info("drain over (%s) with %d still in flight", "signalled again" if stop.is_set() else "time is up",
+                 len(runtime.running))
+    else:
+        log.info("drained: nothing in flight")
+
+
+def main(config: Config, modules: list[str], slots: int, name: str | None, log: logging.Logger,
+         drain_secs: float = 0.0) -> int:
     from agentos import service
     from agentos.rundir import RunDir
 
@@ -335,6 +363,8 @@ def main(config: Config, modules: list[str], slots: int, name: str | None, log: 
         log.info("worker %s: %d slots; flows %s, tools %s, update handlers %s", worker_name, slots,
                  sorted(app.flows), sorted(app.tools), sorted(app.updates))
         await stop.wait()
+        if drain_secs > 0 and runtime.running:
+            await drain(runtime, stop, drain_secs, log)
         log.info("worker %s stopping: %d step(s) and task(s) in flight cancelled, their runs retry them elsewhere",
                  worker_name, len(runtime.running))
         announcer.cancel()

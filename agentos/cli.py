@@ -66,7 +66,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     config = _load(args)
     log = service.setup_logging("worker")
-    return worker_process.main(config, args.modules, args.slots, args.name, log)
+    return worker_process.main(config, args.modules, args.slots, args.name, log, args.drain)
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
@@ -171,6 +171,13 @@ def cmd_mock_llm(args: argparse.Namespace) -> int:
     return mock_llm.main(args.rest)
 
 
+def _drain_secs(text: str) -> float:
+    secs = float(text)
+    if not 0 <= secs < float("inf"):   # (NaN too)
+        raise argparse.ArgumentTypeError(f"--drain takes seconds, 0 or more: {text!r}")
+    return secs
+
+
 def _with_config(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", "-c", help="YAML config file (env AGENTOS_<SECTION>_<KEY> overrides)")
 
@@ -205,6 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("modules", nargs="+", help="modules defining an actors.sdk.App (attribute `app`)")
     worker.add_argument("--slots", type=int, default=64, help="tasks run at once (default 64)")
     worker.add_argument("--name", default=None, help="bus name (default worker/HOST-PID)")
+    worker.add_argument("--drain", type=_drain_secs, default=0.0, metavar="SECS",
+                        help="on SIGTERM or Ctrl-C take no new task and give those running up to SECS to end "
+                             "before cutting them short (default 0: at once; a second signal: at once)")
     worker.set_defaults(func=cmd_worker)
     inspect = sub.add_parser("log", help="check, dump or mend the write-ahead logs of a data directory")
     _with_config(inspect)

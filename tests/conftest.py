@@ -70,8 +70,8 @@ def make_worker():
     """Workers (`agent-os worker flows_app`) stopped after the test, even on failure."""
     workers: list[Worker] = []
 
-    def make(server, slots: int = 16, env: dict | None = None) -> Worker:
-        worker = Worker(server, slots, env)
+    def make(server, slots: int = 16, env: dict | None = None, args: tuple[str, ...] = ()) -> Worker:
+        worker = Worker(server, slots, env, args=args)
         workers.append(worker)
         return worker.wait_registered()
 

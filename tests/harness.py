@@ -81,10 +81,10 @@ class Worker:
     """`agent-os worker flows_app` (or `module`, of tests/) against a server, as its own process (group)."""
 
     def __init__(self, server: ServerProcess, slots: int = 16, env: dict[str, str] | None = None,
-                 module: str = "flows_app") -> None:
+                 module: str = "flows_app", args: tuple[str, ...] = ()) -> None:
         self.server = server
         self.log_path = server.work_dir / f"worker-{id(self):x}.log"
-        args = ["worker", module, "--slots", str(slots), "--config", str(server.config_path)]
+        args = ["worker", module, "--slots", str(slots), "--config", str(server.config_path), *args]
         self.proc = launch_python("agentos.cli", args, Path(__file__).parent,
                                   dict(os.environ, PYTHONPATH=str(REPO), **(env or {})), self.log_path)
 
