@@ -96,7 +96,7 @@ class Scheduler:
         caps = ([f"flow:{n}" for n in b["flows"]] + [f"tool:{n}" for n in b["tools"]] +
                 [f"update:{n}" for n in b["handlers"]])
         self._offer(self.board.hello(msg.src, caps, b["slots"], [str(t) for t in b["running"]], b["incarnation"],
-                                     time.monotonic(), b.get("tool_schemas")))
+                                     time.monotonic(), b.get("tool_schemas"), bool(b.get("draining"))))
 
     def on_worker_bye(self, msg: Message) -> None:
         if self.board.leave(msg.src, msg.body["incarnation"], time.monotonic()):   # (the ticker sends TASK_LOST)
@@ -157,6 +157,8 @@ class Scheduler:
         stats = self.pool.stats(time.monotonic())
         stats["backoffs"] = self.backoffs
         stats["tasks"] = self.board.stats()
+        if msg.body.get("workers"):   # (the gateway's GET /v1/workers)
+            stats["workers"] = self.board.workers_view(time.monotonic())
         stats["timers"] = len(self.timers)
         tenant = msg.body.get("tenant")   # the gateway's GET /v1/queues: that tenant's own runs too
         stats["flow_queues"] = self.queues.stats(time.monotonic(), tenant if isinstance(tenant, str) else None)

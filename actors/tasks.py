@@ -39,6 +39,8 @@ class WorkerInfo:
     last_seen: float
     assigned: dict[str, float] = field(default_factory=dict)   # task id -> when offered
     tool_schemas: list = field(default_factory=list)
+    draining: bool = False   # stopping: no slot for new tasks while those it runs end
+    since: float = 0.0       # when this incarnation first said hello
 
     @property
     def free(self) -> int:
@@ -69,18 +71,19 @@ class TaskBoard:
     # -- workers -----------------------------------------------------------------------------
 
     def hello(self, worker: str, capabilities: list[str], slots: int, running: list[str], incarnation: int,
-              now: float, tool_schemas: list | None = None) -> list[Offer]:
+              now: float, tool_schemas: list | None = None, draining: bool = False) -> list[Offer]:
         """A worker's periodic announcement: what it runs, its slots, and the tasks it is running."""
         info = self.workers.get(worker)
         if info is None or info.incarnation != incarnation:
             if info is not None:
                 self._forget(info, now)
-            info = self.workers[worker] = WorkerInfo(worker, set(capabilities), slots, incarnation, now)
+            info = self.workers[worker] = WorkerInfo(worker, set(capabilities), slots, incarnation, now, since=now)
             self._rotation.append(worker)
         info.capabilities = set(capabilities)
         info.slots = slots
         info.last_seen = now
         info.tool_schemas = tool_schemas or []
+        info.draining = draining
         still = set(running)
         for task_id, offered_at in list(info.assigned.items()):
             # Not running and offered a while ago: it finished (its done notice was lost) or
@@ -267,6 +270,20 @@ class TaskBoard:
             if info is not None and name != skip and info.free > 0 and cap in info.capabilities:
                 return info
         return None
+
+    def workers_view(self, now: float) -> list[dict[str, Any]]:
+        """Each live worker as `GET /v1/workers` lists it."""
+        out = []
+        for info in sorted(self.workers.values(), key=lambda w: w.name):
+            names: dict[str, list[str]] = {"flow": [], "tool": [], "update": []}
+            for cap in info.capabilities:
+                kind, _, name = cap.partition(":")
+                names.setdefault(kind, []).append(name)
+            out.append({"name": info.name, "flows": sorted(names["flow"]), "tools": sorted(names["tool"]),
+                        "update_handlers": sorted(names["update"]), "slots": info.slots,
+                        "running": len(info.assigned), "draining": info.draining,
+                        "up_secs": round(now - info.since, 1), "seen_secs_ago": round(now - info.last_seen, 1)})
+        return out
 
     def stats(self) -> dict[str, Any]:
         return {"workers": len(self.workers), "worker_names": sorted(self.workers),

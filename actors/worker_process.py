@@ -262,11 +262,13 @@ class WorkerRuntime:
     # -- announcements ---------------------------------------------------------------------------
 
     def hello(self) -> None:
-        self.bus.send(SCHEDULER, Kind.WORKER_HELLO, {
-            "slots": 0 if self.draining else self.slots, "running": list(self.running),
-            "incarnation": self.bus.incarnation,
-            "flows": list(self.app.flows), "tools": list(self.app.tools), "handlers": list(self.app.updates),
-            "tool_schemas": [t.schema() for t in self.app.tools.values()]})
+        body = {"slots": 0 if self.draining else self.slots, "running": list(self.running),
+                "incarnation": self.bus.incarnation,
+                "flows": list(self.app.flows), "tools": list(self.app.tools), "handlers": list(self.app.updates),
+                "tool_schemas": [t.schema() for t in self.app.tools.values()]}
+        if self.draining:
+            body["draining"] = True
+        self.bus.send(SCHEDULER, Kind.WORKER_HELLO, body)
 
     def alive(self) -> None:
         by_actor: dict[str, dict[str, list]] = {}

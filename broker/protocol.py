@@ -196,8 +196,8 @@ SPECS: dict[Kind, Spec] = {
     Kind.DRAIN: _spec({"deadline_secs": _NUM}),
     Kind.DRAINED: _spec({"in_flight": int}),
     # only_end: a log writer answers {"end": …} alone (writer/store's `sync`); tenant: the scheduler
-    # counts that tenant's own queued runs too (GET /v1/queues)
-    Kind.STATS: _spec(only_end=bool, tenant=str),
+    # counts that tenant's own queued runs too (GET /v1/queues); workers: it lists them (GET /v1/workers)
+    Kind.STATS: _spec(only_end=bool, tenant=str, workers=bool),
     Kind.STATS_REPLY: _spec({"role": str, "stats": dict}),
     Kind.ERROR: _spec({"code": str, "message": str}),
     # From the supervisor to the log writers after each renewal: acknowledge for this long at most.
@@ -347,7 +347,7 @@ SPECS: dict[Kind, Spec] = {
     # said goodbye as it stopped (`left`)
     Kind.TASK_LOST: _spec({"run_id": str, "exec": int, "worker": str}, left=bool),
     Kind.WORKER_HELLO: _spec({"slots": int, "running": list, "incarnation": int, "flows": list, "tools": list,
-                              "handlers": list}, tool_schemas=list),
+                              "handlers": list}, tool_schemas=list, draining=bool),
     Kind.WORKER_ALIVE: _spec({"runs": list, "tasks": list}),
     # worker -> scheduler as it stops (and back, the same): it is forgotten now, its tasks back to
     # their actors, and not after the silence that says a worker died

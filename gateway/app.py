@@ -100,6 +100,7 @@ class Gateway:
             web.post("/v1/flows/{flow}/runs", self.flow_routes.start),
             web.get("/v1/runs", self.history.list_runs),
             web.get("/v1/queues", self.flow_routes.queues),
+            web.get("/v1/workers", self.flow_routes.workers),
             web.get("/v1/runs/{run_id:[^/:]+}", self.flow_routes.get),
             web.post("/v1/runs/{run_id:[^/:]+}:cancel", self.flow_routes.cancel),
             web.post("/v1/runs/{run_id:[^/:]+}:fork", self.flow_routes.fork),

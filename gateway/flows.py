@@ -212,6 +212,16 @@ class FlowRoutes:
             listed.append(queue)
         return json_response({"queues": listed})
 
+    async def workers(self, request: web.Request) -> web.Response:
+        """The workers the scheduler knows now: what each runs, its slots, tasks and whether it
+        drains. They serve every tenant, as the flows and tools they offer do."""
+        self.gw.tenant_of(request)
+        try:
+            reply = await self.gw.bus.request(SCHEDULER, Kind.STATS, {"workers": True}, timeout=5.0, attempt_secs=2.5)
+        except BusError as exc:
+            raise ApiError(503, "unavailable", f"the scheduler did not answer: {exc}") from None
+        return json_response({"workers": (reply.body.get("stats") or {}).get("workers") or []})
+
     async def get(self, request: web.Request) -> web.Response:
         tenant, run_id, outward_id = self._run(request)
         try:

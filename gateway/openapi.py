@@ -409,6 +409,25 @@ PATHS: dict[str, dict] = {
                                        "properties": {"running": {"type": "integer"},
                                                       "waiting": {"type": "integer"}}}}}}}})},
                       **_errors(401, 503)}}},
+    "/v1/workers": {"get": {
+        "summary": "The workers connected now (they serve every tenant): what each runs, its slots and tasks",
+        "responses": {"200": {"description": "every worker, by name", "content": _json({
+            "type": "object", "required": ["workers"], "properties": {"workers": {"type": "array", "items": {
+                "type": "object",
+                "required": ["name", "flows", "tools", "update_handlers", "slots", "running", "draining", "up_secs",
+                             "seen_secs_ago"],
+                "properties": {"name": {"type": "string"},
+                               "flows": {"type": "array", "items": {"type": "string"}},
+                               "tools": {"type": "array", "items": {"type": "string"}},
+                               "update_handlers": {"type": "array", "items": {"type": "string"}},
+                               "slots": {"type": "integer", "description": "tasks it runs at once (0 while draining)"},
+                               "running": {"type": "integer", "description": "tasks it was given and runs"},
+                               "draining": {"type": "boolean", "description": "stopping (`--drain`): it takes no new "
+                                                                              "task while those it runs end"},
+                               "up_secs": {"type": "number"},
+                               "seen_secs_ago": {"type": "number", "description": "since its last hello "
+                                                                                  "(gone after 3 s of silence)"}}}}}})},
+                      **_errors(401, 503)}}},
     "/v1/schedules": {"get": {
         "summary": "The tenant's schedules, by name",
         "parameters": [_param("after", NAME, "query", False, "cursor: the schedules after this name"),

@@ -31,6 +31,13 @@ def test_a_draining_worker_takes_no_new_run_and_finishes_the_one_it_runs(make_se
     wait_until(lambda: "draining: 1 step(s) and task(s) in flight" in old.log_path.read_text(), 10, "the drain")
 
     new = make_worker(server)
+    listed = {w["name"].rsplit("-", 1)[1]: w for w in get_json(f"{server.url}/v1/workers")[2]["workers"]}
+    assert set(listed) == {str(old.pid), str(new.pid)}, listed
+    draining, fresh = listed[str(old.pid)], listed[str(new.pid)]
+    assert (draining["draining"], draining["slots"], draining["running"]) == (True, 0, 1), draining
+    assert (fresh["draining"], fresh["slots"], fresh["running"]) == (False, 16, 0), fresh
+    assert "five_steps" in fresh["flows"] and fresh["tools"] == ["get_weather", "read_raw", "search"]
+    assert fresh["update_handlers"] == ["incr", "unencodable"]
     second = tmp_path / "second.txt"
     other = _start(server, {"file": str(second), "delay": 0.05})
     done = get_json(f"{server.url}/v1/runs/{other}?wait=30")[2]

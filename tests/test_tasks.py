@@ -281,3 +281,17 @@ def test_a_run_whose_workers_stop_under_it_with_no_step_between_fails_at_a_far_h
         assert log.appended[-1]["type"] == "run.ended", log.appended[-1]
 
     asyncio.run(main())
+
+
+def test_the_workers_listed_say_what_each_runs_its_tasks_and_whether_it_drains():
+    board = TaskBoard(worker_timeout_secs=3)
+    board.hello("w/b", ["flow:order", "tool:x", "update:incr"], 4, [], 1, 10)
+    board.hello("w/a", ["tool:x"], 2, [], 1, 11)
+    board.submit(task(1), 11)
+    board.hello("w/b", ["flow:order", "tool:x", "update:incr"], 0, ["t1"], 1, 12, draining=True)
+    assert board.workers_view(13) == [
+        {"name": "w/a", "flows": [], "tools": ["x"], "update_handlers": [], "slots": 2, "running": 0,
+         "draining": False, "up_secs": 2.0, "seen_secs_ago": 2.0},
+        {"name": "w/b", "flows": ["order"], "tools": ["x"], "update_handlers": ["incr"], "slots": 0, "running": 1,
+         "draining": True, "up_secs": 3.0, "seen_secs_ago": 1.0}]
+    assert board.submit(task(2), 13) == []                        # no slot on the draining worker for a run
