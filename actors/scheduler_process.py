@@ -196,6 +196,13 @@ class Scheduler:
                 for name, counts in self.queues.stats(now).items():
                     metrics.flow_queue_running.labels(name).set(counts["running"])
                     metrics.flow_queue_waiting.labels(name).set(counts["waiting"])
+                gauges = self.board.gauges()
+                for state, n in gauges["workers"].items():
+                    metrics.workers.labels(state).set(n)
+                for state, n in gauges["slots"].items():
+                    metrics.worker_slots.labels(state).set(n)
+                for kind, n in gauges["waiting"].items():
+                    metrics.tasks_waiting.labels(kind).set(n)
 
 
 def main(config: Config, index: int, run_dir: RunDir, log: logging.Logger) -> int:

@@ -285,6 +285,18 @@ class TaskBoard:
                         "up_secs": round(now - info.since, 1), "seen_secs_ago": round(now - info.last_seen, 1)})
         return out
 
+    def gauges(self) -> dict[str, dict[str, int]]:
+        """What the scheduler's metrics say of workers, their slots and the tasks waiting for them."""
+        serving = [w for w in self.workers.values() if not w.draining]
+        waiting = {"flow": 0, "tool": 0, "update": 0}
+        for cap, queue in self.queues.items():
+            kind = cap.partition(":")[0]
+            waiting[kind] = waiting.get(kind, 0) + len(queue)
+        return {"workers": {"serving": len(serving), "draining": len(self.workers) - len(serving)},
+                "slots": {"busy": sum(min(len(w.assigned), w.slots) for w in serving),
+                          "free": sum(max(0, w.free) for w in serving)},
+                "waiting": waiting}
+
     def stats(self) -> dict[str, Any]:
         return {"workers": len(self.workers), "worker_names": sorted(self.workers),
                 "queued": sum(len(q) for q in self.queues.values()),

@@ -57,6 +57,13 @@ flow_queue_running = Gauge("agentos_flow_queue_running", "Runs of a flow queue a
 flow_queue_waiting = Gauge("agentos_flow_queue_waiting", "Runs enqueued in a flow queue waiting for a place, by "
                            "queue", ["queue"], multiprocess_mode="livesum")
 
+workers = Gauge("agentos_workers", "Workers connected, by state: serving, draining (`agent-os worker --drain`)",
+                ["state"], multiprocess_mode="livesum")
+worker_slots = Gauge("agentos_worker_slots", "Task slots of the serving workers, by state: busy, free",
+                     ["state"], multiprocess_mode="livesum")
+tasks_waiting = Gauge("agentos_tasks_waiting", "Tasks waiting for a worker with a free slot that has them, by kind: "
+                      "flow (a run's execution), tool, update", ["kind"], multiprocess_mode="livesum")
+
 permits_in_use = Gauge("agentos_permits_in_use", "Provider permits held", multiprocess_mode="livesum")
 permit_queue = Gauge("agentos_permit_queue", "Model calls waiting for a provider permit",
                      multiprocess_mode="livesum")

@@ -7,7 +7,7 @@ import os
 import re
 import signal
 
-from harness import get_json, wait_until
+from harness import get_json, scrape, wait_until
 
 
 def _start(server, body: dict) -> str:
@@ -38,6 +38,9 @@ def test_a_draining_worker_takes_no_new_run_and_finishes_the_one_it_runs(make_se
     assert (fresh["draining"], fresh["slots"], fresh["running"]) == (False, 16, 0), fresh
     assert "five_steps" in fresh["flows"] and fresh["tools"] == ["get_weather", "read_raw", "search"]
     assert fresh["update_handlers"] == ["incr", "unencodable"]
+    want = {'agentos_workers{state="serving"}': 1, 'agentos_workers{state="draining"}': 1,
+            'agentos_worker_slots{state="busy"}': 0, 'agentos_worker_slots{state="free"}': 16}
+    wait_until(lambda: want.items() <= scrape(server.url).items(), 10, "the workers' gauges")
     second = tmp_path / "second.txt"
     other = _start(server, {"file": str(second), "delay": 0.05})
     done = get_json(f"{server.url}/v1/runs/{other}?wait=30")[2]

@@ -295,3 +295,16 @@ def test_the_workers_listed_say_what_each_runs_its_tasks_and_whether_it_drains()
         {"name": "w/b", "flows": ["order"], "tools": ["x"], "update_handlers": ["incr"], "slots": 0, "running": 1,
          "draining": True, "up_secs": 3.0, "seen_secs_ago": 1.0}]
     assert board.submit(task(2), 13) == []                        # no slot on the draining worker for a run
+
+
+def test_the_gauges_count_workers_by_state_their_slots_and_the_tasks_waiting_by_kind():
+    board = TaskBoard(worker_timeout_secs=3)
+    assert board.gauges() == {"workers": {"serving": 0, "draining": 0}, "slots": {"busy": 0, "free": 0},
+                              "waiting": {"flow": 0, "tool": 0, "update": 0}}
+    board.submit(task(1, "tool", "x"), 0)
+    board.submit(task(2, "update", "incr"), 0)
+    board.hello("a", ["flow:order"], 3, [], 1, 0)
+    board.submit(task(3), 0)
+    board.hello("b", ["tool:y"], 2, [], 1, 0, draining=True)
+    assert board.gauges() == {"workers": {"serving": 1, "draining": 1}, "slots": {"busy": 1, "free": 2},
+                              "waiting": {"flow": 0, "tool": 1, "update": 1}}
