@@ -10,21 +10,29 @@ from broker.protocol import Kind
 from test_flow_results_due import from_worker, running_flows
 
 
+class Worker:
+    """What a worker asks of the run's actor for its one SYNC step `s`, and the answers."""
+
+    def __init__(self, flows, bus, max_attempts: int) -> None:
+        self.handlers, self.bus, self.max_attempts = flows.handlers(), bus, max_attempts
+        self.ids = iter(range(1, 10_000))
+
+    async def start(self) -> dict:
+        await self.handlers[Kind.STEP_START](from_worker(Kind.STEP_START, next(self.ids), seq=0, op="step", name="s",
+                                                         sync=True, max_attempts=self.max_attempts))
+        return self.bus.sent[-1][2]
+
+    async def result(self, attempt: int, **fields) -> None:
+        await self.handlers[Kind.STEP_RESULT](from_worker(Kind.STEP_RESULT, next(self.ids), seq=0, attempt=attempt,
+                                                          ok=False, sync=True, name="s", **fields))
+        assert self.bus.sent[-1][1:] == (Kind.FLOW_ACK, {"ok": True})
+
+
 def test_interrupted_attempts_are_journaled_once_and_leave_the_steps_retries_whole():
     async def main():
         flows, bus, log, run = running_flows()
-        handlers = flows.handlers()
-        ids = iter(range(1, 100))
-
-        async def start():
-            await handlers[Kind.STEP_START](from_worker(Kind.STEP_START, next(ids), seq=0, op="step", name="s",
-                                                        sync=True, max_attempts=2))
-            return bus.sent[-1][2]
-
-        async def result(attempt, **fields):
-            await handlers[Kind.STEP_RESULT](from_worker(Kind.STEP_RESULT, next(ids), seq=0, attempt=attempt,
-                                                         ok=False, sync=True, name="s", **fields))
-            assert bus.sent[-1][1:] == (Kind.FLOW_ACK, {"ok": True})
+        worker = Worker(flows, bus, max_attempts=2)
+        start, result = worker.start, worker.result
 
         assert await start() == {"action": "run", "attempt": 1}
         await result(1, interrupted=True)
@@ -57,19 +65,11 @@ def test_a_step_its_workers_stop_under_again_and_again_fails_with_the_reason():
     time: without a bound it went from worker to worker as long as workers came back."""
     async def main():
         flows, bus, log, run = running_flows()
-        handlers = flows.handlers()
-        ids = iter(range(1, 1000))
-
-        async def start():
-            await handlers[Kind.STEP_START](from_worker(Kind.STEP_START, next(ids), seq=0, op="step", name="s",
-                                                        sync=True, max_attempts=3))
-            return bus.sent[-1][2]
-
+        worker = Worker(flows, bus, max_attempts=3)
         for attempt in range(1, MAX_INTERRUPTED_ATTEMPTS + 1):
-            assert await start() == {"action": "run", "attempt": attempt}
-            await handlers[Kind.STEP_RESULT](from_worker(Kind.STEP_RESULT, next(ids), seq=0, attempt=attempt,
-                                                         ok=False, sync=True, name="s", interrupted=True))
-        ended = await start()
+            assert await worker.start() == {"action": "run", "attempt": attempt}
+            await worker.result(attempt, interrupted=True)
+        ended = await worker.start()
         assert ended["action"] == "replay" and ended["ok"] is False, ended
         assert f"its workers stopped under it {MAX_INTERRUPTED_ATTEMPTS} times" in ended["error"], ended
         view = run.ops[0].view(run_ended=False)
