@@ -172,7 +172,10 @@ def cmd_mock_llm(args: argparse.Namespace) -> int:
 
 
 def _drain_secs(text: str) -> float:
-    secs = float(text)
+    try:
+        secs = float(text)
+    except ValueError:
+        secs = -1.0
     if not 0 <= secs < float("inf"):   # (NaN too)
         raise argparse.ArgumentTypeError(f"--drain takes seconds, 0 or more: {text!r}")
     return secs

@@ -7,6 +7,8 @@ import os
 import re
 import signal
 
+import pytest
+
 from harness import get_json, scrape, wait_until
 
 
@@ -79,3 +81,14 @@ def test_a_second_signal_ends_the_drain_and_the_step_goes_on_elsewhere(make_serv
     steps = get_json(f"{server.url}/v1/runs/{run}/steps")[2]["steps"]
     assert (steps[2]["attempts"], steps[2].get("interrupted")) == (2, 1), steps[2]
     assert _pids(starts) == {old.pid, new.pid}
+
+
+def test_the_drain_option_takes_seconds_and_refuses_anything_else(capsys):
+    from agentos.cli import build_parser
+    parser = build_parser()
+    assert parser.parse_args(["worker", "m"]).drain == 0.0
+    assert parser.parse_args(["worker", "m", "--drain", "2.5"]).drain == 2.5
+    for bad in ("abc", "-1", "nan", "inf"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["worker", "m", "--drain", bad])
+        assert f"--drain takes seconds, 0 or more: '{bad}'" in capsys.readouterr().err
