@@ -349,8 +349,9 @@ SPECS: dict[Kind, Spec] = {
     Kind.WORKER_HELLO: _spec({"slots": int, "running": list, "incarnation": int, "flows": list, "tools": list,
                               "handlers": list}, tool_schemas=list, draining=bool),
     Kind.WORKER_ALIVE: _spec({"runs": list, "tasks": list}),
-    # worker -> scheduler as it stops (and back, the same): it is forgotten now, its tasks back to
-    # their actors, and not after the silence that says a worker died
+    # worker -> scheduler as it stops (and back, the same): it is forgotten now, its runs back to
+    # their actors and its tool and update tasks to the next worker, not after the silence that
+    # says a worker died
     Kind.WORKER_BYE: _spec({"incarnation": int}),
     Kind.TOOLS_LIST: _spec(),
     Kind.TOOLS: _spec({"tools": list}),  # OpenAI tool schemas advertised by live workers
