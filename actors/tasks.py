@@ -102,16 +102,16 @@ class TaskBoard:
         for task_id in running:
             if task_id in self.tasks:
                 continue
-            for queue in self.queues.values():
+            for cap, queue in self.queues.items():
                 task = queue.get(task_id)   # (a tool's or update's key is its id; a run's is not)
                 if task is not None and task["task_id"] == task_id:
                     del queue[task_id]
+                    if not queue:
+                        del self.queues[cap]
                     self.handed_back.pop(task_id, None)
                     info.assigned[task_id] = now
                     self.tasks[task_id] = (info.name, task)
                     break
-        for cap in [cap for cap, queue in self.queues.items() if not queue]:
-            del self.queues[cap]
 
     def leave(self, worker: str, incarnation: int, now: float) -> bool:
         """A worker that says it stops: gone now. `lost` holds the flow tasks it had been given;
