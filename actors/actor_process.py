@@ -56,7 +56,8 @@ class Actor:
         self.approvals = ToolApprovals(self.flows, config.kernel.approve_tools, config.kernel.approval_timeout_secs,
                                        self.persistence)
         self.loop = AgentLoop(self.provider, self.permits, self.persistence, self.flows, self.bus,
-                              config.provider.max_retries, config.kernel.max_steps_per_turn, self.approvals)
+                              config.provider.max_retries, config.kernel.max_steps_per_turn, self.approvals,
+                              config.kernel.tool_calls_at_once)
         for kind, handler in self.flows.handlers().items():
             self.bus.on(kind, handler)
         for kind, handler in {Kind.TURN_START: self.on_turn_start, Kind.TURN_CANCEL: self.on_turn_cancel,

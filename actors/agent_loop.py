@@ -4,7 +4,8 @@ A turn is a run of the built-in flow `turn` owned by its session's actor (run id
 `SESSION/TURN`). Each model call is a step: it holds a provider permit from the scheduler for as
 long as its stream is open, and its whole answer (text, tool calls, usage) is journaled. Each
 tool call the model asks for is a step run by a worker that registered the tool; its result is
-journaled and handed back to the model. The loop ends when the model answers without tool
+journaled and handed back to the model. The calls of one answer run at once (up to
+`kernel.tool_calls_at_once`), each at a place in the run fixed with the answer. The loop ends when the model answers without tool
 calls, or after `kernel.max_steps_per_turn` model calls. After every step the session is
 checkpointed. If the actor dies mid-turn, its successor replays the journal — finished steps
 return their recorded outcome, nothing runs twice — and finishes the turn in the background.
@@ -17,13 +18,14 @@ already seen part of its answer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
 import orjson
 
 from agentos import metrics
-from actors.context_window import context
+from actors.context_window import answered, context
 from actors.flow_runs import Flows
 from actors.run_requests import TaskFailed
 from actors.flow_state import Run
@@ -52,8 +54,10 @@ def run_owner_key(run_id: str) -> str:
 
 class AgentLoop:
     def __init__(self, provider: Provider, permits: PermitClient, persistence: Persistence, flows: Flows,
-                 bus: Bus, max_retries: int, max_steps: int, approvals: ToolApprovals | None = None) -> None:
+                 bus: Bus, max_retries: int, max_steps: int, approvals: ToolApprovals | None = None,
+                 tool_calls_at_once: int = 8) -> None:
         self.provider = provider
+        self.tool_calls_at_once = tool_calls_at_once
         self.approvals = approvals or ToolApprovals(flows, "", 0.0)
         self.permits = permits
         self.persistence = persistence
@@ -115,14 +119,13 @@ class AgentLoop:
         usage = {"prompt_tokens": 0, "completion_tokens": 0}
         finish = ""
         for _ in range(self.max_steps):
-            result, seq = await self._model_step(turn, session, run, seq, tools)
+            result, places, seq = await self._model_step(turn, session, run, seq, tools)
             usage["prompt_tokens"] += result.prompt_tokens
             usage["completion_tokens"] += result.completion_tokens
             finish = result.finish_reason
             if not result.tool_calls:
                 break
-            for call in result.tool_calls:
-                seq = await self._tool_step(turn, session, run, seq, call)
+            seq = await self._tool_round(turn, session, run, seq, result.tool_calls, places)
             await self.persistence.checkpoint(session, turn)
         else:
             finish = "max_steps"
@@ -144,20 +147,26 @@ class AgentLoop:
                 "finish_reason": finish, "steps": seq}
 
     async def _model_step(self, turn: Turn, session: Session, run: Run, seq: int,
-                          tools: list[dict]) -> tuple[ModelResult, int]:
+                          tools: list[dict]) -> tuple[ModelResult, list | None, int]:
+        """The model's answer (recorded, or asked for now), where in the run each of its tool
+        calls has its operations (None: a journal of code before those places were recorded),
+        and the seq after the answer."""
         op = run.ops.get(seq)
         if op is not None and op.done:
             result = _model_result(op.result)
+            places = op.result.get("places")
         else:
             started = time.monotonic()
             self.flows.record(run, "step.started", sync=False, seq=seq, name="model", attempt=1)
-            sent = context(session.messages, self.provider.config.max_context_chars)
+            sent = answered(context(session.messages, self.provider.config.max_context_chars))
             system = self.provider.config.system_prompt if turn.system is None else turn.system
             result = await self.model_call(turn, [{"role": "system", "content": system}, *sent] if system else sent,
                                            tools)
+            places = self._places(seq + 1, result.tool_calls)
             answer = {"text": result.text, "finish_reason": result.finish_reason,
                       "usage": [result.prompt_tokens, result.completion_tokens],
-                      "tool_calls": [[c.id, c.name, c.arguments] for c in result.tool_calls]}
+                      "tool_calls": [[c.id, c.name, c.arguments] for c in result.tool_calls],
+                      **({"places": places} if places else {})}
             # The answer is durable before its tools run; a final answer rides with the last checkpoint.
             ack = self.flows.record(run, "step.done", sync=bool(result.tool_calls), seq=seq, name="model", ok=True,
                                     result=answer, attempt=1)
@@ -173,32 +182,90 @@ class AgentLoop:
                                       "function": {"name": c.name, "arguments": c.arguments}}
                                      for c in result.tool_calls]
         add_message(turn, session, message)
-        return result, seq + 1
+        return result, places, seq + 1
 
-    async def _tool_step(self, turn: Turn, session: Session, run: Run, seq: int, call: ToolCall) -> int:
+    def _places(self, seq: int, calls: list[ToolCall]) -> list[list[int]]:
+        """Each call's operations from `seq` on: its wait for approval (-1: none) and its step.
+        Fixed, and journaled with the answer, before any call runs: the calls finish in any
+        order, and a replay finds each where it was whatever the approval policy is by then."""
+        places = []
+        for call in calls:
+            asks = self.approvals.needed(call.name)
+            places.append([seq, seq + 1] if asks else [-1, seq])
+            seq += 2 if asks else 1
+        return places
+
+    async def _tool_round(self, turn: Turn, session: Session, run: Run, seq: int, calls: list[ToolCall],
+                          places: list | None) -> int:
+        """Run one answer's tool calls, `tool_calls_at_once` of them at once, and add their
+        results to the history in the calls' order; returns the seq after them. A call the round
+        did not finish (the turn was cancelled, or failed) is answered all the same, with why: a
+        provider refuses a history with a tool call left unanswered, so the session's next turn
+        would fail too."""
+        outcomes: dict[int, tuple[bool, Any]] = {}
+        tasks: list[asyncio.Future] = []
+        why = ""
+        try:
+            if places is None:   # a turn begun by code before places were journaled: one by one, as it did
+                for i, call in enumerate(calls):
+                    op = run.ops.get(seq)
+                    asks = op.op == "wait" if op is not None else self.approvals.needed(call.name)
+                    place = [seq, seq + 1] if asks else [-1, seq]
+                    ok, output, ran = await self._tool_call(turn, run, call, place)
+                    outcomes[i] = ok, output
+                    seq = place[1] + 1 if ran else place[0] + 1   # (a call not approved had no step)
+            else:
+                seq = max(step for _, step in places) + 1
+                limit = asyncio.Semaphore(self.tool_calls_at_once)
+
+                async def one(i: int, call: ToolCall, place: list[int]) -> None:
+                    ok, output, _ = await self._tool_call(turn, run, call, place, limit)
+                    outcomes[i] = ok, output
+
+                tasks = [asyncio.ensure_future(one(i, call, place))
+                         for i, (call, place) in enumerate(zip(calls, places))]
+                await asyncio.gather(*tasks)
+        except asyncio.CancelledError:
+            why = f"the turn was cancelled ({turn.cancel_reason or 'cancelled'})"
+            raise
+        except BaseException:
+            why = "the turn failed"
+            raise
+        finally:
+            for task in tasks:   # one failed: the others stop (their tools too)
+                task.cancel()
+            for i, call in enumerate(calls):   # (no await before this: a superseding turn's message comes after)
+                ok, output = outcomes.get(i, (False, f"not finished: {why} before this call's result came"))
+                add_message(turn, session, {"role": "tool", "tool_call_id": call.id,
+                                            "content": orjson.dumps(output if ok else {"error": str(output)}).decode()})
+        return seq
+
+    async def _tool_call(self, turn: Turn, run: Run, call: ToolCall, place: list[int],
+                         limit: asyncio.Semaphore | None = None) -> tuple[bool, Any, bool]:
+        """One tool call at its place: asked for approval there if it has a wait, then run as a
+        step (a recorded outcome is not run again). Its outcome, and whether it had a step (a
+        call not approved has none)."""
+        wait_seq, seq = place
         turn.emit(Kind.TURN_TOOL, {"phase": "call", "name": call.name, "data": {"call_id": call.id,
                                                                                "arguments": call.arguments}})
-        approval = await self.approvals.ask(turn, run, seq, call)   # an operation of its own, if asked
-        if approval is not None:
-            seq += 1
+        approval = await self.approvals.ask(turn, run, wait_seq, call) if wait_seq >= 0 else (True, "")
         op = run.ops.get(seq)
-        if approval is not None and not approval[0]:   # not run: the model reads why
+        if not approval[0]:   # not run: the model reads why
             ok, output = False, f"the user did not approve this call of {call.name}: {approval[1]}"
-            seq -= 1   # (no step of its own)
         elif op is not None and op.done:
             ok, output = op.ok, (op.result if op.ok else op.error)
         else:
-            attempt = (op.attempts if op is not None else 0) + 1
-            await self.flows.record(run, "step.started", seq=seq, name=f"tool:{call.name}", attempt=attempt)
-            ok, output = await self._run_tool(turn, run, call)
-            fields = {"result": output} if ok else {"error": str(output)}
-            await self.flows.record(run, "step.done", seq=seq, name=f"tool:{call.name}", ok=ok, attempt=attempt,
-                                    **fields)
+            async with limit or contextlib.nullcontext():
+                op = run.ops.get(seq)
+                attempt = (op.attempts if op is not None else 0) + 1
+                await self.flows.record(run, "step.started", seq=seq, name=f"tool:{call.name}", attempt=attempt)
+                ok, output = await self._run_tool(turn, run, call)
+                fields = {"result": output} if ok else {"error": str(output)}
+                await self.flows.record(run, "step.done", seq=seq, name=f"tool:{call.name}", ok=ok, attempt=attempt,
+                                        **fields)
         turn.emit(Kind.TURN_TOOL, {"phase": "result", "name": call.name, "data": {
             "call_id": call.id, "ok": ok, **({"result": output} if ok else {"error": str(output)})}})
-        add_message(turn, session, {"role": "tool", "tool_call_id": call.id,
-                                    "content": orjson.dumps(output if ok else {"error": str(output)}).decode()})
-        return seq + 1
+        return ok, output, approval[0]
 
     async def _run_tool(self, turn: Turn, run: Run, call: ToolCall) -> tuple[bool, Any]:
         try:

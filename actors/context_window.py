@@ -9,7 +9,8 @@ The current turn — from its user message on, its tool calls and results includ
 sent whole, whatever it takes: the model cannot answer without it. Older messages are added
 newest first while they fit, and the window begins at a user message: whole exchanges, never an
 answer without its question nor a tool result whose call was left out (OpenAI-compatible
-providers refuse a result with no call before it).
+providers refuse a result with no call before it). For the same reason a tool call the history
+keeps without its answer (written before a turn cut short answered its calls) is sent with one.
 """
 from __future__ import annotations
 
@@ -38,3 +39,29 @@ def context(messages: list[dict[str, Any]], max_chars: int) -> list[dict[str, An
     while start < turn_start and messages[start].get("role") != "user":
         start += 1
     return messages[start:] if start else messages
+
+
+UNANSWERED = '{"error": "not finished: the turn was cut short before this call\'s result came"}'
+
+
+def answered(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages with an answer for each tool call left without one. A turn cut short answers
+    its unfinished calls itself (actors/agent_loop.py); a history written before it did so
+    keeps such calls, and a provider refuses every request that carries one."""
+    out: list[dict[str, Any]] = []
+    waiting: list[str] = []
+    added = False
+    for message in messages:
+        if message.get("role") == "tool":
+            if message.get("tool_call_id") in waiting:
+                waiting.remove(message["tool_call_id"])
+        else:
+            added = added or bool(waiting)
+            out.extend({"role": "tool", "tool_call_id": call_id, "content": UNANSWERED} for call_id in waiting)
+            calls = message.get("tool_calls") if message.get("role") == "assistant" else None
+            waiting = [c["id"] for c in calls if isinstance(c, dict) and "id" in c] if isinstance(calls, list) else []
+        out.append(message)
+    if waiting:
+        out.extend({"role": "tool", "tool_call_id": call_id, "content": UNANSWERED} for call_id in waiting)
+        added = True
+    return out if added else messages

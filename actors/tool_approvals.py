@@ -66,21 +66,17 @@ class ToolApprovals:
     def needed(self, tool: str) -> bool:
         return "*" in self.names or tool in self.names
 
-    async def ask(self, turn: "Turn", run: Run, seq: int, call: ToolCall) -> tuple[bool, str] | None:
-        """Whether the call may run, and why not: asked at operation `seq` of the turn's run
-        (None: it needs no approval, and `seq` is free for its step). A replayed turn follows
-        its journal: an answer recorded is not asked again, a wait recorded is waited again."""
+    async def ask(self, turn: "Turn", run: Run, seq: int, call: ToolCall) -> tuple[bool, str]:
+        """Whether the call may run, and why not: asked at operation `seq` of the turn's run (the
+        agent loop places it there when `needed` said so). A replayed turn follows its journal:
+        an answer recorded is not asked again, a wait recorded is waited again."""
         op = run.ops.get(seq)
         if op is None:
-            if not self.needed(call.name):
-                return None
             await self.flows.record(run, "wait", seq=seq, name=f"approval:{call.name}",
                                     channel=CHANNEL_PREFIX + call.id, due=time.time() + self.timeout_secs)
             op = run.ops[seq]
             self._event(turn, "tool.approval", {"call_id": call.id, "name": call.name, "arguments": call.arguments,
                                                 "until": op.due})
-        elif op.op != "wait":   # the journal says it ran without asking (the policy changed since)
-            return None
         if op.done:
             return _outcome(run, seq)
         pending = Pending(seq, {"call_id": call.id, "name": call.name, "arguments": call.arguments, "until": op.due})

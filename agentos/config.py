@@ -55,6 +55,8 @@ class KernelConfig:
     session_ttl_secs: float = 300.0
     drain_secs: float = 30.0
     max_steps_per_turn: int = 8
+    # How many of one model answer's tool calls run at once (1: one after another).
+    tool_calls_at_once: int = 8
     # Tools whose calls a person approves before they run (comma-separated names, "*": every
     # tool; actors/tool_approvals.py), and how long a call waits for that before it is denied.
     approve_tools: str = ""

@@ -28,6 +28,7 @@ def validate(config: Config) -> None:
     _positive(config.kernel.session_ttl_secs, "kernel.session_ttl_secs")
     _positive(config.kernel.drain_secs, "kernel.drain_secs", allow_zero=True)
     _positive(config.kernel.max_steps_per_turn, "kernel.max_steps_per_turn")
+    _positive(config.kernel.tool_calls_at_once, "kernel.tool_calls_at_once")
     _positive(config.kernel.approval_timeout_secs, "kernel.approval_timeout_secs")
     from actors.flow_queues import QueueSpecError, parse_queues
     try:

@@ -170,6 +170,31 @@ def _tool_names(tools: object) -> set[str]:
     return names
 
 
+def _check_tool_pairs(messages: list) -> None:
+    """As OpenAI's API: each assistant message's tool calls are answered, each by a `tool`
+    message, before the next message of another role, and a `tool` message answers one of them.
+    A history that breaks this is a 400 there, so the mock refuses it too."""
+    waiting: list[str] = []
+    for i, message in enumerate(messages):
+        role = message.get("role")
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            if call_id not in waiting:
+                raise BadRequest(f"messages[{i}]: a message with role 'tool' must answer a tool call of the "
+                                 f"assistant message before it, and {call_id!r} is none that waits")
+            waiting.remove(call_id)
+            continue
+        if waiting:
+            raise BadRequest("an assistant message with 'tool_calls' must be followed by tool messages answering "
+                             f"each 'tool_call_id'; these were not answered: {', '.join(map(str, waiting))}")
+        calls = message.get("tool_calls") if role == "assistant" else None
+        if isinstance(calls, list):
+            waiting = [c.get("id") for c in calls if isinstance(c, dict)]
+    if waiting:
+        raise BadRequest("an assistant message with 'tool_calls' must be followed by tool messages answering "
+                         f"each 'tool_call_id'; these were not answered: {', '.join(map(str, waiting))}")
+
+
 def plan_reply(body: object, profile: MockProfile, rng: random.Random) -> wire.Plan:
     """Validate an OpenAI chat request and decide the reply; BadRequest on bad input."""
     if not isinstance(body, dict):
@@ -188,6 +213,7 @@ def plan_reply(body: object, profile: MockProfile, rng: random.Random) -> wire.P
         chars += len(text)
         if message.get("role") == "user":
             last_user, user_text = i, text
+    _check_tool_pairs(messages)
     overrides, query = _parse_marker(user_text)
 
     fault = overrides.get("error")

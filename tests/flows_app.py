@@ -297,11 +297,21 @@ def get_weather(q):
     marker = os.environ.get("FLOWS_APP_TOOL_MARKER")
     if marker:
         effect(marker, f"weather {q}")
+    beside = os.environ.get("FLOWS_APP_WEATHER_BESIDE")   # a file `search` makes as it starts
+    if beside:   # it returns only once a search runs beside it: proof that the two run at once
+        for _ in range(30):
+            if os.path.exists(beside):
+                break
+            time.sleep(0.1)
+        else:
+            raise RuntimeError("no search started while the weather was looked up")
     return {"city": q, "forecast": "sunny", "celsius": 21}
 
 
 @tool(description="Search the web", parameters={"type": "object", "properties": {"q": {"type": "string"}}})
 async def search(q):
+    if os.environ.get("FLOWS_APP_WEATHER_BESIDE"):
+        effect(os.environ["FLOWS_APP_WEATHER_BESIDE"], "search started")
     marker = os.environ.get("FLOWS_APP_TOOL_MARKER")
     if marker:
         effect(marker, f"search {q}")

@@ -226,14 +226,15 @@ def finished_transcript(base: str, sid: str, timeout: float = 30.0) -> list[dict
 
 def turn_killing_its_actor(server, sid: str, text: str, gate: Path, actors: int = 2,
                            system: str | None = None) -> TurnResult:
-    """Run a turn whose tools are get_weather then search, and kill -9 the session's actor once
-    the search call has started (the weather step is committed, the search step running). The
+    """Run a turn whose tools are get_weather and search (run at once), and kill -9 the session's
+    actor once the weather's result is in (its step is committed, the search step running). The
     search returns only once `gate` exists (its worker's FLOWS_APP_TOOL_GATE), created after the kill."""
     from broker.sharding import actor_name
 
     async def go():
         async def on_event(name, result):
-            if name == "tool" and result.events[-1][1]["phase"] == "call" and result.events[-1][1]["name"] == "search":
+            last = result.events[-1][1]
+            if name == "tool" and last["phase"] == "result" and last["name"] == "get_weather":
                 await asyncio.get_running_loop().run_in_executor(None, server.kill9, actor_name(sid, actors))
                 gate.touch()
 

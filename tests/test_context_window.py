@@ -2,7 +2,7 @@
 current turn whole, the newest older exchanges that fit, from a user message (unit)."""
 import orjson
 
-from actors.context_window import context
+from actors.context_window import answered, context
 
 CALL = {"role": "assistant", "content": "", "tool_calls": [{"id": "a", "type": "function",
                                                             "function": {"name": "f", "arguments": "{}"}}]}
@@ -37,3 +37,16 @@ def test_a_window_holds_the_current_turn_and_the_newest_older_messages_that_fit(
     mid = messages + [CALL, {"role": "tool", "tool_call_id": "a", "content": "z" * 500}]
     sent = context(mid, 100)
     assert sent == mid[-3:] and size(sent) > 100
+
+
+def test_a_tool_call_left_without_its_answer_is_answered_in_what_is_sent():
+    asked = {"role": "assistant", "content": "", "tool_calls": [{"id": "a", "type": "function", "function": {}},
+                                                                 {"id": "b", "type": "function", "function": {}}]}
+    answer_b = {"role": "tool", "tool_call_id": "b", "content": "{}"}
+    history = [{"role": "user", "content": "x"}, asked, answer_b, {"role": "user", "content": "y"}]
+    sent = answered(history)
+    assert [(m["role"], m.get("tool_call_id")) for m in sent] == [("user", None), ("assistant", None), ("tool", "b"),
+                                                                  ("tool", "a"), ("user", None)]
+    assert "cut short" in sent[3]["content"] and len(history) == 4    # the transcript itself is not changed
+    whole = [history[0], asked, answer_b, {"role": "tool", "tool_call_id": "a", "content": "{}"}, history[3]]
+    assert answered(whole) is whole                                      # nothing missing: the same list

@@ -1,6 +1,7 @@
 """End-to-end: the agent loop on durable steps — tool calls run by a worker, journaled, and a
 turn that finishes after its actor was killed mid-turn."""
 import asyncio
+import json
 import os
 import signal
 import time
@@ -13,16 +14,18 @@ from harness import finished_transcript, get_json, run_turn, turn, turn_killing_
 TOOLS = "[[mock tool_calls=get_weather,search ttft_ms=20]]"
 
 
-def test_a_turn_with_two_tool_calls_streams_and_records_both_steps(make_server, make_worker, tmp_path):
+def test_a_turn_with_two_tool_calls_runs_them_at_once_and_records_both_steps(make_server, make_worker, tmp_path):
     marker = tmp_path / "tools.txt"
     server = make_server()
-    make_worker(server, env={"FLOWS_APP_TOOL_MARKER": str(marker)})
+    # the weather tool returns only once a search has started beside it (else it fails)
+    make_worker(server, env={"FLOWS_APP_TOOL_MARKER": str(marker), "FLOWS_APP_WEATHER_BESIDE": str(tmp_path / "b")})
     result = turn(server.url, "agent-tools", f"what is the weather in Paris {TOOLS}")
     assert result.terminal == "turn.completed", result.events[-1]
     tools = [(d["phase"], d["name"]) for e, d in result.events if e == "tool"]
-    assert tools == [("call", "get_weather"), ("result", "get_weather"), ("call", "search"), ("result", "search")]
+    assert tools[:2] == [("call", "get_weather"), ("call", "search")]
+    assert sorted(tools[2:]) == [("result", "get_weather"), ("result", "search")]
     weather = next(d for e, d in result.events if e == "tool" and d["phase"] == "result" and d["name"] == "get_weather")
-    assert weather["ok"] is True and weather["result"]["forecast"] == "sunny"
+    assert weather["ok"] is True and weather["result"]["forecast"] == "sunny", weather
     done = result.data("turn.completed")
     assert done["steps"] == 4 and done["finish_reason"] == "stop"          # model, tool, tool, model
     assert result.text  # the model's final answer streamed after the tools
@@ -32,9 +35,24 @@ def test_a_turn_with_two_tool_calls_streams_and_records_both_steps(make_server, 
     _, _, transcript = get_json(f"{server.url}/v1/sessions/agent-tools/messages")
     roles = [m["role"] for m in transcript["messages"]]
     assert roles == ["user", "assistant", "tool", "tool", "assistant"]
-    assert [c["function"]["name"] for c in transcript["messages"][1]["tool_calls"]] == ["get_weather", "search"]
+    calls = transcript["messages"][1]["tool_calls"]
+    assert [c["function"]["name"] for c in calls] == ["get_weather", "search"]
+    assert [m["tool_call_id"] for m in transcript["messages"][2:4]] == [c["id"] for c in calls]   # in the calls' order
+    assert json.loads(transcript["messages"][2]["content"])["forecast"] == "sunny"
     _, _, events = get_json(f"{server.url}/v1/sessions/agent-tools/events")
     assert [e["data"]["kind"] for e in events["events"] if e["type"] == "step.completed"] == ["model", "model"]
+
+
+def test_tool_calls_at_once_1_runs_an_answers_calls_one_after_another(make_server, make_worker, tmp_path):
+    server = make_server({"kernel": {"tool_calls_at_once": 1}})
+    make_worker(server, env={"FLOWS_APP_WEATHER_BESIDE": str(tmp_path / "b")})
+    result = turn(server.url, "agent-tools-serial", f"what is the weather in Paris {TOOLS}")
+    assert result.terminal == "turn.completed", result.events[-1]
+    tools = [(d["phase"], d["name"], d.get("ok")) for e, d in result.events if e == "tool"]
+    # the weather ran alone, so no search began beside it: it gave up, and the search ran after
+    assert tools[2:] == [("result", "get_weather", False), ("result", "search", True)], tools
+    weather = next(d for e, d in result.events if e == "tool" and d["phase"] == "result" and d["name"] == "get_weather")
+    assert "no search started" in weather["error"]
 
 
 def test_a_turn_survives_kill9_of_its_actor_mid_turn(make_server, make_worker, tmp_path):
@@ -84,6 +102,16 @@ def test_cancelling_a_turn_stops_its_running_tool(make_server, make_worker, tmp_
     assert result.terminal == "turn.cancelled"
     time.sleep(3.5)  # past the tool's own 3 s: had it not been stopped, it would have finished by now
     assert "search done cancel me" not in marker.read_text()
+    # The cut call is answered in the history, so the next turn's model call is one a provider
+    # takes (OpenAI's API, and the mock, refuse a tool call left without its answer).
+    again = turn(server.url, sid, "and now?")
+    assert again.terminal == "turn.completed", again.events[-1]
+    messages = get_json(f"{server.url}/v1/sessions/{sid}/messages")[2]["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "tool", "user", "assistant"]
+    calls = {c["id"]: c["function"]["name"] for c in messages[1]["tool_calls"]}
+    answers = {calls[m["tool_call_id"]]: json.loads(m["content"]) for m in messages[2:4]}
+    assert answers["get_weather"]["forecast"] == "sunny"
+    assert "cancelled" in answers["search"]["error"], answers
 
 
 def test_a_cancel_a_stalled_worker_missed_still_stops_its_tool(make_server, make_worker, tmp_path):

@@ -18,11 +18,14 @@ def answer(base, sid, turn_id, call_id, body):
                     body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
 
 
-def turn_answered(base, sid, text, decide):
-    """A turn whose approval events are answered by `decide(turn_id, event)` (None: not answered)."""
+def turn_answered(base, sid, text, decide, then=None):
+    """A turn whose approval events are answered by `decide(turn_id, event)` (None: not answered);
+    `then(result)` is called at each of its other tool events."""
     async def go():
         async with aiohttp.ClientSession() as http:
             async def on_event(name, result):
+                if name == "tool" and result.events[-1][1]["phase"] != "approval" and then is not None:
+                    await asyncio.get_running_loop().run_in_executor(None, then, result)
                 if name == "tool" and result.events[-1][1]["phase"] == "approval":
                     turn_id = result.data("turn.started")["turn_id"]
                     body = decide(turn_id, result.events[-1][1])
@@ -51,8 +54,10 @@ def test_a_tool_waits_for_its_approval_and_a_no_or_no_answer_leaves_it_unrun(mak
 
     denied = turn_answered(base, "approve-1", f"weather and news {TOOLS}", deny)
     assert denied.terminal == "turn.completed", denied.events[-3:]
-    assert tool_events(denied) == [("call", "get_weather"), ("result", "get_weather"), ("call", "search"),
-                                   ("approval", "search"), ("result", "search")]
+    events = tool_events(denied)   # the two at once: the weather needs no approval
+    assert events[:2] == [("call", "get_weather"), ("call", "search")]
+    assert sorted(events[2:]) == [("approval", "search"), ("result", "get_weather"), ("result", "search")]
+    assert events.index(("approval", "search")) < events.index(("result", "search"))
     asked = next(d for e, d in denied.events if e == "tool" and d["phase"] == "approval")
     assert seen["session"]["approvals"] == [{"call_id": asked["call_id"], "name": "search",
                                              "arguments": asked["arguments"], "until": asked["until"]}]
@@ -88,13 +93,15 @@ def test_a_wait_for_approval_survives_its_actors_kill(make_server, make_worker, 
     make_worker(server, env={"FLOWS_APP_TOOL_MARKER": str(marker)})
     base, sid = server.url, "approve-kill"
 
-    def kill_then_leave(turn_id, event):
-        if event["name"] == "get_weather":
-            return {"approve": True}
-        server.kill9(actor_name(sid, 2))   # waiting for the second: its actor dies
-        return None
+    def approve_one(turn_id, event):
+        return {"approve": True} if event["name"] == "get_weather" else None
 
-    cut = turn_answered(base, sid, f"weather and news {TOOLS}", kill_then_leave)
+    def kill_once_the_weather_ran(result):
+        last = result.events[-1][1]
+        if last["phase"] == "result" and last["name"] == "get_weather":   # the search waits: its actor dies
+            server.kill9(actor_name(sid, 2))
+
+    cut = turn_answered(base, sid, f"weather and news {TOOLS}", approve_one, then=kill_once_the_weather_ran)
     assert cut.terminal is None
 
     def waiting():
