@@ -234,6 +234,14 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules, RunQue
                 return op if op.op in ("sleep", "wait", "child") else None
             seq += 1
 
+    def open_children(self, run: Run) -> list[Op]:
+        """The children a run parked on children waits for: those a flow started at once
+        (asyncio.gather) are all open together, the first of them what `blocked_on` names."""
+        op = self.blocked_on(run)
+        if op is None or op.op != "child":
+            return []
+        return [o for o in run.ops.values() if o.op == "child" and not o.done and o.seq >= op.seq]
+
     def dispatch(self, run: Run) -> None:
         """A new execution of the run on some worker (a schedule's has none: its actor runs it)."""
         if run.ended or run.flow == SCHEDULE_FLOW:
@@ -245,6 +253,7 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules, RunQue
         run.exec = (self.bus.incarnation << 24) | self.exec_counter
         run.last_alive = time.monotonic()
         run.status = "running"
+        run.parked = False
         self.adopted.discard(run.run_id)
         self.bus.send(SCHEDULER, Kind.TASK_SUBMIT, {
             "task_id": f"{run.run_id}#{run.exec}", "kind": "flow", "name": run.flow, "tenant": run.tenant,
@@ -256,13 +265,15 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules, RunQue
         op = self.blocked_on(run)
         if op is None:
             return  # running: the watchdog dispatches it again unless its worker reports it alive
+        run.parked = True
         if op.op in ("sleep", "start") or (op.op == "wait" and op.due):
             self.set_timer(run, op)
         if op.op == "wait":
             run.waiting = op.seq
             self.bus.spawn(self._take_and_run(run, op))
-        if op.op == "child" and op.child:   # its end may have come while this actor was down, or it never began
-            self.bus.spawn(self.follow_child(run, op))
+        for child in self.open_children(run):   # its end may have come while this actor was down, or it never began
+            if child.child:
+                self.bus.spawn(self.follow_child(run, child))
         if op.op == "queue":
             self.enqueue(run)
 

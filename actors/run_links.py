@@ -39,9 +39,9 @@ class RunLinks:
         run.link_checked = now
         if run.parent:
             self.bus.spawn(self.follow_parent(run, attempts=1))
-        op = self.blocked_on(run)
-        if op is not None and op.op == "child" and op.child:
-            self.bus.spawn(self.follow_child(run, op, periodic=True))
+        for op in self.open_children(run):
+            if op.child:
+                self.bus.spawn(self.follow_child(run, op, periodic=True))
 
     async def follow_parent(self, run: Run, attempts: int = 4) -> None:
         """The run is cancelled if its parent was: the parent's word of it may have been lost."""
@@ -70,7 +70,7 @@ class RunLinks:
                 self.log.warning("child %s of ended run %s not cancelled: %s", run.run_id, run.parent, exc)
 
     async def follow_child(self, run: Run, op: Op, periodic: bool = False) -> None:
-        """The child the run is parked on, asked after: its end is recorded if it has ended, and
+        """A child the run is parked on, asked after: its end is recorded if it has ended, and
         the run executes again if the child never began (its replay asks for the child again,
         with the input only the flow's code has, and that starts it)."""
         try:
@@ -88,7 +88,7 @@ class RunLinks:
             self.log.info("child %s of %s had ended unheard (%s): recorded now", op.child, run.run_id, status)
             await self.or_reload(run, self._child_ended(run, op.seq, status == "completed", reply.body.get("result"),
                                                         reply.body.get("error", f"child flow {status}")))
-        elif reply.body.get("code") == "not_found" and self.blocked_on(run) is op:
+        elif reply.body.get("code") == "not_found" and op in self.open_children(run):
             self.log.info("child %s of %s never began: running the parent again to start it", op.child, run.run_id)
             self.dispatch(run)
 

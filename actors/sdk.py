@@ -10,6 +10,13 @@ that differs between runs (time, randomness, I/O) belongs inside a step. A repla
 another path fails the run with a `NonDeterministic` error naming the operation. To change a
 flow while runs of it are in flight, branch on `await ctx.patched("an-id")` (below).
 
+Operations may run at once (`await asyncio.gather(ctx.step(a), ctx.step(b))`, children alike):
+each takes its place in the journal when it is called, so a replay finds it there whatever
+order they finished in. Keep each branch to one operation (a branch of several takes places
+that depend on when the others finish): a branch of several belongs in a child flow. A sleep or
+a wait waits for the operations before it, and those after a sleep, wait or child wait for it
+to be answered, so a run parks with no step in flight.
+
 Declare what a worker runs in one explicit table and point `agent-os worker` at it:
 
     from actors.sdk import App, Retry, tool
@@ -188,6 +195,10 @@ def check_encodable(value: Any, what: str, json: bool = False) -> None:
                          f"{MAX_VALUE_BYTES:,} bytes")
 
 
+# what an operation of each kind waits for, of those called before it (FlowContext._in_turn)
+_WAITS_FOR = {"park": ("step", "park", "child"), "child": ("step", "park"), "step": ("park", "child")}
+
+
 class FlowContext:
     """What a flow's code sees. Made by the worker for each execution of a run."""
 
@@ -201,6 +212,10 @@ class FlowContext:
         self._seq = 0
         self._attrs = dict(attrs)
         self._results_due: set[int] = set()   # ASYNC results sent and not yet answered (the runtime's)
+        # operations sent and not yet over, by seq: their kind ("park": a sleep or wait, "child",
+        # over once answered; "step": once its outcome is sent) and a future done then
+        self._open: dict[str, dict[int, asyncio.Future]] = {"step": {}, "park": {}, "child": {}}
+        self._ending = False   # an operation was answered `suspend` or `abort`: this execution ends
 
     @property
     def attrs(self) -> dict[str, Any]:
@@ -213,11 +228,48 @@ class FlowContext:
         while self._seq < len(self._journal) and self._journal[self._seq]["op"] == "patch":
             self._seq += 1
 
-    async def _op(self, op: str, name: str, **fields: Any) -> dict[str, Any]:
+    def _take_seq(self, op: str) -> int:
+        """The next operation's place: taken when it is called, so operations run at once
+        (asyncio.gather) have their calls' order whatever order they finish in."""
         if op != "patch":
             self._past_patch_marks()
-        seq = self._seq
         self._seq += 1
+        return self._seq - 1
+
+    async def _in_turn(self, seq: int, kind: str) -> None:
+        """Wait until operation `seq` may go. Steps run at once, and so do children; but a sleep
+        or wait waits for every operation before it to be over, a child for the steps and sleeps
+        before it, and a step for the answer of each sleep, wait or child before it. So an
+        execution parks with no step of it in flight (the run's next execution would cut it
+        off), and on no more than one sleep or wait, or on children alone."""
+        if seq in self._open[kind]:   # a step's next attempt
+            return
+        # (all open ones came before it: each is open from when it was called)
+        before = [done for other in _WAITS_FOR[kind] for done in self._open[other].values()]
+        self._open[kind][seq] = asyncio.get_running_loop().create_future()   # (now: those after it see it)
+        try:
+            if before:
+                await asyncio.wait(before)   # (not gather: a cancel here must not cancel the others')
+            if self._ending:
+                raise Suspended   # the execution ends: what is after its park runs in the next one
+        except BaseException:
+            self._over(seq)
+            raise
+
+    def _over(self, seq: int) -> None:
+        for open_ in self._open.values():
+            done = open_.pop(seq, None)
+            if done is not None and not done.done():
+                done.set_result(None)
+
+    async def settled(self) -> None:
+        """Wait for the operations still in flight (a step beside the one that parked runs on)."""
+        while any(self._open.values()):
+            await asyncio.wait([done for open_ in self._open.values() for done in open_.values()])
+
+    async def _op(self, op: str, name: str, seq: int | None = None, **fields: Any) -> dict[str, Any]:
+        if seq is None:
+            seq = self._take_seq(op)
         if seq < len(self._journal):
             recorded = self._journal[seq]
             if recorded["op"] != op or recorded["name"] != name:
@@ -225,8 +277,18 @@ class FlowContext:
                     f"operation {seq} was {recorded['op']} {recorded['name']!r} when run {self.run_id} first ran, "
                     f"and the code now asks for {op} {name!r}: flow code must take the same path on replay")
             return {"action": "replay", **recorded}
-        body = await self._rt.step_start(self, {"seq": seq, "op": op, "name": name, **fields})
+        kind = "park" if op in ("sleep", "wait") else "child" if op == "child" else "step"
+        await self._in_turn(seq, kind)
+        try:
+            body = await self._rt.step_start(self, {"seq": seq, "op": op, "name": name, **fields})
+        except BaseException:
+            self._over(seq)
+            raise
         action = body["action"]
+        if action in ("abort", "suspend"):
+            self._ending = True
+        if kind != "step" or action != "run":   # (a step that runs is over once its outcome is sent)
+            self._over(seq)
         if action == "abort":
             raise Superseded
         if action == "suspend":
@@ -246,13 +308,17 @@ class FlowContext:
             raise ValueError("durability must be 'sync' or 'async'")
         retry = retry or Retry()
         name = name or getattr(fn, "__name__", "step")
-        self._past_patch_marks()
         if durability == "async":
             return await self._async_step(fn, args, kwargs, retry, timeout, name)
-        seq = self._seq
+        seq = self._take_seq("step")
+        try:
+            return await self._sync_step(fn, args, kwargs, retry, timeout, name, seq)
+        finally:
+            self._over(seq)
+
+    async def _sync_step(self, fn, args, kwargs, retry: Retry, timeout, name: str, seq: int) -> Any:
         while True:
-            self._seq = seq
-            go = await self._op("step", name, sync=True, max_attempts=retry.max_attempts)
+            go = await self._op("step", name, seq=seq, sync=True, max_attempts=retry.max_attempts)
             if go["action"] in ("replay", "fail"):
                 if go.get("ok", False):
                     return go.get("result")
@@ -281,14 +347,19 @@ class FlowContext:
             return result
 
     async def _async_step(self, fn, args, kwargs, retry: Retry, timeout, name: str) -> Any:
-        seq = self._seq
-        self._seq += 1
+        seq = self._take_seq("step")
         if seq < len(self._journal):
-            self._seq = seq
-            go = await self._op("step", name)
+            go = await self._op("step", name, seq=seq)
             if go.get("ok", False):
                 return go.get("result")
             raise StepFailed(f"step {name!r} failed: {go.get('error', '')}")
+        await self._in_turn(seq, "step")
+        try:
+            return await self._async_attempts(fn, args, kwargs, retry, timeout, name, seq)
+        finally:
+            self._over(seq)
+
+    async def _async_attempts(self, fn, args, kwargs, retry: Retry, timeout, name: str, seq: int) -> Any:
         for attempt in range(1, retry.max_attempts + 1):
             try:
                 result = await self._attempt(fn, args, kwargs, timeout, seq, attempt, None)

@@ -181,10 +181,14 @@ class WorkerRuntime:
             result = await fn(ctx, payload.get("input"))
             check_encodable(result, f"the result of flow {task['name']!r}", json=True)   # else the run retried for ever
             body = {"ok": True, "result": result}
-        except (Suspended, Superseded):
+        except Superseded:
+            return
+        except Suspended:   # parked: a step run beside what parked (asyncio.gather) ends first, its outcome sent
+            await ctx.settled()
             return
         except Exception as exc:  # the flow raised: the run fails with its error
             body = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        await ctx.settled()   # (a step left running beside a branch that failed, or not awaited)
         if ctx._results_due:
             body["results_due"] = sorted(ctx._results_due)
         await self._request(task["actor"], Kind.FLOW_COMPLETE, {"run_id": task["run_id"], "exec": task["exec"], **body},

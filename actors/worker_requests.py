@@ -267,7 +267,11 @@ class WorkerRequests:
         if op is None or op.done:
             return
         await self.record(run, "op.done", seq=seq, op="child", ok=ok, result=result, error=error)
-        self.dispatch(run)
+        # Children started at once: the run goes on once the last has ended (whatever comes after
+        # them waits for them), and only if it is parked: an execution that went on past them
+        # meanwhile (a replay that found them ended) is not cut off, nor its steps run twice.
+        if run.parked and not self.open_children(run):
+            self.dispatch(run)
 
     def on_timer_fire(self, msg: Message) -> None:
         run = self.runs.get(msg.body["run_id"])
@@ -327,6 +331,7 @@ def _park(run: Run) -> str:
     if run.ended:
         return "abort"
     run.status = "suspended"
+    run.parked = True
     _wake(run, "suspended")
     return "suspend"
 

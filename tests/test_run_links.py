@@ -62,6 +62,57 @@ def test_a_parent_recovered_while_parked_on_a_child_asks_how_the_child_stands(ch
         assert not op.done and log.appended == [] and submitted == 0
 
 
+PARKED_ON_CHILDREN = PARKED_ON_A_CHILD + [   # started at once (asyncio.gather): the first has ended
+    {"type": "child.started", "seq": 1, "name": "child", "child": "r-1.1"},
+    {"type": "child.started", "seq": 2, "name": "child", "child": "r-1.2"},
+    {"type": "op.done", "seq": 0, "op": "child", "ok": True, "result": 1}]
+
+
+def test_a_parent_parked_on_children_started_at_once_asks_after_each_open_one():
+    """Recovered, and in its live link checks, it asks after every child it waits for, not the
+    first alone: the end of a later one, unheard, left it parked until the first ended."""
+    answers = {"r-1.1": CHILD_ANSWERS["completed"], "r-1.2": CHILD_ANSWERS["never began"]}
+
+    async def main():
+        bus, log = FakeBus(), AcceptingLog()
+        bus.request = answering(bus, answers)
+        flows = await restarted(bus, log, "r-1", PARKED_ON_CHILDREN)
+        await settle()
+        recovered = sorted(body["run_id"] for _, _, body in bus.requests)
+        run = flows.runs["r-1"]
+        bus.requests.clear()
+        flows.check_links(run, run.link_checked + run_links.LINK_CHECK_SECS + 1)
+        await settle()
+        return flows, bus, log, recovered
+
+    flows, bus, log, recovered = asyncio.run(main())
+    assert recovered == ["r-1.1", "r-1.2"]
+    ops = flows.runs["r-1"].ops
+    assert ops[1].done and ops[1].result == 7 and not ops[2].done
+    assert [(r["type"], r["seq"]) for r in log.appended] == [("op.done", 1)]
+    assert [kind for _, kind, _ in bus.sent].count(Kind.TASK_SUBMIT) >= 1   # runs again: that starts r-1.2
+    assert [body["run_id"] for _, _, body in bus.requests] == ["r-1.2"]      # the open one, at the next check
+
+
+@pytest.mark.parametrize("parked", [True, False])
+def test_children_started_at_once_run_their_parent_again_once_the_last_has_ended(parked):
+    """Not at each child's end (each new execution would only park again), and not at all under
+    an execution that went on past them (it found them ended): that cut it off, and the step it
+    was running after them ran again in the next one."""
+    async def main():
+        flows, bus, run, _ = live_run(PARKED_ON_CHILDREN[:-1], AcceptingLog())
+        run.parked = parked
+        submits = []
+        for seq in (1, 0, 2):
+            await flows.on_child_done(Message("actor/0", Kind.FLOW_CHILD_DONE, seq, 0.0, 0, "r-1", "",
+                                              {"run_id": "r-1", "seq": seq, "child": f"r-1.{seq}", "ok": True,
+                                               "result": seq}))
+            submits.append([kind for _, kind, _ in bus.sent].count(Kind.TASK_SUBMIT))
+        return submits
+
+    assert asyncio.run(main()) == ([0, 0, 1] if parked else [0, 0, 0])
+
+
 def test_a_live_parent_asks_after_its_child_only_once_a_link_check_is_due():
     """The child's actor died between appending its end and telling the parent, whose actor lived on."""
     async def main():
