@@ -5,7 +5,8 @@ Load (bench/chaos_clients.py): turn clients (SSE, resumed with Last-Event-ID whe
 drops; every fourth time two turns at once on the session, one superseding the other; every seventh
 time a turn cancelled a few milliseconds in), checkpoint clients (numbered PUTs per session), flow
 clients (runs of SYNC steps started with an Idempotency-Key, every third in a flow queue of 2 places
-and 10 admissions a second, with priorities), close clients (a session filled, then closed), forks
+and 10 admissions a second, with priorities, and another third running their steps at once, then
+two children at once), close clients (a session filled, then closed), forks
 of some runs and sessions (bench/chaos_forks.py), and a schedule that starts a run every second
 (bench/chaos_schedules.py), on one real process tree with full persistence and one worker process.
 Every few seconds (jittered) one role of the tree — broker, gateway, an actor, the scheduler, a log

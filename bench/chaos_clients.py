@@ -18,6 +18,9 @@ FLOW_STEPS = 5
 # second, with a priority of 0, 1 or 2: the queue's places, rate and order through the kills
 QUEUE, QUEUE_LIMIT = "chaos", "2@10/1s"
 QUEUED_EVERY = 3
+# and the runs with n % 3 == FANNED (neither queued nor forked) run their steps at once, then two
+# children at once (bench/steps_app.py fanned_steps)
+FANNED = 2
 
 
 class Ledger:
@@ -113,7 +116,8 @@ async def flow_client(http, base: str, index: int, ledger: Ledger, stop: asyncio
                 body = {"input": FLOW_STEPS}
                 if n % QUEUED_EVERY == 1:
                     body.update(queue=QUEUE, priority=n // QUEUED_EVERY % 3)
-                async with http.post(f"{base}/v1/flows/sync_steps/runs", json=body,
+                flow = "fanned_steps" if n % QUEUED_EVERY == FANNED else "sync_steps"
+                async with http.post(f"{base}/v1/flows/{flow}/runs", json=body,
                                      headers={"Idempotency-Key": key},
                                      timeout=aiohttp.ClientTimeout(total=30)) as resp:
                     body = await resp.json(content_type=None)
@@ -121,6 +125,7 @@ async def flow_client(http, base: str, index: int, ledger: Ledger, stop: asyncio
                         ledger.flows[body["run_id"]] = key
                         ledger.tick("flows")
                         ledger.forks["queued"] += body.get("queue") == QUEUE
+                        ledger.forks["fanned"] += flow == "fanned_steps"
                         if n % RUN_FORK_EVERY == 0:
                             await fork_run(http, base, body["run_id"], f"{key}-fork", ledger, stop)
                         break

@@ -1,5 +1,6 @@
 """The flows the step benchmark runs on its workers: trivial bodies, so the cost measured is
 the framework's (journal, bus, scheduling), as in the reference benchmark."""
+import asyncio
 import time
 
 from actors.sdk import App
@@ -46,6 +47,14 @@ async def timed_async_steps(ctx, n):
     return await _timed_steps(ctx, n, "async")
 
 
+async def fanned_steps(ctx, n):
+    """n SYNC steps at once, then two children of n steps at once (asyncio.gather); returns n if
+    each result is at its place (the chaos run checks it), else what came back."""
+    got = await asyncio.gather(*(ctx.step(noop, i) for i in range(n)))
+    children = await asyncio.gather(*(ctx.child(sync_steps, n) for _ in range(2)))
+    return n if list(got) == list(range(n)) and children == [n, n] else {"steps": got, "children": children}
+
+
 async def one_step(ctx, _):
     return await ctx.step(noop, 1)
 
@@ -67,6 +76,7 @@ def incr(value, arg):
     return (value or 0) + (arg or 1)
 
 
-app = App(flows=[sync_steps, async_steps, timed_sync_steps, timed_async_steps, one_step, holder, woken],
+app = App(flows=[sync_steps, async_steps, timed_sync_steps, timed_async_steps, fanned_steps, one_step, holder,
+                 woken],
           updates={"incr": incr})
 _ = BIG
