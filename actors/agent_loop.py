@@ -5,10 +5,11 @@ A turn is a run of the built-in flow `turn` owned by its session's actor (run id
 long as its stream is open, and its whole answer (text, tool calls, usage) is journaled. Each
 tool call the model asks for is a step run by a worker that registered the tool; its result is
 journaled and handed back to the model. The calls of one answer run at once (up to
-`kernel.tool_calls_at_once`), each at a place in the run fixed with the answer. The loop ends when the model answers without tool
-calls, or after `kernel.max_steps_per_turn` model calls. After every step the session is
-checkpointed. If the actor dies mid-turn, its successor replays the journal — finished steps
-return their recorded outcome, nothing runs twice — and finishes the turn in the background.
+`kernel.tool_calls_at_once`), each at a place in the run fixed with the answer. The loop ends
+when the model answers without tool calls, or after `kernel.max_steps_per_turn` model calls.
+After every step the session is checkpointed. If the actor dies mid-turn, its successor replays
+the journal — finished steps return their recorded outcome, nothing runs twice — and finishes
+the turn in the background.
 
 A provider 429 releases the permit with the provider's Retry-After, so the scheduler pauses
 every grant, not just this one. A model call that failed before any token was streamed is

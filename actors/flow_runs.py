@@ -234,14 +234,6 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules, RunQue
                 return op if op.op in ("sleep", "wait", "child") else None
             seq += 1
 
-    def open_children(self, run: Run) -> list[Op]:
-        """The children a run parked on children waits for: those a flow started at once
-        (asyncio.gather) are all open together, the first of them what `blocked_on` names."""
-        op = self.blocked_on(run)
-        if op is None or op.op != "child":
-            return []
-        return [o for o in run.ops.values() if o.op == "child" and not o.done and o.seq >= op.seq]
-
     def dispatch(self, run: Run) -> None:
         """A new execution of the run on some worker (a schedule's has none: its actor runs it)."""
         if run.ended or run.flow == SCHEDULE_FLOW:

@@ -32,6 +32,14 @@ ASK_TIMEOUT_SECS = 30.0
 
 
 class RunLinks:
+    def open_children(self, run: Run) -> list[Op]:
+        """The children a run parked on children waits for: those a flow started at once
+        (asyncio.gather) are all open together, the first of them what `blocked_on` names."""
+        op = self.blocked_on(run)
+        if op is None or op.op != "child":
+            return []
+        return [o for o in run.ops.values() if o.op == "child" and not o.done and o.seq >= op.seq]
+
     def check_links(self, run: Run, now: float) -> None:
         """The watchdog's turn for an open run: ask after its parent and its child, if it is time."""
         if now - run.link_checked < LINK_CHECK_SECS or run.stale:
