@@ -2,8 +2,9 @@
 few seconds, then an accounting done by the load generator itself.
 
 Load (bench/chaos_clients.py): turn clients (SSE, resumed with Last-Event-ID when a connection
-drops; every fourth time two turns at once on the session, one superseding the other; every seventh
-time a turn cancelled a few milliseconds in), checkpoint clients (numbered PUTs per session), flow
+drops; every fourth time two turns at once on the session, one superseding the other; every third
+a turn whose model calls two tools at once; every seventh time a turn cancelled a few milliseconds
+in, or while its tools run), checkpoint clients (numbered PUTs per session), flow
 clients (runs of SYNC steps started with an Idempotency-Key, every third in a flow queue of 2 places
 and 10 admissions a second, with priorities, and another third running their steps at once, then
 two children at once), close clients (a session filled, then closed), forks
@@ -24,6 +25,8 @@ The accounting, after the kills stop and the tree has settled:
   whose close was acknowledged that a read still finds (bench/chaos_closes.py); an acknowledged
   fork of a session that does not hold the messages it was answered with.
 - hung: streams that neither ended with a terminal event nor closed cleanly within the deadline.
+- failed turns by their error code: `bad_request` is the provider refusing a session's history
+  (as OpenAI's API refuses one with a tool call left unanswered).
 - restarts per role, and each process's private memory after warm-up and after the run.
 - the JSON-lines copy of the events (on in this run): every event the logs hold is one line of
   it, though writer/store was killed mid-load (bench/chaos_jsonl.py).

@@ -21,6 +21,10 @@ QUEUED_EVERY = 3
 # and the runs with n % 3 == FANNED (neither queued nor forked) run their steps at once, then two
 # children at once (bench/steps_app.py fanned_steps)
 FANNED = 2
+# the tools of bench/steps_app.py, both called at once by a turn's model (the mock's marker; "made
+# up": called also while a restarted scheduler lists no tools yet, where the model would be told
+# that no worker has them, rather than the mock refusing the request)
+TOOL_CALLS = "[[mock made_up_tool_calls=lookup,tally]]"
 
 
 class Ledger:
@@ -28,6 +32,7 @@ class Ledger:
 
     def __init__(self) -> None:
         self.turns = collections.Counter()
+        self.turn_failures = collections.Counter()         # failed turns by their error code
         self.completed: list[tuple[str, str, str]] = []   # (session, turn id, streamed text)
         self.resumed = 0
         self.reordered = 0
@@ -54,14 +59,21 @@ async def turn_client(http, base: str, index: int, ledger: Ledger, stop: asyncio
     while not stop.is_set():
         n += 1
         # Every fourth time two turns at once: one supersedes the other, perhaps before it ran;
-        # every seventh the client cancels its turn a few milliseconds in.
+        # every seventh the client cancels its turn a few milliseconds in (or, if it asked for
+        # tools, while they run).
         texts = [f"turn {n} of client {index}"] + ([f"turn {n}b of client {index}"] if n % 4 == 0 else [])
-        cancel = [_cancel_soon(http, base, session, random.uniform(0.0, 0.03))] if n % 7 == 3 else []
+        tools = n % 3 == 2   # every third asks for two tools at once, and one of those in seven is
+        if tools:            # cancelled while they run: a cut that could leave a call unanswered
+            texts[0] += f" {TOOL_CALLS}"
+        soon = random.uniform(0.08, 0.25) if tools else random.uniform(0.0, 0.03)
+        cancel = [_cancel_soon(http, base, session, soon)] if n % 7 == 3 else []
         posted = round(time.monotonic() - ledger.t0, 2)
         outs = (await asyncio.gather(*(run_turn(http, base, session, text, deadline) for text in texts),
                                      *cancel))[:len(texts)]
         for out in outs:
             ledger.turns[out.outcome] += 1
+            if out.outcome == "failed":
+                ledger.turn_failures[out.error or "unknown"] += 1
             if out.outcome == "hung":
                 ledger.hung.append({"session": session, "turn_id": out.turn_id, "posted_at": posted,
                                     "last_event_id": out.last_id, "resumes": out.resumes, "status": out.status})

@@ -24,7 +24,7 @@ def accounting(args, ledger: "Ledger", kills: list[dict], checked: dict, lost_ch
         "lost_checkpoints": lost_checkpoints[:20], "closes_undone": checked["lost"]["closes"][:20],
         "lost_session_forks": checked["lost"].get("session_forks", [])[:20],
         "hung": ledger.turns["hung"], "hung_streams": ledger.hung[:20],
-        "turn_outcomes": dict(ledger.turns), "turns_resumed": ledger.resumed, "streams_with_gaps": ledger.reordered,
+        "turn_outcomes": dict(ledger.turns), "turn_failures": dict(ledger.turn_failures), "turns_resumed": ledger.resumed, "streams_with_gaps": ledger.reordered,
         "acknowledged": {"turns": len(ledger.completed), "checkpoints": sum(map(len, ledger.checkpoints.values())),
                          "flows": len(ledger.flows), "closes": len(ledger.closed),
                          "run_forks": ledger.forks["runs"], "session_forks": ledger.forks["sessions"],
@@ -65,6 +65,8 @@ def write_report(results: ResultsDir, row: dict, kills: list[dict], ledger: "Led
         *(["```\n" + "\n".join(row["logged_error_lines"]) + "\n```", ""] if row["logged_error_lines"] else []),
         "## Turn outcomes", "",
         markdown_table(["outcome", "turns"], sorted(row["turn_outcomes"].items())), "",
+        f"Failed turns by their error code: {row.get('turn_failures', {})} (`bad_request`: the provider refused "
+        "the history, as it does one with a tool call left unanswered).", "",
         f"Streams picked up again with Last-Event-ID after a drop: {row['turns_resumed']}; "
         f"streams whose event ids had a gap or repeat: {row['streams_with_gaps']}.", "",
         *([f"Hung streams (posted at: seconds on the kills' clock; a stream's deadline {row['deadline_secs']:g} s): "

@@ -29,6 +29,7 @@ class TurnOutcome:
     resumes: int = 0
     status: int = 0
     seconds: float = 0.0
+    error: str = ""            # a failed turn's error code (its `turn.failed` event's)
     ids: list[int] = field(default_factory=list)
 
     @property
@@ -78,6 +79,8 @@ async def read_events(resp: aiohttp.ClientResponse, into: TurnOutcome, stop_afte
             elif event == "delta":
                 into.text += body.get("text", "")
             elif event in TERMINAL:
+                if event == "turn.failed":
+                    into.error = (body.get("error") or {}).get("code", "")
                 return TERMINAL[event]
         seen += 1
         if stop_after is not None and seen >= stop_after:

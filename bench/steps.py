@@ -7,7 +7,9 @@ returns; warm-up, then a measured window; three runs, the median reported. Per r
 latency p50/p99, CPU of the server tree and of the workers, and fsyncs per second. With
 `--peer restate`, the same scenarios run against Restate on the same machine, side by side.
 
-Scenarios: sync_steps and async_steps (flows of 10 sequential steps; steps/s), flows (one-step
+Scenarios: sync_steps and async_steps (flows of 10 sequential steps; steps/s), fanned_steps (flows
+of 10 SYNC steps at once, asyncio.gather; steps/s; not in the reference table, so run by name:
+`--scenarios sync_steps,fanned_steps`), flows (one-step
 flows started and completed), attr_read (one attribute), attr_update (lock-and-update one
 attribute), attr_read_10x16k (ten 16 KiB attributes, no worker involved), channel_wake (latency
 from publish to the start of the woken step; the run's setup before each publish is not timed).
@@ -34,7 +36,9 @@ from broker.client import Bus
 
 SCENARIOS = ["sync_steps", "async_steps", "flows", "attr_read", "attr_update", "attr_read_10x16k", "channel_wake"]
 DEFAULT_CLIENTS = {"sync_steps": 128, "async_steps": 64, "flows": 128, "attr_read": 128, "attr_update": 64,
-                   "attr_read_10x16k": 32, "channel_wake": 64}
+                   "attr_read_10x16k": 32, "channel_wake": 64, "fanned_steps": 128}
+STEP_FLOWS = {"sync_steps": "timed_sync_steps", "async_steps": "timed_async_steps",
+              "fanned_steps": "timed_fanned_steps", "flows": "one_step"}
 STEPS = 10
 HOLDERS = 64
 REFERENCE = {  # Dex on a c7gd.large (2 vCPU, load generator on another machine), per second
@@ -42,7 +46,7 @@ REFERENCE = {  # Dex on a c7gd.large (2 vCPU, load generator on another machine)
     "attr_read_10x16k": 5941, "channel_wake": 460}
 TARGETS = {"sync_steps": 2700, "async_steps": 3000, "flows": 1200, "attr_read": 15000, "attr_update": 2200,
            "channel_wake": 700}
-UNITS = {"sync_steps": "steps/s", "async_steps": "steps/s"}
+UNITS = {"sync_steps": "steps/s", "async_steps": "steps/s", "fanned_steps": "steps/s"}
 PEERS = ("restate", "dbos")
 
 
@@ -52,7 +56,7 @@ class Scenario:
     def __init__(self, client: FlowClient, name: str) -> None:
         self.client = client
         self.name = name
-        self.per_op = STEPS if name in ("sync_steps", "async_steps") else 1
+        self.per_op = STEPS if UNITS.get(name) == "steps/s" else 1
         self.runs: list[str] = []
         self.step_samples: list[tuple[float, list[float]]] = []   # (when the flow ended, each step's ms)
 
@@ -72,8 +76,8 @@ class Scenario:
     async def op(self, index: int, n: int) -> float | None:
         """One operation; returns its latency in ms (None: timed by the operation itself)."""
         c = self.client
-        if self.name in ("sync_steps", "async_steps", "flows"):
-            flow = {"sync_steps": "timed_sync_steps", "async_steps": "timed_async_steps", "flows": "one_step"}[self.name]
+        if self.name in STEP_FLOWS:
+            flow = STEP_FLOWS[self.name]
             run = await c.start(flow, STEPS)
             done = await c.get(run["run_id"], wait=60)
             if done["status"] != "completed":

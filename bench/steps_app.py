@@ -3,7 +3,7 @@ the framework's (journal, bus, scheduling), as in the reference benchmark."""
 import asyncio
 import time
 
-from actors.sdk import App
+from actors.sdk import App, tool
 
 STEPS_PER_FLOW = 10
 BIG = 16 * 1024
@@ -47,6 +47,15 @@ async def timed_async_steps(ctx, n):
     return await _timed_steps(ctx, n, "async")
 
 
+async def timed_fanned_steps(ctx, n):
+    """n SYNC steps at once; each one's latency as the flow saw it (call to result), in ms."""
+    async def timed(i):
+        began = time.perf_counter()
+        await ctx.step(noop, i)
+        return round((time.perf_counter() - began) * 1000.0, 4)
+    return list(await asyncio.gather(*(timed(i) for i in range(n or STEPS_PER_FLOW))))
+
+
 async def fanned_steps(ctx, n):
     """n SYNC steps at once, then two children of n steps at once (asyncio.gather); returns n if
     each result is at its place (the chaos run checks it), else what came back."""
@@ -72,11 +81,24 @@ async def woken(ctx, _):
     return await ctx.step(now)
 
 
+@tool(description="Look something up", parameters={"type": "object", "properties": {"q": {"type": "string"}}})
+async def lookup(q=""):
+    """A chaos turn's tool (bench/chaos_clients.py), called beside `tally`: it takes long enough
+    for a cancel to land while it runs."""
+    await asyncio.sleep(0.2)
+    return {"q": q, "hits": len(q)}
+
+
+@tool(description="Count the words", parameters={"type": "object", "properties": {"q": {"type": "string"}}})
+def tally(q=""):
+    return {"words": len(q.split())}
+
+
 def incr(value, arg):
     return (value or 0) + (arg or 1)
 
 
-app = App(flows=[sync_steps, async_steps, timed_sync_steps, timed_async_steps, fanned_steps, one_step, holder,
-                 woken],
+app = App(flows=[sync_steps, async_steps, timed_sync_steps, timed_async_steps, timed_fanned_steps, fanned_steps,
+                 one_step, holder, woken], tools=[lookup, tally],
           updates={"incr": incr})
 _ = BIG
