@@ -32,6 +32,7 @@ from storage.log_client import LogWriteError
 from broker.address import bus_address
 
 CLOSE_WAIT_SECS = 5.0   # for a closing session's turn to end, and for the log to take its records
+UNWIND_SECS = 10.0      # for a superseded turn to end before the turn that superseded it begins
 
 
 class Actor:
@@ -128,8 +129,9 @@ class Actor:
             self.bus.spawn(self._start_after_close(msg))
             return
         session = self.sessions.open(session_id, b["tenant"])
-        if session.active is not None:
-            session.active.cancel("superseded")
+        before = session.active
+        if before is not None:
+            before.cancel("superseded")
         turn = Turn(self.bus, turn_id, session_id, b["tenant"], b["input"], msg.src,
                     self.config.kernel.delta_window_ms / 1000.0)
         turn.system = b.get("system")
@@ -138,7 +140,8 @@ class Actor:
         self.bus.reply(msg, Kind.TURN_STARTED, started)
         session.active = turn
         self.turns[turn_id] = turn
-        turn.task = asyncio.get_running_loop().create_task(self.run_turn(turn, session))
+        turn.task = asyncio.get_running_loop().create_task(
+            self.run_turn(turn, session, after=before.task if before is not None else None))
 
     def _stream_again(self, msg: Message, turn: Turn) -> None:
         """A keyed start of a turn this actor has: its events again from the first, to the
@@ -301,9 +304,11 @@ class Actor:
         turn.ended_at = time.monotonic()
         self.finished.append(turn)
 
-    async def run_turn(self, turn: Turn, session: Session, journal=None) -> None:
+    async def run_turn(self, turn: Turn, session: Session, journal=None, after: asyncio.Task | None = None) -> None:
         try:
             turn.running = True
+            if after is not None:
+                await self._after(turn, after)
             if turn.cancel_reason:    # cancelled before this first step (Turn.cancel)
                 raise asyncio.CancelledError
             if journal is None:
@@ -333,6 +338,26 @@ class Actor:
                 session.active = None
             session.last_used = time.monotonic()
             self.finished.append(turn)
+
+    async def _after(self, turn: Turn, before: asyncio.Task) -> None:
+        """Wait (up to UNWIND_SECS) for the turn this one superseded to end: it answers the tool
+        calls it cut in the session's history, and this turn's question must come after those
+        answers (a provider refuses a history with a call unanswered, or an answer after a
+        question). A cancel meanwhile waits too, so a turn superseded in its turn ends after it."""
+        deadline = time.monotonic() + UNWIND_SECS
+        cancelled = False
+        while not before.done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.log.warning("turn %s starts before the turn it superseded on session %s has ended",
+                                 turn.turn_id, turn.session_id)
+                break
+            try:
+                await asyncio.wait([before], timeout=left)
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError
 
     def _record_end(self, turn: Turn) -> None:
         """The event of a turn that did not complete (a completed one is recorded with its checkpoint)."""

@@ -10,7 +10,8 @@ sent whole, whatever it takes: the model cannot answer without it. Older message
 newest first while they fit, and the window begins at a user message: whole exchanges, never an
 answer without its question nor a tool result whose call was left out (OpenAI-compatible
 providers refuse a result with no call before it). For the same reason a tool call the history
-keeps without its answer (written before a turn cut short answered its calls) is sent with one.
+keeps without its answer (written before a turn cut short answered its calls) is sent with one,
+and an answer that came after the next question is left out.
 """
 from __future__ import annotations
 
@@ -45,16 +46,20 @@ UNANSWERED = '{"error": "not finished: the turn was cut short before this call\'
 
 
 def answered(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The messages with an answer for each tool call left without one. A turn cut short answers
-    its unfinished calls itself (actors/agent_loop.py); a history written before it did so
-    keeps such calls, and a provider refuses every request that carries one."""
+    """The messages with an answer for each tool call left without one, and without answers to
+    no call waiting. A turn cut short answers its unfinished calls itself, before the turn that
+    superseded it begins (actors/agent_loop.py, actors/actor_process.py); a history written
+    before it did so keeps such calls, or their answers after the next question, and a provider
+    refuses every request that carries one."""
     out: list[dict[str, Any]] = []
     waiting: list[str] = []
     added = False
     for message in messages:
         if message.get("role") == "tool":
-            if message.get("tool_call_id") in waiting:
-                waiting.remove(message["tool_call_id"])
+            if message.get("tool_call_id") not in waiting:
+                added = True   # an answer to no call waiting: left out
+                continue
+            waiting.remove(message["tool_call_id"])
         else:
             added = added or bool(waiting)
             out.extend({"role": "tool", "tool_call_id": call_id, "content": UNANSWERED} for call_id in waiting)

@@ -50,3 +50,8 @@ def test_a_tool_call_left_without_its_answer_is_answered_in_what_is_sent():
     assert "cut short" in sent[3]["content"] and len(history) == 4    # the transcript itself is not changed
     whole = [history[0], asked, answer_b, {"role": "tool", "tool_call_id": "a", "content": "{}"}, history[3]]
     assert answered(whole) is whole                                      # nothing missing: the same list
+    # the cut call's answer written after the next question (a superseding turn that began first)
+    late = [history[0], asked, answer_b, history[3], {"role": "tool", "tool_call_id": "a", "content": "{}"},
+            {"role": "assistant", "content": "y"}]
+    assert [(m["role"], m.get("tool_call_id")) for m in answered(late)] == [
+        ("user", None), ("assistant", None), ("tool", "b"), ("tool", "a"), ("user", None), ("assistant", None)]

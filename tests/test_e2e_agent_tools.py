@@ -114,6 +114,34 @@ def test_cancelling_a_turn_stops_its_running_tool(make_server, make_worker, tmp_
     assert "cancelled" in answers["search"]["error"], answers
 
 
+def test_a_turn_superseded_while_its_tools_run_leaves_a_history_the_next_turns_can_use(make_server, make_worker,
+                                                                                       tmp_path):
+    """The new turn starts once the old one has answered its cut calls: before, it sent the
+    model a history with those calls unanswered (a provider's 400), and the old turn's answers
+    came after its question, which broke every later turn of the session too."""
+    marker = tmp_path / "tools.txt"
+    server = make_server()
+    make_worker(server, env={"FLOWS_APP_TOOL_MARKER": str(marker), "FLOWS_APP_TOOL_DELAY": "3"})
+    sid = "agent-superseded"
+
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            first = asyncio.ensure_future(run_turn(s, server.url, sid, f"first {TOOLS}", timeout=30))
+            await asyncio.get_running_loop().run_in_executor(None, lambda: wait_until(
+                lambda: marker.exists() and "search first" in marker.read_text(), 10, "the tool to start"))
+            second = await run_turn(s, server.url, sid, "second", timeout=30)
+            return await first, second
+
+    first, second = asyncio.run(go())
+    assert first.terminal == "turn.cancelled" and second.terminal == "turn.completed", second.events[-1]
+    third = turn(server.url, sid, "third")
+    assert third.terminal == "turn.completed", third.events[-1]
+    messages = get_json(f"{server.url}/v1/sessions/{sid}/messages")[2]["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "tool", "user", "assistant", "user",
+                                             "assistant"], messages
+    assert "cancelled (superseded)" in json.loads(messages[3]["content"])["error"]
+
+
 def test_a_cancel_a_stalled_worker_missed_still_stops_its_tool(make_server, make_worker, tmp_path):
     """The broker bounces what is sent to a peer silent past `broker.peer_timeout_secs`: the turn's
     cancel, sent to a worker stalled that long, was lost, and its tool (one that does not return)
