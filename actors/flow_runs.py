@@ -245,7 +245,7 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules, RunQue
         run.exec = (self.bus.incarnation << 24) | self.exec_counter
         run.last_alive = time.monotonic()
         run.status = "running"
-        run.parked = False
+        run.executing = True
         self.adopted.discard(run.run_id)
         self.bus.send(SCHEDULER, Kind.TASK_SUBMIT, {
             "task_id": f"{run.run_id}#{run.exec}", "kind": "flow", "name": run.flow, "tenant": run.tenant,
@@ -257,7 +257,6 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules, RunQue
         op = self.blocked_on(run)
         if op is None:
             return  # running: the watchdog dispatches it again unless its worker reports it alive
-        run.parked = True
         if op.op in ("sleep", "start") or (op.op == "wait" and op.due):
             self.set_timer(run, op)
         if op.op == "wait":

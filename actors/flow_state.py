@@ -106,7 +106,7 @@ class Run:
                  "updating", "created_at", "ended_at", "msg_counter", "waiters", "journal_bytes", "over_limit", "lost",
                  "left",
                  "stale", "link_checked", "forked_from", "fork_seq", "start_at", "schedule", "scheduled_at",
-                 "timeout_secs", "timing_out", "queue", "admitted_at", "priority", "queue_key", "parked")
+                 "timeout_secs", "timing_out", "queue", "admitted_at", "priority", "queue_key", "executing")
 
     def __init__(self, run_id: str, flow: str, tenant: str) -> None:
         self.run_id = run_id
@@ -122,7 +122,7 @@ class Run:
         self.attrs: dict[str, Any] = {}
         self.channels: dict[str, collections.deque] = {}
         self.waiting: int | None = None       # seq of the wait op blocked on a channel
-        self.parked = False                   # its execution was told to end where it waits (not yet dispatched again)
+        self.executing = False                # an execution this actor sent runs on: it was not told to park since
         self.parent = ""
         self.parent_seq = -1
         self.parent_actor = ""

@@ -268,9 +268,10 @@ class WorkerRequests:
             return
         await self.record(run, "op.done", seq=seq, op="child", ok=ok, result=result, error=error)
         # Children started at once: the run goes on once the last has ended (whatever comes after
-        # them waits for them), and only if it is parked: an execution that went on past them
-        # meanwhile (a replay that found them ended) is not cut off, nor its steps run twice.
-        if run.parked and not self.open_children(run):
+        # them waits for them), and not under an execution that went on past them meanwhile (a
+        # replay that found them ended): that one is not cut off, nor its steps run twice. (One
+        # that died so is dispatched again by the watchdog, as any.)
+        if not run.executing and not self.open_children(run):
             self.dispatch(run)
 
     def on_timer_fire(self, msg: Message) -> None:
@@ -331,7 +332,7 @@ def _park(run: Run) -> str:
     if run.ended:
         return "abort"
     run.status = "suspended"
-    run.parked = True
+    run.executing = False
     _wake(run, "suspended")
     return "suspend"
 

@@ -94,14 +94,14 @@ def test_a_parent_parked_on_children_started_at_once_asks_after_each_open_one():
     assert [body["run_id"] for _, _, body in bus.requests] == ["r-1.2"]      # the open one, at the next check
 
 
-@pytest.mark.parametrize("parked", [True, False])
-def test_children_started_at_once_run_their_parent_again_once_the_last_has_ended(parked):
+@pytest.mark.parametrize("executing", [False, True])
+def test_children_started_at_once_run_their_parent_again_once_the_last_has_ended(executing):
     """Not at each child's end (each new execution would only park again), and not at all under
     an execution that went on past them (it found them ended): that cut it off, and the step it
     was running after them ran again in the next one."""
     async def main():
         flows, bus, run, _ = live_run(PARKED_ON_CHILDREN[:-1], AcceptingLog())
-        run.parked = parked
+        run.executing = executing   # (False: parked, or loaded from its journal)
         submits = []
         for seq in (1, 0, 2):
             await flows.on_child_done(Message("actor/0", Kind.FLOW_CHILD_DONE, seq, 0.0, 0, "r-1", "",
@@ -110,7 +110,7 @@ def test_children_started_at_once_run_their_parent_again_once_the_last_has_ended
             submits.append([kind for _, kind, _ in bus.sent].count(Kind.TASK_SUBMIT))
         return submits
 
-    assert asyncio.run(main()) == ([0, 0, 1] if parked else [0, 0, 0])
+    assert asyncio.run(main()) == ([0, 0, 0] if executing else [0, 0, 1])
 
 
 def test_a_live_parent_asks_after_its_child_only_once_a_link_check_is_due():
