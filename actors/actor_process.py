@@ -25,7 +25,7 @@ from actors.provider import Provider, ProviderError
 from actors.session import Session, SessionTable
 from actors.session_forks import SessionForks
 from actors.tool_approvals import ToolApprovals
-from actors.turn import Turn
+from actors.turn import Turn, ended_first
 from broker.client import Bus
 from broker.protocol import TURN_START_TIMEOUT_SECS, Kind, Message, past_deadline
 from storage.log_client import LogWriteError
@@ -307,8 +307,9 @@ class Actor:
     async def run_turn(self, turn: Turn, session: Session, journal=None, after: asyncio.Task | None = None) -> None:
         try:
             turn.running = True
-            if after is not None:
-                await self._after(turn, after)
+            if after is not None and not await ended_first(after, UNWIND_SECS):
+                self.log.warning("turn %s starts before the turn it superseded on session %s has ended",
+                                 turn.turn_id, turn.session_id)
             if turn.cancel_reason:    # cancelled before this first step (Turn.cancel)
                 raise asyncio.CancelledError
             if journal is None:
@@ -338,26 +339,6 @@ class Actor:
                 session.active = None
             session.last_used = time.monotonic()
             self.finished.append(turn)
-
-    async def _after(self, turn: Turn, before: asyncio.Task) -> None:
-        """Wait (up to UNWIND_SECS) for the turn this one superseded to end: it answers the tool
-        calls it cut in the session's history, and this turn's question must come after those
-        answers (a provider refuses a history with a call unanswered, or an answer after a
-        question). A cancel meanwhile waits too, so a turn superseded in its turn ends after it."""
-        deadline = time.monotonic() + UNWIND_SECS
-        cancelled = False
-        while not before.done():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self.log.warning("turn %s starts before the turn it superseded on session %s has ended",
-                                 turn.turn_id, turn.session_id)
-                break
-            try:
-                await asyncio.wait([before], timeout=left)
-            except asyncio.CancelledError:
-                cancelled = True
-        if cancelled:
-            raise asyncio.CancelledError
 
     def _record_end(self, turn: Turn) -> None:
         """The event of a turn that did not complete (a completed one is recorded with its checkpoint)."""

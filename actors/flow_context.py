@@ -1,6 +1,5 @@
-"""What a flow's code sees while it runs: `FlowContext` (`ctx`), with its steps, sleeps, waits,
-children, patches and attributes, and what it raises. Made by the worker for each execution of
-a run (actors/worker_process.py); a flow's author reads actors/sdk.py, which re-exports these.
+"""What a flow's code sees while it runs: `FlowContext` (`ctx`) and what it raises, made by the
+worker for each execution of a run (actors/worker_process.py); actors/sdk.py re-exports these.
 
 Each operation asks the run's actor (STEP_START) before it goes, and takes its seq in the run's
 journal when it is called: a replay finds the recorded outcome there. Operations of one
@@ -163,14 +162,14 @@ class FlowContext:
     async def _in_turn(self, seq: int, kind: str) -> None:
         """Wait until operation `seq` may go. Steps run at once, and so do children; but a sleep
         or wait waits for every operation before it to be over, a child for the steps and sleeps
-        before it, and a step for the answer of each sleep, wait or child before it. So an
-        execution parks with no step of it in flight (the run's next execution would cut it
-        off), and on no more than one sleep or wait, or on children alone."""
+        before it, a step for the answer of each sleep, wait or child before it. So a run parks
+        with no step in flight (its next execution would cut it off), on one sleep or wait or
+        on children alone."""
         mine = self._open[kind]
         if seq in mine:   # a step's next attempt
             return
         # (all open ones came before it: each is open from when it was called)
-        before = [self._done_of(self._open[other], at) for other in _WAITS_FOR[kind] for at in list(self._open[other])]
+        before = [self._done_of(self._open[o], at) for o in _WAITS_FOR[kind] for at in list(self._open[o])]
         mine[seq] = None   # (now: those after it see it; a future only once one waits for it)
         if not before and not self._ending:   # one operation after another, as most flows go
             return

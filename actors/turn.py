@@ -119,3 +119,21 @@ class Turn:
         if self.running:
             self.task.cancel()
         return True
+
+
+async def ended_first(before: asyncio.Task, secs: float) -> bool:
+    """Wait (up to `secs`) for the task of the turn a new one superseded to end; False if it did
+    not. The old turn answers the tool calls it cut in the session's history, and the new turn's
+    question must come after those answers (a provider refuses a history with a call unanswered,
+    or an answer after a question). A cancel meanwhile waits too, and is raised after: so a turn
+    superseded in its turn ends after the one it superseded."""
+    deadline = time.monotonic() + secs
+    cancelled = False
+    while not before.done() and time.monotonic() < deadline:
+        try:
+            await asyncio.wait([before], timeout=deadline - time.monotonic())
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return before.done()

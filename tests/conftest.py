@@ -22,6 +22,23 @@ def stop_the_zygote():
     zygote.close_shared()
 
 
+@pytest.fixture(scope="module")
+def flows_server(tmp_path_factory):
+    """One tree and worker for a module's tests that kill nothing and need no config of their own
+    (each tree's start is about a second of CPU, and the suite is CPU-bound)."""
+    server = Server(tmp_path_factory.mktemp("flows")).start()
+    worker = None
+    try:
+        worker = Worker(server, slots=32)
+        worker.wait_registered()
+        yield server
+    finally:
+        if worker is not None:
+            worker.stop()
+        server.stop()
+    assert not server.leftovers(), f"processes left behind: {server.leftovers()}"
+
+
 @pytest.fixture
 def broker(tmp_path):
     """A broker on a thread of the test's process: (the Broker, its ipc endpoint). Its peers count

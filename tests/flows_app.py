@@ -7,6 +7,7 @@ import os
 import threading
 import time
 
+import flows_fanout as fanout
 from actors.sdk import App, NO_RETRY, Retry, tool
 
 
@@ -291,49 +292,6 @@ async def ticked(ctx, args):
     return await ctx.step(stamp, args["file"], ctx.run_id)
 
 
-async def meet(path: str, name: str, others: int, fail_first: bool = False, step=None) -> str:
-    """A step that returns only once `others` more steps have begun beside it (else it fails):
-    proof that they run at once. `fail_first`: its first attempt fails."""
-    effect(path, f"begin {name}")
-    if fail_first and step.attempt == 1:
-        raise RuntimeError("a first attempt that fails")
-    for _ in range(100):
-        if len(lines_of(path)) > others:
-            return name
-        await asyncio.sleep(0.05)
-    raise RuntimeError(f"{name}: no other step began beside it")
-
-
-def lines_of(path: str) -> list[str]:
-    with open(path) as f:
-        return f.read().splitlines()
-
-
-async def fan_out(ctx, args):
-    """Steps at once (asyncio.gather), a durable sleep (the next execution replays them), then
-    steps at once again: each result at its place whatever order they finished in."""
-    first = await asyncio.gather(*(ctx.step(meet, args["file"], n, 2, n == "a", name=f"meet-{n}",
-                                            retry=Retry(max_attempts=2, backoff_secs=0.05)) for n in ("a", "b", "c")))
-    await ctx.sleep(0.2)
-    second = await asyncio.gather(ctx.step(meet, args["file2"], "d", 1, name="meet-d"),
-                                  ctx.step(meet, args["file2"], "e", 1, name="meet-e"))
-    return first + second
-
-
-async def met(ctx, args):
-    """A child that meets its siblings (a step that returns once the others have begun)."""
-    await through_gate(args.get("gate"))
-    return await ctx.step(meet, args["file"], args["name"], args["others"], name="meet")
-
-
-async def fan_out_children(ctx, args):
-    """Children at once (asyncio.gather), then a step: the parent parks on all of them."""
-    names = ("a", "b", "c")
-    got = await asyncio.gather(*(ctx.child(met, {"file": args["file"], "name": n, "others": len(names) - 1,
-                                                 "gate": args.get("gate")}) for n in names))
-    return got + [await ctx.step(stamp, args["file"] + ".after", "after", name="after") and "after"]
-
-
 @tool(description="Look up the weather in a city",
       parameters={"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]})
 def get_weather(q):
@@ -410,6 +368,5 @@ def read_raw(q):
 app = App(flows=[five_steps, async_then_sync, async_then_sleep, async_gate_sleep, sync_then_check, sleeper, waiter, async_steps, with_attrs, parent, child, failing,
                  flaky, branchy, unencodable, returns_bytes, big_steps, sleeps_an_hour, parent_of_sleeper,
                  parent_of_waiter, one_blocking_step, kills_its_worker,
-                 stuck_step_then_retry, bytes_step, forkable, ticked, queued, parent_in_queue, versioned, fan_out,
-                 met, fan_out_children],
+                 stuck_step_then_retry, bytes_step, forkable, ticked, queued, parent_in_queue, versioned, *fanout.FLOWS],
           tools=[get_weather, search, read_raw], updates={"incr": incr, "unencodable": unencodable_update})

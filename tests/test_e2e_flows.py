@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import aiohttp
-import pytest
 
 from broker.sharding import actor_name
 from gateway import openapi
@@ -30,23 +29,6 @@ def result(base, run_id, timeout=60.0):
 
 def lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
-
-
-@pytest.fixture(scope="module")
-def flows_server(tmp_path_factory):
-    """One tree and worker for the tests here that kill nothing and need no config of their own
-    (each tree's start is about a second of CPU, and the suite is CPU-bound)."""
-    server = Server(tmp_path_factory.mktemp("flows")).start()
-    worker = None
-    try:
-        worker = Worker(server, slots=32)
-        worker.wait_registered()
-        yield server
-    finally:
-        if worker is not None:
-            worker.stop()
-        server.stop()
-    assert not server.leftovers(), f"processes left behind: {server.leftovers()}"
 
 
 def test_each_committed_step_runs_once_through_worker_actor_and_writer_kills(make_server, make_worker, tmp_path):
@@ -89,34 +71,6 @@ def test_a_sync_step_is_in_the_log_before_the_next_step_starts(flows_server, tmp
     _, _, run = start(server.url, "async_steps", 20)
     done = result(server.url, run["run_id"])
     assert done["status"] == "completed" and done["result"] == sum(i * 2 for i in range(20))
-
-
-def test_steps_run_at_once_under_asyncio_gather_each_recorded_at_its_place(flows_server, tmp_path):
-    server = flows_server
-    files = {"file": str(tmp_path / "first.txt"), "file2": str(tmp_path / "second.txt")}
-    _, _, run = start(server.url, "fan_out", files)
-    done = result(server.url, run["run_id"])
-    assert done["status"] == "completed" and done["result"] == ["a", "b", "c", "d", "e"], done   # each met the others
-    steps = get_json(f"{server.url}/v1/runs/{run['run_id']}/steps")[2]["steps"]
-    assert [(s["seq"], s["op"], s["name"], s["status"], s.get("attempts")) for s in steps] == [
-        (0, "step", "meet-a", "completed", 2), (1, "step", "meet-b", "completed", 1),
-        (2, "step", "meet-c", "completed", 1), (3, "sleep", "sleep", "completed", None),
-        (4, "step", "meet-d", "completed", 1), (5, "step", "meet-e", "completed", 1)], steps
-    assert max(s["ended_at"] for s in steps[:3]) <= steps[3]["started_at"]   # the sleep parked with nothing in flight
-    # a's first attempt failed (its retry kept its place), and no step ran again after the sleep
-    assert sorted(lines(tmp_path / "first.txt")) == ["begin a", "begin a", "begin b", "begin c"]
-
-
-def test_children_started_at_once_run_at_once_and_their_parent_goes_on_when_all_ended(flows_server, tmp_path):
-    server = flows_server
-    _, _, run = start(server.url, "fan_out_children", {"file": str(tmp_path / "met.txt")})
-    done = result(server.url, run["run_id"])
-    assert done["status"] == "completed" and done["result"] == ["a", "b", "c", "after"], done   # each met the others
-    steps = get_json(f"{server.url}/v1/runs/{run['run_id']}/steps")[2]["steps"]
-    assert [(s["seq"], s["op"], s["name"], s["status"]) for s in steps] == [
-        (0, "child", "met", "completed"), (1, "child", "met", "completed"), (2, "child", "met", "completed"),
-        (3, "step", "after", "completed")], steps
-    assert len(lines(tmp_path / "met.txt.after")) == 1
 
 
 def test_a_durable_sleep_survives_a_full_restart(tmp_path):

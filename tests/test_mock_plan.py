@@ -13,7 +13,7 @@ import pytest
 
 from bench.mock_llm import expected_text
 from bench.mock_plan import MockProfile
-from test_mock_llm import Mock, chat, get_json, post, run, start_mock, stop_mock, stream_chunks
+from test_mock_llm import TOOLS, Mock, chat, get_json, post, run, start_mock, stop_mock, stream_chunks
 from test_mock_llm import fixture_mock  # noqa: F401  (the module's `mock` fixture)
 
 pytestmark = pytest.mark.timeout(30)
@@ -105,3 +105,26 @@ def test_profile_defaults_and_env() -> None:
 def test_profile_rejects_bad_values_naming_the_variable(var: str, value: str) -> None:
     with pytest.raises(ValueError, match=var):
         MockProfile.from_env({var: value})
+
+
+def test_a_history_whose_tool_calls_are_not_all_answered_is_a_400_as_openai_gives(mock: Mock) -> None:
+    asked = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_a", "type": "function", "function": {"name": "search", "arguments": "{}"}},
+        {"id": "call_b", "type": "function", "function": {"name": "fetch", "arguments": "{}"}}]}
+    answer_a = {"role": "tool", "tool_call_id": "call_a", "content": "sunny"}
+    answer_b = {"role": "tool", "tool_call_id": "call_b", "content": "rain"}
+    later = {"role": "user", "content": "and now?"}
+
+    def status_of(*history: dict) -> tuple[int, str]:
+        body = chat("hi", tools=TOOLS)
+        body["messages"] = body["messages"] + list(history)
+        status, _, raw = run(post(mock.url, body))
+        return status, raw.decode()
+
+    assert status_of(asked, answer_b, answer_a, later)[0] == 200   # answered in any order
+    status, text = status_of(asked, answer_a, later)                 # call_b left without an answer
+    assert status == 400 and "call_b" in text and "call_a" not in text
+    assert status_of(asked, answer_a)[0] == 400                      # nor at the history's end
+    status, text = status_of(answer_a, later)                        # an answer to nothing
+    assert status == 400 and "call_a" in text
+    assert status_of(asked, answer_a, answer_b, answer_a, later)[0] == 400   # answered twice

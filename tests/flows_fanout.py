@@ -1,0 +1,57 @@
+"""Flows whose operations run at once (asyncio.gather), for tests/flows_app.py's worker: steps
+that each return only once the others have begun beside them, so a run that took them one after
+another fails."""
+import asyncio
+
+from actors.sdk import Retry
+
+
+def note(path: str, line: str) -> None:
+    with open(path, "a") as f:
+        f.write(line + "\n")
+
+
+def lines_of(path: str) -> list[str]:
+    with open(path) as f:
+        return f.read().splitlines()
+
+
+async def meet(path: str, name: str, others: int, fail_first: bool = False, step=None) -> str:
+    """A step that returns only once `others` more steps have begun beside it (else it fails):
+    proof that they run at once. `fail_first`: its first attempt fails."""
+    note(path, f"begin {name}")
+    if fail_first and step.attempt == 1:
+        raise RuntimeError("a first attempt that fails")
+    for _ in range(100):
+        if len(lines_of(path)) > others:
+            return name
+        await asyncio.sleep(0.05)
+    raise RuntimeError(f"{name}: no other step began beside it")
+
+
+async def fan_out(ctx, args):
+    """Steps at once, a durable sleep (the next execution replays them), then steps at once
+    again: each result at its place whatever order they finished in."""
+    first = await asyncio.gather(*(ctx.step(meet, args["file"], n, 2, n == "a", name=f"meet-{n}",
+                                            retry=Retry(max_attempts=2, backoff_secs=0.05)) for n in ("a", "b", "c")))
+    await ctx.sleep(0.2)
+    second = await asyncio.gather(ctx.step(meet, args["file2"], "d", 1, name="meet-d"),
+                                  ctx.step(meet, args["file2"], "e", 1, name="meet-e"))
+    return first + second
+
+
+async def met(ctx, args):
+    """A child that meets its siblings (a step that returns once the others have begun)."""
+    return await ctx.step(meet, args["file"], args["name"], args["others"], name="meet")
+
+
+async def fan_out_children(ctx, args):
+    """Children at once, then a step: the parent parks on all of them, and goes on once."""
+    names = ("a", "b", "c")
+    got = await asyncio.gather(*(ctx.child(met, {"file": args["file"], "name": n, "others": len(names) - 1})
+                                 for n in names))
+    await ctx.step(note, args["file"] + ".after", "after", name="after")
+    return got + ["after"]
+
+
+FLOWS = [fan_out, met, fan_out_children]

@@ -1,0 +1,33 @@
+"""End-to-end: a flow's operations at once (asyncio.gather) on a real worker — steps side by
+side, each recorded at its place whatever order they finished in, a retry among them; children
+started together, their parent going on once, when the last has ended."""
+from harness import get_json
+from test_e2e_flows import lines, result, start
+
+
+def test_steps_run_at_once_under_asyncio_gather_each_recorded_at_its_place(flows_server, tmp_path):
+    server = flows_server
+    files = {"file": str(tmp_path / "first.txt"), "file2": str(tmp_path / "second.txt")}
+    _, _, run = start(server.url, "fan_out", files)
+    done = result(server.url, run["run_id"])
+    assert done["status"] == "completed" and done["result"] == ["a", "b", "c", "d", "e"], done   # each met the others
+    steps = get_json(f"{server.url}/v1/runs/{run['run_id']}/steps")[2]["steps"]
+    assert [(s["seq"], s["op"], s["name"], s["status"], s.get("attempts")) for s in steps] == [
+        (0, "step", "meet-a", "completed", 2), (1, "step", "meet-b", "completed", 1),
+        (2, "step", "meet-c", "completed", 1), (3, "sleep", "sleep", "completed", None),
+        (4, "step", "meet-d", "completed", 1), (5, "step", "meet-e", "completed", 1)], steps
+    assert max(s["ended_at"] for s in steps[:3]) <= steps[3]["started_at"]   # the sleep parked with nothing in flight
+    # a's first attempt failed (its retry kept its place), and no step ran again after the sleep
+    assert sorted(lines(tmp_path / "first.txt")) == ["begin a", "begin a", "begin b", "begin c"]
+
+
+def test_children_started_at_once_run_at_once_and_their_parent_goes_on_when_all_ended(flows_server, tmp_path):
+    server = flows_server
+    _, _, run = start(server.url, "fan_out_children", {"file": str(tmp_path / "met.txt")})
+    done = result(server.url, run["run_id"])
+    assert done["status"] == "completed" and done["result"] == ["a", "b", "c", "after"], done   # each met the others
+    steps = get_json(f"{server.url}/v1/runs/{run['run_id']}/steps")[2]["steps"]
+    assert [(s["seq"], s["op"], s["name"], s["status"]) for s in steps] == [
+        (0, "child", "met", "completed"), (1, "child", "met", "completed"), (2, "child", "met", "completed"),
+        (3, "step", "after", "completed")], steps
+    assert len(lines(tmp_path / "met.txt.after")) == 1
