@@ -22,7 +22,7 @@ async def meet(path: str, name: str, others: int, fail_first: bool = False, step
     note(path, f"begin {name}")
     if fail_first and step.attempt == 1:
         raise RuntimeError("a first attempt that fails")
-    for _ in range(100):
+    for _ in range(600):   # (30 s: the others' start may wait on a starved machine)
         if len(lines_of(path)) > others:
             return name
         await asyncio.sleep(0.05)

@@ -44,15 +44,16 @@ def test_a_turn_with_two_tool_calls_runs_them_at_once_and_records_both_steps(mak
 
 
 def test_tool_calls_at_once_1_runs_an_answers_calls_one_after_another(make_server, make_worker, tmp_path):
+    marker = tmp_path / "tools.txt"
     server = make_server({"kernel": {"tool_calls_at_once": 1}})
-    make_worker(server, env={"FLOWS_APP_WEATHER_BESIDE": str(tmp_path / "b")})
-    result = turn(server.url, "agent-tools-serial", f"what is the weather in Paris {TOOLS}")
+    make_worker(server, env={"FLOWS_APP_TOOL_MARKER": str(marker), "FLOWS_APP_WEATHER_SECS": "0.5"})
+    result = turn(server.url, "agent-tools-serial", f"weather {TOOLS}")
     assert result.terminal == "turn.completed", result.events[-1]
     tools = [(d["phase"], d["name"], d.get("ok")) for e, d in result.events if e == "tool"]
-    # the weather ran alone, so no search began beside it: it gave up, and the search ran after
-    assert tools[2:] == [("result", "get_weather", False), ("result", "search", True)], tools
-    weather = next(d for e, d in result.events if e == "tool" and d["phase"] == "result" and d["name"] == "get_weather")
-    assert "no search started" in weather["error"]
+    assert tools[2:] == [("result", "get_weather", True), ("result", "search", True)], tools
+    # the search began once the weather's half second was over (at once, it begins within it)
+    assert marker.read_text().splitlines() == ["weather weather", "weather done weather", "search weather",
+                                               "search done weather"]
 
 
 def test_a_turn_survives_kill9_of_its_actor_mid_turn(make_server, make_worker, tmp_path):
