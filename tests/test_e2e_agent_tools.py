@@ -111,8 +111,9 @@ def test_cancelling_a_turn_stops_its_running_tool(make_server, make_worker, tmp_
     assert [m["role"] for m in messages] == ["user", "assistant", "tool", "tool", "user", "assistant"]
     calls = {c["id"]: c["function"]["name"] for c in messages[1]["tool_calls"]}
     answers = {calls[m["tool_call_id"]]: json.loads(m["content"]) for m in messages[2:4]}
-    assert answers["get_weather"]["forecast"] == "sunny"
     assert "cancelled" in answers["search"]["error"], answers
+    # the weather ran beside it: done before the cancel, or (on a starved machine) cut too
+    assert answers["get_weather"].get("forecast") == "sunny" or "cancelled" in answers["get_weather"]["error"]
 
 
 def test_a_turn_superseded_while_its_tools_run_leaves_a_history_the_next_turns_can_use(make_server, make_worker,
