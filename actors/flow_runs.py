@@ -225,13 +225,12 @@ class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules, RunQue
             return start
         if run.waits_in_queue():   # (seq -3: no record, no timer; its place is asked for)
             return Op(-3, "queue", run.queue)
-        seq = 0
+        seq = run.first_open
         while True:
             op = run.ops.get(seq)
-            if op is None:
-                return None
-            if not op.done:
-                return op if op.op in ("sleep", "wait", "child") else None
+            if op is None or not op.done:
+                run.first_open = seq
+                return op if op is not None and op.op in ("sleep", "wait", "child") else None
             seq += 1
 
     def dispatch(self, run: Run) -> None:

@@ -106,7 +106,8 @@ class Run:
                  "updating", "created_at", "ended_at", "msg_counter", "waiters", "journal_bytes", "over_limit", "lost",
                  "left",
                  "stale", "link_checked", "forked_from", "fork_seq", "start_at", "schedule", "scheduled_at",
-                 "timeout_secs", "timing_out", "queue", "admitted_at", "priority", "queue_key", "executing")
+                 "timeout_secs", "timing_out", "queue", "admitted_at", "priority", "queue_key", "executing",
+                 "first_open", "open_children")
 
     def __init__(self, run_id: str, flow: str, tenant: str) -> None:
         self.run_id = run_id
@@ -123,6 +124,11 @@ class Run:
         self.channels: dict[str, collections.deque] = {}
         self.waiting: int | None = None       # seq of the wait op blocked on a channel
         self.executing = False                # an execution this actor sent runs on: it was not told to park since
+        # where the first unfinished op may be (no op before it is unfinished: ops only finish), and
+        # the children started and not ended: what the actor asks after every step and child's end,
+        # found without reading every op again (a run of 10,000 children did 10,000² reads)
+        self.first_open = 0
+        self.open_children: set[int] = set()
         self.parent = ""
         self.parent_seq = -1
         self.parent_actor = ""
@@ -283,6 +289,7 @@ def apply(run: Run, record: dict[str, Any]) -> None:
     elif kind in ("step.done", "op.done"):
         op = _op(run, record, "step" if kind == "step.done" else record.get("op", "step"))
         op.done = True
+        run.open_children.discard(op.seq)
         op.ended_at = float(record.get("at", 0.0))
         op.ok = bool(record.get("ok", True))
         op.result = record.get("result")
@@ -302,7 +309,10 @@ def apply(run: Run, record: dict[str, Any]) -> None:
         if not op.done:
             run.waiting = op.seq
     elif kind == "child.started":
-        _op(run, record, "child").child = record["child"]
+        op = _op(run, record, "child")
+        op.child = record["child"]
+        if not op.done:
+            run.open_children.add(op.seq)
     elif kind == "message":
         run.msg_counter = max(run.msg_counter, int(record["msg_seq"]))
         run.channels.setdefault(record["channel"], collections.deque()).append(

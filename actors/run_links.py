@@ -34,11 +34,15 @@ ASK_TIMEOUT_SECS = 30.0
 class RunLinks:
     def open_children(self, run: Run) -> list[Op]:
         """The children a run parked on children waits for: those a flow started at once
-        (asyncio.gather) are all open together, the first of them what `blocked_on` names."""
+        (asyncio.gather) are all open together, the first of them what `blocked_on` names (every
+        op before that one is over)."""
+        return [run.ops[seq] for seq in sorted(run.open_children)] if self.waits_on_children(run) else []
+
+    def waits_on_children(self, run: Run) -> bool:
+        if not run.open_children:
+            return False
         op = self.blocked_on(run)
-        if op is None or op.op != "child":
-            return []
-        return [o for o in run.ops.values() if o.op == "child" and not o.done and o.seq >= op.seq]
+        return op is not None and op.op == "child"
 
     def check_links(self, run: Run, now: float) -> None:
         """The watchdog's turn for an open run: ask after its parent and its child, if it is time."""
@@ -96,7 +100,7 @@ class RunLinks:
             self.log.info("child %s of %s had ended unheard (%s): recorded now", op.child, run.run_id, status)
             await self.or_reload(run, self._child_ended(run, op.seq, status == "completed", reply.body.get("result"),
                                                         reply.body.get("error", f"child flow {status}")))
-        elif reply.body.get("code") == "not_found" and op in self.open_children(run):
+        elif reply.body.get("code") == "not_found" and op.seq in run.open_children and self.waits_on_children(run):
             self.log.info("child %s of %s never began: running the parent again to start it", op.child, run.run_id)
             self.dispatch(run)
 

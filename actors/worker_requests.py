@@ -271,7 +271,7 @@ class WorkerRequests:
         # them waits for them), and not under an execution that went on past them meanwhile (a
         # replay that found them ended): that one is not cut off, nor its steps run twice. (One
         # that died so is dispatched again by the watchdog, as any.)
-        if not run.executing and not self.open_children(run):
+        if not run.executing and not self.waits_on_children(run):
             self.dispatch(run)
 
     def on_timer_fire(self, msg: Message) -> None:

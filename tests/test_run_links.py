@@ -113,6 +113,45 @@ def test_children_started_at_once_run_their_parent_again_once_the_last_has_ended
     assert asyncio.run(main()) == ([0, 0, 0] if executing else [0, 0, 1])
 
 
+def test_a_wide_fan_out_runs_its_parent_again_once_after_the_last_end_through_a_restart():
+    """500 children started at once end in no order; the parent's actor restarts halfway (the
+    open ones come back from the journal). The parent runs again once, at the last end, and its
+    link checks ask after exactly the children still open."""
+    import random
+    order = list(range(500))
+    random.Random(7).shuffle(order)
+    started = [{"type": "run.started", "flow": "parent", "exec": 5, "input": {}}] + [
+        {"type": "child.started", "seq": seq, "name": "child", "child": f"r-1.{seq}"} for seq in range(500)]
+
+    def done(seq: int) -> Message:
+        return Message("actor/0", Kind.FLOW_CHILD_DONE, seq, 0.0, 0, "r-1", "",
+                       {"run_id": "r-1", "seq": seq, "child": f"r-1.{seq}", "ok": True, "result": seq})
+
+    async def main():
+        flows, bus, run, _ = live_run(started, AcceptingLog())
+        for seq in order[:250]:
+            await flows.on_child_done(done(seq))
+        first_half = [kind for _, kind, _ in bus.sent].count(Kind.TASK_SUBMIT)
+        journal = started + [{"type": "op.done", "seq": seq, "op": "child", "ok": True, "result": seq}
+                             for seq in order[:250]]
+        bus2, log2 = FakeBus(), AcceptingLog()
+        bus2.request = answering(bus2, {f"r-1.{seq}": CHILD_ANSWERS["running"] for seq in range(500)})
+        again = await restarted(bus2, log2, "r-1", journal)
+        await settle()
+        asked = sorted(int(body["run_id"].rsplit(".", 1)[1]) for _, _, body in bus2.requests)
+        submits = []
+        for seq in order[250:]:
+            await again.on_child_done(done(seq))
+            submits.append([kind for _, kind, _ in bus2.sent].count(Kind.TASK_SUBMIT))
+        return first_half, asked, submits, again.runs["r-1"]
+
+    first_half, asked, submits, run = asyncio.run(main())
+    assert first_half == 0
+    assert asked == sorted(order[250:])
+    assert submits == [0] * 249 + [1]
+    assert all(op.done and op.result == seq for seq, op in run.ops.items()) and not run.open_children
+
+
 def test_a_live_parent_asks_after_its_child_only_once_a_link_check_is_due():
     """The child's actor died between appending its end and telling the parent, whose actor lived on."""
     async def main():
