@@ -9,7 +9,7 @@ From a peer to the broker `name` is the destination; the broker swaps it for the
 and forwards the rest byte for byte. The header is a msgpack array [id, sent_at, reply_to,
 session, turn] and, for a big body spilled into shared memory, a sixth item saying where
 (broker/spill.py; the body is then empty); the body a msgpack map whose fields each kind
-declares in `SPECS`. Decoding
+declares in `SPECS` (broker/bodies.py). Decoding
 rejects another major protocol version and missing or mistyped required fields, and ignores
 unknown fields, so adding a field is never a breaking change. No pickle anywhere.
 
@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from broker.protocol import KIND_BYTES, MAX_NAME_BYTES, PROTO, PROTO_FAMILY, SPECS, Kind, Message, ProtocolError
+from broker.bodies import SPECS
+from broker.protocol import KIND_BYTES, MAX_NAME_BYTES, PROTO, PROTO_FAMILY, Kind, Message, ProtocolError
 
 if TYPE_CHECKING:
     from broker.spill import SpillReader

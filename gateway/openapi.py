@@ -1,20 +1,14 @@
 """The API contract: an OpenAPI 3.1 document of every route, its bodies, its SSE events and its
-error shape, served at /openapi.json. A test holds it and the gateway's route table in
-agreement, and a property-based run checks the server against it."""
+error shape, served at /openapi.json (the bodies' schemas: gateway/openapi_schemas.py). A test
+holds it and the gateway's route table in agreement, and a property-based run checks the server
+against it."""
 from __future__ import annotations
 
 from typing import Any
 
 from actors.flow_queues import MAX_KEY
 from broker.protocol import RUN_STATUSES
-
-ID = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:\\-]{0,127}$"}
-NAME = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:\\-]{0,199}$"}
-ANY: dict = {}
-
-
-def _ref(name: str) -> dict:
-    return {"$ref": f"#/components/schemas/{name}"}
+from gateway.openapi_schemas import ANY, ID, NAME, SCHEMAS, ref
 
 
 def _json(schema: dict) -> dict:
@@ -26,7 +20,7 @@ def _errors(*statuses: int) -> dict:
             405: "Method not allowed", 409: "Conflict", 413: "Body or input too large", 422: "Handler failed",
             429: "Over the admission limit (see Retry-After)", 502: "Upstream error",
             503: "Unavailable or draining (see Retry-After)", 507: "Storage full"}
-    return {str(s): {"description": text[s], "content": _json(_ref("Error"))} for s in statuses}
+    return {str(s): {"description": text[s], "content": _json(ref("Error"))} for s in statuses}
 
 
 def _param(name: str, schema: dict, where: str = "path", required: bool = True, description: str = "") -> dict:
@@ -60,7 +54,7 @@ SSE_EVENTS = {
                                       "usage": {"type": "object"}, "durations": {"type": "object"},
                                       "finish_reason": {"type": "string"}, "steps": {"type": "integer"}}},
     "turn.failed": {"type": "object", "required": ["turn_id", "error"],
-                    "properties": {"turn_id": {"type": "string"}, "error": _ref("ErrorBody")}},
+                    "properties": {"turn_id": {"type": "string"}, "error": ref("ErrorBody")}},
     "turn.cancelled": {"type": "object", "required": ["turn_id", "reason"],
                        "properties": {"turn_id": {"type": "string"}, "reason": {"type": "string"}}},
     "turn.interrupted": {"type": "object", "required": ["turn_id", "code", "message"],
@@ -78,154 +72,9 @@ SSE_RESPONSE = {"description": (
                        "data": {"type": "string", "contentMediaType": "application/json"}}}}},
     "x-sse-events": SSE_EVENTS}
 
-SCHEMAS: dict[str, Any] = {
-    "ErrorBody": {"type": "object", "required": ["code", "message"],
-                  "properties": {"code": {"type": "string"}, "message": {"type": "string"}}},
-    "Error": {"type": "object", "required": ["error"], "properties": {"error": _ref("ErrorBody")}},
-    "TurnInput": {"type": "object", "required": ["input"],
-                  "properties": {"input": {"type": "string", "minLength": 1, "maxLength": 200000},
-                                 "system": {"type": "string", "maxLength": 200000,
-                                            "description": "this turn's instructions, in place of the "
-                                                           "server's provider.system_prompt"}}},
-    "Cancelled": {"type": "object", "required": ["cancelled", "turn_id"],
-                  "properties": {"cancelled": {"const": True}, "turn_id": {"type": "string"}}},
-    "Sessions": {"type": "object", "required": ["sessions"],
-                 "properties": {"next_after": {"type": ["string", "null"]}, "next_before": {"type": ["string", "null"]},
-                                "sessions": {"type": "array", "items": {
-                                    "type": "object", "required": ["session_id", "messages", "first_at", "last_at"],
-                                    "properties": {"session_id": {"type": "string"}, "messages": {"type": "integer"},
-                                                   "first_at": {"type": "number"}, "last_at": {"type": "number"}}}}}},
-    "SessionState": {"type": "object", "required": ["session_id", "messages", "first_at", "last_at", "active_turn"],
-                "properties": {"session_id": {"type": "string"}, "messages": {"type": "integer"},
-                               "first_at": {"type": ["number", "null"]}, "last_at": {"type": ["number", "null"]},
-                               "active_turn": {"type": ["object", "null"], "required": ["turn_id", "resumed"],
-                                               "properties": {"turn_id": {"type": "string"},
-                                                              "resumed": {"type": "boolean"},
-                                                              "approvals": {"type": "array",
-                                                                            "items": _ref("Approval")}}}}},
-    "Approval": {"type": "object", "required": ["call_id", "name", "arguments", "until"],
-                 "description": "a tool call waiting for a person's answer (kernel.approve_tools)",
-                 "properties": {"call_id": {"type": "string"}, "name": {"type": "string"},
-                                "arguments": {"type": "string"}, "until": {"type": "number"}}},
-    "ApprovalAnswer": {"type": "object", "required": ["approve"],
-                       "properties": {"approve": {"type": "boolean"}, "reason": {"type": "string", "maxLength": 2000}}},
-    "Messages": {"type": "object", "required": ["session_id", "messages"],
-                 "properties": {"session_id": {"type": "string"}, "next_after": {"type": ["integer", "null"]},
-                                "next_before": {"type": ["integer", "null"]},
-                                "messages": {"type": "array", "items": {"type": "object", "required": ["index", "role"],
-                                                                        "properties": {"index": {"type": "integer"},
-                                                                                       "role": {"type": "string"}}}}}},
-    "Events": {"type": "object", "required": ["session_id", "events"],
-               "properties": {"session_id": {"type": "string"}, "next_after": {"type": ["integer", "null"]},
-                              "next_before": {"type": ["integer", "null"]},
-                              "events": {"type": "array", "items": {"type": "object", "required": ["type", "turn_id"],
-                                                                    "properties": {"type": {"type": "string"}}}}}},
-    "CheckpointSaved": {"type": "object", "required": ["session_id", "key", "seq", "durability"],
-                        "properties": {"session_id": {"type": "string"}, "key": {"type": "string"},
-                                       "seq": {"type": "integer"}, "durability": {"enum": ["none", "local", "s3"]}}},
-    "SessionFork": {"type": "object", "properties": {"session_id": ID, "messages": {
-        "type": "integer", "minimum": 1, "maximum": 2 ** 31 - 1,
-        "description": "how many of the session's first messages the fork begins with"}}},
-    "SessionForked": {"type": "object", "required": ["session_id", "forked_from", "messages"],
-                      "properties": {"session_id": {"type": "string"}, "forked_from": {"type": "string"},
-                                     "messages": {"type": "integer"}}},
-    "RunStart": {"type": "object", "properties": {
-        "input": ANY, "run_id": NAME,
-        "start_at": {"description": "a delayed start: the run exists at once (status scheduled) and runs from this "
-                                    "time on; epoch seconds or an ISO 8601 time with its offset",
-                     "oneOf": [{"type": "number"}, {"type": "string", "format": "date-time"}]},
-        "delay_secs": {"type": "number", "minimum": 0, "maximum": 366 * 86400,
-                       "description": "a delayed start, this many seconds from now (not with start_at)"},
-        "timeout_secs": {"type": "number", "exclusiveMinimum": 0, "maximum": 366 * 86400,
-                         "description": "the run is cancelled (with its children) if it has not ended this long "
-                                        "after it began (a queued run: after its admission)"},
-        "queue": {"type": "string", "description": "a flow queue of the server (kernel.flow_queues): the run is "
-                                                   "enqueued until the queue has a place for it"},
-        "priority": {"type": "integer", "minimum": 0, "maximum": 2 ** 31 - 1,
-                     "description": "with a queue: admitted before the runs waiting there with higher numbers "
-                                    "(default 0, first)"},
-        "queue_key": {"type": "string", "minLength": 1, "maxLength": 200,
-                      "description": "in a queue per key (and only there): the key whose limit the run keeps to"}}},
-    "Run": {"type": "object", "required": ["run_id", "status"],
-            "properties": {"run_id": {"type": "string"}, "status": {"type": "string"}, "flow": {"type": "string"},
-                           "created": {"type": "boolean"}, "result": ANY, "error": {"type": "string"},
-                           "started_at": {"type": "number"}, "ended_at": {"type": ["number", "null"]},
-                           "parent": {"type": "string"}, "forked_from": {"type": "string"},
-                           "fork_seq": {"type": "integer"}, "start_at": {"type": "number"},
-                           "schedule": {"type": "string"}, "scheduled_at": {"type": "number"},
-                           "timeout_at": {"type": "number"}, "queue": {"type": "string"},
-                           "admitted_at": {"type": "number", "description": "when the run got its queue's place"},
-                           "priority": {"type": "integer"}, "queue_key": {"type": "string"}}},
-    "ScheduleDefinition": {"type": "object", "required": ["flow", "cron"], "properties": {
-        "flow": NAME, "cron": {"type": "string", "description": "5 fields (minute hour day month weekday), or 6 "
-                                                                "with seconds first; or @daily, @hourly, ..."},
-        "input": ANY, "timezone": {"type": "string", "description": "the cron's time zone (default UTC)"},
-        "catchup_secs": {"type": "number", "minimum": 0, "maximum": 7 * 86400,
-                         "description": "a time missed while the server was down is started when it is back if "
-                                        "it is at most this old (default 60)"},
-        "queue": {"type": "string", "description": "a flow queue (kernel.flow_queues) its runs wait in: with "
-                                                   "one place, they never overlap"}}},
-    "Schedule": {"type": "object", "required": ["name", "flow", "cron", "timezone", "catchup_secs", "next_at"],
-                 "properties": {"name": {"type": "string"}, "flow": {"type": "string"}, "cron": {"type": "string"},
-                                "timezone": {"type": "string"}, "input": ANY, "catchup_secs": {"type": "number"},
-                                "created_at": {"type": "number"}, "updated_at": {"type": "number"},
-                                "next_at": {"type": ["number", "null"]}, "queue": {"type": ["string", "null"]}}},
-    "Schedules": {"type": "object", "required": ["schedules", "next_after"],
-                  "properties": {"schedules": {"type": "array", "items": _ref("Schedule")},
-                                 "next_after": {"type": ["string", "null"]}}},
-    "Fork": {"type": "object", "properties": {"from_seq": {"type": "integer", "minimum": 0, "maximum": 2 ** 31 - 1},
-                                              "run_id": NAME,
-                                              "queue": {"type": "string", "description": "a flow queue the fork "
-                                                        "waits in (default: the original's, if it had one)"}}},
-    "Runs": {"type": "object", "required": ["runs"],
-             "properties": {"next_after": {"type": ["string", "null"]}, "next_before": {"type": ["string", "null"]},
-                            "runs": {"type": "array", "items": {
-                                "type": "object", "required": ["run_id", "flow", "status", "started_at", "ended_at"],
-                                "properties": {"run_id": {"type": "string"}, "flow": {"type": ["string", "null"]},
-                                               "status": {"enum": [s for s in RUN_STATUSES if s != "open"]},
-                                               "started_at": {"type": ["number", "null"]},
-                                               "start_at": {"type": "number"}, "priority": {"type": "integer"},
-                                               "ended_at": {"type": ["number", "null"]},
-                                               "parent": {"type": "string"}, "queue": {"type": "string"},
-                                               "queue_key": {"type": "string"},
-                                               "schedule": {"type": "string"},
-                                               "forked_from": {"type": "string"}}}}}},
-    "Steps": {"type": "object", "required": ["run_id", "steps", "next_after"],
-              "properties": {"run_id": {"type": "string"}, "next_after": {"type": ["integer", "null"]},
-                             "steps": {"type": "array", "items": {
-                                 "type": "object", "required": ["seq", "op", "name", "status", "started_at", "ended_at"],
-                                 "properties": {"seq": {"type": "integer"},
-                                                "op": {"type": "string", "description": "step, sleep, wait, "
-                                                                                        "child, attr_set or patch "
-                                                                                        "(a ctx.patched mark)"},
-                                                "name": {"type": "string"},
-                                                "status": {"enum": ["completed", "failed", "running", "waiting",
-                                                                    "abandoned"]},
-                                                "attempts": {"type": "integer"},
-                                                "interrupted": {"type": "integer", "description": "attempts "
-                                                                "cut short by their worker's clean stop (not "
-                                                                "counted against the step's retries)"},
-                                                "started_at": {"type": "number"},
-                                                "ended_at": {"type": ["number", "null"]}, "result": ANY,
-                                                "error": {"type": "string"}, "child": {"type": "string"},
-                                                "channel": {"type": "string"}, "due": {"type": "number"},
-                                                "heartbeat": ANY}}}}},
-    "Attributes": {"type": "object", "required": ["run_id", "attributes"],
-                   "properties": {"run_id": {"type": "string"}, "attributes": {"type": "object"}}},
-    "Update": {"type": "object", "required": ["handler"], "properties": {"handler": NAME, "arg": ANY},
-               "additionalProperties": False},
-    "Updated": {"type": "object", "required": ["run_id", "key", "value"],
-                "properties": {"run_id": {"type": "string"}, "key": {"type": "string"}, "value": ANY}},
-    "Publish": {"type": "object", "properties": {"message": ANY}, "additionalProperties": False},
-    "Published": {"type": "object", "required": ["run_id", "channel", "published"],
-                  "properties": {"run_id": {"type": "string"}, "channel": {"type": "string"},
-                                 "published": {"const": True}}},
-    "Session": {"type": "object", "required": ["session_id"], "properties": {"session_id": {"type": "string"}}},
-}
-
 PATHS: dict[str, dict] = {
     "/v1/sessions": {"post": {"summary": "A new session id", "responses": {
-        "201": {"description": "created", "content": _json(_ref("Session"))}, **_errors(401)}},
+        "201": {"description": "created", "content": _json(ref("Session"))}, **_errors(401)}},
                      "get": {"summary": "The sessions that hold a transcript or a checkpoint, by id or the most "
                                         "recently active first",
                              "parameters": [_param("after", ID, "query", False,
@@ -237,7 +86,7 @@ PATHS: dict[str, dict] = {
                                             _param("before", {"type": "string", "maxLength": 200}, "query", False,
                                                    "cursor, with order=recent: a `next_before`"), LIMIT],
                              "responses": {"200": {"description": "a page of sessions",
-                                                   "content": _json(_ref("Sessions"))},
+                                                   "content": _json(ref("Sessions"))},
                                            **_errors(400, 401, 503)}}},
     "/v1/sessions/{sid}/turns": {"post": {
         "summary": "Run a turn: the reply streams back as Server-Sent Events (with an Idempotency-Key, a start "
@@ -245,14 +94,14 @@ PATHS: dict[str, dict] = {
                    "memory, or with another input)",
         "parameters": [SID, _param("Idempotency-Key", {"type": "string", "minLength": 1, "maxLength": 200},
                                    "header", False)],
-        "requestBody": {"required": True, "content": _json(_ref("TurnInput"))},
+        "requestBody": {"required": True, "content": _json(ref("TurnInput"))},
         "responses": {"200": SSE_RESPONSE, **_errors(400, 401, 409, 413, 429, 503)}}},
     "/v1/sessions/{sid}": {"get": {
         "summary": "One session: its message count, first and last activity, and its running turn (follow its "
                    "stream again with GET /v1/sessions/{sid}/turns/{turn_id}/events, unless `resumed`: finishing "
                    "after its actor's restart, with no stream to follow)",
         "parameters": [SID],
-        "responses": {"200": {"description": "the session", "content": _json(_ref("SessionState"))},
+        "responses": {"200": {"description": "the session", "content": _json(ref("SessionState"))},
                       **_errors(400, 401, 404, 503)}}, "delete": {
         "summary": "Close a session: its running turn is cancelled, and its transcript, events and checkpoints "
                    "are gone for every read once this answers (and leave the disk with the log's compaction); "
@@ -265,12 +114,12 @@ PATHS: dict[str, dict] = {
                    "whose results are not all in, if `messages` is not given); the original is untouched. The "
                    "body may be empty",
         "parameters": [SID],
-        "requestBody": {"required": False, "content": _json(_ref("SessionFork"))},
-        "responses": {"201": {"description": "the new session", "content": _json(_ref("SessionForked"))},
+        "requestBody": {"required": False, "content": _json(ref("SessionFork"))},
+        "responses": {"201": {"description": "the new session", "content": _json(ref("SessionForked"))},
                       **_errors(400, 401, 404, 409, 503, 507)}}},
     "/v1/sessions/{sid}/turns/current": {"delete": {
         "summary": "Cancel the running turn", "parameters": [SID],
-        "responses": {"200": {"description": "cancelled", "content": _json(_ref("Cancelled"))},
+        "responses": {"200": {"description": "cancelled", "content": _json(ref("Cancelled"))},
                       **_errors(400, 401, 404, 503)}}},
     "/v1/sessions/{sid}/turns/{turn_id}/events": {"get": {
         "summary": "Resume a turn's stream after the client's last event (Last-Event-ID or ?after)",
@@ -284,7 +133,7 @@ PATHS: dict[str, dict] = {
         "summary": "Answer a tool call the turn waits on before running it (its `tool` event of phase `approval`): "
                    "approved, it runs; not, the model reads that it was not, and why",
         "parameters": [SID, _param("turn_id", ID), _param("call_id", {"type": "string", "minLength": 1})],
-        "requestBody": {"required": True, "content": _json(_ref("ApprovalAnswer"))},
+        "requestBody": {"required": True, "content": _json(ref("ApprovalAnswer"))},
         "responses": {"200": {"description": "journaled, and acted on", "content": _json({
             "type": "object", "required": ["turn_id", "call_id", "approved"],
             "properties": {"turn_id": {"type": "string"}, "call_id": {"type": "string"},
@@ -292,18 +141,18 @@ PATHS: dict[str, dict] = {
                       **_errors(400, 401, 404, 409, 503, 507)}}},
     "/v1/sessions/{sid}/messages": {"get": {
         "summary": "The session's transcript", "parameters": [SID, AFTER, LIMIT, *PAGE_BOTH_WAYS],
-        "responses": {"200": {"description": "a page of messages", "content": _json(_ref("Messages"))},
+        "responses": {"200": {"description": "a page of messages", "content": _json(ref("Messages"))},
                       **_errors(400, 401, 404, 503)}}},
     "/v1/sessions/{sid}/events": {"get": {
         "summary": "The session's events (turns and steps)",
         "parameters": [SID, AFTER, LIMIT, *PAGE_BOTH_WAYS, _param("turn", ID, "query", False)],
-        "responses": {"200": {"description": "a page of events", "content": _json(_ref("Events"))},
+        "responses": {"200": {"description": "a page of events", "content": _json(ref("Events"))},
                       **_errors(400, 401, 404, 503)}}},
     "/v1/sessions/{sid}/checkpoints/{key}": {"put": {
         "summary": "Store a checkpoint; answered once it is durable", "parameters": [SID, _param("key", NAME)],
         "requestBody": {"required": True, "content": {"application/octet-stream": {"schema": {
             "type": "string", "format": "binary"}}}},
-        "responses": {"200": {"description": "durable", "content": _json(_ref("CheckpointSaved"))},
+        "responses": {"200": {"description": "durable", "content": _json(ref("CheckpointSaved"))},
                       **_errors(400, 401, 413, 503, 507)}}},
     "/v1/sessions/{sid}/checkpoints/latest": {"get": {
         "summary": "The newest checkpoint (its bytes)", "parameters": [SID],
@@ -315,9 +164,9 @@ PATHS: dict[str, dict] = {
         "summary": "Start a run of a flow (Idempotency-Key: a repeated start returns the same run)",
         "parameters": [_param("flow", NAME), _param("Idempotency-Key", {"type": "string", "minLength": 1,
                                                                          "maxLength": 200}, "header", False)],
-        "requestBody": {"required": True, "content": _json(_ref("RunStart"))},
-        "responses": {"201": {"description": "started", "content": _json(_ref("Run"))},
-                      "200": {"description": "already started", "content": _json(_ref("Run"))},
+        "requestBody": {"required": True, "content": _json(ref("RunStart"))},
+        "responses": {"201": {"description": "started", "content": _json(ref("Run"))},
+                      "200": {"description": "already started", "content": _json(ref("Run"))},
                       **_errors(400, 401, 409, 413, 503, 507)}}},
     "/v1/runs": {"get": {
         "summary": "The flow runs, by id (a page filtered by flow or by status may hold fewer than limit "
@@ -339,7 +188,7 @@ PATHS: dict[str, dict] = {
                               "only runs started before this time (UNIX seconds)"),
                        _param("status", {"type": "string", "enum": list(RUN_STATUSES)},
                               "query", False, "only runs in this state (open: scheduled, enqueued or running)"), LIMIT],
-        "responses": {"200": {"description": "a page of runs", "content": _json(_ref("Runs"))},
+        "responses": {"200": {"description": "a page of runs", "content": _json(ref("Runs"))},
                       **_errors(400, 401, 503)}}},
     "/v1/runs/{run_id}": {"get": {
         "summary": "A run's status and result",
@@ -348,44 +197,44 @@ PATHS: dict[str, dict] = {
                        _param("until", {"type": "string", "enum": ["suspended"]}, "query", False,
                               "with wait: answer as soon as the run is suspended (waiting for a message, "
                               "a timer or a child) rather than only when it ends")],
-        "responses": {"200": {"description": "the run", "content": _json(_ref("Run"))},
+        "responses": {"200": {"description": "the run", "content": _json(ref("Run"))},
                       **_errors(400, 401, 404, 503)}}},
     "/v1/runs/{run_id}:cancel": {"post": {
         "summary": "Cancel a run", "parameters": [RUN],
-        "responses": {"200": {"description": "the run", "content": _json(_ref("Run"))},
+        "responses": {"200": {"description": "the run", "content": _json(ref("Run"))},
                       **_errors(400, 401, 404, 503, 507)}}},
     "/v1/runs/{run_id}:fork": {"post": {
         "summary": "A new run of this run's flow and input that replays its operations before from_seq (default: "
                    "its first that did not succeed) and runs on from there; the body may be empty",
         "parameters": [RUN, _param("Idempotency-Key", {"type": "string", "minLength": 1, "maxLength": 200},
                                    "header", False, "the same key again answers the same fork")],
-        "requestBody": {"required": False, "content": _json(_ref("Fork"))},
+        "requestBody": {"required": False, "content": _json(ref("Fork"))},
         "responses": {"200": {"description": "the fork, made before by the same request",
-                              "content": _json(_ref("Run"))},
-                      "201": {"description": "the fork, started", "content": _json(_ref("Run"))},
+                              "content": _json(ref("Run"))},
+                      "201": {"description": "the fork, started", "content": _json(ref("Run"))},
                       **_errors(400, 401, 404, 409, 503, 507)}}},
     "/v1/runs/{run_id}/steps": {"get": {
         "summary": "The run's operations in order (steps, sleeps, waits, children, attribute writes) with their "
                    "state, attempts, times and outcome",
         "parameters": [RUN, _param("after", {"type": "integer", "minimum": -1, "maximum": 2 ** 31}, "query", False,
                                    "cursor: the operations after this seq"), LIMIT],
-        "responses": {"200": {"description": "a page of the run's operations", "content": _json(_ref("Steps"))},
+        "responses": {"200": {"description": "a page of the run's operations", "content": _json(ref("Steps"))},
                       **_errors(400, 401, 404, 503)}}},
     "/v1/runs/{run_id}/attributes": {"get": {
         "summary": "Read attributes (no worker involved)",
         "parameters": [RUN, _param("keys", {"type": "string"}, "query", False, "comma-separated")],
-        "responses": {"200": {"description": "the attributes", "content": _json(_ref("Attributes"))},
+        "responses": {"200": {"description": "the attributes", "content": _json(ref("Attributes"))},
                       **_errors(400, 401, 404, 503)}}},
     "/v1/runs/{run_id}/attributes/{key}:update": {"post": {
         "summary": "Update an attribute with a handler, under the run's lock (409 once the run has ended)",
         "parameters": [RUN, _param("key", NAME)],
-        "requestBody": {"required": True, "content": _json(_ref("Update"))},
-        "responses": {"200": {"description": "the new value", "content": _json(_ref("Updated"))},
+        "requestBody": {"required": True, "content": _json(ref("Update"))},
+        "responses": {"200": {"description": "the new value", "content": _json(ref("Updated"))},
                       **_errors(400, 401, 404, 409, 413, 422, 503, 507)}}},
     "/v1/runs/{run_id}/channels/{channel}": {"post": {
         "summary": "Publish a message to a run's channel", "parameters": [RUN, _param("channel", NAME)],
-        "requestBody": {"required": True, "content": _json(_ref("Publish"))},
-        "responses": {"202": {"description": "published", "content": _json(_ref("Published"))},
+        "requestBody": {"required": True, "content": _json(ref("Publish"))},
+        "responses": {"202": {"description": "published", "content": _json(ref("Published"))},
                       **_errors(400, 401, 404, 409, 413, 503, 507)}}},
     "/v1/queues": {"get": {
         "summary": "The flow queues (kernel.flow_queues): each one's limit and rate, runs admitted and runs waiting",
@@ -432,18 +281,18 @@ PATHS: dict[str, dict] = {
         "summary": "The tenant's schedules, by name",
         "parameters": [_param("after", NAME, "query", False, "cursor: the schedules after this name"),
                        _param("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, "query", False)],
-        "responses": {"200": {"description": "a page", "content": _json(_ref("Schedules"))},
+        "responses": {"200": {"description": "a page", "content": _json(ref("Schedules"))},
                       **_errors(400, 401, 503)}}},
     "/v1/schedules/{name}": {"put": {
         "summary": "Create a schedule, or change it: at each time its cron expression matches, a run of its flow "
                    "and input starts, named <name>-<UTC time> (20261206T090000Z), once per time",
         "parameters": [SCHEDULE],
-        "requestBody": {"required": True, "content": _json(_ref("ScheduleDefinition"))},
-        "responses": {"201": {"description": "created", "content": _json(_ref("Schedule"))},
-                      "200": {"description": "changed, or already so", "content": _json(_ref("Schedule"))},
+        "requestBody": {"required": True, "content": _json(ref("ScheduleDefinition"))},
+        "responses": {"201": {"description": "created", "content": _json(ref("Schedule"))},
+                      "200": {"description": "changed, or already so", "content": _json(ref("Schedule"))},
                       **_errors(400, 401, 413, 503, 507)}}, "get": {
         "summary": "A schedule and its next time", "parameters": [SCHEDULE],
-        "responses": {"200": {"description": "the schedule", "content": _json(_ref("Schedule"))},
+        "responses": {"200": {"description": "the schedule", "content": _json(ref("Schedule"))},
                       **_errors(400, 401, 404, 503)}}, "delete": {
         "summary": "Delete a schedule: it starts nothing more (the runs it started go on)", "parameters": [SCHEDULE],
         "responses": {"204": {"description": "deleted"}, **_errors(400, 401, 404, 503, 507)}}},

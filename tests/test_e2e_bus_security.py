@@ -11,7 +11,8 @@ import zmq
 import zmq.auth
 
 from broker import codec
-from broker.protocol import SPECS, Kind
+from broker.bodies import SPECS
+from broker.protocol import Kind
 from harness import REPO, get_json, turn, wait_until
 from storage.log_inbox import frame
 

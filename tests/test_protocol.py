@@ -1,7 +1,7 @@
 import msgpack
 import pytest
 
-from broker import codec, protocol
+from broker import bodies, codec, protocol
 from broker.protocol import Kind, ProtocolError
 from broker.sharding import actor_name, shard_of
 
@@ -62,7 +62,7 @@ def test_unknown_kind_and_bad_header():
 
 
 def test_every_kind_has_a_spec_and_requests_have_reply_kinds():
-    assert set(protocol.SPECS) == set(Kind)
+    assert set(bodies.SPECS) == set(Kind)
     for request, reply in protocol.REQUESTS.items():
         assert request in Kind and reply in Kind
 
