@@ -1,5 +1,6 @@
-"""What a flow's code sees while it runs: `FlowContext` (`ctx`) and what it raises, made by the
-worker for each execution of a run (actors/worker_process.py); actors/sdk.py re-exports these.
+"""What a flow's code sees while it runs: `FlowContext` (`ctx`), made by the worker for each
+execution of a run (actors/worker_process.py); what its operations raise: actors/flow_types.py.
+actors/sdk.py re-exports both.
 
 Each operation asks the run's actor (STEP_START) before it goes, and takes its seq in the run's
 journal when it is called: a replay finds the recorded outcome there. Operations of one
@@ -12,71 +13,13 @@ import contextlib
 import inspect
 import math
 import time
-from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Iterable
 
-import msgpack
-import orjson
 
 from actors.flow_queues import MAX_KEY, MAX_PRIORITY, valid_priority, valid_queue_key
-from broker.protocol import MAX_VALUE_BYTES
-
-
-class StepFailed(Exception):
-    """A step failed on its last attempt (or its retries were spent before a restart)."""
-
-
-class NonDeterministic(Exception):
-    """The flow asked for different operations on replay than when it first ran."""
-
-
-class WaitTimeout(TimeoutError):
-    """`ctx.wait` reached its timeout without a message."""
-
-
-class ChildFailed(Exception):
-    """A child flow ended without completing."""
-
-
-class Suspended(BaseException):
-    """Internal: the run waits for a timer, a message or a child; this execution ends here."""
-
-
-class Superseded(BaseException):
-    """Internal: another execution of the run took over; this one stops without a trace."""
-
-
-@dataclass(frozen=True)
-class Retry:
-    """Attempts of a step (across restarts: each attempt is journaled) and back-off between them."""
-    max_attempts: int = 3
-    backoff_secs: float = 0.1
-    multiplier: float = 2.0
-    max_backoff_secs: float = 10.0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:   # 0 ran an ASYNC step never
-            raise ValueError(f"Retry.max_attempts must be an int of at least 1, got {self.max_attempts!r}")
-        if min(self.backoff_secs, self.max_backoff_secs) < 0 or self.multiplier < 1:
-            raise ValueError("Retry: back-offs must not be negative and the multiplier at least 1")
-
-    def delay(self, attempt: int) -> float:
-        return min(self.max_backoff_secs, self.backoff_secs * self.multiplier ** max(0, attempt - 1))
-
-
-NO_RETRY = Retry(max_attempts=1)
-
-
-@dataclass
-class StepContext:
-    """Given to a step function that takes a `step` keyword: its attempt and heartbeats."""
-    attempt: int
-    last_heartbeat: Any
-    _beat: Callable[[Any], None]
-
-    def heartbeat(self, value: Any = None) -> None:
-        """Report progress; `value` is what the next attempt sees as `last_heartbeat`."""
-        self._beat(value)
+from actors.flow_state import MAX_WAIT_CHANNELS
+from actors.flow_types import (ChildFailed, NonDeterministic, Retry, StepContext, StepFailed, Superseded, Suspended,
+                               WaitTimeout, check_encodable)
 
 
 def _seconds(value: Any, what: str) -> float:
@@ -97,24 +40,6 @@ def _priority(value: Any) -> int:
     if not valid_priority(value):
         raise ValueError(f"a priority is a whole number, 0 to {MAX_PRIORITY:,}, got {value!r}")
     return value
-
-
-def check_encodable(value: Any, what: str, json: bool = False) -> None:
-    """Refuse, with an error that says why, a value a run cannot record (see MAX_VALUE_BYTES);
-    `json`: one read back over HTTP too (a flow's result, an attribute), where bytes cannot go."""
-    try:
-        size = len(msgpack.packb(value, use_bin_type=True))
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"{what} must be msgpack-serialisable (dict, list, str, bytes, numbers, bool, None): "
-                        f"{exc}") from None
-    if json:
-        try:
-            orjson.dumps(value)
-        except TypeError as exc:
-            raise TypeError(f"{what} must be JSON-serialisable (it is read over HTTP as JSON): {exc}") from None
-    if size > MAX_VALUE_BYTES:
-        raise ValueError(f"{what} is {size:,} bytes as msgpack; a run records values of at most "
-                         f"{MAX_VALUE_BYTES:,} bytes")
 
 
 # what an operation of each kind waits for, of those called before it (FlowContext._in_turn)
@@ -335,6 +260,25 @@ class FlowContext:
         if go.get("ok", True):
             return go.get("result")
         raise WaitTimeout(f"no message on channel {channel!r} within {timeout}s")
+
+    async def wait_any(self, channels: Iterable[str], timeout: float | None = None) -> tuple[str, Any]:
+        """The next message published to any of `channels`, and the channel it came on: `(channel,
+        message)`. Of messages already waiting, the one published first. For a person's answer that
+        comes as one of several kinds (`approve` or `reject`), as Restate's select or Temporal's
+        selector; with `timeout`, WaitTimeout when none came."""
+        if isinstance(channels, str):
+            raise TypeError("ctx.wait_any takes a list of channels (for one, ctx.wait)")
+        names = list(channels)
+        if not 0 < len(names) <= MAX_WAIT_CHANNELS or len(set(names)) != len(names) or \
+                not all(isinstance(c, str) and c for c in names):
+            raise ValueError(f"ctx.wait_any takes 1 to {MAX_WAIT_CHANNELS} channels, each a non-empty string "
+                             f"named once, got {names!r}")
+        go = await self._op("wait", "|".join(names), channel=names[0], channels=names,
+                            **({"timeout": _seconds(timeout, "ctx.wait_any's timeout")} if timeout is not None else {}))
+        if go.get("ok", True):
+            channel, message = go.get("result")
+            return channel, message
+        raise WaitTimeout(f"no message on channels {names!r} within {timeout}s")
 
     async def child(self, flow: str | Callable[..., Any], input: Any = None, run_id: str | None = None,
                     queue: str | None = None, priority: int = 0, queue_key: str | None = None) -> Any:

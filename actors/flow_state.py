@@ -44,11 +44,12 @@ import msgpack
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
 
 WAITABLE = ("suspended",)   # besides its end, what a caller of FLOW_GET may wait for (`until`)
+MAX_WAIT_CHANNELS = 100     # that one wait listens to (`ctx.wait_any`)
 
 
 class Op:
     __slots__ = ("seq", "op", "name", "attempts", "interrupted", "interrupted_last", "done", "ok", "result", "error",
-                 "heartbeat", "due", "channel", "child", "started_at", "ended_at")
+                 "heartbeat", "due", "channel", "channels", "child", "started_at", "ended_at")
 
     def __init__(self, seq: int, op: str, name: str) -> None:
         self.seq = seq
@@ -64,6 +65,7 @@ class Op:
         self.heartbeat: Any = None
         self.due = 0.0
         self.channel = ""
+        self.channels: tuple[str, ...] = ()   # a wait for the first message on any of these (ctx.wait_any)
         self.child = ""
         self.started_at = 0.0   # its first record's time, and its outcome's (GET /v1/runs/{id}/steps)
         self.ended_at = 0.0
@@ -87,9 +89,15 @@ class Op:
         for field in ("child", "channel", "due"):
             if getattr(self, field):
                 out[field] = getattr(self, field)
+        if self.channels:
+            out["channels"] = list(self.channels)
         if self.heartbeat is not None:
             out["heartbeat"] = self.heartbeat
         return out
+
+    def listens_to(self, channel: str) -> bool:
+        """Whether a message published to `channel` is this wait's."""
+        return channel in self.channels if self.channels else channel == self.channel
 
     def outcome(self) -> dict[str, Any]:
         out: dict[str, Any] = {"seq": self.seq, "op": self.op, "name": self.name, "ok": self.ok}
@@ -124,7 +132,7 @@ class Run:
         self.channels: dict[str, collections.deque] = {}
         self.waiting: int | None = None       # seq of the wait op blocked on a channel
         self.executing = False                # an execution this actor sent runs on: it was not told to park since
-        # where the first unfinished op may be (no op before it is unfinished: ops only finish), and
+        # where the first unfinished op may be (none before it is: only `reopen` moves it back), and
         # the children started and not ended: what the actor asks after every step and child's end,
         # found without reading every op again (a run of 10,000 children did 10,000² reads)
         self.first_open = 0
@@ -160,6 +168,13 @@ class Run:
     @property
     def ended(self) -> bool:
         return self.status in TERMINAL
+
+    def reopen(self, op: Op) -> None:
+        """Undo an outcome memory took before its record was durable (the record was refused)."""
+        op.done, op.ok, op.result, op.error, op.ended_at = False, True, None, "", 0.0
+        self.first_open = min(self.first_open, op.seq)
+        if op.op == "child":
+            self.open_children.add(op.seq)
 
     def journal(self) -> list[dict[str, Any]]:
         """Outcomes of the finished operations, in order, up to the first unfinished one: what a
@@ -305,6 +320,7 @@ def apply(run: Run, record: dict[str, Any]) -> None:
     elif kind == "wait":
         op = _op(run, record, "wait")
         op.channel = record["channel"]
+        op.channels = tuple(record.get("channels") or ())
         op.due = float(record.get("due", 0.0))
         if not op.done:
             run.waiting = op.seq
@@ -345,6 +361,7 @@ def _begin_fork(run: Run, record: dict[str, Any]) -> None:
         op.attempts = int(copied.get("attempts", 0))
         op.started_at, op.ended_at = float(copied.get("started_at", 0.0)), float(copied.get("ended_at", 0.0))
         op.child, op.channel, op.due = copied.get("child", ""), copied.get("channel", ""), float(copied.get("due", 0.0))
+        op.channels = tuple(copied.get("channels") or ())
         run.journal_bytes += value_bytes(copied)
     for key, value in (record.get("attrs") or {}).items():
         run.attrs[key] = value
@@ -362,3 +379,14 @@ def replay(run_id: str, records: list[dict[str, Any]]) -> Run:
     for record in records:
         apply(run, record)
     return run
+
+
+def next_message(run: Run, op: Op) -> str | None:
+    """The channel whose waiting message the wait takes: of those it listens to, the one whose
+    first message was published first (None: no message waits for it)."""
+    first: tuple[int, str] | None = None
+    for channel in op.channels or (op.channel,):
+        queue = run.channels.get(channel)
+        if queue and (first is None or queue[0][0] < first[0]):
+            first = (queue[0][0], channel)
+    return first[1] if first is not None else None

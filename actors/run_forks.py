@@ -53,6 +53,8 @@ def _copy(op: Op) -> dict[str, Any]:
     for field in ("child", "channel", "due"):
         if getattr(op, field):
             out[field] = getattr(op, field)
+    if op.channels:
+        out["channels"] = list(op.channels)
     return out
 
 

@@ -16,7 +16,7 @@ import math
 import time
 from typing import Awaitable, Callable
 
-from actors.flow_state import WAITABLE, Op, Run, value_bytes
+from actors.flow_state import WAITABLE, Op, Run, next_message, value_bytes
 from actors.persistence import StorageUnavailable
 from actors.run_forks import ForkRefused, fork_fields
 from broker.protocol import STEPS_PAGE_BYTES, Kind, Message, past_deadline
@@ -297,9 +297,10 @@ class RunRequests:
         channel, msg_seq = b["channel"], run.msg_counter + 1
         kept = self.record(run, "message", channel=channel, msg_seq=msg_seq, message=b.get("message"))
         waiting = run.ops.get(run.waiting) if run.waiting is not None else None
-        if waiting is None or waiting.channel != channel or waiting.done:
+        if waiting is None or not waiting.listens_to(channel) or waiting.done:
             waiting = None
-        head = run.channels[channel][0] if waiting is not None else None   # what the wait takes
+        taken_from = next_message(run, waiting) if waiting is not None else None
+        head = (taken_from, run.channels[taken_from][0]) if taken_from is not None else None   # what the wait takes
         took = False
         try:
             if waiting is not None and await self._take_message(run, waiting):
@@ -313,20 +314,19 @@ class RunRequests:
         self.bus.reply(msg, Kind.FLOW_ACK, {"ok": True})
 
     async def _unpublish(self, run: Run, channel: str, msg_seq: int, kept: asyncio.Future, waiting: Op | None,
-                         head: tuple | None) -> None:
+                         head: tuple[str, tuple] | None) -> None:
         """Undo what a refused publish did to the run: its message, and the taking of a message by
         the wait it would have woken (the records of both go in one batch, so they fail together)."""
         written = not isinstance((await asyncio.gather(kept, return_exceptions=True))[0], BaseException)
-        queue = run.channels.setdefault(channel, collections.deque())
         if not written:
-            run.channels[channel] = queue = collections.deque(m for m in queue if m[0] != msg_seq)
+            run.channels[channel] = collections.deque(m for m in run.channels.get(channel, ()) if m[0] != msg_seq)
             if run.msg_counter == msg_seq:
                 run.msg_counter -= 1
         if waiting is not None and waiting.done and not run.ended:
-            waiting.done, waiting.ok, waiting.result, waiting.error = False, True, None, ""
+            run.reopen(waiting)
             run.waiting = waiting.seq
-            if head is not None and (written or head[0] != msg_seq):
-                queue.appendleft(head)
+            if head is not None and (written or head[1][0] != msg_seq):   # (the taken message, back in its place)
+                run.channels.setdefault(head[0], collections.deque()).appendleft(head[1])
 
     async def on_attr_get(self, msg: Message) -> None:
         run = await self.find(msg.body["run_id"], msg.body["tenant"], read=True)

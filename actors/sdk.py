@@ -28,6 +28,7 @@ Declare what a worker runs in one explicit table and point `agent-os worker` at 
         receipt = await ctx.step(charge, order_id, retry=Retry(max_attempts=5))
         await ctx.sleep(3600)                       # durable: no worker is held meanwhile
         approval = await ctx.wait("approval", timeout=86400)
+        kind, note = await ctx.wait_any(["approve", "reject"])   # whichever comes first
         await ctx.set_attr("status", "done")
         return receipt
 
@@ -48,8 +49,8 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from actors.flow_context import (NO_RETRY, ChildFailed, FlowContext, NonDeterministic, Retry, StepContext,
-                                 StepFailed, WaitTimeout)
+from actors.flow_context import FlowContext
+from actors.flow_types import NO_RETRY, ChildFailed, NonDeterministic, Retry, StepContext, StepFailed, WaitTimeout
 
 __all__ = ["App", "Retry", "NO_RETRY", "Tool", "tool", "FlowContext", "StepContext", "StepFailed",
            "NonDeterministic", "WaitTimeout", "ChildFailed"]

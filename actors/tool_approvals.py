@@ -108,7 +108,7 @@ class ToolApprovals:
             await self.flows.record(run, "op.done", seq=pending.seq, op="wait", ok=True,
                                     result={"approve": approve, "reason": reason})
         except LogWriteError as exc:   # memory went ahead of the journal: back to waiting
-            op.done, op.ok, op.result, op.ended_at = False, True, None, 0.0
+            run.reopen(op)
             pending.deciding = False
             return exc.code
         self._answered(turn, pending, approve, reason)

@@ -25,7 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from agentos.config import Config
-from actors.flow_context import FlowContext, Superseded, Suspended, check_encodable
+from actors.flow_context import FlowContext
+from actors.flow_types import Superseded, Suspended, check_encodable
 from actors.sdk import App
 from broker.client import Bus, BusError
 from broker.sharding import SCHEDULER

@@ -14,7 +14,7 @@ import asyncio
 import time
 from typing import Any
 
-from actors.flow_state import Op, Run
+from actors.flow_state import MAX_WAIT_CHANNELS, Op, Run, next_message
 from actors.schedules import TICK_SEQ
 from agentos.running_time import wait_running
 from broker.client import BusError
@@ -116,9 +116,16 @@ class WorkerRequests:
     async def _start_wait(self, msg: Message, run: Run, seq: int, op: Op | None) -> None:
         b = msg.body
         if op is None:
+            channels = b.get("channels")
+            if channels is not None and not (0 < len(channels) <= MAX_WAIT_CHANNELS and all(
+                    type(c) is str and c for c in channels) and len(set(channels)) == len(channels)):
+                self.bus.reply(msg, Kind.STEP_GO, {"action": "fail", "error": (
+                    f"a wait listens to 1 to {MAX_WAIT_CHANNELS} channels, each named once by a non-empty string")})
+                return
             timeout = b.get("timeout")
             await self.record(run, "wait", seq=seq, name=b["name"], channel=b["channel"],
-                              due=time.time() + float(timeout) if timeout is not None else 0.0)
+                              due=time.time() + float(timeout) if timeout is not None else 0.0,
+                              **({"channels": channels} if channels is not None else {}))
             op = run.ops[seq]
         if await self._take_message(run, op):
             self.bus.reply(msg, Kind.STEP_GO, {"action": "continue", **_outcome(op)})
@@ -128,12 +135,14 @@ class WorkerRequests:
         self.bus.reply(msg, Kind.STEP_GO, {"action": _park(run)})
 
     async def _take_message(self, run: Run, op: Op) -> bool:
-        queue = run.channels.get(op.channel)
-        if not queue or op.done:
+        channel = next_message(run, op)
+        if channel is None or op.done:
             return False
-        msg_seq, message = queue[0]
-        first = self.record(run, "message.taken", seq=op.seq, channel=op.channel, msg_seq=msg_seq)
-        await asyncio.gather(first, self.record(run, "op.done", seq=op.seq, op="wait", ok=True, result=message))
+        msg_seq, message = run.channels[channel][0]
+        first = self.record(run, "message.taken", seq=op.seq, channel=channel, msg_seq=msg_seq)
+        # (a wait on several channels is answered which one the message came on)
+        result = [channel, message] if op.channels else message
+        await asyncio.gather(first, self.record(run, "op.done", seq=op.seq, op="wait", ok=True, result=result))
         return True
 
     async def _start_child(self, msg: Message, run: Run, seq: int, op: Op | None) -> None:

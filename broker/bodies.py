@@ -162,9 +162,9 @@ SPECS: dict[Kind, Spec] = {
     # op: step, sleep, wait, child, attr_set, patch (`ctx.patched`); with the op's own fields (see
     # actors/worker_requests.py)
     Kind.STEP_START: _spec({"run_id": str, "exec": int, "seq": int, "op": str, "name": str}, sync=bool,
-                           max_attempts=int, due=_NUM, channel=str, timeout=_NUM, flow=str, input=object,
-                           child=str, key=str, value=object, results_due=list, queue=str, priority=int,
-                           queue_key=str),
+                           max_attempts=int, due=_NUM, channel=str, channels=list, timeout=_NUM, flow=str,
+                           input=object, child=str, key=str, value=object, results_due=list, queue=str,
+                           priority=int, queue_key=str),
     # action: run (attempt), replay (recorded outcome), suspend (wait for a timer, message or child),
     # continue (a wait/sleep already satisfied), fail (retries spent), abort (execution superseded),
     # skip (a patch where the code before it recorded another operation: the old path)

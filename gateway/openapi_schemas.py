@@ -146,6 +146,10 @@ SCHEMAS: dict[str, Any] = {
                                                 "ended_at": {"type": ["number", "null"]}, "result": ANY,
                                                 "error": {"type": "string"}, "child": {"type": "string"},
                                                 "channel": {"type": "string"}, "due": {"type": "number"},
+                                                "channels": {"type": "array", "items": {"type": "string"},
+                                                             "description": "a wait for any of these "
+                                                                            "(ctx.wait_any); its result is "
+                                                                            "[channel, message]"},
                                                 "heartbeat": ANY}}}}},
     "Attributes": {"type": "object", "required": ["run_id", "attributes"],
                    "properties": {"run_id": {"type": "string"}, "attributes": {"type": "object"}}},

@@ -1,9 +1,10 @@
 """Flows whose operations run at once (asyncio.gather), for tests/flows_app.py's worker: steps
 that each return only once the others have begun beside them, so a run that took them one after
-another fails."""
+another fails; and a wait on several channels at once (ctx.wait_any)."""
 import asyncio
+import os
 
-from actors.sdk import Retry
+from actors.sdk import Retry, WaitTimeout
 
 
 def note(path: str, line: str) -> None:
@@ -54,4 +55,27 @@ async def fan_out_children(ctx, args):
     return got + ["after"]
 
 
-FLOWS = [fan_out, met, fan_out_children]
+async def gate(path: str) -> None:
+    """A step that returns once `path` exists (the test has published what the flow is to find)."""
+    for _ in range(600):
+        if os.path.exists(path):
+            return
+        await asyncio.sleep(0.05)
+    raise RuntimeError(f"{path} never came")
+
+
+async def chooser(ctx, args):
+    """One wait for approve or reject, a step, then another such wait, or its timeout: each
+    wait's channel and message at its place."""
+    if args.get("gate"):
+        await ctx.step(gate, args["gate"], name="gate")
+    first = await ctx.wait_any(["approve", "reject"])
+    await ctx.step(note, args["file"], f"took {first[0]}", name="took")
+    try:
+        second = list(await ctx.wait_any(["approve", "reject"], timeout=args.get("timeout", 0.3)))
+    except WaitTimeout:
+        second = "timed out"
+    return [list(first), second]
+
+
+FLOWS = [fan_out, met, fan_out_children, chooser]

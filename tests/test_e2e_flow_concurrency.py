@@ -1,7 +1,10 @@
 """End-to-end: a flow's operations at once (asyncio.gather) on a real worker — steps side by
 side, each recorded at its place whatever order they finished in, a retry among them; children
-started together, their parent going on once, when the last has ended."""
-from harness import get_json
+started together, their parent going on once, when the last has ended; a wait on several
+channels woken by any of them."""
+import json
+
+from harness import get_json, wait_until
 from test_e2e_flows import lines, result, start
 
 
@@ -31,3 +34,35 @@ def test_children_started_at_once_run_at_once_and_their_parent_goes_on_when_all_
         (0, "child", "met", "completed"), (1, "child", "met", "completed"), (2, "child", "met", "completed"),
         (3, "step", "after", "completed")], steps
     assert len(lines(tmp_path / "met.txt.after")) == 1
+
+
+def publish(base: str, run_id: str, channel: str, message) -> None:
+    status, _, body = get_json(f"{base}/v1/runs/{run_id}/channels/{channel}", method="POST",
+                               body=json.dumps({"message": message}).encode())
+    assert status == 202, body
+
+
+def test_a_wait_on_several_channels_is_woken_by_any_and_journals_which(flows_server, tmp_path):
+    server = flows_server
+    _, _, run = start(server.url, "chooser", {"file": str(tmp_path / "took.txt")})
+    run_id = run["run_id"]
+    wait_until(lambda: get_json(f"{server.url}/v1/runs/{run_id}")[2]["status"] == "suspended", 30, "the wait")
+    publish(server.url, run_id, "reject", {"why": "too dear"})
+    done = result(server.url, run_id)
+    assert done["status"] == "completed" and done["result"] == [["reject", {"why": "too dear"}], "timed out"], done
+    steps = get_json(f"{server.url}/v1/runs/{run_id}/steps")[2]["steps"]
+    assert [(s["op"], s["name"], s["status"], s.get("channels")) for s in steps] == [
+        ("wait", "approve|reject", "completed", ["approve", "reject"]), ("step", "took", "completed", None),
+        ("wait", "approve|reject", "failed", ["approve", "reject"])], steps
+    assert lines(tmp_path / "took.txt") == ["took reject"]   # the replay after the wait took the same path
+
+
+def test_a_wait_on_several_channels_takes_the_first_published_of_those_waiting(flows_server, tmp_path):
+    server = flows_server
+    gate = tmp_path / "gate"
+    _, _, run = start(server.url, "chooser", {"file": str(tmp_path / "took.txt"), "gate": str(gate)})
+    for channel, message in (("reject", "r1"), ("approve", "a1"), ("reject", "r2")):
+        publish(server.url, run["run_id"], channel, message)
+    gate.touch()
+    done = result(server.url, run["run_id"])
+    assert done["status"] == "completed" and done["result"] == [["reject", "r1"], ["approve", "a1"]], done

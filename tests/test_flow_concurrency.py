@@ -5,7 +5,8 @@ operations before it to finish and those after it wait for its answer, so an exe
 only with nothing of it in flight (the actor's journal stays in order where a run parks)."""
 import asyncio
 
-from actors.flow_context import FlowContext, Retry, Suspended
+from actors.flow_context import FlowContext
+from actors.flow_types import Retry, Suspended
 
 
 class Runtime:
