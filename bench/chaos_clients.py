@@ -18,8 +18,9 @@ FLOW_STEPS = 5
 # second, with a priority of 0, 1 or 2: the queue's places, rate and order through the kills
 QUEUE, QUEUE_LIMIT = "chaos", "2@10/1s"
 QUEUED_EVERY = 3
-# and the runs with n % 3 == FANNED (neither queued nor forked) run their steps at once, then two
-# children at once (bench/steps_app.py fanned_steps)
+# and of the runs with n % 3 == 2 (neither queued nor forked), those with n % 6 == FANNED run their
+# steps at once, then two children at once (bench/steps_app.py fanned_steps), the others wait for a
+# message on either of two channels (`chosen`: ctx.wait_any), which the client then publishes
 FANNED = 2
 # the tools of bench/steps_app.py, both called at once by a turn's model (the mock's marker; "made
 # up": called also while a restarted scheduler lists no tools yet, where the model would be told
@@ -128,16 +129,19 @@ async def flow_client(http, base: str, index: int, ledger: Ledger, stop: asyncio
                 body = {"input": FLOW_STEPS}
                 if n % QUEUED_EVERY == 1:
                     body.update(queue=QUEUE, priority=n // QUEUED_EVERY % 3)
-                flow = "fanned_steps" if n % QUEUED_EVERY == FANNED else "sync_steps"
+                flow = "sync_steps" if n % QUEUED_EVERY != 2 else "fanned_steps" if n % 6 == FANNED else "chosen"
                 async with http.post(f"{base}/v1/flows/{flow}/runs", json=body,
                                      headers={"Idempotency-Key": key},
                                      timeout=aiohttp.ClientTimeout(total=30)) as resp:
                     body = await resp.json(content_type=None)
                     if resp.status in (200, 201):
-                        ledger.flows[body["run_id"]] = key
+                        # (a chosen run is owed its result once its message is acknowledged too)
+                        if flow != "chosen" or await publish(http, base, body["run_id"], n, ledger, stop):
+                            ledger.flows[body["run_id"]] = key
                         ledger.tick("flows")
                         ledger.forks["queued"] += body.get("queue") == QUEUE
                         ledger.forks["fanned"] += flow == "fanned_steps"
+                        ledger.forks["chosen"] += flow == "chosen" and body["run_id"] in ledger.flows
                         if n % RUN_FORK_EVERY == 0:
                             await fork_run(http, base, body["run_id"], f"{key}-fork", ledger, stop)
                         break
@@ -148,3 +152,23 @@ async def flow_client(http, base: str, index: int, ledger: Ledger, stop: asyncio
             if stop.is_set():
                 break
         await asyncio.sleep(pause)
+
+
+async def publish(http, base: str, run_id: str, n: int, ledger: Ledger, stop: asyncio.Event) -> bool:
+    """The message a `chosen` run waits for, on one of its two channels, sent until acknowledged
+    (a second copy, from a retry whose first answer was lost, waits unread: the run takes one)."""
+    channel = ("approve", "reject")[n // 6 % 2]
+    for _ in range(20):
+        try:
+            async with http.post(f"{base}/v1/runs/{run_id}/channels/{channel}", json={"message": channel},
+                                 timeout=aiohttp.ClientTimeout(total=30)) as resp:
+                await resp.read()
+                if resp.status == 202:
+                    return True
+                ledger.flow_errors[f"publish {resp.status}"] += 1
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            ledger.flow_errors["publish connection"] += 1
+        if stop.is_set():
+            return False
+        await asyncio.sleep(0.5)
+    return False

@@ -64,6 +64,15 @@ async def fanned_steps(ctx, n):
     return n if list(got) == list(range(n)) and children == [n, n] else {"steps": got, "children": children}
 
 
+async def chosen(ctx, n):
+    """Waits for the first message on `approve` or `reject` (ctx.wait_any; the chaos client
+    publishes one, its own channel's name, to either), then n SYNC steps; returns n if the
+    message came on the channel it names, else what came."""
+    channel, message = await ctx.wait_any(["approve", "reject"])
+    await _timed_steps(ctx, n, "sync")
+    return n if message == channel else {"channel": channel, "message": message}
+
+
 async def one_step(ctx, _):
     return await ctx.step(noop, 1)
 
@@ -99,6 +108,6 @@ def incr(value, arg):
 
 
 app = App(flows=[sync_steps, async_steps, timed_sync_steps, timed_async_steps, timed_fanned_steps, fanned_steps,
-                 one_step, holder, woken], tools=[lookup, tally],
+                 chosen, one_step, holder, woken], tools=[lookup, tally],
           updates={"incr": incr})
 _ = BIG

@@ -1,8 +1,9 @@
-"""End-to-end: twenty seconds of `agent-os bench chaos` — turns, checkpoints, flows, forks of
-both and a schedule's run every second (every kind of acknowledged work is counted above zero) while every
-role of the tree is killed with SIGKILL in turn, or stopped for seconds, on a log that rotates and
-compacts all the while — and the load generator's own accounting says nothing acknowledged was lost
-and no stream hung. (The ten-minute run is a benchmark.)"""
+"""End-to-end: twenty seconds of `agent-os bench chaos` — turns, checkpoints, flows (some fanned
+out, some woken by a message on either of two channels), forks of both and a schedule's run
+every second (every kind of acknowledged work is counted above zero) while every role of the
+tree is killed with SIGKILL in turn, or stopped for seconds, on a log that rotates and compacts
+all the while — and the load generator's own accounting says nothing acknowledged was lost and
+no stream hung. (The ten-minute run is a benchmark.)"""
 import json
 import re
 import signal
