@@ -17,6 +17,7 @@ from typing import Any
 from actors.flow_state import MAX_WAIT_CHANNELS, Op, Run, next_message
 from actors.schedules import TICK_SEQ
 from agentos.running_time import wait_running
+from agentos.tenant_ids import external, internal
 from broker.client import BusError
 from broker.protocol import Kind, Message, ProtocolError
 from broker.sharding import actor_name
@@ -147,8 +148,10 @@ class WorkerRequests:
 
     async def _start_child(self, msg: Message, run: Run, seq: int, op: Op | None) -> None:
         b = msg.body
-        if op is None:
-            child = b.get("child") or f"{run.run_id}.{seq}"
+        if op is None:   # a child the flow names is its run's tenant's (unless named as such already)
+            named = b.get("child")
+            child = f"{run.run_id}.{seq}" if not named else named if external(run.tenant, named) != named \
+                else internal(run.tenant, named)
             await self.record(run, "child.started", seq=seq, name=b["name"], child=child)
             op = run.ops[seq]
         self.bus.reply(msg, Kind.STEP_GO, {"action": _park(run)})

@@ -11,10 +11,11 @@ from __future__ import annotations
 import re
 import uuid
 
+from agentos.tenant_ids import DEFAULT_TENANT, SEPARATOR, external, internal
 from gateway.errors import ApiError
 
-DEFAULT_TENANT = "default"
-SEPARATOR = "~"
+__all__ = ["DEFAULT_TENANT", "SEPARATOR", "internal", "external", "check_session_id", "new_session_id"]
+
 TENANT_NAME = re.compile(r"^[A-Za-z0-9._\-]{1,64}$")
 SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
 
@@ -30,10 +31,3 @@ def new_session_id() -> str:
     return f"s{uuid.uuid4().hex}"
 
 
-def internal(tenant: str, external_id: str) -> str:
-    return external_id if tenant == DEFAULT_TENANT else f"{tenant}{SEPARATOR}{external_id}"
-
-
-def external(tenant: str, internal_id: str) -> str:
-    prefix = f"{tenant}{SEPARATOR}"
-    return internal_id[len(prefix):] if tenant != DEFAULT_TENANT and internal_id.startswith(prefix) else internal_id

@@ -61,6 +61,21 @@ def test_keys_tenants_and_isolation(make_server, make_worker):
     assert status == 201 and other["run_id"] == "order-1"   # globex's own run of that name
     assert get_json(f"{base}/v1/runs/order-1", headers=ACME)[2]["flow"] == "waiter"
 
+    # a child the flow names is its tenant's too: acme reaches it by that name, globex does not
+    status, _, parent = get_json(f"{base}/v1/flows/parent_of_waiter/runs", method="POST", headers=ACME,
+                                 body=json.dumps({"input": {"child": "kid-1"}}).encode())
+    assert status == 201, parent
+    wait_until(lambda: status_of(f"{base}/v1/runs/kid-1", headers=ACME) == 200, 20, "acme's child kid-1")
+    assert status_of(f"{base}/v1/runs/kid-1", headers=GLOBEX) == 404
+    for message in ("first", "second"):   # the child's two waits; its end completes the parent
+        assert get_json(f"{base}/v1/runs/kid-1/channels/inbox", method="POST", headers=ACME,
+                        body=json.dumps({"message": message}).encode())[0] == 202
+    done = get_json(f"{base}/v1/runs/{parent['run_id']}?wait=30", headers=ACME)[2]
+    assert done["status"] == "completed" and done["result"] == ["first", "second"], done
+    status, _, theirs = get_json(f"{base}/v1/flows/async_steps/runs", method="POST", headers=GLOBEX,
+                                 body=json.dumps({"input": 1, "run_id": "kid-1"}).encode())
+    assert status == 201 and theirs["run_id"] == "kid-1"   # globex's own run of that name
+
     # a flow queue's key is its tenant's too: globex's "alice" does not wait behind acme's
     occupied = server.work_dir / "occupied.txt"
     for run_id, headers, secs in (("acme-alice", ACME, 60.0), ("globex-alice", GLOBEX, 0.05),
