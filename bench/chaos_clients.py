@@ -18,9 +18,10 @@ FLOW_STEPS = 5
 # second, with a priority of 0, 1 or 2: the queue's places, rate and order through the kills
 QUEUE, QUEUE_LIMIT = "chaos", "2@10/1s"
 QUEUED_EVERY = 3
-# and of the runs with n % 3 == 2 (neither queued nor forked), those with n % 6 == FANNED run their
-# steps at once, then two children at once (bench/steps_app.py fanned_steps), the others wait for a
-# message on either of two channels (`chosen`: ctx.wait_any), which the client then publishes
+# and of the runs with n % 3 == 2 (neither queued nor forked), half run their steps at once, then
+# two children at once (bench/steps_app.py fanned_steps), half wait for a message on either of two
+# channels (`chosen`: ctx.wait_any), which the client then publishes; even clients begin with the
+# first kind, odd ones with the second, so a short run has both
 FANNED = 2
 # the tools of bench/steps_app.py, both called at once by a turn's model (the mock's marker; "made
 # up": called also while a restarted scheduler lists no tools yet, where the model would be told
@@ -129,7 +130,8 @@ async def flow_client(http, base: str, index: int, ledger: Ledger, stop: asyncio
                 body = {"input": FLOW_STEPS}
                 if n % QUEUED_EVERY == 1:
                     body.update(queue=QUEUE, priority=n // QUEUED_EVERY % 3)
-                flow = "sync_steps" if n % QUEUED_EVERY != 2 else "fanned_steps" if n % 6 == FANNED else "chosen"
+                flow = "sync_steps" if n % QUEUED_EVERY != FANNED else \
+                    "fanned_steps" if (n % 6 == FANNED) == (index % 2 == 0) else "chosen"
                 async with http.post(f"{base}/v1/flows/{flow}/runs", json=body,
                                      headers={"Idempotency-Key": key},
                                      timeout=aiohttp.ClientTimeout(total=30)) as resp:
