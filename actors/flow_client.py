@@ -157,6 +157,10 @@ class FlowClient:
         body = {"run_id": run_id, "tenant": tenant or self.tenant, "key": key, "handler": handler, "arg": arg}
         return (await self._ask(run_id, Kind.ATTR_UPDATE, body, timeout=self.timeout * 2))["values"][key]
 
-    async def publish(self, run_id: str, channel: str, message: Any = None, tenant: str | None = None) -> None:
+    async def publish(self, run_id: str, channel: str, message: Any = None, tenant: str | None = None,
+                      key: str | None = None) -> None:
+        """Publish `message` to the run's `channel`; with `key`, the run takes one message per key
+        (sent again after a lost answer, it is not taken twice)."""
         await self._ask(run_id, Kind.CHANNEL_PUBLISH, {"run_id": run_id, "tenant": tenant or self.tenant,
-                                                       "channel": channel, "message": message})
+                                                       "channel": channel, "message": message,
+                                                       **({"key": key} if key is not None else {})})

@@ -18,8 +18,8 @@ from typing import Any, Awaitable, Callable, Iterable
 
 from actors.flow_queues import MAX_KEY, MAX_PRIORITY, valid_priority, valid_queue_key
 from actors.flow_state import MAX_WAIT_CHANNELS
-from actors.flow_types import (ChildFailed, NonDeterministic, Retry, StepContext, StepFailed, Superseded, Suspended,
-                               WaitTimeout, check_encodable)
+from actors.flow_types import (ChildFailed, NonDeterministic, Retry, SendFailed, StepContext, StepFailed, Superseded,
+                               Suspended, WaitTimeout, check_encodable)
 
 
 def _seconds(value: Any, what: str) -> float:
@@ -279,6 +279,18 @@ class FlowContext:
             channel, message = go.get("result")
             return channel, message
         raise WaitTimeout(f"no message on channels {names!r} within {timeout}s")
+
+    async def send(self, run_id: str, channel: str, message: Any = None) -> None:
+        """Publish `message` to `channel` of another run of this tenant (or of this one), taken
+        there once whatever restarts come between (as DBOS's send or a Temporal signal): the
+        target takes one message per sending run and place. SendFailed if there is no such run
+        or it has ended."""
+        if not isinstance(run_id, str) or not run_id or not isinstance(channel, str) or not channel:
+            raise ValueError("ctx.send takes a run id and a channel name, each a non-empty string")
+        check_encodable(message, "a sent message")
+        go = await self._op("send", f"{channel}@{run_id}", target=run_id, channel=channel, message=message)
+        if not go.get("ok", True):
+            raise SendFailed(f"message to run {run_id!r} on {channel!r} not sent: {go.get('error', '')}")
 
     async def child(self, flow: str | Callable[..., Any], input: Any = None, run_id: str | None = None,
                     queue: str | None = None, priority: int = 0, queue_key: str | None = None) -> Any:

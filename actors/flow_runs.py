@@ -30,6 +30,7 @@ from actors import flow_metrics
 from actors.flow_queues import SYNC_SECS
 from actors.flow_state import Op, Run, apply, replay
 from actors.run_links import RunLinks
+from actors.run_messages import RunMessages
 from actors.run_queues import RunQueues
 from actors.run_tasks import RunTasks
 from actors.run_reloads import Reload, RunReloads, Stale
@@ -59,7 +60,7 @@ def run_id_for_key(flow: str, tenant: str, key: str) -> str:
     return f"{flow}-{hashlib.sha1(f'{tenant}|{flow}|{key}'.encode()).hexdigest()[:20]}"
 
 
-class Flows(WorkerRequests, RunRequests, RunReloads, RunLinks, Schedules, RunQueues, RunTasks):
+class Flows(WorkerRequests, RunRequests, RunMessages, RunReloads, RunLinks, Schedules, RunQueues, RunTasks):
     def __init__(self, bus: Bus, log: LogClient, query, index: int, shards: int, logger: logging.Logger,
                  retention_secs: float = ENDED_RETENTION_SECS) -> None:
         self.bus = bus

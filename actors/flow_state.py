@@ -115,7 +115,7 @@ class Run:
                  "left",
                  "stale", "link_checked", "forked_from", "fork_seq", "start_at", "schedule", "scheduled_at",
                  "timeout_secs", "timing_out", "queue", "admitted_at", "priority", "queue_key", "executing",
-                 "first_open", "open_children")
+                 "first_open", "open_children", "message_keys")
 
     def __init__(self, run_id: str, flow: str, tenant: str) -> None:
         self.run_id = run_id
@@ -137,6 +137,9 @@ class Run:
         # found without reading every op again (a run of 10,000 children did 10,000² reads)
         self.first_open = 0
         self.open_children: set[int] = set()
+        # the keys of the messages it took (actors/run_messages.py): True, or while its record is
+        # being written, that record's future
+        self.message_keys: dict[str, Any] = {}
         self.parent = ""
         self.parent_seq = -1
         self.parent_actor = ""
@@ -331,6 +334,8 @@ def apply(run: Run, record: dict[str, Any]) -> None:
             run.open_children.add(op.seq)
     elif kind == "message":
         run.msg_counter = max(run.msg_counter, int(record["msg_seq"]))
+        if record.get("key") is not None:
+            run.message_keys[record["key"]] = True
         run.channels.setdefault(record["channel"], collections.deque()).append(
             (int(record["msg_seq"]), record.get("message")))
     elif kind == "message.taken":

@@ -29,6 +29,10 @@ class ChildFailed(Exception):
     """A child flow ended without completing."""
 
 
+class SendFailed(Exception):
+    """`ctx.send`'s target run does not exist (for this tenant) or has ended."""
+
+
 class Suspended(BaseException):
     """Internal: the run waits for a timer, a message or a child; this execution ends here."""
 

@@ -1,7 +1,7 @@
 """What callers ask of the runs an actor owns: start one (a repeated start returns the same run)
 or a fork of one (actors/run_forks.py), read its status (optionally waiting for its end or its
-suspension), cancel it, publish to one of its channels, read its attributes, and lock-and-update
-one attribute.
+suspension), cancel it, read its attributes, and lock-and-update one attribute (publishing to
+its channels: actors/run_messages.py).
 
 A mixin of `actors.flow_runs.Flows`, which owns the runs, their journal and their executions;
 this module only answers requests about them, through what `Flows` provides (`find`, `record`,
@@ -11,12 +11,11 @@ runs flow code and never talks to workers except through a task.
 from __future__ import annotations
 
 import asyncio
-import collections
 import math
 import time
 from typing import Awaitable, Callable
 
-from actors.flow_state import WAITABLE, Op, Run, next_message, value_bytes
+from actors.flow_state import WAITABLE, Run, value_bytes
 from actors.persistence import StorageUnavailable
 from actors.run_forks import ForkRefused, fork_fields
 from broker.protocol import STEPS_PAGE_BYTES, Kind, Message, past_deadline
@@ -29,7 +28,7 @@ from storage.log_client import LogWriteError
 UPDATE_WAIT_SECS = 50.0
 
 
-def _refused(exc: LogWriteError, what: str) -> dict:
+def refused(exc: LogWriteError, what: str) -> dict:
     """The error part of a reply to a request whose journal record a writer refused (a full disk):
     the caller hears it at once (the gateway answers 507), and the run stays as its journal has it."""
     return {"code": exc.code, "error": f"{what}: {exc}"}
@@ -130,7 +129,7 @@ class RunRequests:
                             return
                     except LogWriteError as exc:
                         self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": run_id, "status": "error",
-                                                            **_refused(exc, "run not started")})
+                                                            **refused(exc, "run not started")})
                         return
                     except ForkRefused as exc:
                         self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": run_id, "status": "error", "code": exc.code,
@@ -228,7 +227,7 @@ class RunRequests:
             run = await self.find(msg.body["run_id"], msg.body["tenant"])
         except LogWriteError as exc:   # on its way back from its journal, and the disk is still full
             self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": msg.body["run_id"], "status": "error",
-                                                **_refused(exc, "run not cancelled")})
+                                                **refused(exc, "run not cancelled")})
             return
         if run is None:
             self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": msg.body["run_id"], "status": "unknown", "code": "not_found",
@@ -241,7 +240,7 @@ class RunRequests:
                 await self.cancel(run, msg.body.get("why") or "cancelled by request")
             except LogWriteError as exc:
                 self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": run.run_id, "status": "error",
-                                                    **_refused(exc, "run not cancelled")})
+                                                    **refused(exc, "run not cancelled")})
                 return
         self.bus.reply(msg, Kind.FLOW_RUN, run.summary())
 
@@ -277,57 +276,6 @@ class RunRequests:
         # queued, or tells the worker it offered it to (else its step in flight ran to its end)
         self.bus.send(SCHEDULER, Kind.TASK_CANCEL, {"task_id": task_id})
 
-    async def on_publish(self, msg: Message) -> None:
-        b = msg.body
-        try:
-            run = await self.find(b["run_id"], b["tenant"])
-        except LogWriteError as exc:
-            self.bus.reply(msg, Kind.FLOW_ACK, {"ok": False, **_refused(exc, "message not published")})
-            return
-        if run is None:
-            self.bus.reply(msg, Kind.FLOW_ACK, {"ok": False, "code": "not_found", "error": "no such run"})
-            return
-        if run.ended:
-            self.bus.reply(msg, Kind.FLOW_ACK, {"ok": False, "code": "ended", "error": f"the run is {run.status}"})
-            return
-        if self.given_up(msg, "found its run"):
-            return
-        # The message and, if a wait is for it, its taking go in one batch (one fsync, not two):
-        # both come from this actor to one writer, in order, so the taking is never durable alone.
-        channel, msg_seq = b["channel"], run.msg_counter + 1
-        kept = self.record(run, "message", channel=channel, msg_seq=msg_seq, message=b.get("message"))
-        waiting = run.ops.get(run.waiting) if run.waiting is not None else None
-        if waiting is None or not waiting.listens_to(channel) or waiting.done:
-            waiting = None
-        taken_from = next_message(run, waiting) if waiting is not None else None
-        head = (taken_from, run.channels[taken_from][0]) if taken_from is not None else None   # what the wait takes
-        took = False
-        try:
-            if waiting is not None and await self._take_message(run, waiting):
-                took = True
-                self.dispatch(run)
-            await kept
-        except LogWriteError as exc:
-            await self._unpublish(run, channel, msg_seq, kept, None if took else waiting, head)
-            self.bus.reply(msg, Kind.FLOW_ACK, {"ok": False, **_refused(exc, "message not published")})
-            return
-        self.bus.reply(msg, Kind.FLOW_ACK, {"ok": True})
-
-    async def _unpublish(self, run: Run, channel: str, msg_seq: int, kept: asyncio.Future, waiting: Op | None,
-                         head: tuple[str, tuple] | None) -> None:
-        """Undo what a refused publish did to the run: its message, and the taking of a message by
-        the wait it would have woken (the records of both go in one batch, so they fail together)."""
-        written = not isinstance((await asyncio.gather(kept, return_exceptions=True))[0], BaseException)
-        if not written:
-            run.channels[channel] = collections.deque(m for m in run.channels.get(channel, ()) if m[0] != msg_seq)
-            if run.msg_counter == msg_seq:
-                run.msg_counter -= 1
-        if waiting is not None and waiting.done and not run.ended:
-            run.reopen(waiting)
-            run.waiting = waiting.seq
-            if head is not None and (written or head[1][0] != msg_seq):   # (the taken message, back in its place)
-                run.channels.setdefault(head[0], collections.deque()).appendleft(head[1])
-
     async def on_attr_get(self, msg: Message) -> None:
         run = await self.find(msg.body["run_id"], msg.body["tenant"], read=True)
         if run is None:
@@ -341,7 +289,7 @@ class RunRequests:
         try:
             run = await self.find(msg.body["run_id"], msg.body["tenant"])
         except LogWriteError as exc:
-            self.bus.reply(msg, Kind.ATTR_VALUES, {"found": True, **_refused(exc, "attribute not updated")})
+            self.bus.reply(msg, Kind.ATTR_VALUES, {"found": True, **refused(exc, "attribute not updated")})
             return
         if run is None:
             self.bus.reply(msg, Kind.ATTR_VALUES, {"found": False, "code": "not_found", "error": "no such run"})
@@ -390,6 +338,6 @@ class RunRequests:
                     run.attrs[key] = old
                 else:
                     del run.attrs[key]
-            self.bus.reply(msg, Kind.ATTR_VALUES, {"found": True, **_refused(exc, "attribute not updated")})
+            self.bus.reply(msg, Kind.ATTR_VALUES, {"found": True, **refused(exc, "attribute not updated")})
             return
         self.bus.reply(msg, Kind.ATTR_VALUES, {"found": True, "values": {key: value}})

@@ -29,6 +29,7 @@ Declare what a worker runs in one explicit table and point `agent-os worker` at 
         await ctx.sleep(3600)                       # durable: no worker is held meanwhile
         approval = await ctx.wait("approval", timeout=86400)
         kind, note = await ctx.wait_any(["approve", "reject"])   # whichever comes first
+        await ctx.send("billing-7", "paid", {"order": order_id})   # another run's channel, taken once
         await ctx.set_attr("status", "done")
         return receipt
 
@@ -50,10 +51,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from actors.flow_context import FlowContext
-from actors.flow_types import NO_RETRY, ChildFailed, NonDeterministic, Retry, StepContext, StepFailed, WaitTimeout
+from actors.flow_types import (NO_RETRY, ChildFailed, NonDeterministic, Retry, SendFailed, StepContext, StepFailed,
+                               WaitTimeout)
 
 __all__ = ["App", "Retry", "NO_RETRY", "Tool", "tool", "FlowContext", "StepContext", "StepFailed",
-           "NonDeterministic", "WaitTimeout", "ChildFailed"]
+           "NonDeterministic", "WaitTimeout", "ChildFailed", "SendFailed"]
 
 
 @dataclass(frozen=True)

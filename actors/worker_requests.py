@@ -55,7 +55,8 @@ class WorkerRequests:
             self.bus.reply(msg, Kind.STEP_GO, {"action": "replay", **_outcome(op)})
             return
         handler = {"step": self._start_step, "sleep": self._start_sleep, "wait": self._start_wait,
-                   "child": self._start_child, "attr_set": self._start_attr, "patch": self._start_patch}.get(kind)
+                   "child": self._start_child, "attr_set": self._start_attr, "patch": self._start_patch,
+                   "send": self._start_send}.get(kind)
         if handler is None:
             self.bus.reply(msg, Kind.STEP_GO, {"action": "fail", "error": f"unknown operation {kind!r}"})
             return

@@ -159,12 +159,12 @@ SPECS: dict[Kind, Spec] = {
     Kind.FLOW_COMPLETE: _spec({"run_id": str, "exec": int, "ok": bool}, result=object, error=str, results_due=list),
     Kind.FLOW_ACK: _spec({"ok": bool}, error=str, code=str),
     Kind.FLOW_CHILD_DONE: _spec({"run_id": str, "seq": int, "child": str, "ok": bool}, result=object, error=str),
-    # op: step, sleep, wait, child, attr_set, patch (`ctx.patched`); with the op's own fields (see
+    # op: step, sleep, wait, child, attr_set, patch (`ctx.patched`), send; with the op's own fields (see
     # actors/worker_requests.py)
     Kind.STEP_START: _spec({"run_id": str, "exec": int, "seq": int, "op": str, "name": str}, sync=bool,
                            max_attempts=int, due=_NUM, channel=str, channels=list, timeout=_NUM, flow=str,
                            input=object, child=str, key=str, value=object, results_due=list, queue=str,
-                           priority=int, queue_key=str),
+                           priority=int, queue_key=str, target=str, message=object),
     # action: run (attempt), replay (recorded outcome), suspend (wait for a timer, message or child),
     # continue (a wait/sleep already satisfied), fail (retries spent), abort (execution superseded),
     # skip (a patch where the code before it recorded another operation: the old path)
@@ -196,7 +196,9 @@ SPECS: dict[Kind, Spec] = {
     Kind.TOOLS: _spec({"tools": list}),  # OpenAI tool schemas advertised by live workers
     Kind.TIMER_SET: _spec({"timer_id": str, "run_id": str, "due": _NUM}),
     Kind.TIMER_FIRE: _spec({"timer_id": str, "run_id": str}),
-    Kind.CHANNEL_PUBLISH: _spec({"run_id": str, "tenant": str, "channel": str}, message=object, deadline=_NUM),
+    # key: a run takes one message per key (actors/run_messages.py)
+    Kind.CHANNEL_PUBLISH: _spec({"run_id": str, "tenant": str, "channel": str}, message=object, deadline=_NUM,
+                                key=str),
     Kind.ATTR_GET: _spec({"run_id": str, "tenant": str}, keys=list),
     Kind.ATTR_UPDATE: _spec({"run_id": str, "tenant": str, "key": str, "handler": str}, arg=object, deadline=_NUM),
     Kind.ATTR_VALUES: _spec({"found": bool}, values=dict, error=str, code=str),

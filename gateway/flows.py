@@ -80,10 +80,14 @@ def _new_run(request: web.Request, body: dict) -> tuple[str | None, str | None]:
     run_id = body.get("run_id")
     if run_id is not None and (not isinstance(run_id, str) or not NAME.match(run_id)):
         raise ApiError(400, "invalid_run_id", "run_id must be 1-200 characters of letters, digits and . _ : -")
+    return run_id, _idempotency_key(request)
+
+
+def _idempotency_key(request: web.Request) -> str | None:
     key = request.headers.get("Idempotency-Key")
     if key is not None and not 0 < len(key) <= 200:
         raise ApiError(400, "invalid_idempotency_key", "Idempotency-Key must be 1-200 characters")
-    return run_id, key
+    return key
 
 
 MAX_DELAY_SECS = 366 * 86400
@@ -286,8 +290,9 @@ class FlowRoutes:
         body = await self.gw.json_body(request)
         _only(body, ("message",), '{"message": ...}')
         _check_size(body.get("message"), "message")
+        key = _idempotency_key(request)
         try:
-            await self.client.publish(run_id, channel, body.get("message"), tenant=tenant)
+            await self.client.publish(run_id, channel, body.get("message"), tenant=tenant, key=key)
         except FlowError as exc:
             raise _error(exc) from None
         return json_response({"run_id": outward_id, "channel": channel, "published": True}, status=202)

@@ -232,7 +232,10 @@ PATHS: dict[str, dict] = {
         "responses": {"200": {"description": "the new value", "content": _json(ref("Updated"))},
                       **_errors(400, 401, 404, 409, 413, 422, 503, 507)}}},
     "/v1/runs/{run_id}/channels/{channel}": {"post": {
-        "summary": "Publish a message to a run's channel", "parameters": [RUN, _param("channel", NAME)],
+        "summary": "Publish a message to a run's channel (Idempotency-Key: the run takes one message per key, "
+                   "and a publish again of a key it took is answered 202 as the first)",
+        "parameters": [RUN, _param("channel", NAME), _param("Idempotency-Key", {"type": "string", "minLength": 1,
+                                                                                "maxLength": 200}, "header", False)],
         "requestBody": {"required": True, "content": _json(ref("Publish"))},
         "responses": {"202": {"description": "published", "content": _json(ref("Published"))},
                       **_errors(400, 401, 404, 409, 413, 503, 507)}}},

@@ -1,10 +1,11 @@
 """Flows whose operations run at once (asyncio.gather), for tests/flows_app.py's worker: steps
 that each return only once the others have begun beside them, so a run that took them one after
-another fails; and a wait on several channels at once (ctx.wait_any)."""
+another fails; a wait on several channels at once (ctx.wait_any), and messages to another run
+(ctx.send)."""
 import asyncio
 import os
 
-from actors.sdk import Retry, WaitTimeout
+from actors.sdk import Retry, SendFailed, WaitTimeout
 
 
 def note(path: str, line: str) -> None:
@@ -78,4 +79,15 @@ async def chooser(ctx, args):
     return [list(first), second]
 
 
-FLOWS = [fan_out, met, fan_out_children, chooser]
+async def sender(ctx, args):
+    """Two messages to another run's inbox, then one to a run that does not exist."""
+    await ctx.send(args["to"], "inbox", "hello")
+    await ctx.send(args["to"], "inbox", "again")
+    try:
+        await ctx.send("no-such-run", "inbox", "lost")
+    except SendFailed as exc:
+        return str(exc)
+    return "sent to no run"
+
+
+FLOWS = [fan_out, met, fan_out_children, chooser, sender]

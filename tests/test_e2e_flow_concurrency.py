@@ -1,7 +1,7 @@
 """End-to-end: a flow's operations at once (asyncio.gather) on a real worker — steps side by
 side, each recorded at its place whatever order they finished in, a retry among them; children
 started together, their parent going on once, when the last has ended; a wait on several
-channels woken by any of them."""
+channels woken by any of them; messages taken once per key, and sent from one run to another."""
 import json
 
 from harness import get_json, wait_until
@@ -66,3 +66,33 @@ def test_a_wait_on_several_channels_takes_the_first_published_of_those_waiting(f
     gate.touch()
     done = result(server.url, run["run_id"])
     assert done["status"] == "completed" and done["result"] == [["reject", "r1"], ["approve", "a1"]], done
+
+
+def test_a_publish_sent_again_under_its_key_is_taken_once_even_after_the_run_ended(flows_server):
+    server = flows_server
+    _, _, run = start(server.url, "waiter", {})   # two waits on "inbox"
+    run_id = run["run_id"]
+    for message, key in (("first", "k1"), ("first", "k1"), ("second", "k2")):   # the second "first": a retry
+        status, _, body = get_json(f"{server.url}/v1/runs/{run_id}/channels/inbox", method="POST",
+                                   body=json.dumps({"message": message}).encode(), headers={"Idempotency-Key": key})
+        assert status == 202, body
+    done = result(server.url, run_id)
+    assert done["status"] == "completed" and done["result"] == ["first", "second"], done
+    again = get_json(f"{server.url}/v1/runs/{run_id}/channels/inbox", method="POST", body=b'{"message": "first"}',
+                     headers={"Idempotency-Key": "k1"})
+    assert again[0] == 202   # as it was answered the first time
+    assert get_json(f"{server.url}/v1/runs/{run_id}/channels/inbox", method="POST", body=b'{"message": 3}',
+                    headers={"Idempotency-Key": "k3"})[0] == 409
+
+
+def test_a_flow_sends_to_another_runs_channel_and_hears_of_a_run_that_is_not_there(flows_server):
+    server = flows_server
+    _, _, target = start(server.url, "waiter", {})
+    _, _, sender = start(server.url, "sender", {"to": target["run_id"]})
+    assert result(server.url, target["run_id"])["result"] == ["hello", "again"]
+    done = result(server.url, sender["run_id"])
+    assert done["status"] == "completed" and "not_found" in done["result"], done
+    steps = get_json(f"{server.url}/v1/runs/{sender['run_id']}/steps")[2]["steps"]
+    assert [(s["op"], s["name"], s["status"]) for s in steps] == [
+        ("send", f"inbox@{target['run_id']}", "completed"), ("send", f"inbox@{target['run_id']}", "completed"),
+        ("send", "inbox@no-such-run", "failed")], steps

@@ -1,0 +1,135 @@
+"""A run's channel messages: a publish to one of its channels (HTTP, the flow client, or another
+run's `ctx.send`), and `ctx.send` itself, a flow's message to another run taken once.
+
+A publish may carry a `key` (HTTP `Idempotency-Key`; a send's is its run and place): a run takes
+one message per key, and answers a publish of a key it holds as it answered the first. So a
+caller that lost the answer sends again without a second message, and a send its run replays
+after a crash (the target took it; the sender's record of that was lost) is taken once.
+
+A mixin of `actors.flow_runs.Flows` (it uses `find`, `record`, `dispatch`, `given_up`,
+`_take_message`).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+
+from actors.flow_state import Op, Run, next_message
+from actors.run_requests import refused
+from agentos.tenant_ids import external, internal
+from broker.client import BusError
+from broker.protocol import Kind, Message
+from broker.sharding import actor_name
+from storage.log_client import LogWriteError
+
+SEND_ATTEMPTS = 3          # a send asks the target's actor this often before its execution gives up
+SEND_TIMEOUT_SECS = 15.0   # each (all of them within the 60 s a worker's resent request is kept for)
+SEND_REFUSALS = ("not_found", "ended")   # the target's answers a second send would get too
+
+
+class RunMessages:
+    async def on_publish(self, msg: Message) -> None:
+        b = msg.body
+        try:
+            run = await self.find(b["run_id"], b["tenant"])
+        except LogWriteError as exc:
+            self.bus.reply(msg, Kind.FLOW_ACK, {"ok": False, **refused(exc, "message not published")})
+            return
+        if run is None:
+            self.bus.reply(msg, Kind.FLOW_ACK, {"ok": False, "code": "not_found", "error": "no such run"})
+            return
+        key = b.get("key")
+        if key is not None and await self._taken_already(run, key):   # (even once the run has ended)
+            self.bus.reply(msg, Kind.FLOW_ACK, {"ok": True})
+            return
+        if run.ended:
+            self.bus.reply(msg, Kind.FLOW_ACK, {"ok": False, "code": "ended", "error": f"the run is {run.status}"})
+            return
+        if self.given_up(msg, "found its run"):
+            return
+        # The message and, if a wait is for it, its taking go in one batch (one fsync, not two):
+        # both come from this actor to one writer, in order, so the taking is never durable alone.
+        channel, msg_seq = b["channel"], run.msg_counter + 1
+        kept = self.record(run, "message", channel=channel, msg_seq=msg_seq, message=b.get("message"),
+                           **({"key": key} if key is not None else {}))
+        if key is not None:
+            run.message_keys[key] = kept
+        waiting = run.ops.get(run.waiting) if run.waiting is not None else None
+        if waiting is None or not waiting.listens_to(channel) or waiting.done:
+            waiting = None
+        taken_from = next_message(run, waiting) if waiting is not None else None
+        head = (taken_from, run.channels[taken_from][0]) if taken_from is not None else None   # what the wait takes
+        took = False
+        try:
+            if waiting is not None and await self._take_message(run, waiting):
+                took = True
+                self.dispatch(run)
+            await kept
+        except LogWriteError as exc:
+            await self._unpublish(run, channel, msg_seq, kept, None if took else waiting, head)
+            if key is not None and run.message_keys.get(key) is kept:
+                del run.message_keys[key]
+            self.bus.reply(msg, Kind.FLOW_ACK, {"ok": False, **refused(exc, "message not published")})
+            return
+        self.bus.reply(msg, Kind.FLOW_ACK, {"ok": True})
+
+    @staticmethod
+    async def _taken_already(run: Run, key: str) -> bool:
+        """Whether the run holds a message of this key; one still being written is waited for (a
+        refused one is not held: this publish goes on as the first)."""
+        kept = run.message_keys.get(key)
+        if kept is None or kept is True:
+            return kept is True
+        await asyncio.gather(kept, return_exceptions=True)
+        return not kept.cancelled() and kept.exception() is None
+
+    async def _unpublish(self, run: Run, channel: str, msg_seq: int, kept: asyncio.Future, waiting: Op | None,
+                         head: tuple[str, tuple] | None) -> None:
+        """Undo what a refused publish did to the run: its message, and the taking of a message by
+        the wait it would have woken (the records of both go in one batch, so they fail together)."""
+        written = not isinstance((await asyncio.gather(kept, return_exceptions=True))[0], BaseException)
+        if not written:
+            run.channels[channel] = collections.deque(m for m in run.channels.get(channel, ()) if m[0] != msg_seq)
+            if run.msg_counter == msg_seq:
+                run.msg_counter -= 1
+        if waiting is not None and waiting.done and not run.ended:
+            run.reopen(waiting)
+            run.waiting = waiting.seq
+            if head is not None and (written or head[1][0] != msg_seq):   # (the taken message, back in its place)
+                run.channels.setdefault(head[0], collections.deque()).appendleft(head[1])
+
+    async def _start_send(self, msg: Message, run: Run, seq: int, op: Op | None) -> None:
+        """`ctx.send`: the message goes to the target's actor under the key of this run and place,
+        then its outcome is journaled. A target that cannot be reached leaves nothing journaled:
+        the execution ends, and the run's next one sends again under the same key."""
+        b = msg.body
+        named, channel = b["target"], b["channel"]
+        target = named if external(run.tenant, named) != named else internal(run.tenant, named)
+        body = {"run_id": target, "tenant": run.tenant, "channel": channel, "message": b.get("message"),
+                "key": f"{run.run_id}@{seq}"}
+        why = ""
+        for attempt in range(SEND_ATTEMPTS):
+            try:
+                reply = await self.bus.request(actor_name(target, self.shards), Kind.CHANNEL_PUBLISH, body,
+                                               timeout=SEND_TIMEOUT_SECS, session=target)
+            except BusError as exc:
+                why = str(exc)
+            else:
+                if reply.body["ok"] or reply.body.get("code") in SEND_REFUSALS:
+                    break
+                why = reply.body.get("error", "refused")
+            await asyncio.sleep(min(2.0, 0.25 * 2 ** attempt))
+        else:
+            self.log.warning("run %s could not send to %s (%s): its next execution sends again", run.run_id,
+                             target, why)
+            self.bus.reply(msg, Kind.STEP_GO, {"action": "abort"})
+            return
+        if run.ops.get(seq) is not None and run.ops[seq].done:   # (a resent request's twin got here first)
+            self.bus.reply(msg, Kind.STEP_GO, {"action": "replay", "ok": run.ops[seq].ok,
+                                               "result": run.ops[seq].result, "error": run.ops[seq].error})
+            return
+        ok = reply.body["ok"]
+        outcome = {"ok": True, "result": {"run_id": named, "channel": channel}} if ok else \
+            {"ok": False, "error": f"{reply.body.get('code')}: {reply.body.get('error', '')}"}
+        await self.record(run, "op.done", seq=seq, op="send", name=b["name"], **outcome)
+        self.bus.reply(msg, Kind.STEP_GO, {"action": "continue", **outcome})
