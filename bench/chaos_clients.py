@@ -138,7 +138,7 @@ async def flow_client(http, base: str, index: int, ledger: Ledger, stop: asyncio
                     body = await resp.json(content_type=None)
                     if resp.status in (200, 201):
                         # (a chosen run is owed its result once its message is acknowledged too)
-                        if flow != "chosen" or await publish(http, base, body["run_id"], n, ledger, stop):
+                        if flow != "chosen" or await publish(http, base, body["run_id"], n, index, key, ledger, stop):
                             ledger.flows[body["run_id"]] = key
                         ledger.tick("flows")
                         ledger.forks["queued"] += body.get("queue") == QUEUE
@@ -156,19 +156,32 @@ async def flow_client(http, base: str, index: int, ledger: Ledger, stop: asyncio
         await asyncio.sleep(pause)
 
 
-async def publish(http, base: str, run_id: str, n: int, ledger: Ledger, stop: asyncio.Event) -> bool:
+async def publish(http, base: str, run_id: str, n: int, index: int, key: str, ledger: Ledger,
+                  stop: asyncio.Event) -> bool:
     """The message a `chosen` run waits for, on one of its two channels, sent until acknowledged
-    (a second copy, from a retry whose first answer was lost, waits unread: the run takes one)."""
-    channel = ("approve", "reject")[n // 6 % 2]
+    under one Idempotency-Key (the run takes it once, and fails its check if a copy came too); every
+    other one is sent by a `messenger` run, its ctx.send taken once through the messenger's replays
+    (an odd client's first chosen run's so: a short run has both)."""
+    channel = ("approve", "reject")[n // 12 % 2]
     for _ in range(20):
         try:
-            async with http.post(f"{base}/v1/runs/{run_id}/channels/{channel}", json={"message": channel},
-                                 timeout=aiohttp.ClientTimeout(total=30)) as resp:
-                await resp.read()
+            if (n // 6 + index) % 2:
+                resp = await http.post(f"{base}/v1/flows/messenger/runs", headers={"Idempotency-Key": f"{key}-send"},
+                                       json={"input": {"to": run_id, "channel": channel, "n": FLOW_STEPS}},
+                                       timeout=aiohttp.ClientTimeout(total=30))
+            else:
+                resp = await http.post(f"{base}/v1/runs/{run_id}/channels/{channel}", json={"message": channel},
+                                       headers={"Idempotency-Key": f"{key}-msg"}, timeout=aiohttp.ClientTimeout(total=30))
+            async with resp:
+                body = await resp.json(content_type=None)
+                if resp.status in (200, 201) and "run_id" in body:
+                    ledger.flows[body["run_id"]] = f"{key}-send"   # the messenger is owed its result too
+                    ledger.forks["messengers"] += resp.status == 201
+                    return True
                 if resp.status == 202:
                     return True
                 ledger.flow_errors[f"publish {resp.status}"] += 1
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
             ledger.flow_errors["publish connection"] += 1
         if stop.is_set():
             return False

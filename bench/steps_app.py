@@ -3,7 +3,7 @@ the framework's (journal, bus, scheduling), as in the reference benchmark."""
 import asyncio
 import time
 
-from actors.sdk import App, tool
+from actors.sdk import App, WaitTimeout, tool
 
 STEPS_PER_FLOW = 10
 BIG = 16 * 1024
@@ -66,11 +66,22 @@ async def fanned_steps(ctx, n):
 
 async def chosen(ctx, n):
     """Waits for the first message on `approve` or `reject` (ctx.wait_any; the chaos client
-    publishes one, its own channel's name, to either), then n SYNC steps; returns n if the
-    message came on the channel it names, else what came."""
+    publishes one, its own channel's name, to either, or has a `messenger` run send it), then n
+    SYNC steps; returns n if the message came on the channel it names and no second copy came
+    (a publish retried under its key, or a send its run replayed, is taken once), else what came."""
     channel, message = await ctx.wait_any(["approve", "reject"])
     await _timed_steps(ctx, n, "sync")
-    return n if message == channel else {"channel": channel, "message": message}
+    try:
+        extra = await ctx.wait_any(["approve", "reject"], timeout=0)
+    except WaitTimeout:
+        extra = None
+    return n if message == channel and extra is None else {"channel": channel, "message": message, "extra": extra}
+
+
+async def messenger(ctx, args):
+    """Sends a `chosen` run its message (ctx.send); returns args["n"]."""
+    await ctx.send(args["to"], args["channel"], args["channel"])
+    return args["n"]
 
 
 async def one_step(ctx, _):
@@ -108,6 +119,6 @@ def incr(value, arg):
 
 
 app = App(flows=[sync_steps, async_steps, timed_sync_steps, timed_async_steps, timed_fanned_steps, fanned_steps,
-                 chosen, one_step, holder, woken], tools=[lookup, tally],
+                 chosen, messenger, one_step, holder, woken], tools=[lookup, tally],
           updates={"incr": incr})
 _ = BIG
