@@ -226,13 +226,8 @@ class Flows(WorkerRequests, RunRequests, RunMessages, RunReloads, RunLinks, Sche
             return start
         if run.waits_in_queue():   # (seq -3: no record, no timer; its place is asked for)
             return Op(-3, "queue", run.queue)
-        seq = run.first_open
-        while True:
-            op = run.ops.get(seq)
-            if op is None or not op.done:
-                run.first_open = seq
-                return op if op is not None and op.op in ("sleep", "wait", "child") else None
-            seq += 1
+        op = run.first_unfinished()
+        return op if op is not None and op.op in ("sleep", "wait", "child") else None
 
     def dispatch(self, run: Run) -> None:
         """A new execution of the run on some worker (a schedule's has none: its actor runs it)."""

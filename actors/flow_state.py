@@ -23,11 +23,11 @@ Record types (body field `type`; every body has run, tenant, at, exec):
   step.done      seq, name, ok, result | error  (the step's outcome, final)
   step.heartbeat seq, attempt, value
   sleep          seq, name, due
-  wait           seq, name, channel, due        (due 0 = no timeout)
-  op.done        seq, ok, result | error        (a sleep, wait, child or attribute write finished;
+  wait           seq, name, channel, due        (due 0 = no timeout; channels: any of these, ctx.wait_any)
+  op.done        seq, ok, result | error        (a sleep, wait, child, send or attribute write finished;
                                                  with op patch: a `ctx.patched` mark, taken at once)
   child.started  seq, name, child
-  message        channel, msg_seq, message      (published to the run)
+  message        channel, msg_seq, message, key (published to the run; key: one message per key)
   message.taken  seq, channel, msg_seq          (consumed by the wait at seq)
   attr.set       key, value, seq                (seq -1: set by an update handler, not the flow)
   run.admitted   (a queued run got its place: from now on it is dispatched)
@@ -41,71 +41,12 @@ from typing import Any
 
 import msgpack
 
+from actors.flow_op import Op
+
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
 
 WAITABLE = ("suspended",)   # besides its end, what a caller of FLOW_GET may wait for (`until`)
 MAX_WAIT_CHANNELS = 100     # that one wait listens to (`ctx.wait_any`)
-
-
-class Op:
-    __slots__ = ("seq", "op", "name", "attempts", "interrupted", "interrupted_last", "done", "ok", "result", "error",
-                 "heartbeat", "due", "channel", "channels", "child", "started_at", "ended_at")
-
-    def __init__(self, seq: int, op: str, name: str) -> None:
-        self.seq = seq
-        self.op = op
-        self.name = name
-        self.attempts = 0
-        self.interrupted = 0        # attempts its workers' clean stops cut short: they do not count
-        self.interrupted_last = 0   # the last of them (each is counted once)
-        self.done = False
-        self.ok = True
-        self.result: Any = None
-        self.error = ""
-        self.heartbeat: Any = None
-        self.due = 0.0
-        self.channel = ""
-        self.channels: tuple[str, ...] = ()   # a wait for the first message on any of these (ctx.wait_any)
-        self.child = ""
-        self.started_at = 0.0   # its first record's time, and its outcome's (GET /v1/runs/{id}/steps)
-        self.ended_at = 0.0
-
-    def view(self, run_ended: bool) -> dict[str, Any]:
-        """What a client is shown of it (GET /v1/runs/{id}/steps): `status` is completed or
-        failed once done, else running (a step) or waiting (a sleep, a wait, a child), or
-        abandoned if the run ended without it."""
-        status = ("completed" if self.ok else "failed") if self.done else "abandoned" if run_ended else \
-            "running" if self.op == "step" else "waiting"
-        out: dict[str, Any] = {"seq": self.seq, "op": self.op, "name": self.name, "status": status,
-                               "started_at": self.started_at, "ended_at": self.ended_at if self.done else None}
-        if self.op == "step":
-            out["attempts"] = self.attempts
-            if self.interrupted:
-                out["interrupted"] = self.interrupted
-        if self.done and self.ok:
-            out["result"] = self.result
-        elif self.error:   # a failed outcome, or the last failed attempt of a step still retried
-            out["error"] = self.error
-        for field in ("child", "channel", "due"):
-            if getattr(self, field):
-                out[field] = getattr(self, field)
-        if self.channels:
-            out["channels"] = list(self.channels)
-        if self.heartbeat is not None:
-            out["heartbeat"] = self.heartbeat
-        return out
-
-    def listens_to(self, channel: str) -> bool:
-        """Whether a message published to `channel` is this wait's."""
-        return channel in self.channels if self.channels else channel == self.channel
-
-    def outcome(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"seq": self.seq, "op": self.op, "name": self.name, "ok": self.ok}
-        if self.ok:
-            out["result"] = self.result
-        else:
-            out["error"] = self.error
-        return out
 
 
 class Run:
@@ -172,6 +113,31 @@ class Run:
     def ended(self) -> bool:
         return self.status in TERMINAL
 
+    def first_unfinished(self) -> Op | None:
+        """Its first op not over (None: none is, the run executes on past the last)."""
+        seq = self.first_open
+        while True:
+            op = self.ops.get(seq)
+            if op is None or not op.done:
+                self.first_open = seq
+                return op
+            seq += 1
+
+    def waiting_on(self) -> dict[str, Any] | None:
+        """What a parked run waits for, as a client is told (GET /v1/runs/{id}): the sleep, the
+        wait (its channels and timeout) or the children; None if it waits for none of those."""
+        op = self.first_unfinished()
+        if op is None or op.op not in ("sleep", "wait", "child") or self.ended:
+            return None
+        out: dict[str, Any] = {"op": op.op, "seq": op.seq, "since": op.started_at}
+        if op.op == "child":
+            out["children"] = [self.ops[seq].child for seq in sorted(self.open_children)]
+        elif op.op == "wait":
+            out["channels"] = list(op.channels or (op.channel,))
+        if op.due:
+            out["due"] = op.due
+        return out
+
     def reopen(self, op: Op) -> None:
         """Undo an outcome memory took before its record was durable (the record was refused)."""
         op.done, op.ok, op.result, op.error, op.ended_at = False, True, None, "", 0.0
@@ -230,6 +196,8 @@ class Run:
             body["parent"] = self.parent
         if self.forked_from:
             body["forked_from"], body["fork_seq"] = self.forked_from, self.fork_seq
+        if self.status == "suspended" and (waiting := self.waiting_on()) is not None:
+            body["waiting_on"] = waiting
         if self.status == "completed":
             body["result"] = self.result
         elif self.error:

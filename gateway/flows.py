@@ -71,8 +71,11 @@ def _readable(value: object) -> object:
 
 
 def _outward(run: dict, tenant: str) -> dict:
-    return {**run, "run_id": external(tenant, run["run_id"]),
-            **{field: external(tenant, run[field]) for field in ("parent", "forked_from") if run.get(field)}}
+    out = {**run, "run_id": external(tenant, run["run_id"]),
+           **{field: external(tenant, run[field]) for field in ("parent", "forked_from") if run.get(field)}}
+    if isinstance(run.get("waiting_on"), dict) and "children" in run["waiting_on"]:
+        out["waiting_on"] = {**run["waiting_on"], "children": [external(tenant, c) for c in run["waiting_on"]["children"]]}
+    return out
 
 
 def _new_run(request: web.Request, body: dict) -> tuple[str | None, str | None]:

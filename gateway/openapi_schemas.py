@@ -92,7 +92,15 @@ SCHEMAS: dict[str, Any] = {
                            "schedule": {"type": "string"}, "scheduled_at": {"type": "number"},
                            "timeout_at": {"type": "number"}, "queue": {"type": "string"},
                            "admitted_at": {"type": "number", "description": "when the run got its queue's place"},
-                           "priority": {"type": "integer"}, "queue_key": {"type": "string"}}},
+                           "priority": {"type": "integer"}, "queue_key": {"type": "string"},
+                           "waiting_on": {"type": "object", "required": ["op", "seq", "since"],
+                                          "description": "what a suspended run waits for",
+                                          "properties": {"op": {"enum": ["sleep", "wait", "child"]},
+                                                         "seq": {"type": "integer"}, "since": {"type": "number"},
+                                                         "due": {"type": "number"},
+                                                         "channels": {"type": "array", "items": {"type": "string"}},
+                                                         "children": {"type": "array",
+                                                                      "items": {"type": "string"}}}}}},
     "ScheduleDefinition": {"type": "object", "required": ["flow", "cron"], "properties": {
         "flow": NAME, "cron": {"type": "string", "description": "5 fields (minute hour day month weekday), or 6 "
                                                                 "with seconds first; or @daily, @hourly, ..."},

@@ -47,6 +47,10 @@ def test_a_wait_on_several_channels_is_woken_by_any_and_journals_which(flows_ser
     _, _, run = start(server.url, "chooser", {"file": str(tmp_path / "took.txt")})
     run_id = run["run_id"]
     wait_until(lambda: get_json(f"{server.url}/v1/runs/{run_id}")[2]["status"] == "suspended", 30, "the wait")
+    waiting = get_json(f"{server.url}/v1/runs/{run_id}")[2]["waiting_on"]
+    assert {k: waiting[k] for k in ("op", "seq", "channels")} == {"op": "wait", "seq": 0,
+                                                                   "channels": ["approve", "reject"]}, waiting
+    assert "due" not in waiting and waiting["since"] > 0
     publish(server.url, run_id, "reject", {"why": "too dear"})
     done = result(server.url, run_id)
     assert done["status"] == "completed" and done["result"] == [["reject", {"why": "too dear"}], "timed out"], done

@@ -67,6 +67,10 @@ def test_keys_tenants_and_isolation(make_server, make_worker):
     assert status == 201, parent
     wait_until(lambda: status_of(f"{base}/v1/runs/kid-1", headers=ACME) == 200, 20, "acme's child kid-1")
     assert status_of(f"{base}/v1/runs/kid-1", headers=GLOBEX) == 404
+    wait_until(lambda: "waiting_on" in get_json(f"{base}/v1/runs/{parent['run_id']}", headers=ACME)[2], 20,
+               "the parent to park on its child")
+    waiting = get_json(f"{base}/v1/runs/{parent['run_id']}", headers=ACME)[2]["waiting_on"]
+    assert waiting["op"] == "child" and waiting["children"] == ["kid-1"], waiting   # as acme names it
     for message in ("first", "second"):   # the child's two waits; its end completes the parent
         assert get_json(f"{base}/v1/runs/kid-1/channels/inbox", method="POST", headers=ACME,
                         body=json.dumps({"message": message}).encode())[0] == 202

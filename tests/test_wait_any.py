@@ -135,3 +135,19 @@ def test_the_sdk_checks_the_channels_and_a_replay_returns_the_recorded_channel()
     for bad, error in (("approve", TypeError), ([], ValueError), (["a", "a"], ValueError), (["a", 1], ValueError)):
         with pytest.raises(error):
             asyncio.run(FlowContext(Runtime({}), "r-1", 1, None, [], {}).wait_any(bad))
+
+
+def test_a_parked_run_says_what_it_waits_for_and_a_running_one_does_not():
+    run = Run("r-1", "steps", "t")
+    for record in ({"type": "run.started", "flow": "steps", "exec": 1, "input": {}, "at": 1.0},
+                   {"type": "step.done", "seq": 0, "name": "s", "ok": True, "result": 1, "at": 2.0},
+                   {"type": "sleep", "seq": 1, "name": "sleep", "due": 99.0, "at": 3.0}):
+        apply(run, {"run": "r-1", "tenant": "t", **record})
+    run.status = "suspended"
+    assert run.summary()["waiting_on"] == {"op": "sleep", "seq": 1, "since": 3.0, "due": 99.0}
+    apply(run, {"run": "r-1", "tenant": "t", "type": "op.done", "seq": 1, "op": "sleep", "ok": True, "at": 4.0})
+    apply(run, {"run": "r-1", "tenant": "t", "at": 5.0, "exec": 1, **{**WAIT_ANY, "seq": 2, "due": 60.0}})
+    assert run.summary()["waiting_on"] == {"op": "wait", "seq": 2, "since": 5.0, "channels": ["approve", "reject"],
+                                           "due": 60.0}
+    run.status = "running"
+    assert "waiting_on" not in run.summary()
