@@ -124,6 +124,9 @@ class RunMessages:
                              target, why)
             self.bus.reply(msg, Kind.STEP_GO, {"action": "abort"})
             return
+        if run.ended or run.stale or self.runs.get(run.run_id) is not run:   # (cancelled or read back meanwhile)
+            self.bus.reply(msg, Kind.STEP_GO, {"action": "abort"})
+            return
         if run.ops.get(seq) is not None and run.ops[seq].done:   # (a resent request's twin got here first)
             self.bus.reply(msg, Kind.STEP_GO, {"action": "replay", "ok": run.ops[seq].ok,
                                                "result": run.ops[seq].result, "error": run.ops[seq].error})

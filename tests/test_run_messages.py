@@ -166,3 +166,19 @@ def test_the_sdk_checks_a_send_and_a_replayed_failure_raises_it_again():
             asyncio.run(FlowContext(Runtime({}), "r-1", 1, None, [], {}).send(*bad))
     with pytest.raises(TypeError):
         asyncio.run(FlowContext(Runtime({}), "r-1", 1, None, [], {}).send("r-2", "inbox", object()))
+
+
+def test_a_send_that_returns_to_a_run_cancelled_meanwhile_records_nothing():
+    async def main():
+        flows, bus, log, run = running_flows()
+
+        async def request(dest, kind, body, **_):
+            apply(run, {"run": "r-1", "type": "run.ended", "status": "cancelled", "exec": 7})   # cancelled meanwhile
+            return Message(dest, Kind.FLOW_ACK, 1, time.time(), 0, "", "", {"ok": True})
+
+        bus.request = request
+        await flows.on_step_start(step_start_send(0))
+        return bus, log
+
+    bus, log = asyncio.run(main())
+    assert bus.sent[-1][1:] == (Kind.STEP_GO, {"action": "abort"}) and log.appended == []
