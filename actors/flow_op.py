@@ -44,13 +44,16 @@ class Op:
             out["result"] = self.result
         elif self.error:   # a failed outcome, or the last failed attempt of a step still retried
             out["error"] = self.error
-        for field in ("child", "channel", "due"):
-            if getattr(self, field):
-                out[field] = getattr(self, field)
-        if self.channels:
-            out["channels"] = list(self.channels)
+        out.update(self.what_for())
         if self.heartbeat is not None:
             out["heartbeat"] = self.heartbeat
+        return out
+
+    def what_for(self) -> dict[str, Any]:
+        """Its child, channel(s) and due time, those it has."""
+        out = {field: getattr(self, field) for field in ("child", "channel", "due") if getattr(self, field)}
+        if self.channels:
+            out["channels"] = list(self.channels)
         return out
 
     def listens_to(self, channel: str) -> bool:

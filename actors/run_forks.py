@@ -50,12 +50,7 @@ def _copy(op: Op) -> dict[str, Any]:
         out["result"] = op.result
     else:
         out["error"] = op.error
-    for field in ("child", "channel", "due"):
-        if getattr(op, field):
-            out[field] = getattr(op, field)
-    if op.channels:
-        out["channels"] = list(op.channels)
-    return out
+    return {**out, **op.what_for()}
 
 
 def fork_fields(source_id: str, records: list[dict[str, Any]], tenant: str, seq: int | None) -> dict[str, Any]:
