@@ -30,6 +30,15 @@ def _seconds(value: Any, what: str) -> float:
     return max(0.0, seconds)
 
 
+def _timeout(value: Any, what: str) -> dict[str, float]:
+    """A wait's timeout, and when it is due: counted from the call, as a sleep's is, so two waits
+    at once (asyncio.gather; the second's turn comes when the first is over) time out together."""
+    if value is None:
+        return {}
+    seconds = _seconds(value, what)
+    return {"timeout": seconds, "due": time.time() + seconds}
+
+
 def _queue_key(value: Any) -> str:
     if not valid_queue_key(value):
         raise ValueError(f"a queue_key is a string of 1 to {MAX_KEY} characters, got {value!r}")
@@ -255,8 +264,7 @@ class FlowContext:
     async def wait(self, channel: str, timeout: float | None = None) -> Any:
         """The next message published to this run's `channel` (FIFO; one message per wait)."""
         # timeout=0: take a message already there, or time out now
-        go = await self._op("wait", channel, channel=channel,
-                            **({"timeout": _seconds(timeout, "ctx.wait's timeout")} if timeout is not None else {}))
+        go = await self._op("wait", channel, channel=channel, **_timeout(timeout, "ctx.wait's timeout"))
         if go.get("ok", True):
             return go.get("result")
         raise WaitTimeout(f"no message on channel {channel!r} within {timeout}s")
@@ -274,7 +282,7 @@ class FlowContext:
             raise ValueError(f"ctx.wait_any takes 1 to {MAX_WAIT_CHANNELS} channels, each a non-empty string "
                              f"named once, got {names!r}")
         go = await self._op("wait", "|".join(names), channel=names[0], channels=names,
-                            **({"timeout": _seconds(timeout, "ctx.wait_any's timeout")} if timeout is not None else {}))
+                            **_timeout(timeout, "ctx.wait_any's timeout"))
         if go.get("ok", True):
             channel, message = go.get("result")
             return channel, message

@@ -11,6 +11,7 @@ callers (actors.run_requests does).
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any
 
@@ -124,9 +125,10 @@ class WorkerRequests:
                 self.bus.reply(msg, Kind.STEP_GO, {"action": "fail", "error": (
                     f"a wait listens to 1 to {MAX_WAIT_CHANNELS} channels, each named once by a non-empty string")})
                 return
-            timeout = b.get("timeout")
-            await self.record(run, "wait", seq=seq, name=b["name"], channel=b["channel"],
-                              due=time.time() + float(timeout) if timeout is not None else 0.0,
+            timeout, due = b.get("timeout"), b.get("due")   # (due: from the call, on the worker's clock)
+            due = 0.0 if timeout is None else float(due) if due is not None and math.isfinite(due) and due > 0 \
+                else time.time() + float(timeout)
+            await self.record(run, "wait", seq=seq, name=b["name"], channel=b["channel"], due=due,
                               **({"channels": channels} if channels is not None else {}))
             op = run.ops[seq]
         if await self._take_message(run, op):

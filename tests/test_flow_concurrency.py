@@ -121,3 +121,26 @@ def test_a_replay_of_steps_run_at_once_finds_each_at_its_seq_whatever_order_they
     ctx = FlowContext(rt, "r-1", 2, None, journal, {})
     assert asyncio.run(flow(ctx)) == (["A", "B", "C"], "next")
     assert started(rt) == [(3, "next")]
+
+
+def test_waits_at_once_time_out_from_their_call_not_from_their_turn():
+    """The second wait's turn comes when the first is over, but its timeout is counted from the
+    call (as a sleep's), so both time out together, as asyncio.gather's would."""
+    class Fields(Runtime):
+        def __init__(self) -> None:
+            super().__init__({"wait": {"action": "continue", "ok": True, "result": "m"}}, {"first": 0.3})
+            self.fields: dict[str, dict] = {}
+
+        async def step_start(self, ctx, fields):
+            self.fields[fields["name"]] = fields
+            return await super().step_start(ctx, fields)
+
+    async def flow(ctx):
+        return await asyncio.gather(ctx.wait("first", timeout=10), ctx.wait("second", timeout=10))
+
+    rt = Fields()
+    assert asyncio.run(flow(FlowContext(rt, "r-1", 1, None, [], {}))) == ["m", "m"]
+    assert started(rt) == [(0, "first"), (1, "second")]
+    first, second = rt.fields["first"], rt.fields["second"]
+    assert first["timeout"] == second["timeout"] == 10
+    assert abs(second["due"] - first["due"]) < 0.1   # (its turn came 0.3 s later)

@@ -151,3 +151,17 @@ def test_a_parked_run_says_what_it_waits_for_and_a_running_one_does_not():
                                            "due": 60.0}
     run.status = "running"
     assert "waiting_on" not in run.summary()
+
+
+@pytest.mark.parametrize("due", [1234.5, float("nan"), 0.0, None])
+def test_a_waits_timeout_is_due_when_its_worker_says_if_that_is_a_time(due):
+    async def main():
+        flows, bus, log, run = running_flows()
+        flows.set_timer = lambda run, op: None
+        fields = {"timeout": 5.0, **({"due": due} if due is not None else {})}
+        before = time.time()
+        await flows.on_step_start(from_worker(Kind.STEP_START, 1, seq=0, op="wait", name="w", channel="w", **fields))
+        return run.ops[0].due, before
+
+    recorded, before = asyncio.run(main())
+    assert recorded == 1234.5 if due == 1234.5 else before + 5.0 <= recorded <= time.time() + 5.0
