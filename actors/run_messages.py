@@ -6,7 +6,7 @@ one message per key, and answers a publish of a key it holds as it answered the 
 caller that lost the answer sends again without a second message, and a send its run replays
 after a crash (the target took it; the sender's record of that was lost) is taken once.
 
-A mixin of `actors.flow_runs.Flows` (it uses `find`, `record`, `dispatch`, `given_up`,
+A mixin of `actors.flow_runs.Flows` (it uses `find_to_write`, `record`, `dispatch`, `given_up`,
 `_take_message`).
 """
 from __future__ import annotations
@@ -30,13 +30,8 @@ SEND_REFUSALS = ("not_found", "ended")   # the target's answers a second send wo
 class RunMessages:
     async def on_publish(self, msg: Message) -> None:
         b = msg.body
-        try:
-            run = await self.find(b["run_id"], b["tenant"])
-        except LogWriteError as exc:
-            self.bus.reply(msg, Kind.FLOW_ACK, {"ok": False, **refused(exc, "message not published")})
-            return
+        run = await self.find_to_write(msg, Kind.FLOW_ACK, "message not published", {"ok": False}, {"ok": False})
         if run is None:
-            self.bus.reply(msg, Kind.FLOW_ACK, {"ok": False, "code": "not_found", "error": "no such run"})
             return
         key = b.get("key")
         if key is not None and await self._taken_already(run, key):   # (even once the run has ended)

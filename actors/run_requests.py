@@ -222,16 +222,25 @@ class RunRequests:
             ops.append(op.view(run.ended))
         self.bus.reply(msg, Kind.FLOW_OPS, {"found": True, "ops": ops})
 
-    async def on_cancel(self, msg: Message) -> None:
+    async def find_to_write(self, msg: Message, kind: Kind, what: str, refused_head: dict,
+                            missing_head: dict) -> Run | None:
+        """The run a write names; None once its caller is answered that the run is not there
+        (`missing_head` begins that reply), or that it is on its way back from its journal while
+        the disk is still full (`refused_head`: "<what>: <the writer's error>")."""
         try:
             run = await self.find(msg.body["run_id"], msg.body["tenant"])
-        except LogWriteError as exc:   # on its way back from its journal, and the disk is still full
-            self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": msg.body["run_id"], "status": "error",
-                                                **refused(exc, "run not cancelled")})
-            return
+        except LogWriteError as exc:
+            self.bus.reply(msg, kind, {**refused_head, **refused(exc, what)})
+            return None
         if run is None:
-            self.bus.reply(msg, Kind.FLOW_RUN, {"run_id": msg.body["run_id"], "status": "unknown", "code": "not_found",
-                                                "error": "no such run"})
+            self.bus.reply(msg, kind, {**missing_head, "code": "not_found", "error": "no such run"})
+        return run
+
+    async def on_cancel(self, msg: Message) -> None:
+        run_id = msg.body["run_id"]
+        run = await self.find_to_write(msg, Kind.FLOW_RUN, "run not cancelled", {"run_id": run_id, "status": "error"},
+                                       {"run_id": run_id, "status": "unknown"})
+        if run is None:
             return
         if not run.ended:
             if self.given_up(msg, "found its run"):
@@ -286,13 +295,9 @@ class RunRequests:
         self.bus.reply(msg, Kind.ATTR_VALUES, {"found": True, "values": values})
 
     async def on_attr_update(self, msg: Message) -> None:
-        try:
-            run = await self.find(msg.body["run_id"], msg.body["tenant"])
-        except LogWriteError as exc:
-            self.bus.reply(msg, Kind.ATTR_VALUES, {"found": True, **refused(exc, "attribute not updated")})
-            return
+        run = await self.find_to_write(msg, Kind.ATTR_VALUES, "attribute not updated", {"found": True},
+                                       {"found": False})
         if run is None:
-            self.bus.reply(msg, Kind.ATTR_VALUES, {"found": False, "code": "not_found", "error": "no such run"})
             return
         run.updates.append(msg)
         if run.updating:
