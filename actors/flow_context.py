@@ -18,6 +18,7 @@ from typing import Any, Awaitable, Callable, Iterable
 
 from actors.flow_queues import MAX_KEY, MAX_PRIORITY, valid_priority, valid_queue_key
 from actors.flow_state import MAX_WAIT_CHANNELS
+from agentos.tenant_ids import DEFAULT_TENANT, external
 from actors.flow_types import (ChildFailed, NonDeterministic, Retry, SendFailed, StepContext, StepFailed, Superseded,
                                Suspended, WaitTimeout, check_encodable)
 
@@ -59,9 +60,10 @@ class FlowContext:
     """What a flow's code sees. Made by the worker for each execution of a run."""
 
     def __init__(self, runtime: Any, run_id: str, exec_: int, input_: Any, journal: list[dict],
-                 attrs: dict[str, Any]) -> None:
+                 attrs: dict[str, Any], tenant: str | None = None) -> None:
         self._rt = runtime
-        self.run_id = run_id
+        self._id = run_id                        # inside the server (a tenant's: `acme~order-1`)
+        self.run_id = external(tenant or DEFAULT_TENANT, run_id)   # as its client names it (ctx.send takes it)
         self.input = input_
         self._exec = exec_
         self._journal = journal

@@ -14,7 +14,6 @@ goodbye; with `--drain SECS` it first takes no new task and lets those it runs e
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import os
 import socket
@@ -28,6 +27,7 @@ from agentos.config import Config
 from actors.flow_context import FlowContext
 from actors.flow_types import Superseded, Suspended, check_encodable
 from actors.sdk import App
+from actors.worker_apps import load_app, merge
 from broker.client import Bus, BusError
 from broker.sharding import SCHEDULER
 from broker.protocol import BROKER, Kind, Message
@@ -36,30 +36,6 @@ from broker.address import bus_address
 REQUEST_TIMEOUT_SECS = 300.0
 REACH_TIMEOUT_SECS = 10.0        # how long a worker waits for the server's broker before it says it has none
 STOP_REPORT_SECS = 1.0           # how long a stopping worker waits for its steps to report themselves interrupted
-
-
-def load_app(spec: str) -> App:
-    module_name, _, attr = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is None or not module_name.startswith(exc.name):
-            raise            # the module is there; something it imports is not: its traceback says what
-        raise SystemExit(f"agent-os worker: no module named {module_name!r} here ({os.getcwd()}) "
-                         "or on PYTHONPATH") from None
-    app = getattr(module, attr or "app", None)
-    if not isinstance(app, App):
-        raise SystemExit(f"agent-os worker: {module_name} has no App named {attr or 'app'!r}")
-    return app
-
-
-def merge(apps: list[App]) -> App:
-    merged = App()
-    for app in apps:
-        merged.flows.update(app.flows)
-        merged.tools.update(app.tools)
-        merged.updates.update(app.updates)
-    return merged
 
 
 class SlotThreads:
@@ -175,7 +151,7 @@ class WorkerRuntime:
         fn = self.app.flows.get(task["name"])
         payload = task.get("payload") or {}
         ctx = FlowContext(self, task["run_id"], task["exec"], payload.get("input"), payload.get("journal") or [],
-                          payload.get("attrs") or {})
+                          payload.get("attrs") or {}, task.get("tenant"))
         ctx._actor = task["actor"]
         try:
             if fn is None:
@@ -240,13 +216,13 @@ class WorkerRuntime:
     async def step_start(self, ctx: FlowContext, fields: dict[str, Any]) -> dict[str, Any]:
         if ctx._results_due:
             fields = {**fields, "results_due": sorted(ctx._results_due)}
-        reply = await self._request(ctx._actor, Kind.STEP_START, {"run_id": ctx.run_id, "exec": ctx._exec, **fields},
-                                    ctx.run_id)
+        reply = await self._request(ctx._actor, Kind.STEP_START, {"run_id": ctx._id, "exec": ctx._exec, **fields},
+                                    ctx._id)
         return reply.body
 
     async def step_result(self, ctx: FlowContext, seq: int, attempt: int, ok: bool, **fields: Any) -> None:
-        await self._request(ctx._actor, Kind.STEP_RESULT, {"run_id": ctx.run_id, "exec": ctx._exec, "seq": seq,
-                                                           "attempt": attempt, "ok": ok, **fields}, ctx.run_id)
+        await self._request(ctx._actor, Kind.STEP_RESULT, {"run_id": ctx._id, "exec": ctx._exec, "seq": seq,
+                                                           "attempt": attempt, "ok": ok, **fields}, ctx._id)
 
     def step_result_nowait(self, ctx: FlowContext, seq: int, attempt: int, ok: bool, **fields: Any) -> None:
         """An ASYNC step's result: the flow goes on at once, but it is sent until the actor takes
@@ -255,15 +231,15 @@ class WorkerRuntime:
         def done(_reply: Message | None, exc: BaseException | None) -> None:
             ctx._results_due.discard(seq)
             if exc is not None:
-                self.log.warning("the result of step %d of run %s not acknowledged: %s", seq, ctx.run_id, exc)
+                self.log.warning("the result of step %d of run %s not acknowledged: %s", seq, ctx._id, exc)
         ctx._results_due.add(seq)   # named in the run's next requests: it must not park or end before this
-        self.bus.request_callback(ctx._actor, Kind.STEP_RESULT, {"run_id": ctx.run_id, "exec": ctx._exec, "seq": seq,
+        self.bus.request_callback(ctx._actor, Kind.STEP_RESULT, {"run_id": ctx._id, "exec": ctx._exec, "seq": seq,
                                                                  "attempt": attempt, "ok": ok, "sync": False, **fields},
-                                  done, timeout=REQUEST_TIMEOUT_SECS, attempt_secs=5.0, session=ctx.run_id)
+                                  done, timeout=REQUEST_TIMEOUT_SECS, attempt_secs=5.0, session=ctx._id)
 
     def heartbeat(self, ctx: FlowContext, seq: int, attempt: int, value: Any) -> None:
-        self.bus.send(ctx._actor, Kind.STEP_HEARTBEAT, {"run_id": ctx.run_id, "exec": ctx._exec, "seq": seq,
-                                                        "attempt": attempt, "value": value}, session=ctx.run_id)
+        self.bus.send(ctx._actor, Kind.STEP_HEARTBEAT, {"run_id": ctx._id, "exec": ctx._exec, "seq": seq,
+                                                        "attempt": attempt, "value": value}, session=ctx._id)
 
     # -- announcements ---------------------------------------------------------------------------
 

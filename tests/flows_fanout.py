@@ -90,4 +90,10 @@ async def sender(ctx, args):
     return "sent to no run"
 
 
-FLOWS = [fan_out, met, fan_out_children, chooser, sender]
+async def whoami(ctx, _):
+    """Its own id, as the flow sees it; then a message to itself under that id."""
+    await ctx.send(ctx.run_id, "self", "note")
+    return [ctx.run_id, await ctx.wait("self")]
+
+
+FLOWS = [fan_out, met, fan_out_children, chooser, sender, whoami]

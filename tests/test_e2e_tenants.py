@@ -61,6 +61,12 @@ def test_keys_tenants_and_isolation(make_server, make_worker):
     assert status == 201 and other["run_id"] == "order-1"   # globex's own run of that name
     assert get_json(f"{base}/v1/runs/order-1", headers=ACME)[2]["flow"] == "waiter"
 
+    # a flow sees its run's id as its client names it, and sends to it by that id
+    status, _, me = get_json(f"{base}/v1/flows/whoami/runs", method="POST", headers=ACME,
+                             body=json.dumps({"input": None, "run_id": "me-1"}).encode())
+    assert status == 201, me
+    assert get_json(f"{base}/v1/runs/me-1?wait=30", headers=ACME)[2].get("result") == ["me-1", "note"]
+
     # a child the flow names is its tenant's too: acme reaches it by that name, globex does not
     status, _, parent = get_json(f"{base}/v1/flows/parent_of_waiter/runs", method="POST", headers=ACME,
                                  body=json.dumps({"input": {"child": "kid-1"}}).encode())

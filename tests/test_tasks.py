@@ -192,7 +192,7 @@ def test_a_worker_frees_the_slot_of_a_task_cancelled_before_it_ran():
 def test_a_worker_names_the_module_it_cannot_find_and_shows_a_broken_ones_traceback(tmp_path, monkeypatch):
     import pytest
 
-    from actors.worker_process import load_app
+    from actors.worker_apps import load_app
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(SystemExit, match="no module named 'no_such_flows_module' here"):
         load_app("no_such_flows_module")
