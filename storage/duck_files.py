@@ -52,3 +52,24 @@ def close_files(instance: duckdb.DuckDBPyConnection | None, *cursor_sets: Cursor
             cursor.close()
     if instance is not None:
         instance.close()
+
+
+def append_rows(con: duckdb.DuckDBPyConnection, tables: dict[str, list[tuple]],
+                statement: tuple[str, list] | None = None) -> None:
+    """Each table's rows through its appender, and `statement` after them, in one transaction:
+    all of it is there, or none."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for table, table_rows in tables.items():
+            appender = con.appender(table)
+            appender.append_rows(table_rows)
+            appender.flush()
+        if statement is not None:
+            con.execute(*statement)
+        con.execute("COMMIT")
+    except Exception:
+        try:
+            con.execute("ROLLBACK")
+        except duckdb.TransactionException:
+            pass  # a failed COMMIT already ended the transaction
+        raise
