@@ -113,7 +113,8 @@ class RunMessages:
                 if reply.body["ok"] or reply.body.get("code") in SEND_REFUSALS:
                     break
                 why = reply.body.get("error", "refused")
-            await asyncio.sleep(min(2.0, 0.25 * 2 ** attempt))
+            if attempt + 1 < SEND_ATTEMPTS:
+                await asyncio.sleep(0.25 * 2 ** attempt)
         else:
             self.log.warning("run %s could not send to %s (%s): its next execution sends again", run.run_id,
                              target, why)
