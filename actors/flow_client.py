@@ -5,6 +5,7 @@ owning actor directly (no worker involved in reads).
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import secrets
 import time
@@ -17,7 +18,7 @@ from broker.protocol import Kind
 from broker.sharding import actor_name
 
 
-WRITES = frozenset({Kind.FLOW_START, Kind.FLOW_CANCEL, Kind.CHANNEL_PUBLISH, Kind.ATTR_UPDATE})
+WRITES = frozenset({Kind.FLOW_START, Kind.FLOW_CANCEL, Kind.CHANNEL_PUBLISH, Kind.CHANNEL_BROADCAST, Kind.ATTR_UPDATE})
 
 
 def new_run_id() -> str:
@@ -43,15 +44,17 @@ class FlowClient:
         self.tenant = tenant
         self.timeout = timeout
 
-    async def _ask(self, run_id: str, kind: Kind, body: dict[str, Any], timeout: float | None = None) -> dict:
+    async def _ask(self, run_id: str, kind: Kind, body: dict[str, Any], timeout: float | None = None,
+                   actor: str | None = None) -> dict:
         timeout = timeout or self.timeout
         if kind in WRITES:   # not acted on once this has given up (broker/protocol.py past_deadline)
             body = {**body, "deadline": time.time() + timeout}
         try:
-            reply = await self.bus.request(actor_name(run_id, self.shards), kind, body,
+            reply = await self.bus.request(actor or actor_name(run_id, self.shards), kind, body,
                                            timeout=timeout, attempt_secs=5.0, session=run_id)
         except BusError as exc:
-            raise FlowError("unavailable", f"the run's actor did not answer: {exc}") from None
+            who = actor or "the run's actor"
+            raise FlowError("unavailable", f"{who} did not answer: {exc}") from None
         code = reply.body.get("code")
         if code:
             raise FlowError(code, reply.body.get("error") or code)
@@ -156,6 +159,22 @@ class FlowClient:
         """Run update handler `handler` on attribute `key` under the run's lock; its new value."""
         body = {"run_id": run_id, "tenant": tenant or self.tenant, "key": key, "handler": handler, "arg": arg}
         return (await self._ask(run_id, Kind.ATTR_UPDATE, body, timeout=self.timeout * 2))["values"][key]
+
+    async def broadcast(self, channel: str, message: Any = None, tenant: str | None = None, key: str | None = None,
+                        flow: str | None = None, where: dict[str, Any] | None = None) -> int:
+        """Publish `message` to `channel` of every run of the tenant waiting on it now (of `flow`,
+        with the attributes `where` names); how many took it, each durably. A run that is not
+        waiting on it does not get it. With `key`, a run takes it once: after an error (some
+        actors may have delivered it), send it again with the same key to reach the rest."""
+        body: dict[str, Any] = {"tenant": tenant or self.tenant, "channel": channel, "message": message,
+                                **({"key": key} if key is not None else {}), **({"flow": flow} if flow else {}),
+                                **({"where": where} if where else {})}
+        replies = await asyncio.gather(*(self._ask("", Kind.CHANNEL_BROADCAST, body, actor=f"actor/{i}")
+                                         for i in range(self.shards)), return_exceptions=True)
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+        return sum(reply["delivered"] for reply in replies)
 
     async def publish(self, run_id: str, channel: str, message: Any = None, tenant: str | None = None,
                       key: str | None = None) -> None:

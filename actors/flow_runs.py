@@ -30,7 +30,7 @@ from actors import flow_metrics
 from actors.flow_queues import SYNC_SECS
 from actors.flow_state import Op, Run, apply, replay
 from actors.run_links import RunLinks
-from actors.run_messages import RunMessages
+from actors.run_messages import INTERNAL_FLOWS, RunMessages
 from actors.run_queues import RunQueues
 from actors.run_tasks import RunTasks
 from actors.run_reloads import Reload, RunReloads, Stale
@@ -50,7 +50,7 @@ MAX_LOST_EXECUTIONS = 5         # in a row, with no record between, their worker
 MAX_LEFT_EXECUTIONS = 20        # the same, their workers stopped cleanly: no deploys come that fast, a kill(self) does
 TIMER_GRACE_SECS = 2.0
 RESYNC_SECS = 10.0
-UNCOUNTED = frozenset({"turn", SCHEDULE_FLOW})   # in actors/flow_metrics.py: turns have their own
+UNCOUNTED = INTERNAL_FLOWS   # in actors/flow_metrics.py: turns have their own
 ENDED_RETENTION_SECS = 60.0
 SUPERSEDED = {"ok": False, "code": "superseded"}   # what a worker's execution hears when it is no longer the run's
 
@@ -108,6 +108,7 @@ class Flows(WorkerRequests, RunRequests, RunMessages, RunReloads, RunLinks, Sche
                 Kind.STEP_RESULT: self.refusable(self.on_step_result, Kind.FLOW_ACK, SUPERSEDED),
                 Kind.STEP_HEARTBEAT: self.on_heartbeat, Kind.TIMER_FIRE: self.on_timer_fire,
                 Kind.CHANNEL_PUBLISH: timed(away(self.on_publish, Kind.FLOW_ACK)),
+                Kind.CHANNEL_BROADCAST: timed(self.on_broadcast),
                 Kind.ATTR_GET: away(self.on_attr_get, Kind.ATTR_VALUES),
                 Kind.ATTR_UPDATE: timed(away(self.on_attr_update, Kind.ATTR_VALUES)),
                 Kind.TASK_RESULT: self.on_task_result,

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from typing import Any
 
 from actors.flow_state import Op, Run, next_message
 from actors.run_requests import refused
+from actors.schedules import SCHEDULE_FLOW
 from agentos.tenant_ids import external, internal
 from broker.client import BusError
 from broker.protocol import Kind, Message
@@ -25,6 +27,16 @@ from storage.log_client import LogWriteError
 SEND_ATTEMPTS = 3          # a send asks the target's actor this often before its execution gives up
 SEND_TIMEOUT_SECS = 15.0   # each (all of them within the 60 s a worker's resent request is kept for)
 SEND_REFUSALS = ("not_found", "ended")   # the target's answers a second send would get too
+
+
+_ABSENT = object()
+INTERNAL_FLOWS = frozenset({"turn", SCHEDULE_FLOW})   # a broadcast is for the tenant's own flows
+
+
+def _wait_for(run: Run, channel: str) -> Op | None:
+    """The run's wait that a message on `channel` wakes now, if any."""
+    waiting = run.ops.get(run.waiting) if run.waiting is not None else None
+    return waiting if waiting is not None and waiting.listens_to(channel) and not waiting.done else None
 
 
 class RunMessages:
@@ -42,16 +54,19 @@ class RunMessages:
             return
         if self.given_up(msg, "found its run"):
             return
+        self.bus.reply(msg, Kind.FLOW_ACK, await self._deliver(run, b["channel"], b.get("message"), key))
+
+    async def _deliver(self, run: Run, channel: str, message: Any, key: str | None) -> dict[str, Any]:
+        """The message into the run's channel, taken by its wait if one listens there; the answer
+        for its publisher once it is durable."""
         # The message and, if a wait is for it, its taking go in one batch (one fsync, not two):
         # both come from this actor to one writer, in order, so the taking is never durable alone.
-        channel, msg_seq = b["channel"], run.msg_counter + 1
-        kept = self.record(run, "message", channel=channel, msg_seq=msg_seq, message=b.get("message"),
+        msg_seq = run.msg_counter + 1
+        kept = self.record(run, "message", channel=channel, msg_seq=msg_seq, message=message,
                            **({"key": key} if key is not None else {}))
         if key is not None:
             run.message_keys[key] = kept
-        waiting = run.ops.get(run.waiting) if run.waiting is not None else None
-        if waiting is None or not waiting.listens_to(channel) or waiting.done:
-            waiting = None
+        waiting = _wait_for(run, channel)
         taken_from = next_message(run, waiting) if waiting is not None else None
         head = (taken_from, run.channels[taken_from][0]) if taken_from is not None else None   # what the wait takes
         took = False
@@ -64,9 +79,37 @@ class RunMessages:
             await self._unpublish(run, channel, msg_seq, kept, None if took else waiting, head)
             if key is not None and run.message_keys.get(key) is kept:
                 del run.message_keys[key]
-            self.bus.reply(msg, Kind.FLOW_ACK, {"ok": False, **refused(exc, "message not published")})
+            return {"ok": False, **refused(exc, "message not published")}
+        return {"ok": True}
+
+    async def on_broadcast(self, msg: Message) -> None:
+        """A publish to a channel of the tenant (`POST /v1/channels/{name}`): taken by each of its
+        runs here waiting on that channel now (of a `flow`, with the attributes `where` names),
+        each durably before the answer, which counts them. A run not waiting on it now does not
+        get it: that is what a run's own channel is for. With a `key`, a run takes it once."""
+        await self.ready.wait()
+        b = msg.body
+        channel, flow, where = b["channel"], b.get("flow"), b.get("where") or {}
+        key = f"*{channel}:{b['key']}" if b.get("key") is not None else None   # (apart from a run's own keys)
+
+        def chosen(run: Run) -> bool:
+            return (run.tenant == b["tenant"] and not run.ended and not run.stale and run.flow not in INTERNAL_FLOWS
+                    and (flow is None or run.flow == flow) and _wait_for(run, channel) is not None
+                    and all(run.attrs.get(k, _ABSENT) == v for k, v in where.items()))
+        runs = [run for run in self.runs.values() if chosen(run)]
+        if self.given_up(msg, "found its runs"):
             return
-        self.bus.reply(msg, Kind.FLOW_ACK, {"ok": True})
+
+        async def deliver(run: Run) -> dict[str, Any] | None:
+            if key is not None and await self._taken_already(run, key):
+                return None
+            if not chosen(run):   # (it took another message, or ended, while an earlier one was written)
+                return None
+            return await self._deliver(run, channel, b.get("message"), key)
+        answers = [a for a in await asyncio.gather(*(deliver(run) for run in runs)) if a is not None]
+        refusals = [a for a in answers if not a["ok"]]
+        self.bus.reply(msg, Kind.CHANNEL_DELIVERED, {**(refusals[0] if refusals else {"ok": True}),
+                                                     "delivered": len(answers) - len(refusals)})
 
     @staticmethod
     async def _taken_already(run: Run, key: str) -> bool:

@@ -18,7 +18,7 @@ IDENTITY = re.compile(rb"^[a-z][a-z0-9_.\-/]{0,62}#[0-9a-f]{1,16}$")
 # that deadline, and an actor starts no turn past it (past_deadline), for nobody would stream it.
 TURN_START_TIMEOUT_SECS = 10.0
 
-# A write to a run (its start, a publish, an update, a cancel), a turn's start and a session's close
+# A write to a run (its start, a publish or broadcast, an update, a cancel), a turn's start and a session's close
 # name when their caller gives up
 # (`deadline`, wall-clock seconds). One that reached the run's actor later (it waited in a stalled
 # actor's queue, or was resent) is not acted on: its caller has answered 503, which must mean that
@@ -50,6 +50,8 @@ MAX_VALUE_BYTES = 4 << 20
 # execution's offer carries them all in one message, and an actor loads them in one answer. A
 # run that passes it fails, rather than cut its actor off the bus at its next execution.
 MAX_RUN_BYTES = 32 << 20
+# The most attributes a broadcast (CHANNEL_BROADCAST, POST /v1/channels/{name}) matches runs by.
+MAX_WHERE = 20
 # The most of those values one page of a run's operations carries (FLOW_STEPS), past its first:
 # a page of 100 steps of 4 MB results would be a message of 400 MB.
 STEPS_PAGE_BYTES = 4 << 20
@@ -156,6 +158,8 @@ class Kind(enum.StrEnum):
     TIMER_FIRE = "timer.fire"
     # channel.*, attr.*: messages to a flow and its attributes
     CHANNEL_PUBLISH = "channel.publish"
+    CHANNEL_BROADCAST = "channel.broadcast"   # to every actor: the tenant's runs waiting on a channel
+    CHANNEL_DELIVERED = "channel.delivered"
     ATTR_GET = "attr.get"
     ATTR_UPDATE = "attr.update"
     ATTR_VALUES = "attr.values"
@@ -239,6 +243,7 @@ REQUESTS: dict[Kind, Kind] = {
     Kind.STEP_RESULT: Kind.FLOW_ACK,
     Kind.TASK_RESULT: Kind.FLOW_ACK,
     Kind.CHANNEL_PUBLISH: Kind.FLOW_ACK,
+    Kind.CHANNEL_BROADCAST: Kind.CHANNEL_DELIVERED,
     Kind.ATTR_GET: Kind.ATTR_VALUES,
     Kind.ATTR_UPDATE: Kind.ATTR_VALUES,
     Kind.SCHEDULE_PUT: Kind.SCHEDULE,

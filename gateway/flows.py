@@ -16,7 +16,7 @@ from aiohttp import web
 from actors.flow_client import WAITABLE, FlowClient, FlowError
 from actors.flow_queues import MAX_KEY, MAX_PRIORITY, parse_queues, valid_priority, valid_queue_key
 from broker.client import BusError
-from broker.protocol import MAX_VALUE_BYTES, Kind
+from broker.protocol import MAX_VALUE_BYTES, MAX_WHERE, Kind
 from broker.sharding import SCHEDULER
 from gateway.errors import LOG_WRITE_ERRORS, ApiError, int_param, json_response
 from gateway.tenancy import external, internal
@@ -299,6 +299,29 @@ class FlowRoutes:
         except FlowError as exc:
             raise _error(exc) from None
         return json_response({"run_id": outward_id, "channel": channel, "published": True}, status=202)
+
+    async def broadcast(self, request: web.Request) -> web.Response:
+        """`POST /v1/channels/{channel}`: the message to every run of the tenant waiting on the
+        channel now, durably in each before 200 `{"delivered": n}`."""
+        tenant = self.gw.tenant_of(request)
+        channel = _name(request, "channel", "channel")
+        body = await self.gw.json_body(request)
+        _only(body, ("message", "flow", "where"), '{"message": ..., "flow": ..., "where": {attribute: value}}')
+        _check_size(body.get("message"), "message")
+        flow, where = body.get("flow"), body.get("where")
+        if flow is not None and not (isinstance(flow, str) and NAME.match(flow)):
+            raise ApiError(400, "invalid_flow", "flow must be 1-200 characters of letters, digits and . _ : -")
+        if where is not None and not (isinstance(where, dict) and 0 < len(where) <= MAX_WHERE):
+            raise ApiError(400, "invalid_where", f"where is an object of 1 to {MAX_WHERE} attributes and the value "
+                                                 "each must have")
+        key = _idempotency_key(request)
+        try:
+            delivered = await self.client.broadcast(channel, body.get("message"), tenant=tenant, key=key, flow=flow,
+                                                    where=where)
+        except FlowError as exc:
+            raise _error(FlowError(exc.code, f"{exc.message}; some runs may have taken it: send it again "
+                                             "with the same Idempotency-Key to reach the others")) from None
+        return json_response({"channel": channel, "delivered": delivered})
 
     async def cancel(self, request: web.Request) -> web.Response:
         tenant, run_id, _ = self._run(request)

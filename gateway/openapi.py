@@ -239,6 +239,16 @@ PATHS: dict[str, dict] = {
         "requestBody": {"required": True, "content": _json(ref("Publish"))},
         "responses": {"202": {"description": "published", "content": _json(ref("Published"))},
                       **_errors(400, 401, 404, 409, 413, 503, 507)}}},
+    "/v1/channels/{channel}": {"post": {
+        "summary": "Publish a message to every run of the tenant waiting on this channel now (a `ctx.wait` or "
+                   "`ctx.wait_any` of it), of `flow` and with the attribute values `where` names, each durably "
+                   "before the answer; a run not waiting on it does not get it (Idempotency-Key: a run takes it "
+                   "once, so after a 503 the same key again reaches the others)",
+        "parameters": [_param("channel", NAME), _param("Idempotency-Key", {"type": "string", "minLength": 1,
+                                                                           "maxLength": 200}, "header", False)],
+        "requestBody": {"required": True, "content": _json(ref("Broadcast"))},
+        "responses": {"200": {"description": "how many runs took it", "content": _json(ref("Broadcasted"))},
+                      **_errors(400, 401, 413, 503, 507)}}},
     "/v1/queues": {"get": {
         "summary": "The flow queues (kernel.flow_queues): each one's limit and rate, runs admitted and runs waiting",
         "responses": {"200": {"description": "every queue", "content": _json({

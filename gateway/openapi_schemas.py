@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.protocol import RUN_STATUSES
+from broker.protocol import MAX_WHERE, RUN_STATUSES
 
 ID = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:\\-]{0,127}$"}
 NAME = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:\\-]{0,199}$"}
@@ -169,5 +169,11 @@ SCHEMAS: dict[str, Any] = {
     "Published": {"type": "object", "required": ["run_id", "channel", "published"],
                   "properties": {"run_id": {"type": "string"}, "channel": {"type": "string"},
                                  "published": {"const": True}}},
+    "Broadcast": {"type": "object", "additionalProperties": False, "properties": {
+        "message": ANY, "flow": NAME,
+        "where": {"type": "object", "minProperties": 1, "maxProperties": MAX_WHERE, "additionalProperties": ANY,
+                  "description": "attributes a run must have, each with this value"}}},
+    "Broadcasted": {"type": "object", "required": ["channel", "delivered"],
+                    "properties": {"channel": {"type": "string"}, "delivered": {"type": "integer", "minimum": 0}}},
     "Session": {"type": "object", "required": ["session_id"], "properties": {"session_id": {"type": "string"}}},
 }

@@ -1,7 +1,7 @@
 """Flows whose operations run at once (asyncio.gather), for tests/flows_app.py's worker: steps
 that each return only once the others have begun beside them, so a run that took them one after
-another fails; a wait on several channels at once (ctx.wait_any), and messages to another run
-(ctx.send)."""
+another fails; a wait on several channels at once (ctx.wait_any), messages to another run
+(ctx.send), and runs that wait on a channel of the tenant (POST /v1/channels/{name})."""
 import asyncio
 import os
 
@@ -96,4 +96,17 @@ async def whoami(ctx, _):
     return [ctx.run_id, await ctx.wait("self")]
 
 
-FLOWS = [fan_out, met, fan_out_children, chooser, sender, whoami]
+async def subscriber(ctx, args):
+    """Names its invoice in an attribute, then waits for a message on `paid` (published to the
+    tenant's channel, not to this run): the messages it took, until `until` or a timeout."""
+    await ctx.set_attr("invoice", args["invoice"])
+    took = []
+    while not took or took[-1] != args.get("until", took[-1]):
+        try:
+            took.append(await ctx.wait("paid", timeout=args.get("timeout", 60)))
+        except WaitTimeout:
+            break
+    return took
+
+
+FLOWS = [fan_out, met, fan_out_children, chooser, sender, whoami, subscriber]

@@ -1,7 +1,8 @@
 """End-to-end: a flow's operations at once (asyncio.gather) on a real worker — steps side by
 side, each recorded at its place whatever order they finished in, a retry among them; children
 started together, their parent going on once, when the last has ended; a wait on several
-channels woken by any of them; messages taken once per key, and sent from one run to another."""
+channels woken by any of them; messages taken once per key, sent from one run to another, and
+published to every run waiting on a channel."""
 import json
 
 from harness import get_json, wait_until
@@ -100,3 +101,33 @@ def test_a_flow_sends_to_another_runs_channel_and_hears_of_a_run_that_is_not_the
     assert [(s["op"], s["name"], s["status"]) for s in steps] == [
         ("send", f"inbox@{target['run_id']}", "completed"), ("send", f"inbox@{target['run_id']}", "completed"),
         ("send", "inbox@no-such-run", "failed")], steps
+
+
+def broadcast(base: str, channel: str, body: dict, key: str | None = None) -> tuple[int, dict]:
+    status, _, answer = get_json(f"{base}/v1/channels/{channel}", method="POST", body=json.dumps(body).encode(),
+                                 headers={"Idempotency-Key": key} if key else {})
+    return status, answer
+
+
+def test_a_publish_to_a_channel_reaches_each_run_waiting_on_it_and_chosen_by_its_attributes(flows_server):
+    server = flows_server
+    runs = [start(server.url, "subscriber", {"invoice": invoice, "until": "last"})[2]["run_id"]
+            for invoice in ("inv-1", "inv-1", "inv-2")]
+    for run_id in runs:   # (the runs' ids hash to both actors)
+        assert get_json(f"{server.url}/v1/runs/{run_id}?wait=30&until=suspended")[2]["status"] == "suspended"
+    assert broadcast(server.url, "paid", {"message": "inv-1 paid", "where": {"invoice": "inv-1"}}, "p1") == (
+        200, {"channel": "paid", "delivered": 2})
+    for run_id in runs[:2]:   # taken: each runs on to its next wait
+        wait_until(lambda: get_json(f"{server.url}/v1/runs/{run_id}")[2].get("waiting_on", {}).get("seq") == 2,
+                   30, "the next wait")
+    # sent again under its key (an answer lost): the runs that took it, waiting again, do not take it twice
+    assert broadcast(server.url, "paid", {"message": "inv-1 paid", "where": {"invoice": "inv-1"}}, "p1")[1] == {
+        "channel": "paid", "delivered": 0}
+    assert broadcast(server.url, "nobody-waits", {"message": 1})[1]["delivered"] == 0
+    assert broadcast(server.url, "paid", {"message": "last", "flow": "subscriber"})[1]["delivered"] == 3
+    assert [result(server.url, run_id)["result"] for run_id in runs] == [
+        ["inv-1 paid", "last"], ["inv-1 paid", "last"], ["last"]]
+    for bad in ({"message": 1, "where": []}, {"message": 1, "where": {}}, {"message": 1, "flows": "x"},
+                {"message": 1, "flow": "no/such"}):
+        status, answer = broadcast(server.url, "paid", bad)
+        assert status == 400 and answer["error"]["code"] in ("invalid_where", "invalid_body", "invalid_flow"), bad
