@@ -20,8 +20,9 @@ QUEUE, QUEUE_LIMIT = "chaos", "2@10/1s"
 QUEUED_EVERY = 3
 # and of the runs with n % 3 == 2 (neither queued nor forked), half run their steps at once, then
 # two children at once (bench/steps_app.py fanned_steps), half wait for a message on either of two
-# channels (`chosen`: ctx.wait_any), which the client then publishes; even clients begin with the
-# first kind, odd ones with the second, so a short run has both
+# channels (`chosen`: ctx.wait_any), which the client then publishes (to the run's channel, by a
+# `messenger` run's ctx.send, or to the tenant's channel for the runs whose attribute names it);
+# even clients begin with the first kind, odd ones with the second, so a short run has both
 FANNED = 2
 # the tools of bench/steps_app.py, both called at once by a turn's model (the mock's marker; "made
 # up": called also while a restarted scheduler lists no tools yet, where the model would be told
@@ -132,6 +133,8 @@ async def flow_client(http, base: str, index: int, ledger: Ledger, stop: asyncio
                     body.update(queue=QUEUE, priority=n // QUEUED_EVERY % 3)
                 flow = "sync_steps" if n % QUEUED_EVERY != FANNED else \
                     "fanned_steps" if (n % 6 == FANNED) == (index % 2 == 0) else "chosen"
+                if flow == "chosen" and broadcast_to(n, index):   # (woken through the ticket it names)
+                    body["input"] = {"n": FLOW_STEPS, "ticket": key}
                 async with http.post(f"{base}/v1/flows/{flow}/runs", json=body,
                                      headers={"Idempotency-Key": key},
                                      timeout=aiohttp.ClientTimeout(total=30)) as resp:
@@ -156,16 +159,25 @@ async def flow_client(http, base: str, index: int, ledger: Ledger, stop: asyncio
         await asyncio.sleep(pause)
 
 
+def broadcast_to(n: int, index: int) -> bool:
+    """Whether chosen run `n` of flow client `index` gets its message from a publish to the
+    tenant's channel (a third of them; in a short run, each client's third chosen run, or second)."""
+    return (n // 6 + index) % 3 == 2
+
+
 async def publish(http, base: str, run_id: str, n: int, index: int, key: str, ledger: Ledger,
                   stop: asyncio.Event) -> bool:
     """The message a `chosen` run waits for, on one of its two channels, sent until acknowledged
-    under one Idempotency-Key (the run takes it once, and fails its check if a copy came too); every
-    other one is sent by a `messenger` run, its ctx.send taken once through the messenger's replays
-    (an odd client's first chosen run's so: a short run has both)."""
+    under one Idempotency-Key (the run takes it once, and fails its check if a copy came too); a
+    third are sent by a `messenger` run, its ctx.send taken once through the messenger's replays,
+    and a third to the tenant's channel for the run whose ticket names it, again until it took it
+    (an odd client's first chosen run's is a messenger's: a short run has each)."""
     channel = ("approve", "reject")[n // 12 % 2]
+    if broadcast_to(n, index):
+        return await publish_to_ticket(http, base, run_id, channel, key, ledger, stop)
     for _ in range(20):
         try:
-            if (n // 6 + index) % 2:
+            if (n // 6 + index) % 3:
                 resp = await http.post(f"{base}/v1/flows/messenger/runs", headers={"Idempotency-Key": f"{key}-send"},
                                        json={"input": {"to": run_id, "channel": channel, "n": FLOW_STEPS}},
                                        timeout=aiohttp.ClientTimeout(total=30))
@@ -183,6 +195,35 @@ async def publish(http, base: str, run_id: str, n: int, index: int, key: str, le
                 ledger.flow_errors[f"publish {resp.status}"] += 1
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
             ledger.flow_errors["publish connection"] += 1
+        if stop.is_set():
+            return False
+        await asyncio.sleep(0.5)
+    return False
+
+
+async def publish_to_ticket(http, base: str, run_id: str, channel: str, key: str, ledger: Ledger,
+                            stop: asyncio.Event) -> bool:
+    """`POST /v1/channels/{channel}` for the run whose `ticket` is `key`, under one Idempotency-Key,
+    until it took it: delivered to it, or (the answer lost, or the run not waiting yet) its wait
+    seen completed. A run not yet waiting gets nothing: sent again until it waits (60 s at most)."""
+    for _ in range(120):
+        try:
+            async with http.post(f"{base}/v1/channels/{channel}", headers={"Idempotency-Key": f"{key}-all"},
+                                 json={"message": channel, "flow": "chosen", "where": {"ticket": key}},
+                                 timeout=aiohttp.ClientTimeout(total=30)) as resp:
+                body = await resp.json(content_type=None)
+                if resp.status == 200 and body["delivered"]:
+                    ledger.forks["ticketed"] += 1
+                    return True
+                if resp.status != 200:
+                    ledger.flow_errors[f"broadcast {resp.status}"] += 1
+            async with http.get(f"{base}/v1/runs/{run_id}/steps", timeout=aiohttp.ClientTimeout(total=30)) as resp:
+                steps = (await resp.json(content_type=None)).get("steps", []) if resp.status == 200 else []
+            if any(s["op"] == "wait" and s["status"] == "completed" for s in steps):
+                ledger.forks["ticketed"] += 1
+                return True
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            ledger.flow_errors["broadcast connection"] += 1
         if stop.is_set():
             return False
         await asyncio.sleep(0.5)

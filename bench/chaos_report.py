@@ -30,7 +30,7 @@ def accounting(args, ledger: "Ledger", kills: list[dict], checked: dict, lost_ch
                          "run_forks": ledger.forks["runs"], "session_forks": ledger.forks["sessions"],
                          "scheduled_runs": ledger.forks["scheduled"], "queued_runs": ledger.forks["queued"],
                          "fanned_runs": ledger.forks["fanned"], "chosen_runs": ledger.forks["chosen"],
-                         "messenger_runs": ledger.forks["messengers"]},
+                         "messenger_runs": ledger.forks["messengers"], "ticketed_runs": ledger.forks["ticketed"]},
         "checkpoint_errors": {str(k): v for k, v in ledger.checkpoint_errors.items()},
         "flow_errors": {str(k): v for k, v in ledger.flow_errors.items()},
         "close_errors": {str(k): v for k, v in ledger.close_errors.items()},
@@ -54,7 +54,8 @@ def write_report(results: ResultsDir, row: dict, kills: list[dict], ledger: "Led
         f"{acked.get('scheduled_runs', 0)} a schedule's and {acked.get('queued_runs', 0)} a flow queue's, "
         f"{acked.get('fanned_runs', 0)} ran their steps and two children at once, "
         f"{acked.get('chosen_runs', 0)} waited for a message on either of two channels "
-        f"({acked.get('messenger_runs', 0)} of them sent by another run), "
+        f"({acked.get('messenger_runs', 0)} of them sent by another run, {acked.get('ticketed_runs', 0)} published "
+        "to the tenant's channel for the run whose attribute named it), "
         f"{acked['closes']} closed "
         f"sessions, {acked.get('session_forks', 0)} forked sessions)", "",
         "Lost counts a completed turn whose assistant message is missing from the transcript or differs from "
