@@ -176,6 +176,17 @@ class FlowClient:
                 raise reply
         return sum(reply["delivered"] for reply in replies)
 
+    async def waiting(self, channel: str, tenant: str | None = None, flow: str | None = None,
+                      where: dict[str, Any] | None = None, limit: int = 100) -> tuple[int, list[dict]]:
+        """The runs a broadcast to `channel` would reach now: how many, and the `limit` that have
+        waited longest ({run_id, flow, since}), those first."""
+        body: dict[str, Any] = {"tenant": tenant or self.tenant, "channel": channel, "limit": limit,
+                                **({"flow": flow} if flow else {}), **({"where": where} if where else {})}
+        replies = await asyncio.gather(*(self._ask("", Kind.CHANNEL_WAITING, body, actor=f"actor/{i}")
+                                         for i in range(self.shards)))
+        runs = sorted((run for reply in replies for run in reply["runs"]), key=lambda run: run["since"])
+        return sum(reply["count"] for reply in replies), runs[:limit]
+
     async def publish(self, run_id: str, channel: str, message: Any = None, tenant: str | None = None,
                       key: str | None = None) -> None:
         """Publish `message` to the run's `channel`; with `key`, the run takes one message per key

@@ -108,7 +108,7 @@ class Flows(WorkerRequests, RunRequests, RunMessages, RunReloads, RunLinks, Sche
                 Kind.STEP_RESULT: self.refusable(self.on_step_result, Kind.FLOW_ACK, SUPERSEDED),
                 Kind.STEP_HEARTBEAT: self.on_heartbeat, Kind.TIMER_FIRE: self.on_timer_fire,
                 Kind.CHANNEL_PUBLISH: timed(away(self.on_publish, Kind.FLOW_ACK)),
-                Kind.CHANNEL_BROADCAST: timed(self.on_broadcast),
+                Kind.CHANNEL_BROADCAST: timed(self.on_broadcast), Kind.CHANNEL_WAITING: self.on_waiting,
                 Kind.ATTR_GET: away(self.on_attr_get, Kind.ATTR_VALUES),
                 Kind.ATTR_UPDATE: timed(away(self.on_attr_update, Kind.ATTR_VALUES)),
                 Kind.TASK_RESULT: self.on_task_result,

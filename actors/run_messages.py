@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Any
+import heapq
+from typing import Any, Callable
 
 from actors.flow_state import Op, Run, next_message
 from actors.run_requests import refused
@@ -37,6 +38,18 @@ def _wait_for(run: Run, channel: str) -> Op | None:
     """The run's wait that a message on `channel` wakes now, if any."""
     waiting = run.ops.get(run.waiting) if run.waiting is not None else None
     return waiting if waiting is not None and waiting.listens_to(channel) and not waiting.done else None
+
+
+def _waiting_on(body: dict[str, Any]) -> Callable[[Run], bool]:
+    """Whether a run is one of a broadcast's (CHANNEL_BROADCAST, CHANNEL_WAITING): of its tenant,
+    its flow if named, waiting on its channel now, with the attribute values its `where` names."""
+    tenant, channel, flow, where = body["tenant"], body["channel"], body.get("flow"), body.get("where") or {}
+
+    def chosen(run: Run) -> bool:
+        return (run.tenant == tenant and not run.ended and not run.stale and run.flow not in INTERNAL_FLOWS
+                and (flow is None or run.flow == flow) and _wait_for(run, channel) is not None
+                and all(run.attrs.get(k, _ABSENT) == v for k, v in where.items()))
+    return chosen
 
 
 class RunMessages:
@@ -89,13 +102,9 @@ class RunMessages:
         get it: that is what a run's own channel is for. With a `key`, a run takes it once."""
         await self.ready.wait()
         b = msg.body
-        channel, flow, where = b["channel"], b.get("flow"), b.get("where") or {}
+        channel = b["channel"]
         key = f"*{channel}:{b['key']}" if b.get("key") is not None else None   # (apart from a run's own keys)
-
-        def chosen(run: Run) -> bool:
-            return (run.tenant == b["tenant"] and not run.ended and not run.stale and run.flow not in INTERNAL_FLOWS
-                    and (flow is None or run.flow == flow) and _wait_for(run, channel) is not None
-                    and all(run.attrs.get(k, _ABSENT) == v for k, v in where.items()))
+        chosen = _waiting_on(b)
         runs = [run for run in self.runs.values() if chosen(run)]
         if self.given_up(msg, "found its runs"):
             return
@@ -110,6 +119,16 @@ class RunMessages:
         refusals = [a for a in answers if not a["ok"]]
         self.bus.reply(msg, Kind.CHANNEL_DELIVERED, {**(refusals[0] if refusals else {"ok": True}),
                                                      "delivered": len(answers) - len(refusals)})
+
+    async def on_waiting(self, msg: Message) -> None:
+        """The tenant's runs here waiting on a channel now (`GET /v1/channels/{name}`): how many,
+        and the `limit` that have waited longest (their ids, flows, since when)."""
+        await self.ready.wait()
+        chosen = _waiting_on(msg.body)
+        runs = [run for run in self.runs.values() if chosen(run)]
+        first = heapq.nsmallest(max(0, min(msg.body.get("limit", 100), 1000)), runs, key=lambda run: run.ops[run.waiting].started_at)
+        self.bus.reply(msg, Kind.CHANNEL_WAITERS, {"count": len(runs), "runs": [
+            {"run_id": run.run_id, "flow": run.flow, "since": run.ops[run.waiting].started_at} for run in first]})
 
     @staticmethod
     async def _taken_already(run: Run, key: str) -> bool:

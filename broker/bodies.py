@@ -204,6 +204,9 @@ SPECS: dict[Kind, Spec] = {
     Kind.CHANNEL_BROADCAST: _spec({"tenant": str, "channel": str}, message=object, deadline=_NUM, key=str,
                                   flow=str, where=dict),
     Kind.CHANNEL_DELIVERED: _spec({"ok": bool, "delivered": int}, error=str, code=str),
+    # the same runs, not woken: how many, and the `limit` waiting longest ({run_id, flow, since})
+    Kind.CHANNEL_WAITING: _spec({"tenant": str, "channel": str}, flow=str, where=dict, limit=int),
+    Kind.CHANNEL_WAITERS: _spec({"count": int, "runs": list}),
     Kind.ATTR_GET: _spec({"run_id": str, "tenant": str}, keys=list),
     Kind.ATTR_UPDATE: _spec({"run_id": str, "tenant": str, "key": str, "handler": str}, arg=object, deadline=_NUM),
     Kind.ATTR_VALUES: _spec({"found": bool}, values=dict, error=str, code=str),

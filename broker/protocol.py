@@ -160,6 +160,8 @@ class Kind(enum.StrEnum):
     CHANNEL_PUBLISH = "channel.publish"
     CHANNEL_BROADCAST = "channel.broadcast"   # to every actor: the tenant's runs waiting on a channel
     CHANNEL_DELIVERED = "channel.delivered"
+    CHANNEL_WAITING = "channel.waiting"       # to every actor: those runs, counted and listed
+    CHANNEL_WAITERS = "channel.waiters"
     ATTR_GET = "attr.get"
     ATTR_UPDATE = "attr.update"
     ATTR_VALUES = "attr.values"
@@ -244,6 +246,7 @@ REQUESTS: dict[Kind, Kind] = {
     Kind.TASK_RESULT: Kind.FLOW_ACK,
     Kind.CHANNEL_PUBLISH: Kind.FLOW_ACK,
     Kind.CHANNEL_BROADCAST: Kind.CHANNEL_DELIVERED,
+    Kind.CHANNEL_WAITING: Kind.CHANNEL_WAITERS,
     Kind.ATTR_GET: Kind.ATTR_VALUES,
     Kind.ATTR_UPDATE: Kind.ATTR_VALUES,
     Kind.SCHEDULE_PUT: Kind.SCHEDULE,
@@ -254,7 +257,7 @@ REQUESTS: dict[Kind, Kind] = {
 # Requests that change nothing: a re-sent one is simply run again, so its reply is not kept for it
 # (writer/store asks every log writer's end for each `sync` read: a new session's first load).
 READS = frozenset({Kind.PEERS, Kind.STATS, Kind.STORE_QUERY, Kind.TOOLS_LIST, Kind.FLOW_GET, Kind.FLOW_STEPS,
-                   Kind.ATTR_GET})
+                   Kind.ATTR_GET, Kind.CHANNEL_WAITING})
 
 KIND_BYTES: dict[Kind, bytes] = {k: k.value.encode() for k in Kind}
 TURN_EVENTS = frozenset({Kind.TURN_STARTED, Kind.TURN_DELTA, Kind.TURN_TOOL, Kind.TURN_DONE, Kind.TURN_FAILED,

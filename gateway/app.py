@@ -109,6 +109,7 @@ class Gateway:
             web.post("/v1/runs/{run_id:[^/:]+}/attributes/{key:[^/:]+}:update", self.flow_routes.update),
             web.post("/v1/runs/{run_id:[^/:]+}/channels/{channel}", self.flow_routes.publish),
             web.post("/v1/channels/{channel}", self.flow_routes.broadcast),
+            web.get("/v1/channels/{channel}", self.flow_routes.waiting),
             *ScheduleRoutes(self).routes(),
             web.get("/healthz", self.healthz),
             web.get("/readyz", self.readyz),

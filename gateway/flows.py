@@ -323,6 +323,22 @@ class FlowRoutes:
                                              "with the same Idempotency-Key to reach the others")) from None
         return json_response({"channel": channel, "delivered": delivered})
 
+    async def waiting(self, request: web.Request) -> web.Response:
+        """`GET /v1/channels/{channel}`: the runs a publish to it would reach now (`?flow=`): how
+        many, and the `limit` that have waited longest."""
+        tenant = self.gw.tenant_of(request)
+        channel = _name(request, "channel", "channel")
+        flow = request.query.get("flow")
+        if flow is not None and not NAME.match(flow):
+            raise ApiError(400, "invalid_flow", "flow must be 1-200 characters of letters, digits and . _ : -")
+        limit = int_param(request, "limit", 100, 1, 1000)
+        try:
+            count, runs = await self.client.waiting(channel, tenant=tenant, flow=flow, limit=limit)
+        except FlowError as exc:
+            raise _error(exc) from None
+        return json_response({"channel": channel, "count": count,
+                              "runs": [{**run, "run_id": external(tenant, run["run_id"])} for run in runs]})
+
     async def cancel(self, request: web.Request) -> web.Response:
         tenant, run_id, _ = self._run(request)
         try:

@@ -248,7 +248,14 @@ PATHS: dict[str, dict] = {
                                                                            "maxLength": 200}, "header", False)],
         "requestBody": {"required": True, "content": _json(ref("Broadcast"))},
         "responses": {"200": {"description": "how many runs took it", "content": _json(ref("Broadcasted"))},
-                      **_errors(400, 401, 413, 503, 507)}}},
+                      **_errors(400, 401, 413, 503, 507)}},
+        "get": {
+        "summary": "The runs of the tenant a publish to this channel would reach now (of `flow`): how many, and "
+                   "the `limit` that have waited longest, those first",
+        "parameters": [_param("channel", NAME), _param("flow", NAME, "query", False),
+                       _param("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, "query", False)],
+        "responses": {"200": {"description": "the runs waiting on it", "content": _json(ref("ChannelWaiters"))},
+                      **_errors(400, 401, 503)}}},
     "/v1/queues": {"get": {
         "summary": "The flow queues (kernel.flow_queues): each one's limit and rate, runs admitted and runs waiting",
         "responses": {"200": {"description": "every queue", "content": _json({

@@ -175,5 +175,9 @@ SCHEMAS: dict[str, Any] = {
                   "description": "attributes a run must have, each with this value"}}},
     "Broadcasted": {"type": "object", "required": ["channel", "delivered"],
                     "properties": {"channel": {"type": "string"}, "delivered": {"type": "integer", "minimum": 0}}},
+    "ChannelWaiters": {"type": "object", "required": ["channel", "count", "runs"], "properties": {
+        "channel": {"type": "string"}, "count": {"type": "integer", "minimum": 0},
+        "runs": {"type": "array", "items": {"type": "object", "required": ["run_id", "flow", "since"], "properties": {
+            "run_id": {"type": "string"}, "flow": {"type": "string"}, "since": {"type": "number"}}}}}},
     "Session": {"type": "object", "required": ["session_id"], "properties": {"session_id": {"type": "string"}}},
 }

@@ -142,3 +142,26 @@ def test_a_broadcast_whose_caller_gave_up_is_not_done():
 
     flows, bus, log = asyncio.run(main())
     assert answers(bus) == [] and log.appended == [] and not flows.runs["a"].ops[0].done
+
+
+def test_the_runs_waiting_on_a_channel_are_counted_and_listed_longest_waiting_first():
+    async def main():
+        flows, bus, log = flows_of_runs()
+        for i, run_id in enumerate(("late", "early", "middle")):
+            run = add_run(flows, run_id, waits_on=("approve", "paid") if i else ("paid",))
+            run.ops[0].started_at = {"late": 30.0, "early": 10.0, "middle": 20.0}[run_id]
+        add_run(flows, "other-flow", flow="billing", waits_on=("paid",))
+        add_run(flows, "elsewhere", waits_on=("other",))
+        ask = flows.handlers()[Kind.CHANNEL_WAITING]
+        for fields in ({"limit": 2}, {"flow": "billing"}, {"limit": -3}):
+            await ask(Message("gateway/0", Kind.CHANNEL_WAITING, 1, 0.0, 0, "", "",
+                              {"tenant": "t", "channel": "paid", **fields}))
+        return bus, log
+
+    bus, log = asyncio.run(main())
+    replies = [body for _, kind, body in bus.sent if kind == Kind.CHANNEL_WAITERS]
+    assert replies[0] == {"count": 4, "runs": [{"run_id": "early", "flow": "steps", "since": 10.0},
+                                               {"run_id": "middle", "flow": "steps", "since": 20.0}]}
+    assert replies[1]["count"] == 1 and [r["run_id"] for r in replies[1]["runs"]] == ["other-flow"]
+    assert replies[2] == {"count": 4, "runs": []}
+    assert log.appended == []   # nothing woken, nothing written

@@ -115,6 +115,10 @@ def test_a_publish_to_a_channel_reaches_each_run_waiting_on_it_and_chosen_by_its
             for invoice in ("inv-1", "inv-1", "inv-2")]
     for run_id in runs:   # (the runs' ids hash to both actors)
         assert get_json(f"{server.url}/v1/runs/{run_id}?wait=30&until=suspended")[2]["status"] == "suspended"
+    waiting = get_json(f"{server.url}/v1/channels/paid?flow=subscriber&limit=2")[2]
+    listed = waiting["runs"]   # the two waiting longest, those first
+    assert waiting["count"] == 3 and len(listed) == 2 and {r["run_id"] for r in listed} < set(runs), waiting
+    assert listed[0]["since"] <= listed[1]["since"] and listed[0]["flow"] == "subscriber"
     assert broadcast(server.url, "paid", {"message": "inv-1 paid", "where": {"invoice": "inv-1"}}, "p1") == (
         200, {"channel": "paid", "delivered": 2})
     for run_id in runs[:2]:   # taken: each runs on to its next wait
@@ -124,6 +128,7 @@ def test_a_publish_to_a_channel_reaches_each_run_waiting_on_it_and_chosen_by_its
     assert broadcast(server.url, "paid", {"message": "inv-1 paid", "where": {"invoice": "inv-1"}}, "p1")[1] == {
         "channel": "paid", "delivered": 0}
     assert broadcast(server.url, "nobody-waits", {"message": 1})[1]["delivered"] == 0
+    assert get_json(f"{server.url}/v1/channels/paid")[2]["count"] == 3   # the first two wait again
     assert broadcast(server.url, "paid", {"message": "last", "flow": "subscriber"})[1]["delivered"] == 3
     assert [result(server.url, run_id)["result"] for run_id in runs] == [
         ["inv-1 paid", "last"], ["inv-1 paid", "last"], ["last"]]
