@@ -18,6 +18,7 @@ from typing import Any, Awaitable, Callable, Iterable
 
 from actors.flow_queues import MAX_KEY, MAX_PRIORITY, valid_priority, valid_queue_key
 from actors.flow_state import MAX_WAIT_CHANNELS
+from broker.protocol import MAX_WHERE
 from agentos.tenant_ids import DEFAULT_TENANT, external
 from actors.flow_types import (ChildFailed, NonDeterministic, Retry, SendFailed, StepContext, StepFailed, Superseded,
                                Suspended, WaitTimeout, check_encodable)
@@ -301,6 +302,25 @@ class FlowContext:
         go = await self._op("send", f"{channel}@{run_id}", target=run_id, channel=channel, message=message)
         if not go.get("ok", True):
             raise SendFailed(f"message to run {run_id!r} on {channel!r} not sent: {go.get('error', '')}")
+
+    async def publish(self, channel: str, message: Any = None, flow: str | None = None,
+                      where: dict[str, Any] | None = None) -> int:
+        """Publish `message` to every run of this tenant waiting on `channel` now (of `flow`, with
+        the attribute values `where` names), as `POST /v1/channels/{name}` does; how many took it.
+        A replay after a crash publishes again, and a run that took it does not take it twice
+        (the count is then of the runs that took it from the publish the journal kept)."""
+        if not isinstance(channel, str) or not channel:
+            raise ValueError("ctx.publish takes a channel name, a non-empty string")
+        if flow is not None and (not isinstance(flow, str) or not flow):
+            raise ValueError("ctx.publish's flow is a flow's name, a non-empty string")
+        if where is not None and not (isinstance(where, dict) and 0 < len(where) <= MAX_WHERE
+                                      and all(isinstance(k, str) for k in where)):
+            raise ValueError(f"ctx.publish's where maps 1 to {MAX_WHERE} attribute names to the values a run's must have")
+        check_encodable(message, "a published message")
+        check_encodable(where, "a publish's where")
+        go = await self._op("publish", channel, channel=channel, message=message,
+                            **({"flow": flow} if flow else {}), **({"where": where} if where else {}))
+        return go.get("result", 0)
 
     async def child(self, flow: str | Callable[..., Any], input: Any = None, run_id: str | None = None,
                     queue: str | None = None, priority: int = 0, queue_key: str | None = None) -> Any:

@@ -164,24 +164,51 @@ class RunMessages:
         target = named if external(run.tenant, named) != named else internal(run.tenant, named)
         body = {"run_id": target, "tenant": run.tenant, "channel": channel, "message": b.get("message"),
                 "key": f"{run.run_id}@{seq}"}
+        reply = await self._ask_on(run, actor_name(target, self.shards), Kind.CHANNEL_PUBLISH, body, target,
+                                   lambda reply: reply.body["ok"] or reply.body.get("code") in SEND_REFUSALS)
+        if reply is None:
+            self.bus.reply(msg, Kind.STEP_GO, {"action": "abort"})
+            return
+        outcome = {"ok": True, "result": {"run_id": named, "channel": channel}} if reply.body["ok"] else \
+            {"ok": False, "error": f"{reply.body.get('code')}: {reply.body.get('error', '')}"}
+        await self._sent(msg, run, seq, "send", outcome)
+
+    async def _start_publish(self, msg: Message, run: Run, seq: int, op: Op | None) -> None:
+        """`ctx.publish`: a broadcast to the runs of the tenant waiting on a channel, every actor
+        asked under the key of this run and place (so a run that took it does not take it again
+        when a next execution publishes again), then the count of those that took it journaled."""
+        b = msg.body
+        body = {"tenant": run.tenant, "channel": b["channel"], "message": b.get("message"), "key": f"{run.run_id}@{seq}",
+                **{f: b[f] for f in ("flow", "where") if b.get(f)}}
+        replies = await asyncio.gather(*(self._ask_on(run, f"actor/{i}", Kind.CHANNEL_BROADCAST, body, "",
+                                                      lambda reply: reply.body["ok"]) for i in range(self.shards)))
+        if any(reply is None for reply in replies):
+            self.bus.reply(msg, Kind.STEP_GO, {"action": "abort"})
+            return
+        await self._sent(msg, run, seq, "publish", {"ok": True, "result": sum(r.body["delivered"] for r in replies)})
+
+    async def _ask_on(self, run: Run, dest: str, kind: Kind, body: dict[str, Any], session: str,
+                      answered: Callable[[Message], bool]) -> Message | None:
+        """A run's message to another actor (its `ctx.send` or `ctx.publish`), asked SEND_ATTEMPTS
+        times until `answered`; None (said in a WARNING) if it never was."""
         why = ""
         for attempt in range(SEND_ATTEMPTS):
             try:
-                reply = await self.bus.request(actor_name(target, self.shards), Kind.CHANNEL_PUBLISH, body,
-                                               timeout=SEND_TIMEOUT_SECS, session=target)
+                reply = await self.bus.request(dest, kind, body, timeout=SEND_TIMEOUT_SECS, session=session)
             except BusError as exc:
                 why = str(exc)
             else:
-                if reply.body["ok"] or reply.body.get("code") in SEND_REFUSALS:
-                    break
+                if answered(reply):
+                    return reply
                 why = reply.body.get("error", "refused")
             if attempt + 1 < SEND_ATTEMPTS:
                 await asyncio.sleep(0.25 * 2 ** attempt)
-        else:
-            self.log.warning("run %s could not send to %s (%s): its next execution sends again", run.run_id,
-                             target, why)
-            self.bus.reply(msg, Kind.STEP_GO, {"action": "abort"})
-            return
+        self.log.warning("run %s could not reach %s with %s (%s): its next execution sends again", run.run_id,
+                         dest, kind.value, why)
+        return None
+
+    async def _sent(self, msg: Message, run: Run, seq: int, op: str, outcome: dict[str, Any]) -> None:
+        """A send's or publish's outcome, journaled and answered, if the run is still this one's."""
         if run.ended or run.stale or self.runs.get(run.run_id) is not run:   # (cancelled or read back meanwhile)
             self.bus.reply(msg, Kind.STEP_GO, {"action": "abort"})
             return
@@ -189,8 +216,5 @@ class RunMessages:
             self.bus.reply(msg, Kind.STEP_GO, {"action": "replay", "ok": run.ops[seq].ok,
                                                "result": run.ops[seq].result, "error": run.ops[seq].error})
             return
-        ok = reply.body["ok"]
-        outcome = {"ok": True, "result": {"run_id": named, "channel": channel}} if ok else \
-            {"ok": False, "error": f"{reply.body.get('code')}: {reply.body.get('error', '')}"}
-        await self.record(run, "op.done", seq=seq, op="send", name=b["name"], **outcome)
+        await self.record(run, "op.done", seq=seq, op=op, name=msg.body["name"], **outcome)
         self.bus.reply(msg, Kind.STEP_GO, {"action": "continue", **outcome})

@@ -57,7 +57,7 @@ class WorkerRequests:
             return
         handler = {"step": self._start_step, "sleep": self._start_sleep, "wait": self._start_wait,
                    "child": self._start_child, "attr_set": self._start_attr, "patch": self._start_patch,
-                   "send": self._start_send}.get(kind)
+                   "send": self._start_send, "publish": self._start_publish}.get(kind)
         if handler is None:
             self.bus.reply(msg, Kind.STEP_GO, {"action": "fail", "error": f"unknown operation {kind!r}"})
             return

@@ -109,4 +109,9 @@ async def subscriber(ctx, args):
     return took
 
 
-FLOWS = [fan_out, met, fan_out_children, chooser, sender, whoami, subscriber]
+async def announcer(ctx, args):
+    """Publishes to the subscribers waiting on `paid` (those `where` chooses): how many took it."""
+    return await ctx.publish("paid", args["message"], flow="subscriber", where=args.get("where"))
+
+
+FLOWS = [fan_out, met, fan_out_children, chooser, sender, whoami, subscriber, announcer]

@@ -1,13 +1,19 @@
-"""A publish to a channel of the tenant (`POST /v1/channels/{name}`): each run waiting on it now
-takes it, the others do not (actors/run_messages.py `on_broadcast`), with fakes for the bus and
-the log (end to end: test_e2e_flow_concurrency.py)."""
+"""A publish to a channel of the tenant (`POST /v1/channels/{name}`, `ctx.publish`): each run
+waiting on it now takes it, the others do not (actors/run_messages.py `on_broadcast`), with fakes
+for the bus and the log (end to end: test_e2e_flow_concurrency.py)."""
 import asyncio
 import time
 
+import pytest
+
+from actors import run_messages
+from actors.flow_context import FlowContext
 from actors.flow_state import Run, apply
+from broker.client import BusError
 from broker.protocol import Kind, Message
 from storage.log_client import LogWriteError
-from test_flow_results_due import running_flows
+from test_flow_patches import Runtime
+from test_flow_results_due import from_worker, running_flows
 
 
 def flows_of_runs():
@@ -165,3 +171,76 @@ def test_the_runs_waiting_on_a_channel_are_counted_and_listed_longest_waiting_fi
     assert replies[1]["count"] == 1 and [r["run_id"] for r in replies[1]["runs"]] == ["other-flow"]
     assert replies[2] == {"count": 4, "runs": []}
     assert log.appended == []   # nothing woken, nothing written
+
+
+def step_start_publish(seq: int, **fields) -> Message:
+    return from_worker(Kind.STEP_START, seq + 1, seq=seq, op="publish", name="paid", channel="paid",
+                       message={"n": seq}, **fields)
+
+
+def test_a_flows_publish_asks_every_actor_under_its_run_and_place_and_journals_the_count(monkeypatch):
+    monkeypatch.setattr(run_messages, "SEND_ATTEMPTS", 2)
+    answers = {"actor/0": iter([{"ok": True, "delivered": 2}]),
+               "actor/1": iter([BusError("timeout", "no answer"), {"ok": True, "delivered": 1}])}
+    asked = []
+
+    async def main():
+        flows, bus, log, run = running_flows()
+        flows.shards = 2
+
+        async def request(dest, kind, body, **_):
+            asked.append((dest, kind, body))
+            answer = next(answers[dest])
+            if isinstance(answer, Exception):
+                raise answer
+            return Message(dest, Kind.CHANNEL_DELIVERED, 1, time.time(), 0, "", "", answer)
+
+        bus.request = request
+        await flows.on_step_start(step_start_publish(0, flow="subscriber", where={"invoice": 17}))
+        return bus, log
+
+    bus, log = asyncio.run(main())
+    assert sorted(dest for dest, _, _ in asked) == ["actor/0", "actor/1", "actor/1"]
+    assert all(kind == Kind.CHANNEL_BROADCAST and body == {
+        "tenant": "t", "channel": "paid", "message": {"n": 0}, "key": "r-1@0", "flow": "subscriber",
+        "where": {"invoice": 17}} for _, kind, body in asked)
+    assert [body for _, kind, body in bus.sent if kind == Kind.STEP_GO] == [
+        {"action": "continue", "ok": True, "result": 3}]
+    assert [(r["op"], r["seq"], r["result"]) for r in log.appended if r["type"] == "op.done"] == [("publish", 0, 3)]
+
+
+def test_a_flows_publish_an_actor_never_answers_journals_nothing_and_ends_the_execution(monkeypatch):
+    monkeypatch.setattr(run_messages, "SEND_ATTEMPTS", 2)
+
+    async def main():
+        flows, bus, log, run = running_flows()
+        flows.shards = 2
+
+        async def request(dest, kind, body, **_):
+            if dest == "actor/1":
+                raise BusError("timeout", "no answer")
+            return Message(dest, Kind.CHANNEL_DELIVERED, 1, time.time(), 0, "", "", {"ok": True, "delivered": 1})
+
+        bus.request = request
+        await flows.on_step_start(step_start_publish(0))
+        return bus, log, run
+
+    bus, log, run = asyncio.run(main())
+    assert bus.sent[-1][1:] == (Kind.STEP_GO, {"action": "abort"}) and log.appended == [] and 0 not in run.ops
+
+
+def test_the_sdk_checks_a_publish_and_a_replay_returns_the_recorded_count():
+    recorded = [{"seq": 0, "op": "publish", "name": "paid", "ok": True, "result": 4}]
+
+    async def flow(ctx):
+        return await ctx.publish("paid", "x", where={"invoice": 1})
+
+    runtime = Runtime({})
+    assert asyncio.run(flow(FlowContext(runtime, "r-1", 1, None, recorded, {}))) == 4
+    assert runtime.started == []   # replayed, nothing asked
+    for bad in ({"channel": ""}, {"channel": "paid", "flow": ""}, {"channel": "paid", "where": {}},
+                {"channel": "paid", "where": {1: 2}}, {"channel": "paid", "where": {str(i): i for i in range(21)}}):
+        with pytest.raises(ValueError):
+            asyncio.run(FlowContext(Runtime({}), "r-1", 1, None, [], {}).publish(**bad))
+    with pytest.raises(TypeError):
+        asyncio.run(FlowContext(Runtime({}), "r-1", 1, None, [], {}).publish("paid", object()))

@@ -110,6 +110,7 @@ def broadcast(base: str, channel: str, body: dict, key: str | None = None) -> tu
 
 
 def test_a_publish_to_a_channel_reaches_each_run_waiting_on_it_and_chosen_by_its_attributes(flows_server):
+    """By HTTP (POST /v1/channels/{name}) and from a flow (ctx.publish)."""
     server = flows_server
     runs = [start(server.url, "subscriber", {"invoice": invoice, "until": "last"})[2]["run_id"]
             for invoice in ("inv-1", "inv-1", "inv-2")]
@@ -129,9 +130,12 @@ def test_a_publish_to_a_channel_reaches_each_run_waiting_on_it_and_chosen_by_its
         "channel": "paid", "delivered": 0}
     assert broadcast(server.url, "nobody-waits", {"message": 1})[1]["delivered"] == 0
     assert get_json(f"{server.url}/v1/channels/paid")[2]["count"] == 3   # the first two wait again
+    _, _, announcer = start(server.url, "announcer", {"message": "from a flow", "where": {"invoice": "inv-2"}})
+    assert result(server.url, announcer["run_id"])["result"] == 1   # a flow's publish (ctx.publish)
+    wait_until(lambda: get_json(f"{server.url}/v1/channels/paid")[2]["count"] == 3, 30, "the third waits again")
     assert broadcast(server.url, "paid", {"message": "last", "flow": "subscriber"})[1]["delivered"] == 3
     assert [result(server.url, run_id)["result"] for run_id in runs] == [
-        ["inv-1 paid", "last"], ["inv-1 paid", "last"], ["last"]]
+        ["inv-1 paid", "last"], ["inv-1 paid", "last"], ["from a flow", "last"]]
     for bad in ({"message": 1, "where": []}, {"message": 1, "where": {}}, {"message": 1, "flows": "x"},
                 {"message": 1, "flow": "no/such"}):
         status, answer = broadcast(server.url, "paid", bad)
