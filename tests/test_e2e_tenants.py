@@ -60,6 +60,13 @@ def test_keys_tenants_and_isolation(make_server, make_worker):
                                 body=json.dumps({"input": 1, "run_id": "order-1"}).encode())
     assert status == 201 and other["run_id"] == "order-1"   # globex's own run of that name
     assert get_json(f"{base}/v1/runs/order-1", headers=ACME)[2]["flow"] == "waiter"
+    # a publish to a channel of the tenant reaches that tenant's runs alone, named as it names them
+    wait_until(lambda: get_json(f"{base}/v1/channels/inbox", headers=ACME)[2]["count"] == 1, 20, "acme's waiter")
+    assert get_json(f"{base}/v1/channels/inbox", headers=ACME)[2]["runs"][0]["run_id"] == "order-1"
+    assert get_json(f"{base}/v1/channels/inbox", headers=GLOBEX)[2]["count"] == 0
+    for headers, delivered in ((GLOBEX, 0), (ACME, 1)):
+        assert get_json(f"{base}/v1/channels/inbox", method="POST", headers=headers,
+                        body=b'{"message": "to all"}')[2]["delivered"] == delivered
 
     # a flow sees its run's id as its client names it, and sends to it by that id
     status, _, me = get_json(f"{base}/v1/flows/whoami/runs", method="POST", headers=ACME,
