@@ -57,9 +57,17 @@ def limit_arenas() -> bool:
 
 def keep_freed_heap(trim_bytes: int) -> bool:
     """Keep up to `trim_bytes` of freed memory at the top of the heap rather than hand it back
-    (for a load generator, whose memory does not matter and whose CPU does)."""
+    (for a load generator, whose memory does not matter and whose CPU does).
+
+    The mmap threshold is fixed too, at the tree's MMAP_THRESHOLD_BYTES: setting the trim
+    threshold alone fixes it at glibc's default, 128 KiB, and then every msgpack.packb (whose
+    buffer is 256 KiB) maps and unmaps pages of its own — a map, an unmap and 6 page faults for a
+    22 KB body: the benchmarks' CPU workload (bench/cpu_speed.py) read 22-26 µs in `agent-os
+    bench` against 10-11 in a plain process, from 2026-12-04's evening, when this came in, to
+    2026-12-08."""
     libc = _libc()
-    return libc is not None and hasattr(libc, "mallopt") and bool(libc.mallopt(M_TRIM_THRESHOLD, trim_bytes))
+    return (libc is not None and hasattr(libc, "mallopt") and bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+            and bool(libc.mallopt(M_TRIM_THRESHOLD, trim_bytes)))
 
 
 def release_free_memory() -> None:
