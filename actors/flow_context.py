@@ -315,7 +315,8 @@ class FlowContext:
             raise ValueError("ctx.publish's flow is a flow's name, a non-empty string")
         if where is not None and not (isinstance(where, dict) and 0 < len(where) <= MAX_WHERE
                                       and all(isinstance(k, str) for k in where)):
-            raise ValueError(f"ctx.publish's where maps 1 to {MAX_WHERE} attribute names to the values a run's must have")
+            raise ValueError(f"ctx.publish's where maps 1 to {MAX_WHERE} attribute names to the values a run's "
+                             "must have")
         check_encodable(message, "a published message")
         check_encodable(where, "a publish's where")
         go = await self._op("publish", channel, channel=channel, message=message,

@@ -126,7 +126,8 @@ class RunMessages:
         await self.ready.wait()
         chosen = _waiting_on(msg.body)
         runs = [run for run in self.runs.values() if chosen(run)]
-        first = heapq.nsmallest(max(0, min(msg.body.get("limit", 100), 1000)), runs, key=lambda run: run.ops[run.waiting].started_at)
+        limit = max(0, min(msg.body.get("limit", 100), 1000))
+        first = heapq.nsmallest(limit, runs, key=lambda run: run.ops[run.waiting].started_at)
         self.bus.reply(msg, Kind.CHANNEL_WAITERS, {"count": len(runs), "runs": [
             {"run_id": run.run_id, "flow": run.flow, "since": run.ops[run.waiting].started_at} for run in first]})
 
@@ -178,8 +179,8 @@ class RunMessages:
         asked under the key of this run and place (so a run that took it does not take it again
         when a next execution publishes again), then the count of those that took it journaled."""
         b = msg.body
-        body = {"tenant": run.tenant, "channel": b["channel"], "message": b.get("message"), "key": f"{run.run_id}@{seq}",
-                **{f: b[f] for f in ("flow", "where") if b.get(f)}}
+        body = {"tenant": run.tenant, "channel": b["channel"], "message": b.get("message"),
+                "key": f"{run.run_id}@{seq}", **{f: b[f] for f in ("flow", "where") if b.get(f)}}
         replies = await asyncio.gather(*(self._ask_on(run, f"actor/{i}", Kind.CHANNEL_BROADCAST, body, "",
                                                       lambda reply: reply.body["ok"]) for i in range(self.shards)))
         if any(reply is None for reply in replies):

@@ -92,6 +92,7 @@ BENCHMARKS = {
     "startup": "bench.startup",
     "failover": "bench.failover",
     "queue-places": "bench.queue_places",
+    "broadcasts": "bench.broadcasts",
 }
 
 

@@ -89,6 +89,20 @@ async def messenger(ctx, args):
     return args["n"]
 
 
+def _now() -> float:
+    return time.time()
+
+
+async def listener(ctx, group):
+    """Names its `group` in an attribute, waits on `go` (the tenant's channel, or its own), then
+    takes one step: returns the seconds from the message's `sent` to that step
+    (bench/broadcasts.py)."""
+    await ctx.set_attr("group", group)
+    message = await ctx.wait("go")
+    woke = await ctx.step(_now, name="woken")
+    return woke - message["sent"]
+
+
 async def one_step(ctx, _):
     return await ctx.step(noop, 1)
 
@@ -124,6 +138,6 @@ def incr(value, arg):
 
 
 app = App(flows=[sync_steps, async_steps, timed_sync_steps, timed_async_steps, timed_fanned_steps, fanned_steps,
-                 chosen, messenger, one_step, holder, woken], tools=[lookup, tally],
+                 chosen, messenger, one_step, holder, woken, listener], tools=[lookup, tally],
           updates={"incr": incr})
 _ = BIG
