@@ -30,6 +30,7 @@ Declare what a worker runs in one explicit table and point `agent-os worker` at 
         approval = await ctx.wait("approval", timeout=86400)
         kind, note = await ctx.wait_any(["approve", "reject"])   # whichever comes first
         await ctx.send("billing-7", "paid", {"order": order_id})   # another run's channel, taken once
+        await ctx.publish("shipped", order_id, where={"order": order_id})   # each run waiting on it now
         await ctx.set_attr("status", "done")
         return receipt
 
