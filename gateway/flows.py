@@ -312,8 +312,8 @@ class FlowRoutes:
         if flow is not None and not (isinstance(flow, str) and NAME.match(flow)):
             raise ApiError(400, "invalid_flow", "flow must be 1-200 characters of letters, digits and . _ : -")
         if where is not None and not (isinstance(where, dict) and 0 < len(where) <= MAX_WHERE):
-            raise ApiError(400, "invalid_where", f"where is an object of 1 to {MAX_WHERE} attributes and the value "
-                                                 "each must have")
+            raise ApiError(400, "invalid_where", f"where must be an object naming 1 to {MAX_WHERE} attributes, each "
+                                                 "with the value a run's must have")
         key = _idempotency_key(request)
         try:
             delivered = await self.client.broadcast(channel, body.get("message"), tenant=tenant, key=key, flow=flow,
