@@ -159,10 +159,16 @@ async def flow_client(http, base: str, index: int, ledger: Ledger, stop: asyncio
         await asyncio.sleep(pause)
 
 
+def way_of(n: int, index: int) -> str:
+    """How chosen run `n` of flow client `index` gets its message: a third each way, an even
+    client's first by a publish to the tenant's channel and an odd one's by a messenger, so a
+    short run's first two chosen runs (either client's) have those two (a keyed publish, the
+    third way, is not counted apart)."""
+    return ("keyed", "messenger", "ticket")[(n // 6 + 2 - index % 2) % 3]
+
+
 def broadcast_to(n: int, index: int) -> bool:
-    """Whether chosen run `n` of flow client `index` gets its message from a publish to the
-    tenant's channel (a third of them; in a short run, each client's third chosen run, or second)."""
-    return (n // 6 + index) % 3 == 2
+    return way_of(n, index) == "ticket"
 
 
 async def publish(http, base: str, run_id: str, n: int, index: int, key: str, ledger: Ledger,
@@ -171,13 +177,13 @@ async def publish(http, base: str, run_id: str, n: int, index: int, key: str, le
     under one Idempotency-Key (the run takes it once, and fails its check if a copy came too); a
     third are sent by a `messenger` run, its ctx.send taken once through the messenger's replays,
     and a third to the tenant's channel for the run whose ticket names it, again until it took it
-    (an odd client's first chosen run's is a messenger's: a short run has each)."""
+    (way_of)."""
     channel = ("approve", "reject")[n // 12 % 2]
     if broadcast_to(n, index):
         return await publish_to_ticket(http, base, run_id, channel, key, ledger, stop)
     for _ in range(20):
         try:
-            if (n // 6 + index) % 3:
+            if way_of(n, index) == "messenger":
                 resp = await http.post(f"{base}/v1/flows/messenger/runs", headers={"Idempotency-Key": f"{key}-send"},
                                        json={"input": {"to": run_id, "channel": channel, "n": FLOW_STEPS}},
                                        timeout=aiohttp.ClientTimeout(total=30))

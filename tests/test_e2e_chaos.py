@@ -48,7 +48,10 @@ def test_twenty_seconds_of_sigkills_lose_nothing_acknowledged(tmp_path):
     assert row["stalls"]   # a role was stopped for seconds, and continued
     for role, n in row["kills_by_role"].items():
         assert row["restarts_by_role"][role] >= n
-    assert min(row["acknowledged"].values()) > 0 and row["turn_outcomes"]["completed"] > 0
+    acked = row["acknowledged"]
+    assert min(n for what, n in acked.items() if what != "ticketed_runs") > 0 and row["turn_outcomes"]["completed"] > 0
+    # (a starved run may have had one chosen run: a messenger's; any two had a ticketed one)
+    assert acked["ticketed_runs"] > 0 or acked["chosen_runs"] < 2, acked
     # turns cut short mid-way through their tool calls (cancelled, superseded, their actor killed)
     # left no call unanswered: the provider refused no session's history
     assert "bad_request" not in row["turn_failures"], row["turn_failures"]
