@@ -146,6 +146,16 @@ class FlowClient:
                                                           "after": after, "limit": limit})
         return reply.get("ops") or [], reply.get("next_after")
 
+    async def emitted(self, run_id: str, after: int = -1, limit: int = 100, wait: float = 0.0,
+                      tenant: str | None = None) -> tuple[list[dict], int | None, str]:
+        """The values the run emitted (`ctx.emit`) after seq `after`, as its ops; with `wait`, up to
+        that long for one if none is there yet. Also the seq to ask after next while more are
+        there (None: none are left now), and the run's status."""
+        reply = await self._ask(run_id, Kind.FLOW_STEPS, {"run_id": run_id, "tenant": tenant or self.tenant,
+                                                          "after": after, "limit": limit, "only": "emit",
+                                                          "wait": wait}, timeout=self.timeout + wait)
+        return reply.get("ops") or [], reply.get("next_after"), reply.get("status", "")
+
     async def cancel(self, run_id: str, tenant: str | None = None) -> dict:
         return await self._ask(run_id, Kind.FLOW_CANCEL, {"run_id": run_id, "tenant": tenant or self.tenant})
 

@@ -366,6 +366,14 @@ class FlowContext:
             return False
         return True
 
+    async def emit(self, value: Any) -> None:
+        """Emit a value to the run's readers: durable in the run's journal before this returns,
+        in order, once (a replay does not emit again). `GET /v1/runs/{id}/emitted` pages them,
+        or follows them as server-sent events while the run goes on: progress, partial results,
+        a model's output as it comes (as DBOS's streams or LangGraph's custom stream)."""
+        check_encodable(value, "an emitted value", json=True)
+        await self._op("emit", "emit", value=value)
+
     async def set_attr(self, key: str, value: Any) -> None:
         """Set one of the run's attributes (journaled; readable without a worker)."""
         check_encodable(value, f"attribute {key!r}", json=True)

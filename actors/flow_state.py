@@ -46,6 +46,7 @@ from actors.flow_op import Op
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
 
 WAITABLE = ("suspended",)   # besides its end, what a caller of FLOW_GET may wait for (`until`)
+EMITTED = "emitted"         # what a reader of its emitted values waits for (FLOW_STEPS `wait`): one more
 MAX_WAIT_CHANNELS = 100     # that one wait listens to (`ctx.wait_any`)
 
 

@@ -15,7 +15,7 @@ import math
 import time
 from typing import Awaitable, Callable
 
-from actors.flow_state import WAITABLE, Run, value_bytes
+from actors.flow_state import EMITTED, WAITABLE, Run, value_bytes
 from actors.persistence import StorageUnavailable
 from actors.run_forks import ForkRefused, fork_fields
 from broker.protocol import STEPS_PAGE_BYTES, Kind, Message, past_deadline
@@ -191,14 +191,7 @@ class RunRequests:
         wait = min(wait, 3600.0) if wait > 0 else 0.0   # (NaN: no wait; the gateway allows at most 60 s)
         until = msg.body.get("until") if msg.body.get("until") in WAITABLE else None
         if wait and not run.ended and run.status != until and not run.stale:   # (a copy never changes)
-            waiter = asyncio.get_running_loop().create_future()
-            run.waiters.append((until, waiter))
-            try:
-                await asyncio.wait_for(asyncio.shield(waiter), wait)
-            except asyncio.TimeoutError:
-                pass
-            finally:
-                run.waiters = [w for w in run.waiters if w[1] is not waiter]
+            await _until(run, until, wait)
         self.bus.reply(msg, Kind.FLOW_RUN, run.summary())
 
     async def on_steps(self, msg: Message) -> None:
@@ -210,17 +203,26 @@ class RunRequests:
             return
         after = -1 if msg.body.get("after") is None else msg.body["after"]
         limit = max(1, min(msg.body.get("limit") or 100, 1000))
-        seqs = sorted(seq for seq in run.ops if seq > after)
+        only = msg.body.get("only")
+
+        def page() -> list[int]:
+            return sorted(seq for seq, op in run.ops.items() if seq > after and (only is None or op.op == only))
+        seqs = page()
+        wait = float(msg.body.get("wait") or 0.0)
+        if only == "emit" and not seqs and 0 < wait and not run.ended and not run.stale:   # (NaN: no wait)
+            await _until(run, EMITTED, min(wait, 3600.0))
+            seqs = page()
         ops: list[dict] = []
         size = 0
         for seq in seqs:
             op = run.ops[seq]
             size += value_bytes({"result": op.result, "value": op.heartbeat})
             if len(ops) == limit or (ops and size > STEPS_PAGE_BYTES):
-                self.bus.reply(msg, Kind.FLOW_OPS, {"found": True, "ops": ops, "next_after": ops[-1]["seq"]})
+                self.bus.reply(msg, Kind.FLOW_OPS, {"found": True, "ops": ops, "next_after": ops[-1]["seq"],
+                                                    "status": run.status})
                 return
             ops.append(op.view(run.ended))
-        self.bus.reply(msg, Kind.FLOW_OPS, {"found": True, "ops": ops})
+        self.bus.reply(msg, Kind.FLOW_OPS, {"found": True, "ops": ops, "status": run.status})
 
     async def find_to_write(self, msg: Message, kind: Kind, what: str, refused_head: dict,
                             missing_head: dict) -> Run | None:
@@ -346,3 +348,16 @@ class RunRequests:
             self.bus.reply(msg, Kind.ATTR_VALUES, {"found": True, **refused(exc, "attribute not updated")})
             return
         self.bus.reply(msg, Kind.ATTR_VALUES, {"found": True, "values": {key: value}})
+
+
+async def _until(run: Run, until: str | None, secs: float) -> None:
+    """Wait up to `secs` for the run's end, or for what `until` names (its suspension, an emitted
+    value; actors/worker_requests.py `_wake` answers)."""
+    waiter = asyncio.get_running_loop().create_future()
+    run.waiters.append((until, waiter))
+    try:
+        await asyncio.wait_for(asyncio.shield(waiter), secs)
+    except asyncio.TimeoutError:
+        pass
+    finally:
+        run.waiters = [w for w in run.waiters if w[1] is not waiter]

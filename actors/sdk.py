@@ -31,6 +31,7 @@ Declare what a worker runs in one explicit table and point `agent-os worker` at 
         kind, note = await ctx.wait_any(["approve", "reject"])   # whichever comes first
         await ctx.send("billing-7", "paid", {"order": order_id})   # another run's channel, taken once
         await ctx.publish("shipped", order_id, where={"order": order_id})   # each run waiting on it now
+        await ctx.emit({"stage": "charged"})       # to readers of GET /v1/runs/{id}/emitted (SSE)
         await ctx.set_attr("status", "done")
         return receipt
 

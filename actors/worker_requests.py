@@ -15,7 +15,7 @@ import math
 import time
 from typing import Any
 
-from actors.flow_state import MAX_WAIT_CHANNELS, Op, Run, next_message
+from actors.flow_state import EMITTED, MAX_WAIT_CHANNELS, Op, Run, next_message
 from actors.schedules import TICK_SEQ
 from agentos.running_time import wait_running
 from agentos.tenant_ids import external, internal
@@ -57,7 +57,7 @@ class WorkerRequests:
             return
         handler = {"step": self._start_step, "sleep": self._start_sleep, "wait": self._start_wait,
                    "child": self._start_child, "attr_set": self._start_attr, "patch": self._start_patch,
-                   "send": self._start_send, "publish": self._start_publish}.get(kind)
+                   "send": self._start_send, "publish": self._start_publish, "emit": self._start_emit}.get(kind)
         if handler is None:
             self.bus.reply(msg, Kind.STEP_GO, {"action": "fail", "error": f"unknown operation {kind!r}"})
             return
@@ -179,6 +179,13 @@ class WorkerRequests:
         elif status in ("completed", "failed", "cancelled") and not op.done:
             await self.or_reload(run, self._child_ended(run, op.seq, status == "completed", reply.body.get("result"),
                                                         reply.body.get("error", f"child flow {status}")))
+
+    async def _start_emit(self, msg: Message, run: Run, seq: int, op: Op | None) -> None:
+        """`ctx.emit`: the value is the op's outcome; its readers hear of it once it is durable."""
+        await self.record(run, "op.done", seq=seq, op="emit", name=msg.body["name"], ok=True,
+                          result=msg.body.get("value"))
+        _wake(run, EMITTED)
+        self.bus.reply(msg, Kind.STEP_GO, {"action": "continue"})
 
     async def _start_attr(self, msg: Message, run: Run, seq: int, op: Op | None) -> None:
         b = msg.body

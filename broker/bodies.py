@@ -148,8 +148,10 @@ SPECS: dict[Kind, Spec] = {
     Kind.FLOW_GET: _spec({"run_id": str, "tenant": str}, wait=_NUM),  # wait: seconds to wait for the end
     # A run's operations (steps, sleeps, waits, children, attribute writes) after seq `after`, in
     # order; a page holds at most `limit` of them and about STEPS_PAGE_BYTES of their values.
-    Kind.FLOW_STEPS: _spec({"run_id": str, "tenant": str}, after=int, limit=int),
-    Kind.FLOW_OPS: _spec({"found": bool}, ops=list, next_after=int, error=str, code=str),
+    # only: ops of that kind (`emit`: what GET /v1/runs/{id}/emitted reads); wait: seconds to wait
+    # for one past `after` (an emit) or the run's end, if none is there; the answer's status: the run's
+    Kind.FLOW_STEPS: _spec({"run_id": str, "tenant": str}, after=int, limit=int, only=str, wait=_NUM),
+    Kind.FLOW_OPS: _spec({"found": bool}, ops=list, next_after=int, error=str, code=str, status=str),
     Kind.FLOW_CANCEL: _spec({"run_id": str, "tenant": str}, why=str, deadline=_NUM),  # why: the reason its end records
     Kind.FLOW_RUN: _spec({"run_id": str, "status": str}, flow=str, created=bool, result=object, error=str,
                          code=str, started_at=_NUM, ended_at=_NUM, parent=str, forked_from=str, fork_seq=int,

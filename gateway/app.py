@@ -27,7 +27,8 @@ from gateway.history import LATEST_ROUTE, PUT_ROUTE, HistoryRoutes
 from gateway.new_sessions import fork_session, new_session
 from gateway.peer_watch import PeerWatch
 from gateway.schedules import ScheduleRoutes
-from gateway.streams import TurnStream
+from gateway.run_emitted import emitted
+from gateway.streams import TurnStream, sse_response
 from gateway.turn_controls import APPROVAL_ROUTE, answer_approval, cancel_turn
 from gateway.tenancy import DEFAULT_TENANT, SESSION_ID, check_session_id, internal
 from gateway.turn_input import keyed_turn_id, turn_input
@@ -43,12 +44,6 @@ DISCONNECT_CANCEL_SECS = 60.0   # a disconnected client's cancel is sent for thi
 def _unanswered_cancel(_reply, _exc) -> None:
     """Nothing more is done for a cancel no actor took in DISCONNECT_CANCEL_SECS: its turn runs
     to its end, as one did whenever a cancel was lost."""
-
-
-class SseResponse(web.StreamResponse):
-    # The status line and headers go out with the first event instead of in a write of their own
-    # (aiohttp's documented opt-in for buffering the headers).
-    _send_headers_immediately = False
 
 
 class Gateway:
@@ -105,6 +100,7 @@ class Gateway:
             web.post("/v1/runs/{run_id:[^/:]+}:cancel", self.flow_routes.cancel),
             web.post("/v1/runs/{run_id:[^/:]+}:fork", self.flow_routes.fork),
             web.get("/v1/runs/{run_id:[^/:]+}/steps", self.flow_routes.steps),
+            web.get("/v1/runs/{run_id:[^/:]+}/emitted", functools.partial(emitted, self.flow_routes)),
             web.get("/v1/runs/{run_id:[^/:]+}/attributes", self.flow_routes.attributes),
             web.post("/v1/runs/{run_id:[^/:]+}/attributes/{key:[^/:]+}:update", self.flow_routes.update),
             web.post("/v1/runs/{run_id:[^/:]+}/channels/{channel}", self.flow_routes.publish),
@@ -292,8 +288,7 @@ class Gateway:
     async def _pump(self, request: web.Request, stream: TurnStream) -> web.StreamResponse:
         """Write the stream's events as SSE until its terminal one. A client that goes away
         cancels the turn after `kernel.disconnect_grace_secs`, unless it comes back for the rest."""
-        response = SseResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                        "X-Accel-Buffering": "no"})
+        response = sse_response()
         try:
             await response.prepare(request)
             while True:

@@ -220,6 +220,24 @@ PATHS: dict[str, dict] = {
                                    "cursor: the operations after this seq"), LIMIT],
         "responses": {"200": {"description": "a page of the run's operations", "content": _json(ref("Steps"))},
                       **_errors(400, 401, 404, 503)}}},
+    "/v1/runs/{run_id}/emitted": {"get": {
+        "summary": "The values the run emitted (ctx.emit), in order, a page at a time by seq; with "
+                   "`Accept: text/event-stream`, followed as server-sent events (`emitted`, then `run.ended` "
+                   "with the run's status and result or error) from `Last-Event-ID` or `after`",
+        "parameters": [RUN, _param("after", {"type": "integer", "minimum": -1, "maximum": 2 ** 31}, "query", False,
+                                   "cursor: the values after this seq"), LIMIT,
+                       _param("wait", {"type": "integer", "minimum": 0, "maximum": 60}, "query", False,
+                              "seconds to wait for a value if none is there yet (or the run's end)"),
+                       _param("Last-Event-ID", {"type": "string", "pattern": "^-?[0-9]+$"}, "header", False,
+                              "a followed stream goes on after this seq")],
+        "responses": {"200": {"description": "a page of the run's emitted values (or, asked for, their stream)",
+                              "content": {**_json(ref("Emitted")), "text/event-stream": {"schema": {
+                                  "type": "object", "required": ["event", "data"],
+                                  "properties": {"id": {"type": "string", "pattern": "^[0-9]+$"},
+                                                 "event": {"enum": ["emitted", "run.ended", "error"]},
+                                                 "data": {"type": "string",
+                                                          "contentMediaType": "application/json"}}}}}},
+                      **_errors(400, 401, 404, 503)}}},
     "/v1/runs/{run_id}/attributes": {"get": {
         "summary": "Read attributes (no worker involved)",
         "parameters": [RUN, _param("keys", {"type": "string"}, "query", False, "comma-separated")],

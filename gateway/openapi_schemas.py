@@ -175,6 +175,11 @@ SCHEMAS: dict[str, Any] = {
                   "description": "attributes a run must have, each with this value"}}},
     "Broadcasted": {"type": "object", "required": ["channel", "delivered"],
                     "properties": {"channel": {"type": "string"}, "delivered": {"type": "integer", "minimum": 0}}},
+    "Emitted": {"type": "object", "required": ["run_id", "emitted", "next_after", "status"], "properties": {
+        "run_id": {"type": "string"}, "status": {"type": "string"},
+        "next_after": {"type": ["integer", "null"], "description": "more are there now: ask after this seq"},
+        "emitted": {"type": "array", "items": {"type": "object", "required": ["seq", "value", "at"], "properties": {
+            "seq": {"type": "integer"}, "value": ANY, "at": {"type": ["number", "null"]}}}}}},
     "ChannelWaiters": {"type": "object", "required": ["channel", "count", "runs"], "properties": {
         "channel": {"type": "string"}, "count": {"type": "integer", "minimum": 0},
         "runs": {"type": "array", "items": {"type": "object", "required": ["run_id", "flow", "since"], "properties": {

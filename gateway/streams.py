@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import orjson
+from aiohttp import web
 
 from broker.protocol import TURN_TERMINAL, Kind
 
@@ -43,6 +44,17 @@ def event_data(kind: Kind, body: dict[str, Any], session_id: str | None = None) 
     if session_id is not None and "session_id" in data:
         data = {**data, "session_id": session_id}
     return data
+
+
+class SseResponse(web.StreamResponse):
+    # The status line and headers go out with the first event instead of in a write of their own
+    # (aiohttp's documented opt-in for buffering the headers).
+    _send_headers_immediately = False
+
+
+def sse_response() -> SseResponse:
+    return SseResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                "X-Accel-Buffering": "no"})
 
 
 def render(seq: int, name: bytes, data: dict[str, Any]) -> bytes:

@@ -114,4 +114,14 @@ async def announcer(ctx, args):
     return await ctx.publish("paid", args["message"], flow="subscriber", where=args.get("where"))
 
 
-FLOWS = [fan_out, met, fan_out_children, chooser, sender, whoami, subscriber, announcer]
+async def progress(ctx, args):
+    """Emits `count` values ({"step": i}), each after a message on `next` but the first: what its
+    readers follow (GET /v1/runs/{id}/emitted); returns "done"."""
+    for i in range(args["count"]):
+        if i:
+            await ctx.wait("next")
+        await ctx.emit({"step": i})
+    return "done"
+
+
+FLOWS = [fan_out, met, fan_out_children, chooser, sender, whoami, subscriber, announcer, progress]

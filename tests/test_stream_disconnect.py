@@ -27,7 +27,7 @@ class ClosingResponse:
 
 
 def test_a_client_gone_mid_stream_ends_the_pump_quietly_and_asks_for_the_cancel(monkeypatch):
-    monkeypatch.setattr(app, "SseResponse", ClosingResponse)
+    monkeypatch.setattr(app, "sse_response", ClosingResponse)
     sent = []
     config = Config()
     config.kernel.disconnect_grace_secs = 7.0
