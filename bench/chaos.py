@@ -146,6 +146,18 @@ async def load(server: ServerProcess, args, ledger: Ledger, kills: list[dict], s
     return {"before": before, "chaos_from": chaos_from, "chaos_to": chaos_to}
 
 
+async def emitted_once(http: aiohttp.ClientSession, base: str, run_id: str) -> bool:
+    """Whether a `chosen` run's emitted values are its one, `{"took": channel}` (a replay emits
+    nothing again), as its reader finds them; False also when they cannot be read now."""
+    try:
+        async with http.get(f"{base}/v1/runs/{run_id}/emitted", timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            body = await resp.json()
+    except (asyncio.TimeoutError, aiohttp.ClientError, ValueError):
+        return False
+    values = [e["value"] for e in body.get("emitted", [])] if resp.status == 200 else []
+    return len(values) == 1 and values[0] in ({"took": "approve"}, {"took": "reject"})
+
+
 async def verify(server: ServerProcess, ledger: Ledger, timeout: float) -> dict[str, Any]:
     """Ask the settled server for everything it acknowledged."""
     lost: dict[str, list] = {"turns": [], "flows": []}
@@ -189,6 +201,8 @@ async def verify(server: ServerProcess, ledger: Ledger, timeout: float) -> dict[
             if resp.status == 404 or body.get("status") in ("completed", "failed", "cancelled"):
                 pending.pop(run_id)
                 ok = resp.status == 200 and body["status"] == "completed" and body.get("result") == FLOW_STEPS
+                if ok and run_id in ledger.emitting:   # its one value, once (GET /v1/runs/{id}/emitted)
+                    ok = await emitted_once(http, server.url, run_id)
                 outcome = "not found" if resp.status == 404 else body["status"]
                 results["completed with a wrong result" if outcome == "completed" and not ok else outcome] += 1
                 if not ok:

@@ -43,6 +43,7 @@ class Ledger:
         self.checkpoints: dict[str, list[int]] = collections.defaultdict(list)   # session -> acknowledged numbers
         self.checkpoint_errors = collections.Counter()
         self.flows: dict[str, str] = {}                   # run id -> idempotency key
+        self.emitting: set[str] = set()                   # runs that emit one value, which channel they took
         self.flow_errors = collections.Counter()
         self.closed: list[str] = []                      # sessions whose close was acknowledged
         self.close_errors = collections.Counter()
@@ -146,7 +147,9 @@ async def flow_client(http, base: str, index: int, ledger: Ledger, stop: asyncio
                         ledger.tick("flows")
                         ledger.forks["queued"] += body.get("queue") == QUEUE
                         ledger.forks["fanned"] += flow == "fanned_steps"
-                        ledger.forks["chosen"] += flow == "chosen" and body["run_id"] in ledger.flows
+                        if flow == "chosen" and body["run_id"] in ledger.flows:
+                            ledger.forks["chosen"] += 1
+                            ledger.emitting.add(body["run_id"])
                         if n % RUN_FORK_EVERY == 0:
                             await fork_run(http, base, body["run_id"], f"{key}-fork", ledger, stop)
                         break

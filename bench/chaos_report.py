@@ -60,7 +60,7 @@ def write_report(results: ResultsDir, row: dict, kills: list[dict], ledger: "Led
         f"sessions, {acked.get('session_forks', 0)} forked sessions)", "",
         "Lost counts a completed turn whose assistant message is missing from the transcript or differs from "
         "what was streamed, an acknowledged checkpoint missing from the log, an accepted flow run that did not "
-        "complete with its result (forks of runs too, runs that waited in a flow queue, and each second of a schedule made before the kills "
+        "complete with its result (a chosen run also: with its one emitted value, once) (forks of runs too, runs that waited in a flow queue, and each second of a schedule made before the kills "
         "and deleted after them), a closed session that a read still finds, a forked session that does not hold the messages it was answered with. Hung counts streams with neither a terminal event nor a clean close within "
         "the deadline.", "",
         _jsonl_line(row.get("jsonl")), "",

@@ -68,13 +68,14 @@ async def chosen(ctx, n):
     """Waits for the first message on `approve` or `reject` (ctx.wait_any; the chaos client
     publishes one, its own channel's name, to either, has a `messenger` run send it, or publishes
     it to the tenant's channel for the run whose `ticket` attribute the input, {"n", "ticket"},
-    names), then n SYNC steps; returns n if the message came on the channel it names and no second
-    copy came (a publish retried under its key, or a send its run replayed, is taken once), else
-    what came."""
+    names), emits which channel it took, then n SYNC steps; returns n if the message came on the
+    channel it names and no second copy came (a publish retried under its key, or a send its run
+    replayed, is taken once), else what came."""
     if isinstance(n, dict):
         await ctx.set_attr("ticket", n["ticket"])
         n = n["n"]
     channel, message = await ctx.wait_any(["approve", "reject"])
+    await ctx.emit({"took": channel})   # (its reader finds it once, whatever executions came after)
     await _timed_steps(ctx, n, "sync")
     try:
         extra = await ctx.wait_any(["approve", "reject"], timeout=0)
