@@ -75,8 +75,11 @@ async def _follow(routes: FlowRoutes, request: web.Request, run_id: str, tenant:
             ops, nxt, status = await routes.client.emitted(run_id, after, 100, 0.0 if nxt is not None else FOLLOW_SECS,
                                                            tenant=tenant)
     except FlowError as exc:   # (the headers are out: the stream says so, and ends)
-        await response.write_eof(b"event: error\ndata: %s\n\n" % orjson.dumps({"code": exc.code,
-                                                                                "message": exc.message}))
+        try:
+            await response.write_eof(b"event: error\ndata: %s\n\n" % orjson.dumps({"code": exc.code,
+                                                                                    "message": exc.message}))
+        except ConnectionError:
+            pass
     except ConnectionError:   # the reader went away between two writes: nothing to tell
         pass
     return response
