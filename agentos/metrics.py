@@ -46,6 +46,8 @@ flow_runs_ended = Counter("agentos_flow_runs_ended_total", "Flow runs ended, by 
 flow_steps = Counter("agentos_flow_steps_total", "Flow steps' attempts, by outcome: completed, failed (the last "
                      "attempt), retried (another attempt follows), interrupted (its worker stopped cleanly "
                      "mid-attempt; not counted against its retries)", ["outcome"])
+flow_ops = Counter("agentos_flow_ops_total", "Flow runs' other operations done, by op: sleep, wait (a message "
+                   "taken or its timeout), child, attr_set, patch, send, publish, emit", ["op"])
 flow_runs_open = Gauge("agentos_flow_runs_open", "Flow runs started and not ended, in their actors' memory",
                        multiprocess_mode="livesum")
 schedule_starts = Counter("agentos_schedule_starts_total",

@@ -6,7 +6,7 @@ import asyncio
 import aiohttp
 
 from bench.sse_client import sse_events
-from harness import get_json
+from harness import get_json, scrape, wait_until
 from test_e2e_flows import result, start
 
 
@@ -56,6 +56,12 @@ def test_a_runs_emitted_values_are_polled_followed_as_they_come_and_read_again(f
                                 timeout=aiohttp.ClientTimeout(total=30)) as resp:
                 return [(event, body) async for event, body, _ in sse_events(resp)]
     assert [e for e, _ in asyncio.run(replayed())] == ["emitted"] * 3 + ["run.ended"]
+
+    # counted by kind (this module's server ran this one run)
+    def ops() -> dict:
+        got = scrape(base)
+        return {op: got.get(f'agentos_flow_ops_total{{op="{op}"}}') for op in ("emit", "wait")}
+    wait_until(lambda: ops() == {"emit": 3, "wait": 2}, 10, f"the ops counted: {ops()}")
 
     assert get_json(f"{base}/v1/runs/no-such-run/emitted")[0] == 404
     assert get_json(f"{base}/v1/runs/no-such-run/emitted", headers={"Accept": "text/event-stream"})[0] == 404
