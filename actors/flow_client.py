@@ -18,6 +18,7 @@ from broker.protocol import Kind
 from broker.sharding import actor_name
 
 
+POLL_ATTEMPT_SECS = 20.0   # the longest attempt of a long poll (FlowClient._ask)
 WRITES = frozenset({Kind.FLOW_START, Kind.FLOW_CANCEL, Kind.CHANNEL_PUBLISH, Kind.CHANNEL_BROADCAST, Kind.ATTR_UPDATE})
 
 
@@ -45,13 +46,19 @@ class FlowClient:
         self.timeout = timeout
 
     async def _ask(self, run_id: str, kind: Kind, body: dict[str, Any], timeout: float | None = None,
-                   actor: str | None = None) -> dict:
+                   actor: str | None = None, polls: float = 0.0) -> dict:
+        """`polls`: the seconds the actor may hold the request before it answers (a long poll).
+        Each attempt lasts that much longer, up to POLL_ATTEMPT_SECS: else a read held 60 s was
+        sent again every 5 s, and each copy waited in the actor beside the first (re-sent reads
+        are run again). Not longer: an attempt is also how a request the broker lost as it died
+        is sent again."""
         timeout = timeout or self.timeout
         if kind in WRITES:   # not acted on once this has given up (broker/protocol.py past_deadline)
             body = {**body, "deadline": time.time() + timeout}
         try:
             reply = await self.bus.request(actor or actor_name(run_id, self.shards), kind, body,
-                                           timeout=timeout, attempt_secs=5.0, session=run_id)
+                                           timeout=timeout, attempt_secs=min(5.0 + polls, POLL_ATTEMPT_SECS),
+                                           session=run_id)
         except BusError as exc:
             who = actor or "the run's actor"
             raise FlowError("unavailable", f"{who} did not answer: {exc}") from None
@@ -136,7 +143,7 @@ class FlowClient:
             body["wait"] = float(wait)
         if until:
             body["until"] = until
-        return await self._ask(run_id, Kind.FLOW_GET, body, timeout=self.timeout + wait)
+        return await self._ask(run_id, Kind.FLOW_GET, body, timeout=self.timeout + wait, polls=wait)
 
     async def steps(self, run_id: str, after: int = -1, limit: int = 100,
                     tenant: str | None = None) -> tuple[list[dict], int | None]:
@@ -153,7 +160,7 @@ class FlowClient:
         there (None: none are left now), and the run's status."""
         reply = await self._ask(run_id, Kind.FLOW_STEPS, {"run_id": run_id, "tenant": tenant or self.tenant,
                                                           "after": after, "limit": limit, "only": "emit",
-                                                          "wait": wait}, timeout=self.timeout + wait)
+                                                          "wait": wait}, timeout=self.timeout + wait, polls=wait)
         return reply.get("ops") or [], reply.get("next_after"), reply.get("status", "")
 
     async def cancel(self, run_id: str, tenant: str | None = None) -> dict:
