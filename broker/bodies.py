@@ -161,8 +161,8 @@ SPECS: dict[Kind, Spec] = {
     Kind.FLOW_COMPLETE: _spec({"run_id": str, "exec": int, "ok": bool}, result=object, error=str, results_due=list),
     Kind.FLOW_ACK: _spec({"ok": bool}, error=str, code=str),
     Kind.FLOW_CHILD_DONE: _spec({"run_id": str, "seq": int, "child": str, "ok": bool}, result=object, error=str),
-    # op: step, sleep, wait, child, attr_set, patch (`ctx.patched`), send, publish; with the op's own fields (see
-    # actors/worker_requests.py)
+    # op: step, sleep, wait, child, attr_set, patch (`ctx.patched`), send, publish, emit; with the op's own
+    # fields (see actors/worker_requests.py)
     Kind.STEP_START: _spec({"run_id": str, "exec": int, "seq": int, "op": str, "name": str}, sync=bool,
                            max_attempts=int, due=_NUM, channel=str, channels=list, timeout=_NUM, flow=str,
                            input=object, child=str, key=str, value=object, results_due=list, queue=str,
