@@ -186,12 +186,7 @@ class FlowClient:
         body: dict[str, Any] = {"tenant": tenant or self.tenant, "channel": channel, "message": message,
                                 **({"key": key} if key is not None else {}), **({"flow": flow} if flow else {}),
                                 **({"where": where} if where else {})}
-        replies = await asyncio.gather(*(self._ask("", Kind.CHANNEL_BROADCAST, body, actor=f"actor/{i}")
-                                         for i in range(self.shards)), return_exceptions=True)
-        for reply in replies:
-            if isinstance(reply, BaseException):
-                raise reply
-        return sum(reply["delivered"] for reply in replies)
+        return sum(reply["delivered"] for reply in await self._ask_every_actor(Kind.CHANNEL_BROADCAST, body))
 
     async def waiting(self, channel: str, tenant: str | None = None, flow: str | None = None,
                       where: dict[str, Any] | None = None, limit: int = 100) -> tuple[int, list[dict]]:
@@ -199,10 +194,19 @@ class FlowClient:
         waited longest ({run_id, flow, since}), those first."""
         body: dict[str, Any] = {"tenant": tenant or self.tenant, "channel": channel, "limit": limit,
                                 **({"flow": flow} if flow else {}), **({"where": where} if where else {})}
-        replies = await asyncio.gather(*(self._ask("", Kind.CHANNEL_WAITING, body, actor=f"actor/{i}")
-                                         for i in range(self.shards)))
+        replies = await self._ask_every_actor(Kind.CHANNEL_WAITING, body)
         runs = sorted((run for reply in replies for run in reply["runs"]), key=lambda run: run["since"])
         return sum(reply["count"] for reply in replies), runs[:limit]
+
+    async def _ask_every_actor(self, kind: Kind, body: dict[str, Any]) -> list[dict]:
+        """Every actor's answer (a tenant's runs are on all of them); the first error once all
+        have answered, so none is still at work when its caller hears of it."""
+        replies = await asyncio.gather(*(self._ask("", kind, body, actor=f"actor/{i}") for i in range(self.shards)),
+                                       return_exceptions=True)
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+        return replies
 
     async def publish(self, run_id: str, channel: str, message: Any = None, tenant: str | None = None,
                       key: str | None = None) -> None:
